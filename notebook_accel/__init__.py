@@ -1,0 +1,47 @@
+"""notebook_accel: multi-process training and big-model inference from a Jupyter kernel.
+
+The public names are those of Hugging Face Accelerate, so ``import notebook_accel as accelerate``
+runs code written for it. Names load lazily: importing the package does not import
+torch.distributed, safetensors, ipywidgets, matplotlib or IPython.
+"""
+
+from __future__ import annotations
+
+from ._lazy import attach
+
+__version__ = "0.1.0"
+
+_TABLE: dict[str, str] = {
+    # state
+    "PartialState": ".state",
+    "AcceleratorState": ".state",
+    "GradientState": ".state",
+    # launch and training
+    "notebook_launcher": ".launchers",
+    "debug_launcher": ".launchers",
+    "Accelerator": ".accelerator",
+    "skip_first_batches": ".data_loader",
+    # big models
+    "init_empty_weights": ".big_modeling",
+    "init_on_device": ".big_modeling",
+    "cpu_offload": ".big_modeling",
+    "cpu_offload_with_hook": ".big_modeling",
+    "disk_offload": ".big_modeling",
+    "dispatch_model": ".big_modeling",
+    "load_checkpoint_and_dispatch": ".big_modeling",
+    "load_checkpoint_in_model": ".utils",
+    "infer_auto_device_map": ".utils",
+    # utilities re-exported at the top level
+    "DistributedType": ".utils",
+    "AutocastKwargs": ".utils",
+    "DistributedDataParallelKwargs": ".utils",
+    "GradScalerKwargs": ".utils",
+    "InitProcessGroupKwargs": ".utils",
+    "DeepSpeedPlugin": ".utils",
+    "FullyShardedDataParallelPlugin": ".utils",
+    "find_executable_batch_size": ".utils",
+    "synchronize_rng_states": ".utils",
+}
+
+__all__ = sorted(_TABLE) + ["__version__"]
+__getattr__, __dir__ = attach(__name__, _TABLE)

@@ -1,0 +1,37 @@
+"""Module-level lazy attribute loading (PEP 562) shared by the package facades.
+
+The public facades (``notebook_accel`` and ``notebook_accel.utils``) list every name and the
+submodule that defines it; a name is imported the first time it is looked up. That keeps
+``import notebook_accel`` cheap (no torch.distributed, no safetensors until used) and keeps the
+layering one-way: a low-level module never pays for importing a high-level one.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def attach(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """Return ``(__getattr__, __dir__)`` for ``package`` resolving names through ``table``.
+
+    ``table`` maps a public name to the module (absolute, or relative to ``package`` when it starts
+    with a dot) that defines it.
+    """
+
+    def __getattr__(name: str) -> Any:
+        try:
+            module_name = table[name]
+        except KeyError:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+        module = importlib.import_module(module_name, package)
+        value = getattr(module, name)
+        # Cache on the package so later look-ups skip this function.
+        importlib.import_module(package).__dict__[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(table) | set(importlib.import_module(package).__dict__))
+
+    return __getattr__, __dir__

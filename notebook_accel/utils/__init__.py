@@ -1,0 +1,95 @@
+"""Everything documented as ``accelerate.utils.X``, loaded lazily from small topic modules."""
+
+from __future__ import annotations
+
+from .._lazy import attach
+
+_TABLE: dict[str, str] = {}
+
+
+def _add(module: str, *names: str) -> None:
+    for name in names:
+        _TABLE[name] = module
+
+
+# constants
+_add(
+    ".constants",
+    "MODEL_NAME", "OPTIMIZER_NAME", "RNG_STATE_NAME", "SCALER_NAME", "SCHEDULER_NAME", "SAMPLER_NAME",
+    "WEIGHTS_NAME", "SAFE_WEIGHTS_NAME", "WEIGHTS_INDEX_NAME", "SAFE_WEIGHTS_INDEX_NAME",
+    "SAFE_MODEL_NAME", "WEIGHTS_PATTERN_NAME", "SAFE_WEIGHTS_PATTERN_NAME",
+)
+# enums
+_add(
+    ".enums",
+    "ComputeEnvironment", "DistributedType", "DynamoBackend", "LoggerType", "PrecisionType", "RNGType",
+    "SageMakerDistributedType",
+)
+# kwargs handlers
+_add(
+    ".kwargs",
+    "KwargsHandler", "AutocastKwargs", "DistributedDataParallelKwargs", "FP8RecipeKwargs",
+    "GradScalerKwargs", "InitProcessGroupKwargs",
+)
+# plugins
+_add(
+    ".plugins",
+    "DeepSpeedPlugin", "FullyShardedDataParallelPlugin", "GradientAccumulationPlugin", "MegatronLMPlugin",
+    "TorchDynamoPlugin",
+)
+# configurations
+_add(".configs", "BnbQuantizationConfig", "ProjectConfiguration", "DataLoaderConfiguration")
+# environment variables and manipulation
+_add(
+    ".environment",
+    "ACCELERATE_DEBUG_MODE", "patch_environment", "clear_environment", "str_to_bool", "parse_flag_from_env",
+    "get_int_from_env",
+)
+_add(".config_file", "write_basic_config", "default_config_file")
+# environment checks
+_add(
+    ".imports",
+    "is_bf16_available", "is_ipex_available", "is_mps_available", "is_npu_available", "is_torch_version",
+    "is_tpu_available", "is_xpu_available", "is_cuda_available", "is_torch_xla_available",
+    "is_bnb_available", "is_deepspeed_available", "is_megatron_lm_available", "is_safetensors_available",
+    "is_ipython_available", "is_tqdm_available", "is_tensorboard_available", "is_wandb_available",
+    "is_comet_ml_available", "is_mlflow_available", "is_aim_available", "is_clearml_available",
+    "is_dvclive_available", "is_transformer_engine_available", "is_msamp_available",
+)
+# data operations
+_add(
+    ".operations",
+    "broadcast", "broadcast_object_list", "concatenate", "convert_outputs_to_fp32", "convert_to_fp32",
+    "gather", "gather_object", "listify", "pad_across_processes", "recursively_apply", "reduce",
+    "send_to_device", "slice_tensors", "find_batch_size", "honor_type", "is_tensor_information",
+    "initialize_tensors", "get_data_structure", "ignorant_find_batch_size", "DistributedOperationException",
+)
+# memory
+_add(".memory", "find_executable_batch_size", "release_memory", "should_reduce_batch_size", "clear_device_cache")
+# modeling: sizes, device maps, tensors, checkpoints (facade over topic files)
+_add(
+    ".modeling",
+    "calculate_maximum_sizes", "compute_module_sizes", "compute_module_total_buffer_size",
+    "get_balanced_memory", "get_max_layer_size", "get_max_memory", "infer_auto_device_map",
+    "check_device_map", "load_checkpoint_in_model", "load_state_dict", "retie_parameters",
+    "find_tied_parameters", "set_module_tensor_to_device", "shard_checkpoint", "named_module_tensors",
+    "dtype_byte_size", "id_tensor_storage", "convert_file_size_to_int", "get_mixed_precision_context_manager",
+    "check_tied_parameters_on_same_device", "clean_device_map", "get_state_dict_offloaded_model",
+)
+# offload
+_add(
+    ".offload",
+    "load_offloaded_weights", "offload_state_dict", "offload_weight", "load_offloaded_weight",
+    "save_offload_index", "OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict",
+    "has_offloaded_params", "align_module_device",
+)
+# parallel and misc
+_add(".other", "extract_model_from_parallel", "save", "wait_for_everyone", "merge_dicts", "get_pretty_name")
+# random
+_add(".random", "set_seed", "synchronize_rng_state", "synchronize_rng_states")
+# XLA and quantization
+_add(".torch_xla", "install_xla")
+_add(".bnb", "load_and_quantize_model")
+
+__all__ = sorted(_TABLE)
+__getattr__, __dir__ = attach(__name__, _TABLE)

@@ -1,0 +1,118 @@
+"""The public surface: every name of API.md at every listed path, with the seeds' parameter lists."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = json.loads((ROOT / "tests" / "data" / "api_spec.json").read_text(encoding="utf-8"))
+SHARED = ROOT.parent / "shared"
+
+NAME_PATHS = [(name, path) for name, paths in sorted(SPEC["names"].items()) for path in paths]
+
+
+@pytest.mark.parametrize(("name", "path"), NAME_PATHS, ids=[f"{p}.{n}" for n, p in NAME_PATHS])
+def test_name_is_importable(name: str, path: str) -> None:
+    module = importlib.import_module(path)
+    assert hasattr(module, name), f"{path} has no attribute {name!r}"
+    assert name in getattr(module, "__all__", [name]), f"{name} missing from {path}.__all__"
+
+
+def _resolve(qualified: str):
+    """Map ``accelerate.a.b.C.meth`` to our object."""
+    parts = qualified.split(".")[1:]
+    if parts[:3] == ["commands", "config", "default"]:
+        parts = ["utils", *parts[3:]]
+    modules = ["notebook_accel"]
+    for i in range(len(parts), 0, -1):
+        mod_name = ".".join(["notebook_accel", *parts[: i - 1]])
+        try:
+            obj = importlib.import_module(mod_name)
+        except ImportError:
+            continue
+        try:
+            for attr in parts[i - 1 :]:
+                obj = getattr(obj, attr)
+            return obj
+        except AttributeError:
+            continue
+    raise AssertionError(f"{qualified} does not resolve under {modules}")
+
+
+def _param_names(obj) -> list[str]:
+    target = obj.__init__ if inspect.isclass(obj) else obj
+    sig = inspect.signature(target)
+    out = []
+    for p in sig.parameters.values():
+        if p.name in ("self", "cls"):
+            continue
+        prefix = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}.get(p.kind, "")
+        out.append(prefix + p.name)
+    return out
+
+
+SIGS = sorted(SPEC["signatures"].items())
+
+
+@pytest.mark.parametrize(("qualified", "documented"), SIGS, ids=[q for q, _ in SIGS])
+def test_documented_parameters_in_order(qualified: str, documented: list[str]) -> None:
+    obj = _resolve(qualified)
+    actual = _param_names(obj)
+    if documented == ["*hooks"] or documented[-1:] == ["**kwargs"]:
+        assert actual == documented, f"{qualified}: {actual} != {documented}"
+        return
+    assert actual[: len(documented)] == documented, (
+        f"{qualified}: parameters {actual} do not start with the documented {documented}"
+    )
+
+
+@pytest.mark.skipif(not (SHARED / "API.md").exists(), reason="../shared is not beside this checkout")
+def test_committed_spec_is_current(tmp_path) -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        extract = importlib.import_module("extract_api_spec")
+    finally:
+        sys.path.pop(0)
+    names = extract.parse_api_md((SHARED / "API.md").read_text(encoding="utf-8"))
+    sigs = extract.parse_signatures(SHARED / "seeds")
+    assert names == SPEC["names"], "tests/data/api_spec.json is stale: run scripts/extract_api_spec.py"
+    assert sigs == SPEC["signatures"], "tests/data/api_spec.json is stale: run scripts/extract_api_spec.py"
+
+
+def test_import_is_light() -> None:
+    """`import notebook_accel` loads no notebook stack and never initialises CUDA."""
+    code = (
+        "import sys, notebook_accel, notebook_accel.utils\n"
+        "heavy = [m for m in ('ipywidgets', 'matplotlib', 'IPython') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "import torch\n"
+        "assert not torch.cuda.is_initialized()\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_full_surface_loads_without_notebook_stack() -> None:
+    """Touching every public core name still loads no notebook stack and no CUDA context."""
+    code = (
+        "import sys, json, importlib\n"
+        f"spec = json.load(open({str(ROOT / 'tests' / 'data' / 'api_spec.json')!r}))\n"
+        "for name, paths in spec['names'].items():\n"
+        "    for p in paths:\n"
+        "        getattr(importlib.import_module(p), name)\n"
+        "heavy = [m for m in ('ipywidgets', 'matplotlib', 'IPython') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "import torch\n"
+        "assert not torch.cuda.is_initialized()\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
