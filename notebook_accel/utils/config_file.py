@@ -1,0 +1,133 @@
+"""Write the default ``accelerate`` configuration file (what ``accelerate config default`` writes)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .imports import cuda_device_count, is_mps_available, is_npu_available, is_xpu_available
+
+__all__ = ["default_config_file", "write_basic_config"]
+
+logger = logging.getLogger(__name__)
+
+_MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
+
+
+def _default_config_path() -> str:
+    """Return ``$HF_HOME/accelerate/default_config.yaml`` (HF_HOME defaults to ``$XDG_CACHE_HOME/huggingface``)."""
+    cache = os.environ.get("XDG_CACHE_HOME", os.path.join("~", ".cache"))
+    hf_home = os.path.expanduser(os.environ.get("HF_HOME", os.path.join(cache, "huggingface")))
+    return os.path.join(hf_home, "accelerate", "default_config.yaml")
+
+
+# The path as of import time; write_basic_config recomputes it when called with this default, so a
+# later change of HF_HOME / XDG_CACHE_HOME (e.g. in a notebook cell) is honoured.
+default_config_file = _default_config_path()
+
+
+def _yaml_scalar(value: Any) -> str:
+    # JSON scalars are valid YAML scalars; strings are quoted only when YAML would misread them.
+    if (
+        isinstance(value, str)
+        and value
+        and value.replace("_", "").replace(".", "").isalnum()
+        and not value[0].isdigit()
+    ):
+        if value.lower() not in ("true", "false", "yes", "no", "on", "off", "null", "y", "n"):
+            return value
+    return json.dumps(value)
+
+
+def _to_yaml(config: dict[str, Any]) -> str:
+    lines = []
+    for key, value in config.items():
+        if isinstance(value, (dict, list)):
+            lines.append(f"{key}: {json.dumps(value)}")  # flow style: valid YAML, readable by yaml.safe_load
+        else:
+            lines.append(f"{key}: {_yaml_scalar(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _basic_config(mixed_precision: str, use_xpu: bool) -> dict[str, Any]:
+    config: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "debug": False}
+    num_gpus = cuda_device_count()
+    if num_gpus > 0:
+        config.update(
+            distributed_type="MULTI_GPU" if num_gpus > 1 else "NO", num_processes=num_gpus, use_cpu=False
+        )
+    elif use_xpu and is_xpu_available():
+        import torch
+
+        num_xpus = torch.xpu.device_count()
+        config.update(
+            distributed_type="MULTI_XPU" if num_xpus > 1 else "NO", num_processes=num_xpus, use_cpu=False
+        )
+    elif is_npu_available():
+        import torch
+
+        num_npus = torch.npu.device_count()
+        config.update(
+            distributed_type="MULTI_NPU" if num_npus > 1 else "NO", num_processes=num_npus, use_cpu=False
+        )
+    elif is_mps_available():
+        config.update(distributed_type="NO", num_processes=1, use_cpu=False)
+    else:
+        config.update(distributed_type="NO", num_processes=1, use_cpu=True)
+    config.update(
+        downcast_bf16="no",
+        enable_cpu_affinity=False,
+        gpu_ids="all",
+        machine_rank=0,
+        main_training_function="main",
+        mixed_precision=mixed_precision,
+        num_machines=1,
+        rdzv_backend="static",
+        same_network=True,
+        tpu_env=[],
+        tpu_use_cluster=False,
+        tpu_use_sudo=False,
+    )
+    return dict(sorted(config.items()))
+
+
+def write_basic_config(mixed_precision="no", save_location: str = default_config_file, use_xpu: bool = False):
+    """Return the path written (or False when a file already exists there) after saving a basic config.
+
+    The configuration describes this machine: every visible CUDA GPU (multi-GPU when more than one),
+    else XPU (with ``use_xpu``), NPU, MPS, or CPU only. ``mixed_precision`` is "no", "fp16", "bf16" or
+    "fp8". A path ending in ``.json`` is written as JSON, anything else as YAML. An existing file is
+    never overwritten.
+    """
+    mixed_precision = str(mixed_precision).lower()
+    if mixed_precision not in _MIXED_PRECISION:
+        raise ValueError(
+            f"mixed_precision={mixed_precision!r} is not valid; choose one of {list(_MIXED_PRECISION)}"
+        )
+    if save_location == default_config_file:
+        save_location = _default_config_path()
+    path = Path(save_location).expanduser()
+    if path.exists():
+        logger.warning(
+            "User configuration already exists at %s, will not override. Run `accelerate config` manually or pass "
+            "a different `save_location`.",
+            path,
+        )
+        return False
+    config = _basic_config(mixed_precision, use_xpu)
+    text = json.dumps(config, indent=2) + "\n" if path.suffix == ".json" else _to_yaml(config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path

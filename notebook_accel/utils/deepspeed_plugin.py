@@ -1,0 +1,324 @@
+"""DeepSpeedPlugin: DeepSpeed configuration, validated without needing deepspeed installed.
+
+Re-exported by ``notebook_accel.utils.plugins``; kept apart because the config filling logic
+(``"auto"`` values, mismatch reports) is a topic of its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ._validation import choice as _choice
+from ._validation import env as _env
+from ._validation import positive_int as _positive_int
+from .environment import parse_flag_from_env
+
+__all__ = ["DeepSpeedPlugin"]
+
+logger = logging.getLogger(__name__)
+# =============================================================================================
+# DeepSpeed
+
+
+_OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+
+# plugin attribute -> dotted key in the DeepSpeed config
+_DS_MAPPING = {
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "gradient_clipping": "gradient_clipping",
+    "zero_stage": "zero_optimization.stage",
+    "offload_optimizer_device": "zero_optimization.offload_optimizer.device",
+    "offload_param_device": "zero_optimization.offload_param.device",
+    "offload_optimizer_nvme_path": "zero_optimization.offload_optimizer.nvme_path",
+    "offload_param_nvme_path": "zero_optimization.offload_param.nvme_path",
+    "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+}
+
+
+def _load_ds_config(source: Any) -> dict:
+    """Return the DeepSpeed config dict from a dict, a JSON file path or a base64-encoded JSON string."""
+    if isinstance(source, dict):
+        return json.loads(json.dumps(source))  # deep copy; also rejects non-JSON values early
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as fh:
+                try:
+                    config = json.load(fh)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"DeepSpeedPlugin: {path} is not valid JSON: {exc}") from None
+        else:
+            try:
+                config = json.loads(base64.urlsafe_b64decode(path).decode("utf-8"))
+            except (binascii.Error, UnicodeDecodeError, json.JSONDecodeError, ValueError):
+                raise FileNotFoundError(
+                    f"DeepSpeedPlugin: hf_ds_config={path!r} is neither an existing JSON file, a dict, nor "
+                    "a base64-encoded JSON config"
+                ) from None
+        if not isinstance(config, dict):
+            raise ValueError(
+                f"DeepSpeedPlugin: the config in {path!r} must be a JSON object, got {type(config).__name__}"
+            )
+        return config
+    raise TypeError(
+        f"DeepSpeedPlugin: hf_ds_config must be a dict or a path to a JSON file, got {type(source).__name__}"
+    )
+
+
+@dataclass
+class DeepSpeedPlugin:
+    """Configure DeepSpeed: either a full DeepSpeed config (``hf_ds_config``) or the common fields.
+
+    Unset fields read ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS``, ``ACCELERATE_GRADIENT_CLIPPING``,
+    ``ACCELERATE_DEEPSPEED_ZERO_STAGE`` (default 2), ``ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE``,
+    ``ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE``, ``ACCELERATE_DEEPSPEED_OFFLOAD_*_NVME_PATH``,
+    ``ACCELERATE_DEEPSPEED_ZERO3_INIT``, ``ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL`` and
+    ``ACCELERATE_DEEPSPEED_CONFIG_FILE``. Building the plugin needs no deepspeed; preparing a model does
+    (``require_deepspeed()`` raises ImportError naming it).
+    """
+
+    hf_ds_config: Any = None
+    """DeepSpeed config: a dict, a path to a JSON file, or a base64-encoded JSON string."""
+    gradient_accumulation_steps: int = None
+    gradient_clipping: float = None
+    zero_stage: int = None
+    """ZeRO stage: 0, 1, 2 or 3."""
+    is_train_batch_min: str = True
+    """With several batch sizes, whether the smallest one is the training batch size."""
+    offload_optimizer_device: bool = None
+    """Where optimizer states go: "none", "cpu" or "nvme" (ZeRO 2 and 3)."""
+    offload_param_device: bool = None
+    """Where parameters go: "none", "cpu" or "nvme" (ZeRO 3 only)."""
+    offload_optimizer_nvme_path: str = None
+    offload_param_nvme_path: str = None
+    zero3_init_flag: bool = None
+    """Build the model directly partitioned (``deepspeed.zero.Init``); ZeRO 3 only."""
+    zero3_save_16bit_model: bool = None
+    """Gather 16-bit weights when saving a ZeRO-3 model."""
+    transformer_moe_cls_names: str = None
+    """Comma-separated MoE layer class names (ZeRO 3 leaf modules)."""
+
+    def __post_init__(self) -> None:
+        owner = "DeepSpeedPlugin"
+        if self.hf_ds_config is None:
+            path = _env("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
+            self.hf_ds_config = None if path == "none" else path
+        if self.gradient_accumulation_steps is None:
+            gas = _env("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "auto")
+            self.gradient_accumulation_steps = int(gas) if gas.isdigit() else gas
+        if self.gradient_accumulation_steps != "auto":
+            _positive_int(owner, "gradient_accumulation_steps", self.gradient_accumulation_steps)
+        if self.gradient_clipping is None:
+            clip = _env("ACCELERATE_GRADIENT_CLIPPING", "none")
+            self.gradient_clipping = None if clip == "none" else ("auto" if clip == "auto" else float(clip))
+        if self.gradient_clipping not in (None, "auto") and not (
+            isinstance(self.gradient_clipping, (int, float)) and self.gradient_clipping > 0
+        ):
+            raise ValueError(
+                f"{owner}: gradient_clipping must be a positive number, got {self.gradient_clipping!r}"
+            )
+        if self.zero_stage is None:
+            self.zero_stage = _env("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+        if isinstance(self.zero_stage, str) and self.zero_stage.isdigit():
+            self.zero_stage = int(self.zero_stage)
+        _choice(owner, "zero_stage", self.zero_stage, (0, 1, 2, 3))
+        for name in ("offload_optimizer_device", "offload_param_device"):
+            value = getattr(self, name)
+            if value is None:
+                value = _env(f"ACCELERATE_DEEPSPEED_{name.upper()}", "none")
+            setattr(self, name, _choice(owner, name, str(value).lower(), _OFFLOAD_DEVICES))
+        for name in ("offload_optimizer_nvme_path", "offload_param_nvme_path"):
+            if getattr(self, name) is None:
+                setattr(self, name, _env(f"ACCELERATE_DEEPSPEED_{name.upper()}", "none"))
+        if self.zero3_save_16bit_model is None:
+            self.zero3_save_16bit_model = parse_flag_from_env(
+                "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", False
+            )
+        if self.zero3_init_flag is None:
+            self.zero3_init_flag = parse_flag_from_env("ACCELERATE_DEEPSPEED_ZERO3_INIT", False)
+
+        if self.hf_ds_config is None:
+            self.deepspeed_config = self._build_config()
+        else:
+            self.deepspeed_config = _load_ds_config(self.hf_ds_config)
+            given = {
+                key: getattr(self, attr)
+                for attr, key in _DS_MAPPING.items()
+                if getattr(self, attr) is not None
+            }
+            for key in given:
+                self.fill_match(key, must_match=False, **given)
+            self._read_back()
+        self._validate_config()
+        if self.zero3_init_flag and self.zero_stage != 3:
+            logger.warning("DeepSpeedPlugin: zero3_init_flag only applies to ZeRO stage 3; turning it off")
+            self.zero3_init_flag = False
+
+    # -- config building -----------------------------------------------------------------------
+    def _build_config(self) -> dict:
+        zero: dict[str, Any] = {
+            "stage": self.zero_stage,
+            "offload_optimizer": {"device": self.offload_optimizer_device},
+            "offload_param": {"device": self.offload_param_device},
+            "stage3_gather_16bit_weights_on_model_save": self.zero3_save_16bit_model,
+        }
+        if self.offload_optimizer_device == "nvme":
+            zero["offload_optimizer"]["nvme_path"] = self.offload_optimizer_nvme_path
+        if self.offload_param_device == "nvme":
+            zero["offload_param"]["nvme_path"] = self.offload_param_nvme_path
+        config: dict[str, Any] = {
+            "train_batch_size": "auto",
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "zero_optimization": zero,
+        }
+        if self.gradient_clipping is not None:
+            config["gradient_clipping"] = self.gradient_clipping
+        return config
+
+    def _read_back(self) -> None:
+        # A user config is the source of truth: mirror its concrete values onto the attributes.
+        for attr, key in _DS_MAPPING.items():
+            node, leaf = self._find_config_node(key)
+            if node is not None and leaf in node and node[leaf] != "auto":
+                value = node[leaf]
+                setattr(
+                    self,
+                    attr,
+                    value.lower() if attr.endswith("_device") and isinstance(value, str) else value,
+                )
+
+    def _validate_config(self) -> None:
+        owner = "DeepSpeedPlugin"
+        zero = self.deepspeed_config.get("zero_optimization", {})
+        stage = zero.get("stage", 0)
+        if stage != "auto":
+            _choice(owner, "zero_optimization.stage", stage, (0, 1, 2, 3))
+        for part in ("offload_optimizer", "offload_param"):
+            node = zero.get(part) or {}
+            device = str(node.get("device", "none")).lower()
+            _choice(owner, f"zero_optimization.{part}.device", device, _OFFLOAD_DEVICES)
+            if device == "nvme" and node.get("nvme_path") in (None, "none"):
+                raise ValueError(
+                    f"{owner}: {part} to 'nvme' needs a path: set {part}_nvme_path (or "
+                    f"zero_optimization.{part}.nvme_path in the config)"
+                )
+        param_device = str((zero.get("offload_param") or {}).get("device", "none")).lower()
+        if param_device != "none" and stage not in (3, "auto"):
+            raise ValueError(
+                f"{owner}: offload_param_device={param_device!r} needs ZeRO stage 3 (zero_stage={stage!r}); "
+                "use zero_stage=3 or offload_optimizer_device instead"
+            )
+
+    def _find_config_node(self, ds_key_long: str) -> tuple[dict | None, str]:
+        node: Any = self.deepspeed_config
+        *parents, leaf = ds_key_long.split(".")
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+            if node is None:
+                return None, leaf
+        return (node if isinstance(node, dict) else None), leaf
+
+    def get_value(self, ds_key_long: str, default: Any = None) -> Any:
+        """Return the value at dotted key ``ds_key_long`` of the DeepSpeed config (``default`` if absent)."""
+        node, leaf = self._find_config_node(ds_key_long)
+        return default if node is None else node.get(leaf, default)
+
+    def fill_match(
+        self, ds_key_long: str, mismatches: list[str] | None = None, must_match: bool = True, **kwargs
+    ) -> None:
+        """Fill an ``"auto"`` config value from ``kwargs``; with ``must_match`` record values that disagree."""
+        mismatches = [] if mismatches is None else mismatches
+        node, leaf = self._find_config_node(ds_key_long)
+        if node is None:
+            return
+        if node.get(leaf) == "auto":
+            if ds_key_long not in kwargs:
+                raise ValueError(
+                    f"DeepSpeedPlugin: `{ds_key_long}` is 'auto' in the DeepSpeed config but no value was "
+                    "given for it; set it in the config or pass it to the plugin/Accelerator"
+                )
+            node[leaf] = kwargs[ds_key_long]
+            return
+        if not must_match:
+            return
+        value = node.get(leaf)
+        if value is not None and ds_key_long in kwargs and value != kwargs[ds_key_long]:
+            mismatches.append(f"- ds {ds_key_long}={value} vs arg {ds_key_long}={kwargs[ds_key_long]}")
+
+    def deepspeed_config_process(
+        self,
+        prefix: str = "",
+        mismatches: list[str] | None = None,
+        config: dict | None = None,
+        must_match: bool = True,
+        **kwargs,
+    ) -> None:
+        """Fill the config's ``"auto"`` values from ``kwargs`` (dotted keys); raise on mismatching values."""
+        mismatches = [] if mismatches is None else mismatches
+        config = self.deepspeed_config if config is None else config
+        for key, value in config.items():
+            if isinstance(value, dict):
+                self.deepspeed_config_process(
+                    prefix=f"{prefix}{key}.",
+                    mismatches=mismatches,
+                    config=value,
+                    must_match=must_match,
+                    **kwargs,
+                )
+            else:
+                self.fill_match(prefix + key, mismatches, must_match=must_match, **kwargs)
+        if mismatches and prefix == "":
+            raise ValueError(
+                "DeepSpeedPlugin: these DeepSpeed config values disagree with the arguments given:\n"
+                + "\n".join(mismatches)
+                + "\nset them to 'auto' in the config or make them equal"
+            )
+
+    def set_mixed_precision(self, mixed_precision: str) -> None:
+        """Enable "fp16" / "bf16" (or neither for "no") in the DeepSpeed config, refusing a contradiction."""
+        _choice("DeepSpeedPlugin", "mixed_precision", mixed_precision, ("no", "fp16", "bf16", "fp8"))
+        config = self.deepspeed_config
+        if mixed_precision in ("fp16", "bf16"):
+            other = "bf16" if mixed_precision == "fp16" else "fp16"
+            if (config.get(other) or {}).get("enabled") is True:
+                raise ValueError(
+                    f"DeepSpeedPlugin: mixed_precision={mixed_precision!r} but the DeepSpeed config enables {other}; "
+                    "remove one of them"
+                )
+            config.setdefault(mixed_precision, {"enabled": True})
+        for dtype in ("fp16", "bf16"):
+            config.setdefault(dtype, {"enabled": False})
+        flags = {"fp16.enabled": mixed_precision == "fp16", "bf16.enabled": mixed_precision == "bf16"}
+        for key in flags:
+            self.fill_match(key, must_match=False, **flags)
+
+    @property
+    def is_zero3(self) -> bool:
+        """Return whether the configuration uses ZeRO stage 3."""
+        return self.get_value("zero_optimization.stage") == 3
+
+    @staticmethod
+    def require_deepspeed() -> None:
+        """Raise ImportError naming ``deepspeed`` when it is not installed."""
+        from .imports import is_deepspeed_available
+
+        if not is_deepspeed_available():
+            raise ImportError("DeepSpeedPlugin requires `deepspeed` to prepare models: pip install deepspeed")
+
+    def zero3_init_context_manager(self, enable: bool = False):
+        """Return ``deepspeed.zero.Init(config)`` when ``enable`` and ZeRO 3 init is on, else a null context."""
+        import contextlib
+
+        if not (enable and self.zero3_init_flag and self.is_zero3):
+            return contextlib.nullcontext()
+        self.require_deepspeed()
+        import deepspeed
+
+        return deepspeed.zero.Init(config_dict_or_path=self.deepspeed_config)

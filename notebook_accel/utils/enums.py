@@ -1,0 +1,142 @@
+"""String enums naming distributed setups, precisions, compile backends, trackers and RNG kinds.
+
+Each member is a ``str`` equal to its value, so ``DistributedType.MULTI_GPU == "MULTI_GPU"`` and
+``"fp16" in PrecisionType`` hold, and configuration files can store plain strings.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "BaseEnum",
+    "ComputeEnvironment",
+    "DistributedType",
+    "DynamoBackend",
+    "LoggerType",
+    "PrecisionType",
+    "RNGType",
+    "SageMakerDistributedType",
+]
+
+
+class _ContainsValue(enum.EnumMeta):
+    """Metaclass letting ``"fp16" in PrecisionType`` test values as well as members."""
+
+    def __contains__(cls, item: object) -> bool:
+        if isinstance(item, cls):
+            return True
+        return any(item == member.value for member in cls)
+
+
+class BaseEnum(str, enum.Enum, metaclass=_ContainsValue):
+    """String enum whose ``str()`` is its value."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def list(cls) -> list[str]:
+        """Return the values of every member, in definition order (aliases excluded)."""
+        return [member.value for member in cls]
+
+
+class ComputeEnvironment(BaseEnum):
+    """Where the job runs: ``LOCAL_MACHINE`` (own/custom cluster) or ``AMAZON_SAGEMAKER``."""
+
+    LOCAL_MACHINE = "LOCAL_MACHINE"
+    AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"
+
+
+class DistributedType(BaseEnum):
+    """The kind of distributed environment.
+
+    ``NO`` is a single process; ``MULTI_*`` is data parallel over several processes of that device
+    kind; ``DEEPSPEED``, ``FSDP``, ``MEGATRON_LM``, ``TP`` name the engine; ``XLA`` is TPU/XLA
+    (``TPU`` is the older name of the same member).
+    """
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_XPU = "MULTI_XPU"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
+    TP = "TP"
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+    # Accelerate <= 0.27 called XLA "TPU"; an alias keeps that spelling working.
+    TPU = "XLA"
+
+
+class SageMakerDistributedType(BaseEnum):
+    """The SageMaker distributed mode: ``NO``, ``DATA_PARALLEL`` or ``MODEL_PARALLEL``."""
+
+    NO = "NO"
+    DATA_PARALLEL = "DATA_PARALLEL"
+    MODEL_PARALLEL = "MODEL_PARALLEL"
+
+
+class DynamoBackend(BaseEnum):
+    """A ``torch.compile`` (TorchDynamo) backend; ``NO`` disables compilation."""
+
+    NO = "NO"
+    EAGER = "EAGER"
+    AOT_EAGER = "AOT_EAGER"
+    INDUCTOR = "INDUCTOR"
+    AOT_TS_NVFUSER = "AOT_TS_NVFUSER"
+    NVPRIMS_NVFUSER = "NVPRIMS_NVFUSER"
+    CUDAGRAPHS = "CUDAGRAPHS"
+    OFI = "OFI"
+    FX2TRT = "FX2TRT"
+    ONNXRT = "ONNXRT"
+    TENSORRT = "TENSORRT"
+    AOT_TORCHXLA_TRACE_ONCE = "AOT_TORCHXLA_TRACE_ONCE"
+    TORCHXLA_TRACE_ONCE = "TORCHXLA_TRACE_ONCE"
+    IPEX = "IPEX"
+    TVM = "TVM"
+    HPU_BACKEND = "HPU_BACKEND"
+
+
+class LoggerType(BaseEnum):
+    """An experiment tracker; ``ALL`` means every supported tracker that is installed."""
+
+    ALL = "all"
+    AIM = "aim"
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
+    COMETML = "comet_ml"
+    MLFLOW = "mlflow"
+    CLEARML = "clearml"
+    DVCLIVE = "dvclive"
+    SWANLAB = "swanlab"
+    TRACKIO = "trackio"
+
+
+class PrecisionType(BaseEnum):
+    """Floating-point precision: ``NO`` (fp32), ``FP8``, ``FP16`` or ``BF16``."""
+
+    NO = "no"
+    FP8 = "fp8"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+class RNGType(BaseEnum):
+    """A random number generator whose state can be synchronised across processes."""
+
+    TORCH = "torch"
+    CUDA = "cuda"
+    NPU = "npu"
+    MLU = "mlu"
+    SDAA = "sdaa"
+    MUSA = "musa"
+    HPU = "hpu"
+    XLA = "xla"
+    XPU = "xpu"
+    GENERATOR = "generator"

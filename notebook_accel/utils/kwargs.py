@@ -1,0 +1,297 @@
+"""Kwargs handlers: small dataclasses that customise a torch object the Accelerator creates.
+
+Pass them as ``Accelerator(kwargs_handlers=[...])``. ``to_kwargs()`` returns only the fields the user
+changed, so torch's own defaults apply to everything else.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, fields
+from datetime import timedelta
+from typing import Any, Literal
+
+__all__ = [
+    "AutocastKwargs",
+    "DistributedDataParallelKwargs",
+    "FP8RecipeKwargs",
+    "GradScalerKwargs",
+    "InitProcessGroupKwargs",
+    "KwargsHandler",
+]
+
+
+def _check_choice(owner: str, name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{owner}: {name}={value!r} is not valid; choose one of {list(choices)}")
+
+
+class KwargsHandler:
+    """Base of the kwargs handlers: ``to_kwargs()`` gives the fields changed from their defaults."""
+
+    # Fields that configure the handler itself, not the torch object it builds.
+    _not_kwargs: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return every field as a ``{name: value}`` dict (a deep copy)."""
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """Return ``{name: value}`` for the fields whose value differs from the class default."""
+        defaults = self.__class__().to_dict()
+        return {
+            name: value
+            for name, value in self.to_dict().items()
+            if name not in self._not_kwargs and defaults[name] != value
+        }
+
+
+@dataclass
+class AutocastKwargs(KwargsHandler):
+    """Customise ``torch.autocast`` (see its documentation for each field).
+
+    Example: ``Accelerator(kwargs_handlers=[AutocastKwargs(cache_enabled=True)])``.
+    """
+
+    enabled: bool = True
+    """Whether autocasting is on inside ``accelerator.autocast()``."""
+    cache_enabled: bool = None
+    """Whether autocast caches the casted weights (None: torch's default)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise TypeError(f"AutocastKwargs: enabled must be a bool, got {self.enabled!r}")
+        if self.cache_enabled is not None and not isinstance(self.cache_enabled, bool):
+            raise TypeError(
+                f"AutocastKwargs: cache_enabled must be a bool or None, got {self.cache_enabled!r}"
+            )
+
+
+_COMM_HOOKS = ("no", "fp16", "bf16", "power_sgd", "batched_power_sgd")
+_COMM_WRAPPERS = ("no", "fp16", "bf16")
+
+
+@dataclass
+class DistributedDataParallelKwargs(KwargsHandler):
+    """Customise how the model is wrapped in ``torch.nn.parallel.DistributedDataParallel``.
+
+    Example: ``Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])``.
+    ``comm_hook`` / ``comm_wrapper`` / ``comm_state_option`` select a DDP communication hook, installed by
+    ``register_comm_hook(model)``; they are not passed to the DDP constructor.
+    """
+
+    dim: int = 0
+    broadcast_buffers: bool = True
+    bucket_cap_mb: int = 25
+    find_unused_parameters: bool = False
+    check_reduction: bool = False
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    comm_hook: str = "no"
+    """Gradient communication hook: one of "no", "fp16", "bf16", "power_sgd", "batched_power_sgd"."""
+    comm_wrapper: str = "no"
+    """Compression wrapper around a PowerSGD hook: "no", "fp16" or "bf16"."""
+    comm_state_option: dict = field(default_factory=dict)
+    """Options for the PowerSGD state (e.g. ``{"matrix_approximation_rank": 2}``)."""
+
+    _not_kwargs = ("comm_hook", "comm_wrapper", "comm_state_option")
+
+    def __post_init__(self) -> None:
+        self.comm_hook = str(self.comm_hook).lower()
+        self.comm_wrapper = str(self.comm_wrapper).lower()
+        _check_choice("DistributedDataParallelKwargs", "comm_hook", self.comm_hook, _COMM_HOOKS)
+        _check_choice("DistributedDataParallelKwargs", "comm_wrapper", self.comm_wrapper, _COMM_WRAPPERS)
+        if self.comm_wrapper != "no" and self.comm_hook not in ("power_sgd", "batched_power_sgd"):
+            raise ValueError(
+                f"DistributedDataParallelKwargs: comm_wrapper={self.comm_wrapper!r} wraps a PowerSGD hook; "
+                f"set comm_hook to 'power_sgd' or 'batched_power_sgd' (got {self.comm_hook!r})"
+            )
+        if not isinstance(self.bucket_cap_mb, (int, float)) or self.bucket_cap_mb <= 0:
+            raise ValueError(
+                f"DistributedDataParallelKwargs: bucket_cap_mb must be > 0, got {self.bucket_cap_mb!r}"
+            )
+
+    def register_comm_hook(self, model: Any) -> None:
+        """Install the configured communication hook on ``model`` (a DDP instance); no-op for "no"."""
+        if self.comm_hook == "no":
+            return
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+        if self.comm_hook in ("fp16", "bf16"):
+            hook = (
+                default_hooks.fp16_compress_hook
+                if self.comm_hook == "fp16"
+                else default_hooks.bf16_compress_hook
+            )
+            model.register_comm_hook(state=None, hook=hook)
+            return
+        hook = (
+            powerSGD_hook.powerSGD_hook
+            if self.comm_hook == "power_sgd"
+            else powerSGD_hook.batched_powerSGD_hook
+        )
+        if self.comm_wrapper == "fp16":
+            hook = default_hooks.fp16_compress_wrapper(hook)
+        elif self.comm_wrapper == "bf16":
+            hook = default_hooks.bf16_compress_wrapper(hook)
+        state = powerSGD_hook.PowerSGDState(process_group=None, **self.comm_state_option)
+        model.register_comm_hook(state=state, hook=hook)
+
+
+@dataclass
+class GradScalerKwargs(KwargsHandler):
+    """Customise the ``torch.amp.GradScaler`` used for fp16 mixed precision.
+
+    Example: ``Accelerator(kwargs_handlers=[GradScalerKwargs(backoff_factor=0.25)])``.
+    """
+
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.init_scale > 0:
+            raise ValueError(f"GradScalerKwargs: init_scale must be > 0, got {self.init_scale!r}")
+        if not self.growth_factor > 1.0:
+            raise ValueError(f"GradScalerKwargs: growth_factor must be > 1.0, got {self.growth_factor!r}")
+        if not 0.0 < self.backoff_factor < 1.0:
+            raise ValueError(
+                f"GradScalerKwargs: backoff_factor must be in (0, 1), got {self.backoff_factor!r}"
+            )
+        if not isinstance(self.growth_interval, int) or self.growth_interval <= 0:
+            raise ValueError(
+                f"GradScalerKwargs: growth_interval must be a positive int, got {self.growth_interval!r}"
+            )
+
+
+_BACKENDS = ("nccl", "gloo", "mpi", "ucc", "xccl", "ccl", "hccl", "cncl", "mccl", "tccl", "smddp", "xla")
+
+
+@dataclass
+class InitProcessGroupKwargs(KwargsHandler):
+    """Customise ``torch.distributed.init_process_group`` (backend, init method, timeout).
+
+    Example: ``InitProcessGroupKwargs(timeout=timedelta(seconds=800))``. The documented default
+    backend is "nccl"; the state picks gloo on CPU unless the backend was changed here.
+    """
+
+    backend: str | None = "nccl"
+    init_method: str | None = None
+    timeout: timedelta = timedelta(seconds=1800)
+
+    def __post_init__(self) -> None:
+        if self.backend is not None:
+            if not isinstance(self.backend, str):
+                raise TypeError(f"InitProcessGroupKwargs: backend must be a str, got {self.backend!r}")
+            # torch accepts "cpu:gloo,cuda:nccl" device-specific lists; check each backend in it.
+            for part in self.backend.lower().split(","):
+                name = part.split(":")[-1].strip()
+                _check_choice("InitProcessGroupKwargs", "backend", name, _BACKENDS)
+        if self.init_method is not None and not isinstance(self.init_method, str):
+            raise TypeError(
+                f"InitProcessGroupKwargs: init_method must be a URL string, got {self.init_method!r}"
+            )
+        if self.timeout is not None:
+            if not isinstance(self.timeout, timedelta):
+                raise TypeError(
+                    f"InitProcessGroupKwargs: timeout must be a datetime.timedelta, got {self.timeout!r} "
+                    "(e.g. timedelta(seconds=800))"
+                )
+            if self.timeout.total_seconds() <= 0:
+                raise ValueError(f"InitProcessGroupKwargs: timeout must be positive, got {self.timeout!r}")
+
+
+_FP8_BACKENDS = ("MSAMP", "TE")
+_FP8_FORMATS = ("E4M3", "HYBRID")
+_OPT_LEVELS = ("O1", "O2")
+_AMAX_ALGOS = ("max", "most_recent")
+
+
+@dataclass
+class FP8RecipeKwargs(KwargsHandler):
+    """Configure FP8 mixed precision through TransformerEngine (``backend="te"``) or MS-AMP (``"msamp"``).
+
+    Examples: ``FP8RecipeKwargs(backend="te", fp8_format="HYBRID")``,
+    ``FP8RecipeKwargs(backend="msamp", optimization_level="O2")``. The engine is only needed when the
+    recipe is used (``check_engine()`` / ``to_te_recipe()``), not to build the configuration.
+    """
+
+    backend: Literal["MSAMP", "TE"] = "MSAMP"
+    """The FP8 engine: "msamp" (MS-AMP) or "te" (TransformerEngine), case-insensitive."""
+    opt_level: Literal["O1", "O2"] = "O2"
+    """MS-AMP optimisation level: "O1" (fp8 weight gradients and all-reduce) or "O2" (also 8-bit optimizer states)."""
+    margin: int = 0
+    """TransformerEngine: margin for the scaling factor computation."""
+    interval: int = 1
+    """TransformerEngine: how often (in steps) the scaling factor is recomputed."""
+    fp8_format: Literal["E4M3", "HYBRID"] = "E4M3"
+    """TransformerEngine: "E4M3" everywhere, or "HYBRID" (E4M3 forward, E5M2 backward)."""
+    amax_history_len: int = 1
+    """TransformerEngine: length of the amax history used for scaling."""
+    amax_compute_algo: Literal["max", "most_recent"] = "most_recent"
+    """TransformerEngine: "max" over the history or the "most_recent" amax."""
+    override_linear_precision: tuple[bool, bool, bool] = (False, False, False)
+    """TransformerEngine: run the fprop, dgrad, wgrad GEMMs in higher precision."""
+    optimization_level: str | None = None
+    """Alias of ``opt_level`` (the spelling the MS-AMP example uses)."""
+
+    def __post_init__(self) -> None:
+        owner = "FP8RecipeKwargs"
+        self.backend = str(self.backend).upper()
+        _check_choice(owner, "backend", self.backend, _FP8_BACKENDS)
+        if self.optimization_level is not None:
+            self.opt_level = self.optimization_level
+            self.optimization_level = None
+        # The MS-AMP docs write the level with a zero ("02"); read it as the letter O.
+        level = str(self.opt_level).upper()
+        if level[:1] == "0":
+            level = "O" + level[1:]
+        self.opt_level = level
+        _check_choice(owner, "opt_level", self.opt_level, _OPT_LEVELS)
+        self.fp8_format = str(self.fp8_format).upper()
+        _check_choice(owner, "fp8_format", self.fp8_format, _FP8_FORMATS)
+        _check_choice(owner, "amax_compute_algo", self.amax_compute_algo, _AMAX_ALGOS)
+        for name, minimum in (("margin", 0), ("interval", 1), ("amax_history_len", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{owner}: {name} must be an int >= {minimum}, got {value!r}")
+        olp = tuple(self.override_linear_precision)
+        if len(olp) != 3 or not all(isinstance(v, bool) for v in olp):
+            raise ValueError(
+                f"{owner}: override_linear_precision must be three bools (fprop, dgrad, wgrad), "
+                f"got {self.override_linear_precision!r}"
+            )
+        self.override_linear_precision = olp
+
+    def check_engine(self) -> None:
+        """Raise ImportError naming the package to install when the selected engine is missing."""
+        from .imports import is_msamp_available, is_transformer_engine_available
+
+        if self.backend == "TE" and not is_transformer_engine_available():
+            raise ImportError(
+                "FP8RecipeKwargs(backend='te') requires `transformer_engine`: "
+                "pip install 'transformer_engine[pytorch]' (needs an NVIDIA Hopper/Ada GPU)"
+            )
+        if self.backend == "MSAMP" and not is_msamp_available():
+            raise ImportError(
+                "FP8RecipeKwargs(backend='msamp') requires `msamp` (MS-AMP): "
+                "see https://azure.github.io/MS-AMP/docs/getting-started/installation"
+            )
+
+    def to_te_recipe(self) -> Any:
+        """Return the ``transformer_engine.common.recipe.DelayedScaling`` this configuration describes."""
+        if self.backend != "TE":
+            raise ValueError(f"to_te_recipe() needs backend='te', this recipe uses backend={self.backend!r}")
+        self.check_engine()
+        from transformer_engine.common import recipe
+
+        return recipe.DelayedScaling(
+            margin=self.margin,
+            interval=self.interval,
+            fp8_format=getattr(recipe.Format, self.fp8_format),
+            amax_history_len=self.amax_history_len,
+            amax_compute_algo=self.amax_compute_algo,
+            override_linear_precision=self.override_linear_precision,
+        )

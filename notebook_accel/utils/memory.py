@@ -1,0 +1,140 @@
+"""Out-of-memory handling: retry with smaller batches, free references and device caches."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["clear_device_cache", "find_executable_batch_size", "release_memory", "should_reduce_batch_size"]
+
+logger = logging.getLogger(__name__)
+
+# Messages of the allocator / kernel errors that mean "this batch does not fit".
+_OOM_MESSAGES = (
+    "CUDA out of memory.",
+    "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
+    "DefaultCPUAllocator: can't allocate memory",
+    "FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed",
+    "XPU out of memory.",
+    "NPU out of memory.",
+    "MLU out of memory.",
+    "MPS backend out of memory",
+    "HIP out of memory.",
+)
+
+
+def clear_device_cache(garbage_collection: bool = False) -> None:
+    """Return nothing; empty the caching allocator of every device in use (after ``gc.collect()`` if asked).
+
+    Only backends already initialised are touched, so this never initialises CUDA.
+    """
+    if garbage_collection:
+        gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and hasattr(xpu, "is_initialized") and xpu.is_initialized():
+        xpu.empty_cache()
+    npu = getattr(torch, "npu", None)
+    if npu is not None and hasattr(npu, "empty_cache"):
+        npu.empty_cache()
+    if hasattr(torch.backends, "mps") and torch.backends.mps.is_available():
+        torch.mps.empty_cache()
+
+
+def release_memory(*objects: Any) -> list[None]:
+    """Return a list of ``None`` (one per object) after dropping the references and clearing caches.
+
+    Use as ``a, b = release_memory(a, b)`` so the caller's names stop holding the objects.
+    """
+    released: list[Any] = list(objects)
+    for i in range(len(released)):
+        released[i] = None
+    del objects
+    clear_device_cache(garbage_collection=True)
+    return released
+
+
+def should_reduce_batch_size(exception: BaseException) -> bool:
+    """Return whether ``exception`` is an out-of-memory error that a smaller batch could avoid."""
+    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(exception, oom_type):
+        return True
+    if isinstance(exception, MemoryError):
+        return True
+    if (
+        isinstance(exception, RuntimeError)
+        and len(exception.args) == 1
+        and isinstance(exception.args[0], str)
+    ):
+        return any(message in exception.args[0] for message in _OOM_MESSAGES)
+    return False
+
+
+def find_executable_batch_size(function: Callable = None, starting_batch_size: int = 128) -> Callable:
+    """Return ``function`` wrapped so it is retried with half the batch size after each out-of-memory error.
+
+    ``function`` must take ``batch_size`` as its first parameter; callers pass the other arguments
+    only. Usable as ``@find_executable_batch_size`` or ``@find_executable_batch_size(starting_batch_size=64)``.
+    Raises RuntimeError when the batch size reaches zero. The last working size is kept for later calls.
+
+    Example::
+
+        @find_executable_batch_size(starting_batch_size=128)
+        def train(batch_size, model, optimizer): ...
+
+        train(model, optimizer)
+    """
+    if function is None:
+        return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size)
+    if not callable(function):
+        raise TypeError(f"find_executable_batch_size decorates a function, got {function!r}")
+    if (
+        isinstance(starting_batch_size, bool)
+        or not isinstance(starting_batch_size, int)
+        or starting_batch_size < 1
+    ):
+        raise ValueError(f"starting_batch_size must be a positive int, got {starting_batch_size!r}")
+    name = getattr(function, "__name__", repr(function))
+    params = list(inspect.signature(function).parameters.values())
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if not params or params[0].kind not in positional or params[0].name != "batch_size":
+        raise TypeError(
+            f"`{name}` must take `batch_size` as its first parameter to be decorated with "
+            f"find_executable_batch_size, e.g. `def {name}(batch_size, ...)`"
+        )
+    takes_varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+    n_positional = sum(p.kind in positional for p in params)
+    batch_size = starting_batch_size
+
+    @functools.wraps(function)
+    def decorator(*args, **kwargs):
+        nonlocal batch_size
+        if "batch_size" in kwargs or (not takes_varargs and len(args) + 1 > n_positional):
+            given = ", ".join(f"{p.name}={v!r}" for p, v in zip(params[1:], args[1:]))
+            raise TypeError(
+                f"Batch size was passed into `{name}` when called; the decorator already supplies it. "
+                f"Call it without the batch size: `{name}({given})`"
+            )
+        clear_device_cache(garbage_collection=True)
+        while True:
+            if batch_size == 0:
+                raise RuntimeError("No executable batch size found, reached zero.")
+            try:
+                return function(batch_size, *args, **kwargs)
+            except Exception as exc:
+                if not should_reduce_batch_size(exc):
+                    raise
+                logger.info("out of memory at batch_size=%d, retrying with %d", batch_size, batch_size // 2)
+                # Drop the failed attempt's frames (they hold tensors) before freeing the caches.
+                del exc
+                clear_device_cache(garbage_collection=True)
+                batch_size //= 2
+
+    return decorator
