@@ -1,0 +1,271 @@
+"""Walk nested lists / tuples / namedtuples / dicts of tensors, keeping every container's type.
+
+The process-independent half of ``notebook_accel.utils.operations``: mapping a function over the
+tensors of a structure, moving it to a device, slicing, concatenating, measuring, converting.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+__all__ = [
+    "ConvertOutputsToFp32",
+    "TensorInformation",
+    "concatenate",
+    "convert_outputs_to_fp32",
+    "convert_to_fp32",
+    "find_batch_size",
+    "get_data_structure",
+    "honor_type",
+    "ignorant_find_batch_size",
+    "initialize_tensors",
+    "is_namedtuple",
+    "is_tensor_information",
+    "is_torch_tensor",
+    "listify",
+    "recursively_apply",
+    "send_to_device",
+    "slice_tensors",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInformation:
+    """The shape and dtype of a tensor, enough to allocate a matching empty one."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+
+
+def is_torch_tensor(tensor: Any) -> bool:
+    """Return whether ``tensor`` is a ``torch.Tensor``."""
+    return isinstance(tensor, torch.Tensor)
+
+
+def is_tensor_information(tensor_info: Any) -> bool:
+    """Return whether ``tensor_info`` is a :class:`TensorInformation`."""
+    return isinstance(tensor_info, TensorInformation)
+
+
+def is_namedtuple(data: Any) -> bool:
+    """Return whether ``data`` is an instance of a ``collections.namedtuple`` / ``typing.NamedTuple`` class."""
+    return isinstance(data, tuple) and hasattr(data, "_fields") and hasattr(data, "_asdict")
+
+
+def honor_type(obj: Any, generator: Iterable) -> Any:
+    """Return the items of ``generator`` in a container of the same type as ``obj`` (namedtuples included)."""
+    if is_namedtuple(obj):
+        return type(obj)(*list(generator))
+    try:
+        return type(obj)(generator)
+    except TypeError:
+        # A list/tuple subclass whose constructor takes the items as separate arguments.
+        return type(obj)(*list(generator))
+
+
+def _rebuild_mapping(original: Mapping, items: dict) -> Any:
+    """Return ``items`` in a mapping of ``original``'s type (dict, OrderedDict, defaultdict, BatchEncoding...)."""
+    if type(original) is dict:
+        return items
+    try:
+        return type(original)(items)
+    except TypeError:
+        pass
+    try:
+        # Mappings whose constructor is not dict-like (defaultdict): copy, then overwrite the values.
+        out = copy.copy(original)
+        for key, value in items.items():
+            out[key] = value
+        return out
+    except TypeError:
+        return items
+
+
+def recursively_apply(
+    func: Callable,
+    data: Any,
+    *args: Any,
+    test_type: Callable[[Any], bool] = is_torch_tensor,
+    error_on_other_type: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """Return ``data`` with ``func(x, *args, **kwargs)`` applied to every leaf ``x`` passing ``test_type``.
+
+    Lists, tuples, namedtuples and mappings are rebuilt with their own types; other leaves are kept
+    as they are, or rejected with TypeError when ``error_on_other_type``.
+    """
+    if isinstance(data, (list, tuple)):
+        return honor_type(
+            data,
+            (
+                recursively_apply(
+                    func, o, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
+                )
+                for o in data
+            ),
+        )
+    if isinstance(data, Mapping):
+        return _rebuild_mapping(
+            data,
+            {
+                k: recursively_apply(
+                    func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
+                )
+                for k, v in data.items()
+            },
+        )
+    if test_type(data):
+        return func(data, *args, **kwargs)
+    if error_on_other_type:
+        raise TypeError(
+            f"Unsupported type {type(data).__name__} passed to `{getattr(func, '__name__', func)}`: only nested "
+            f"lists/tuples/dicts of objects accepted by `{getattr(test_type, '__name__', test_type)}` can be passed"
+        )
+    return data
+
+
+def send_to_device(tensor: Any, device: Any, non_blocking: bool = False, skip_keys: Any = None) -> Any:
+    """Return ``tensor`` (nested lists/tuples/dicts of tensors) with every tensor moved to ``device``.
+
+    Objects with a ``.to`` method (e.g. a tokenizer's BatchEncoding) are moved with it; values under
+    ``skip_keys`` (a key or a list of keys of a mapping) stay where they are. Tensors already on
+    ``device`` are returned as they are (no copy).
+    """
+    if isinstance(tensor, (list, tuple)):
+        return honor_type(tensor, (send_to_device(t, device, non_blocking, skip_keys) for t in tensor))
+    if isinstance(tensor, Mapping):
+        skip = {skip_keys} if isinstance(skip_keys, str) else set(skip_keys or ())
+        return _rebuild_mapping(
+            tensor,
+            {
+                k: v if k in skip else send_to_device(v, device, non_blocking, skip_keys)
+                for k, v in tensor.items()
+            },
+        )
+    if isinstance(tensor, torch.Tensor) or callable(getattr(tensor, "to", None)):
+        try:
+            return tensor.to(device, non_blocking=non_blocking)
+        except TypeError:  # a .to() that does not take non_blocking
+            return tensor.to(device)
+    return tensor
+
+
+def listify(data: Any) -> Any:
+    """Return ``data`` with every tensor turned into (nested) Python lists of numbers."""
+
+    def _to_list(tensor: torch.Tensor) -> Any:
+        if tensor.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+            tensor = tensor.float()  # numpy-less conversions still need a standard dtype
+        return tensor.detach().cpu().tolist()
+
+    return recursively_apply(_to_list, data)
+
+
+def _fp32(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.float()
+
+
+def _is_half(tensor: Any) -> bool:
+    return isinstance(tensor, torch.Tensor) and tensor.dtype in (torch.float16, torch.bfloat16)
+
+
+def convert_to_fp32(tensor: Any) -> Any:
+    """Return ``tensor`` (nested lists/tuples/dicts) with its fp16 and bf16 tensors converted to fp32."""
+    return recursively_apply(_fp32, tensor, test_type=_is_half)
+
+
+class ConvertOutputsToFp32:
+    """A forward function whose outputs are converted to fp32 (picklable when the wrapped one is)."""
+
+    def __init__(self, model_forward: Callable) -> None:
+        self.model_forward = model_forward
+        functools.update_wrapper(self, model_forward)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return convert_to_fp32(self.model_forward(*args, **kwargs))
+
+
+def convert_outputs_to_fp32(model_forward: Callable) -> Callable:
+    """Return ``model_forward`` wrapped so that its fp16/bf16 outputs come back as fp32."""
+    if not callable(model_forward):
+        raise TypeError(
+            f"convert_outputs_to_fp32 expects a callable forward, got {type(model_forward).__name__}"
+        )
+    return ConvertOutputsToFp32(model_forward)
+
+
+def slice_tensors(
+    data: Any, tensor_slice: Any, process_index: int | None = None, num_processes: int | None = None
+) -> Any:
+    """Return ``data`` with every tensor indexed by ``tensor_slice`` (e.g. ``slice(0, 4)``).
+
+    ``process_index`` and ``num_processes`` are accepted for compatibility and not used.
+    """
+
+    def _slice(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor[tensor_slice]
+
+    return recursively_apply(_slice, data)
+
+
+def concatenate(data: list | tuple, dim: int = 0) -> Any:
+    """Return one structure whose tensors are those of the structures in ``data`` concatenated along ``dim``."""
+    if not isinstance(data, (list, tuple)):
+        raise TypeError(f"concatenate expects a list or tuple of structures, got {type(data).__name__}")
+    if len(data) == 0:
+        raise ValueError("concatenate got an empty list: there is nothing to concatenate")
+    first = data[0]
+    if isinstance(first, (list, tuple)):
+        return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
+    if isinstance(first, Mapping):
+        return _rebuild_mapping(first, {k: concatenate([d[k] for d in data], dim=dim) for k in first})
+    if not isinstance(first, torch.Tensor):
+        raise TypeError(f"concatenate can only concatenate tensors, got {type(first).__name__}")
+    return torch.cat(list(data), dim=dim)
+
+
+def find_batch_size(data: Any) -> int:
+    """Return the size of the first dimension of the first tensor found in ``data``."""
+    if isinstance(data, (list, tuple, Mapping)) and len(data) == 0:
+        raise ValueError(f"Cannot find the batch size of an empty {type(data).__name__}")
+    if isinstance(data, (list, tuple)):
+        return find_batch_size(data[0])
+    if isinstance(data, Mapping):
+        return find_batch_size(next(iter(data.values())))
+    if not isinstance(data, torch.Tensor):
+        raise TypeError(f"Can only find the batch size of tensors, got {type(data).__name__}")
+    if data.ndim == 0:
+        raise ValueError("Cannot find the batch size of a 0-dim tensor: it has no batch dimension")
+    return data.shape[0]
+
+
+def ignorant_find_batch_size(data: Any) -> int | None:
+    """Return ``find_batch_size(data)``, or None where it cannot be found."""
+    try:
+        return find_batch_size(data)
+    except (ValueError, TypeError):
+        return None
+
+
+def _info(tensor: torch.Tensor) -> TensorInformation:
+    return TensorInformation(shape=tensor.shape, dtype=tensor.dtype)
+
+
+def get_data_structure(data: Any) -> Any:
+    """Return ``data`` with every tensor replaced by its :class:`TensorInformation`."""
+    return recursively_apply(_info, data)
+
+
+def _empty(info: TensorInformation) -> torch.Tensor:
+    return torch.empty(info.shape, dtype=info.dtype)
+
+
+def initialize_tensors(data_structure: Any) -> Any:
+    """Return ``data_structure`` with every :class:`TensorInformation` replaced by an empty CPU tensor."""
+    return recursively_apply(_empty, data_structure, test_type=is_tensor_information)

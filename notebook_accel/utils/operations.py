@@ -1,0 +1,439 @@
+"""Data operations that work across processes on nested lists / tuples / dicts of tensors.
+
+``gather``, ``reduce``, ``broadcast`` and ``pad_across_processes`` take any nested structure of
+tensors and keep its container types. With one process they return their input at once (no
+collective, no copy). With several, tensors of a structure that share a device and dtype are packed
+into one flat buffer, so a dict of 100 small tensors costs one collective, not 100.
+
+Debug mode (``ACCELERATE_DEBUG_MODE=1``): before a collective every rank's shapes are compared (one
+``all_gather_object``) and a mismatch raises :class:`DistributedOperationException` listing each
+rank's shapes, instead of hanging or returning garbage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ._ops_structure import (
+    TensorInformation,
+    concatenate,
+    convert_outputs_to_fp32,
+    convert_to_fp32,
+    find_batch_size,
+    get_data_structure,
+    honor_type,
+    ignorant_find_batch_size,
+    initialize_tensors,
+    is_tensor_information,
+    is_torch_tensor,
+    listify,
+    recursively_apply,
+    send_to_device,
+    slice_tensors,
+)
+
+__all__ = [
+    "DistributedOperationException",
+    "TensorInformation",
+    "broadcast",
+    "broadcast_object_list",
+    "concatenate",
+    "convert_outputs_to_fp32",
+    "convert_to_fp32",
+    "find_batch_size",
+    "gather",
+    "gather_object",
+    "get_data_structure",
+    "honor_type",
+    "ignorant_find_batch_size",
+    "initialize_tensors",
+    "is_tensor_information",
+    "is_torch_tensor",
+    "listify",
+    "pad_across_processes",
+    "recursively_apply",
+    "reduce",
+    "send_to_device",
+    "slice_tensors",
+]
+
+_REDUCTIONS = ("mean", "sum", "none")
+# torch >= 2.13 renamed all_gather_into_tensor; both gather equal-sized tensors into one buffer.
+_all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class DistributedOperationException(RuntimeError):
+    """A collective was called with data that does not match across processes (shapes, dtypes, structure)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# process world
+
+
+def _world() -> dict[str, Any]:
+    """Return PartialState's shared dict, building the state on first use (cheap on later calls)."""
+    from ..state import PartialState
+
+    shared = PartialState._shared_state
+    if not shared:
+        PartialState()
+    return shared
+
+
+def _is_single(world: dict[str, Any]) -> bool:
+    return world["num_processes"] == 1 or world["distributed_type"] == "NO"
+
+
+def _is_xla(world: dict[str, Any]) -> bool:
+    return world["distributed_type"] == "XLA"
+
+
+# ---------------------------------------------------------------------------------------------
+# flattening a structure into its tensors and back
+
+
+def _leaves(data: Any, op: str) -> list[torch.Tensor]:
+    """Return the tensors of ``data`` in traversal order (TypeError naming ``op`` for other leaves)."""
+    out: list[torch.Tensor] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, torch.Tensor):
+            out.append(node)
+        elif isinstance(node, (list, tuple)):
+            for item in node:
+                visit(item)
+        elif isinstance(node, Mapping):
+            for item in node.values():
+                visit(item)
+        else:
+            raise TypeError(
+                f"Unsupported type {type(node).__name__} passed to `{op}`: only nested lists/tuples/dicts of "
+                "torch.Tensor can be passed (use gather_object / broadcast_object_list for other objects)"
+            )
+
+    visit(data)
+    return out
+
+
+def _refill(data: Any, tensors: list[torch.Tensor]) -> Any:
+    """Return ``data`` with its tensors replaced, in traversal order, by ``tensors``."""
+    if isinstance(data, torch.Tensor):
+        return tensors[0]
+    it = iter(tensors)
+    return recursively_apply(lambda _: next(it), data)
+
+
+def _groups(tensors: list[torch.Tensor]) -> dict[tuple[torch.device, torch.dtype], list[int]]:
+    """Return the indices of ``tensors`` grouped by (device, dtype): each group shares one flat buffer."""
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    return groups
+
+
+def _wire(tensor: torch.Tensor) -> torch.Tensor:
+    """Return a view of ``tensor`` that backends can transfer (bool travels as uint8)."""
+    return tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# debug mode: compare every rank's shapes before a collective
+
+
+def _signature(data: Any) -> Any:
+    """Return a picklable, comparable outline of ``data``: plain lists/dicts, leaves (shape, dtype)."""
+    if isinstance(data, torch.Tensor):
+        return (tuple(data.shape), str(data.dtype).replace("torch.", ""))
+    if isinstance(data, (list, tuple)):
+        return [_signature(x) for x in data]
+    if isinstance(data, Mapping):
+        return {k: _signature(v) for k, v in data.items()}
+    return type(data).__name__
+
+
+def _outline(signature: Any) -> Any:
+    """Return ``signature`` with the sizes dropped (only the structure, ndims and dtypes remain)."""
+    if isinstance(signature, tuple):
+        return (len(signature[0]), signature[1])
+    if isinstance(signature, list):
+        return [_outline(x) for x in signature]
+    if isinstance(signature, dict):
+        return {k: _outline(v) for k, v in signature.items()}
+    return signature
+
+
+def _render(signature: Any) -> str:
+    if isinstance(signature, tuple):
+        return f"{signature[1]}{list(signature[0])}"
+    if isinstance(signature, list):
+        return "[" + ", ".join(_render(x) for x in signature) + "]"
+    if isinstance(signature, dict):
+        return "{" + ", ".join(f"{k!r}: {_render(v)}" for k, v in signature.items()) + "}"
+    return str(signature)
+
+
+def _verify(op: str, data: Any, world: dict[str, Any], sizes_must_match: bool = True) -> None:
+    """Raise DistributedOperationException when ``data``'s shapes differ between the processes."""
+    signature = _signature(data)
+    everyone: list[Any] = [None] * world["num_processes"]
+    dist.all_gather_object(everyone, signature)
+    key = (lambda s: s) if sizes_must_match else _outline
+    if all(key(s) == key(everyone[0]) for s in everyone):
+        return
+    what = "shapes and dtypes" if sizes_must_match else "structure, number of dimensions and dtypes"
+    per_rank = "\n".join(f"  - Process {i}: {_render(s)}" for i, s in enumerate(everyone))
+    raise DistributedOperationException(
+        f"Cannot apply `{op}`: the tensors' {what} differ between processes, so the collective would hang "
+        f"or mix up data. Every process must pass the same {what}.\n"
+        f"Operation: `notebook_accel.utils.operations.{op}`\nInput shapes:\n{per_rank}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# gather
+
+
+def _gather_one(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
+    if tensor.ndim == 0:
+        tensor = tensor.reshape(1)
+    tensor = tensor.contiguous()
+    out = torch.empty(
+        (world_size * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device
+    )
+    _all_gather_into(_wire(out), _wire(tensor))
+    return out
+
+
+def _gather_many(tensors: list[torch.Tensor], world_size: int) -> list[torch.Tensor]:
+    out: list[Any] = [None] * len(tensors)
+    for (device, dtype), idx in _groups(tensors).items():
+        if len(idx) == 1:
+            out[idx[0]] = _gather_one(tensors[idx[0]], world_size)
+            continue
+        flat = torch.cat([tensors[i].reshape(-1) for i in idx])
+        received = torch.empty(world_size * flat.numel(), dtype=dtype, device=device)
+        _all_gather_into(_wire(received), _wire(flat))
+        rows = received.view(world_size, flat.numel())
+        offset = 0
+        for i in idx:
+            t = tensors[i]
+            n = t.numel()
+            block = rows[:, offset : offset + n]
+            shape = (world_size * t.shape[0], *t.shape[1:]) if t.ndim else (world_size,)
+            out[i] = block.reshape(shape)
+            offset += n
+    return out
+
+
+def gather(tensor: Any) -> Any:
+    """Return the tensors of ``tensor`` (nested lists/tuples/dicts) gathered from every process.
+
+    Each result is the concatenation along dim 0 of every process's tensor (0-dim tensors become
+    1-dim of length ``num_processes``). With one process, ``tensor`` is returned as it is.
+    """
+    world = _world()
+    if _is_single(world):
+        return tensor
+    tensors = _leaves(tensor, "gather")
+    if world["debug"]:
+        _verify("gather", tensor, world)
+    if _is_xla(world):
+        import torch_xla.core.xla_model as xm
+
+        return _refill(tensor, [xm.all_gather(t.reshape(1) if t.ndim == 0 else t) for t in tensors])
+    if len(tensors) == 1:
+        return _refill(tensor, [_gather_one(tensors[0], world["num_processes"])])
+    return _refill(tensor, _gather_many(tensors, world["num_processes"]))
+
+
+def gather_object(object: Any) -> list:
+    """Return a list of the objects of every process: lists and tuples are concatenated, others appended.
+
+    With one process, a list or tuple is returned as it is and any other object as ``[object]``.
+    """
+    world = _world()
+    if _is_single(world):
+        return object if isinstance(object, (list, tuple)) else [object]
+    if _is_xla(world):
+        raise RuntimeError(
+            "gather_object is not supported on XLA (TPU): gather tensors with gather() instead"
+        )
+    everyone: list[Any] = [None] * world["num_processes"]
+    dist.all_gather_object(everyone, object)
+    out: list[Any] = []
+    for item in everyone:
+        if isinstance(item, (list, tuple)):
+            out.extend(item)
+        else:
+            out.append(item)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# broadcast
+
+
+def _check_source(from_process: Any, world: dict[str, Any]) -> None:
+    n = world["num_processes"]
+    if isinstance(from_process, bool) or not isinstance(from_process, int) or not 0 <= from_process < n:
+        raise ValueError(f"from_process={from_process!r} is not a process index: use an int in [0, {n - 1}]")
+
+
+def _broadcast_into(tensor: torch.Tensor, src: int) -> None:
+    if tensor.is_contiguous():
+        dist.broadcast(_wire(tensor), src=src)
+        return
+    buffer = tensor.contiguous()
+    dist.broadcast(_wire(buffer), src=src)
+    with torch.no_grad():
+        tensor.copy_(buffer)
+
+
+def broadcast(tensor: Any, from_process: int = 0) -> Any:
+    """Return ``tensor`` (nested lists/tuples/dicts) after copying process ``from_process``'s values into it.
+
+    The tensors are updated in place on the receiving processes, so every process must pass tensors
+    of the same shapes and dtypes.
+    """
+    world = _world()
+    _check_source(from_process, world)
+    if _is_single(world):
+        return tensor
+    tensors = _leaves(tensor, "broadcast")
+    if world["debug"]:
+        _verify("broadcast", tensor, world)
+    if _is_xla(world):
+        import torch_xla.core.xla_model as xm
+
+        xm.collective_broadcast(tensors, root_ordinal=from_process)
+        return tensor
+    is_source = world["process_index"] == from_process
+    for (device, dtype), idx in _groups(tensors).items():
+        if len(idx) == 1:
+            _broadcast_into(tensors[idx[0]], from_process)
+            continue
+        if is_source:
+            flat = torch.cat([tensors[i].reshape(-1) for i in idx])
+        else:
+            flat = torch.empty(sum(tensors[i].numel() for i in idx), dtype=dtype, device=device)
+        dist.broadcast(_wire(flat), src=from_process)
+        if is_source:
+            continue
+        offset = 0
+        with torch.no_grad():
+            for i in idx:
+                t = tensors[i]
+                t.copy_(flat[offset : offset + t.numel()].view(t.shape))
+                offset += t.numel()
+    return tensor
+
+
+def broadcast_object_list(object_list: list, from_process: int = 0) -> list:
+    """Return ``object_list`` after replacing its items, in place, by those of process ``from_process``."""
+    if not isinstance(object_list, list):
+        raise TypeError(
+            f"broadcast_object_list expects a list (updated in place), got {type(object_list).__name__}"
+        )
+    world = _world()
+    _check_source(from_process, world)
+    if _is_single(world):
+        return object_list
+    if _is_xla(world):
+        raise RuntimeError("broadcast_object_list is not supported on XLA (TPU): broadcast tensors instead")
+    dist.broadcast_object_list(object_list, src=from_process)
+    return object_list
+
+
+# ---------------------------------------------------------------------------------------------
+# reduce
+
+
+def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
+    """Return the tensors of ``tensor`` (nested lists/tuples/dicts) reduced over all processes.
+
+    ``reduction`` is "mean" (integer tensors give a float mean), "sum" or "none" (no reduction: the
+    input is returned). ``scale`` multiplies the result on XLA only, as documented by Accelerate. The
+    input is never modified; with one process it is returned as it is.
+    """
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"Unknown reduction {reduction!r}: use one of {', '.join(map(repr, _REDUCTIONS))}")
+    world = _world()
+    if _is_single(world) or reduction == "none":
+        return tensor
+    tensors = _leaves(tensor, "reduce")
+    if world["debug"]:
+        _verify("reduce", tensor, world)
+    n = world["num_processes"]
+    if _is_xla(world):
+        import torch_xla.core.xla_model as xm
+
+        summed = [t.clone() for t in tensors]
+        xm.all_reduce("sum", summed, scale=scale)
+        return _refill(tensor, [_mean(t, n) if reduction == "mean" else t for t in summed])
+    out: list[Any] = [None] * len(tensors)
+    for idx in _groups(tensors).values():
+        if len(idx) == 1:
+            buffer = tensors[idx[0]].clone(memory_format=torch.contiguous_format)
+        else:
+            buffer = torch.cat([tensors[i].reshape(-1) for i in idx])
+        dist.all_reduce(_wire(buffer), op=dist.ReduceOp.SUM)
+        if reduction == "mean":
+            buffer = _mean(buffer, n)
+        if len(idx) == 1:
+            out[idx[0]] = buffer
+            continue
+        offset = 0
+        for i in idx:
+            t = tensors[i]
+            out[i] = buffer[offset : offset + t.numel()].view(t.shape)
+            offset += t.numel()
+    return _refill(tensor, out)
+
+
+def _mean(buffer: torch.Tensor, n: int) -> torch.Tensor:
+    if buffer.is_floating_point() or buffer.is_complex():
+        return buffer.div_(n)
+    return buffer / n
+
+
+# ---------------------------------------------------------------------------------------------
+# pad_across_processes
+
+
+def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+    """Return ``tensor`` (nested lists/tuples/dicts) padded along ``dim`` to the largest size of any process.
+
+    Padding uses the value ``pad_index``, at the end (or the start with ``pad_first=True``). One
+    collective exchanges the sizes of every tensor; tensors already of the largest size, and tensors
+    with fewer than ``dim + 1`` dimensions, are returned as they are.
+    """
+    world = _world()
+    if _is_single(world):
+        return tensor
+    tensors = _leaves(tensor, "pad_across_processes")
+    if world["debug"]:
+        _verify("pad_across_processes", tensor, world, sizes_must_match=False)
+    dims = [dim + t.ndim if dim < 0 else dim for t in tensors]
+    local = [t.shape[d] if 0 <= d < t.ndim else -1 for t, d in zip(tensors, dims)]
+    if not local:
+        return tensor
+    device = world["device"] if world.get("backend") and "nccl" in world["backend"] else torch.device("cpu")
+    sizes = torch.tensor(local, dtype=torch.int64, device=device)
+    everyone = torch.empty(world["num_processes"] * len(local), dtype=torch.int64, device=device)
+    _all_gather_into(everyone, sizes)
+    largest = everyone.view(world["num_processes"], len(local)).amax(dim=0).tolist()
+    out = []
+    for t, d, size, target in zip(tensors, dims, local, largest):
+        if size < 0 or size == target:
+            out.append(t)
+            continue
+        shape = list(t.shape)
+        shape[d] = target
+        padded = t.new_full(shape, pad_index)
+        padded.narrow(d, target - size if pad_first else 0, size).copy_(t)
+        out.append(padded)
+    return _refill(tensor, out)
