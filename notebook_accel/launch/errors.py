@@ -1,0 +1,122 @@
+"""Failures of a launch: one ``RankFailure`` per failed rank, gathered in one ``LaunchError``.
+
+Like torch elastic's ``ChildFailedError``, the error names the root cause (the earliest failure) first
+and shows its own traceback in full; like ipyparallel's ``CompositeError``, the other failures are
+listed briefly, with a cap on how many tracebacks are shown.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import dataclass, field
+
+__all__ = ["LaunchError", "RankFailure"]
+
+# How many of the non-root failures get a traceback excerpt in ``str(LaunchError)``.
+_SHOWN_TRACEBACKS = 2
+_EXCERPT_LINES = 6
+
+# Messages of errors that a rank raises *because* a peer died (a collective losing its peer); such a
+# failure is a consequence, so a signal death or a genuine exception close in time ranks before it.
+_COLLATERAL_MARKERS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "gloo",
+    "nccl",
+    "socket",
+    "timed out",
+    "connection refused",
+)
+
+
+@dataclass
+class RankFailure:
+    """What went wrong on one rank: the exception it raised, or the signal/exit code it died with."""
+
+    rank: int
+    pid: int | None
+    exc_type: str
+    """Qualified name of the exception type (``"ValueError"``), or ``"Signal"`` / ``"ExitCode"``."""
+    message: str
+    traceback: str
+    """The worker's own formatted traceback ("" when the process died without one)."""
+    exitcode: int | None = None
+    signal: str | None = None
+    """Name of the signal that ended the process (``"SIGKILL"``), when it died of one."""
+    time: float = field(default=0.0, repr=False)
+    """``time.monotonic()`` in the parent when the failure was seen (orders the failures)."""
+
+    @property
+    def collateral(self) -> bool:
+        """Return True when this looks like a consequence of another rank's death (lost peer)."""
+        if self.signal is not None:
+            return False
+        text = f"{self.exc_type} {self.message}".lower()
+        return any(marker in text for marker in _COLLATERAL_MARKERS)
+
+    def headline(self) -> str:
+        """Return a one-line summary: rank, pid, type and message."""
+        return f"rank {self.rank} (pid {self.pid}) {self.exc_type}: {self.message}"
+
+
+def signal_name(signum: int) -> str:
+    """Return the name of ``signum`` (``"SIGKILL"``), or ``"signal N"`` when unknown."""
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def order_failures(failures: list[RankFailure], window: float = 2.0) -> list[RankFailure]:
+    """Return ``failures`` with the root cause first: the earliest, unless it is collateral.
+
+    A rank that loses its peer in a collective raises a few milliseconds after the peer was killed,
+    sometimes before the parent notices the death; within ``window`` seconds a non-collateral
+    failure therefore wins over a collateral one.
+    """
+    ordered = sorted(failures, key=lambda f: f.time)
+    if not ordered:
+        return ordered
+    first = ordered[0]
+    if first.collateral:
+        for candidate in ordered[1:]:
+            if not candidate.collateral and candidate.time - first.time <= window:
+                ordered.remove(candidate)
+                ordered.insert(0, candidate)
+                break
+    return ordered
+
+
+class LaunchError(RuntimeError):
+    """A launch failed: ``.failures`` lists every failed rank, root cause first."""
+
+    def __init__(self, failures: list[RankFailure], summary: str | None = None) -> None:
+        self.failures = list(failures)
+        self.summary = summary
+        super().__init__(self._render())
+
+    @property
+    def root_cause(self) -> RankFailure | None:
+        """Return the earliest failure (the one that made the launch fail), if any."""
+        return self.failures[0] if self.failures else None
+
+    def _render(self) -> str:
+        if not self.failures:
+            return self.summary or "launch failed"
+        root = self.failures[0]
+        n = len(self.failures)
+        lines = [f"{root.headline()}" + (f"  [{self.summary}]" if self.summary else "")]
+        if root.traceback:
+            lines += ["", f"Traceback of rank {root.rank}:", root.traceback.rstrip()]
+        if n > 1:
+            lines += ["", f"{n - 1} other rank(s) also failed:"]
+            for i, other in enumerate(self.failures[1:]):
+                lines.append(f"  - {other.headline()}")
+                if i < _SHOWN_TRACEBACKS and other.traceback:
+                    tail = other.traceback.rstrip().splitlines()[-_EXCERPT_LINES:]
+                    lines += [f"      {t}" for t in tail]
+            hidden = max(0, n - 1 - _SHOWN_TRACEBACKS)
+            if hidden:
+                lines.append(f"  ({hidden} more traceback(s) hidden; see LaunchError.failures)")
+        return "\n".join(lines)

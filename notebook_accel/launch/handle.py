@@ -1,0 +1,499 @@
+"""``LaunchHandle``: the running launch, supervised by one background thread.
+
+The thread waits (``selectors``) on every worker's stdout, stderr and result pipe and on a
+descriptor that becomes readable when the worker exits. It cuts output into ``OutputLine``s for the
+sinks and subscribers, collects results, notices the first failure and stops the other ranks at
+once (a rank blocked in a collective would otherwise wait for its timeout), and, at the end, closes
+every descriptor it owns. States per rank: starting -> running -> succeeded | failed | stopped.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import pickle
+import selectors
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import LaunchError, RankFailure, order_failures, signal_name
+from .output import LineSplitter, OutputLine
+from .plan import LaunchPlan
+from .procs import WorkerProcess, start_worker
+from .worker import WorkerSpec
+
+__all__ = ["LaunchHandle", "RankStatus"]
+
+logger = logging.getLogger(__name__)
+
+_HISTORY = 200_000  # lines kept for late subscribers and .lines()
+_DRAIN_SECONDS = 2.0  # after the last exit, how long pipes held by stray descendants may stay open
+
+
+@dataclass
+class RankStatus:
+    """Where one rank stands."""
+
+    rank: int
+    pid: int | None
+    state: str
+    """``"starting"``, ``"running"``, ``"succeeded"``, ``"failed"`` or ``"stopped"``."""
+    started_at: float
+    ended_at: float | None = None
+    exitcode: int | None = None
+    last_line: str = ""
+
+
+class _Rank:
+    """Parent-side bookkeeping of one worker."""
+
+    def __init__(self, rank: int, local_rank: int) -> None:
+        self.rank, self.local_rank = rank, local_rank
+        self.proc: WorkerProcess | None = None
+        self.status = RankStatus(rank, None, "starting", time.time())
+        self.fds: dict[int, str] = {}  # open parent-side read ends -> "stdout" | "stderr" | "result"
+        self.splitters: dict[str, LineSplitter] = {}
+        self.result_bytes = bytearray()
+        self.result_done = False
+        self.exited = False
+        self.value: Any = None
+        self.message: tuple | None = None
+
+
+class LaunchHandle:
+    """A launch in progress: per-rank status, live output, results, stop."""
+
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        function: Callable,
+        args: tuple = (),
+        *,
+        sinks: list[Callable[[OutputLine], None]] | None = None,
+        timeout: float | None = None,
+        run_id: str = "",
+        log_files: dict[int, dict[str, str]] | None = None,
+        on_finish: Callable[[], None] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.run_id = run_id
+        self.log_files = log_files or {}
+        """``{rank: {"stdout": path, "stderr": path}}`` when ``log_dir`` was given."""
+        self._function, self._args = function, tuple(args)
+        self._sinks = list(sinks or [])
+        self._timeout = timeout
+        self._on_finish = on_finish
+        self._lock = threading.RLock()
+        self._history: collections.deque[OutputLine] = collections.deque(maxlen=_HISTORY)
+        self._subscribers: list[Callable[[OutputLine], None]] = []
+        self._done_callbacks: list[Callable[[LaunchHandle], None]] = []
+        self._done = threading.Event()
+        self._failures: list[RankFailure] = []
+        self._error: LaunchError | None = None
+        self._stop_started: float | None = None
+        self._stop_signals: list[tuple[float, int]] = []
+        self._stop_reason = ""
+        self._user_stopped = False
+        self._sent_signals: set[int] = set()
+        self._started = time.monotonic()
+        self._timed_out = False
+        base = plan.node_rank * plan.num_processes
+        self._ranks = [_Rank(base + i, i) for i in range(plan.num_processes)]
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def num_processes(self) -> int:
+        """Return the number of worker processes of this launch."""
+        return len(self._ranks)
+
+    @property
+    def pids(self) -> list[int | None]:
+        """Return each rank's pid (None before it started)."""
+        return [r.status.pid for r in self._ranks]
+
+    def status(self) -> list[RankStatus]:
+        """Return a snapshot of every rank's status."""
+        with self._lock:
+            return [RankStatus(**vars(r.status)) for r in self._ranks]
+
+    @property
+    def done(self) -> bool:
+        """Return True once every worker has ended and the launch is cleaned up."""
+        return self._done.is_set()
+
+    @property
+    def error(self) -> LaunchError | None:
+        """Return the launch's error once done (None while running or after success)."""
+        return self._error if self.done else None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Return True when the launch finished within ``timeout`` seconds (None: wait for it)."""
+        if not self._done.wait(timeout):
+            return False
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        return True
+
+    def result(self, timeout: float | None = None) -> list:
+        """Return each rank's return value (index = rank); raise LaunchError if the launch failed."""
+        if not self.wait(timeout):
+            raise TimeoutError(
+                f"the launch is still running after {timeout} s; call result() again or stop()"
+            )
+        if self._error is not None:
+            raise self._error
+        return [r.value for r in self._ranks]
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Stop every worker: SIGINT now, SIGTERM after ``grace`` s, then SIGKILL. Idempotent."""
+        self._user_stopped = self._user_stopped or not self.done
+        self._begin_stop("stopped by the user", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], grace)
+
+    def kill(self) -> None:
+        """Stop every worker with SIGKILL at once."""
+        self._user_stopped = self._user_stopped or not self.done
+        self._begin_stop("killed by the user", [signal.SIGKILL], 0.0, force=True)
+
+    def subscribe(self, callback: Callable[[OutputLine], None]) -> Callable[[], None]:
+        """Send ``callback`` every line so far, then each new one; return the unsubscribe function."""
+        with self._lock:
+            for line in list(self._history):
+                callback(line)
+            self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in self._subscribers:
+                    self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    def lines(self, rank: int | None = None) -> list[OutputLine]:
+        """Return the output lines so far, of one ``rank`` or of all."""
+        with self._lock:
+            return [line for line in self._history if rank is None or line.rank == rank]
+
+    def add_done_callback(self, fn: Callable[[LaunchHandle], None]) -> None:
+        """Call ``fn(handle)`` when the launch is done (at once if it already is)."""
+        with self._lock:
+            if not self.done:
+                self._done_callbacks.append(fn)
+                return
+        fn(self)
+
+    def __repr__(self) -> str:
+        states = collections.Counter(s.state for s in self.status())
+        summary = ", ".join(f"{n} {state}" for state, n in states.items())
+        return f"<LaunchHandle {self.run_id or ''} {self.num_processes} process(es): {summary}>"
+
+    # ------------------------------------------------------------------ starting
+
+    def _start(self) -> None:
+        """Start the workers and the supervising thread (called once by the launcher)."""
+        plan = self.plan
+        threads = max(
+            1, int(os.environ.get("OMP_NUM_THREADS") or (os.cpu_count() or 1) // plan.num_processes)
+        )
+        parent_fds: list[int] = []
+        try:
+            for r in self._ranks:
+                pipes = {name: os.pipe() for name in ("stdout", "stderr", "result")}
+                for name, (read_end, _) in pipes.items():
+                    r.fds[read_end] = name
+                    parent_fds.append(read_end)
+                spec = WorkerSpec(
+                    rank=r.rank,
+                    local_rank=r.local_rank,
+                    env=plan.worker_env(r.local_rank),
+                    num_threads=threads,
+                    backend=plan.backend,
+                    dry_run_port=plan.dry_run_port,
+                    function=self._function,
+                    args=self._args,
+                    close_fds=tuple(parent_fds),
+                )
+                writes = [pipes[name][1] for name in ("stdout", "stderr", "result")]
+                try:
+                    r.proc = start_worker(plan.start_method, spec, *writes)
+                finally:
+                    for fd in writes:
+                        os.close(fd)
+                r.status.pid = r.proc.pid
+                r.status.state = "running"
+                for stream in ("stdout", "stderr"):
+                    r.splitters[stream] = LineSplitter(r.rank, stream, self._emit)
+        except BaseException:
+            # A failed start (or ^C while forking): take down what was started, release every fd.
+            for r in self._ranks:
+                if r.proc is not None:
+                    r.proc.signal_group(signal.SIGKILL)
+                    while r.proc.poll() is None:
+                        time.sleep(0.01)
+                    r.proc.close()
+                for fd in r.fds:
+                    os.close(fd)
+                r.fds.clear()
+            raise
+        self._thread = threading.Thread(
+            target=self._supervise, name=f"notebook_accel-launch-{self.run_id}", daemon=True
+        )
+        self._thread.start()
+
+    # ------------------------------------------------------------------ supervising thread
+
+    def _emit(self, line: OutputLine) -> None:
+        with self._lock:
+            self._history.append(line)
+            self._ranks[line.rank - self._ranks[0].rank].status.last_line = line.text
+            for target in (*self._sinks, *self._subscribers):
+                try:
+                    target(line)
+                except Exception:
+                    logger.exception("output sink %r failed on a line of rank %d", target, line.rank)
+
+    def _begin_stop(self, reason: str, signals: list[int], grace: float, force: bool = False) -> None:
+        with self._lock:
+            if self.done or (self._stop_started is not None and not force):
+                return
+            now = time.monotonic()
+            self._stop_started = now
+            self._stop_reason = self._stop_reason or reason
+            first, *later = signals
+            self._stop_signals = [(now + grace * (i + 1), s) for i, s in enumerate(later)]
+            self._signal_running(first)
+
+    def _signal_running(self, signum: int) -> None:
+        self._sent_signals.add(signum)
+        for r in self._ranks:
+            if r.proc is not None and not r.exited:
+                r.proc.signal_group(signum)
+
+    def _supervise(self) -> None:
+        sel = selectors.DefaultSelector()
+        try:
+            for r in self._ranks:
+                for fd in r.fds:
+                    os.set_blocking(fd, False)
+                    sel.register(fd, selectors.EVENT_READ, (r, r.fds[fd]))
+                if r.proc.sentinel is not None:
+                    sel.register(r.proc.sentinel, selectors.EVENT_READ, (r, "exit"))
+            polling = any(r.proc.sentinel is None for r in self._ranks)
+            drain_deadline: float | None = None
+            while True:
+                now = time.monotonic()
+                if all(r.exited for r in self._ranks):
+                    if all(not r.fds for r in self._ranks):
+                        break
+                    drain_deadline = drain_deadline or now + _DRAIN_SECONDS
+                    if now >= drain_deadline:
+                        break
+                for event, _ in sel.select(self._next_wakeup(now, polling, drain_deadline)):
+                    rank, kind = event.data
+                    if kind == "exit":
+                        sel.unregister(event.fd)
+                        self._on_exit(rank)
+                    else:
+                        self._read(sel, rank, event.fd, kind)
+                if polling or self._stop_started is not None:
+                    for r in self._ranks:
+                        if not r.exited and r.proc.poll() is not None:
+                            if r.proc.sentinel is not None:
+                                sel.unregister(r.proc.sentinel)
+                            self._on_exit(r)
+                self._tick()
+        except BaseException:
+            logger.exception("launch supervisor crashed; killing the workers")
+            self._signal_running(signal.SIGKILL)
+            raise
+        finally:
+            self._finish(sel)
+
+    def _next_wakeup(self, now: float, polling: bool, drain_deadline: float | None) -> float | None:
+        deadlines = [t for t, _ in self._stop_signals]
+        if self._timeout is not None and self._stop_started is None:
+            deadlines.append(self._started + self._timeout)
+        if drain_deadline is not None:
+            deadlines.append(drain_deadline)
+        wait = min(deadlines) - now if deadlines else None
+        if polling or self._stop_started is not None:
+            wait = 0.05 if wait is None else min(wait, 0.05)
+        # Wake up now and then anyway: a subscriber may have asked to stop between two events.
+        return 0.5 if wait is None else max(0.0, min(wait, 0.5))
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            while self._stop_signals and self._stop_signals[0][0] <= now:
+                _, signum = self._stop_signals.pop(0)
+                self._signal_running(signum)
+        if self._timeout is not None and self._stop_started is None and now - self._started >= self._timeout:
+            self._timed_out = True
+            for r in self._ranks:
+                if not r.exited:
+                    self._failures.append(
+                        RankFailure(
+                            r.rank,
+                            r.status.pid,
+                            "TimeoutError",
+                            f"still running after timeout={self._timeout} s (last line: {r.status.last_line!r})",
+                            "",
+                            None,
+                            None,
+                            now,
+                        )  # fmt: skip
+                    )
+            self._begin_stop(
+                f"timed out after {self._timeout} s", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], 1.0
+            )
+
+    def _read(self, sel: selectors.BaseSelector, rank: _Rank, fd: int, kind: str) -> None:
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        if kind == "result":
+            rank.result_bytes += data
+        elif data:
+            rank.splitters[kind].feed(data)
+        if data:
+            return
+        sel.unregister(fd)
+        os.close(fd)
+        del rank.fds[fd]
+        if kind == "result":
+            self._on_result(rank)
+        else:
+            rank.splitters[kind].close()
+        self._maybe_settle(rank)
+
+    def _on_result(self, rank: _Rank) -> None:
+        rank.result_done = True
+        if not rank.result_bytes:
+            return
+        try:
+            message = pickle.loads(bytes(rank.result_bytes))
+        except Exception as exc:  # a truncated message (killed while writing) or a class missing here
+            message = (
+                "err",
+                type(exc).__name__,
+                f"the result of rank {rank.rank} could not be read: {exc}",
+                "",
+            )
+        rank.result_bytes = bytearray()
+        rank.message = message
+        if message[0] == "ok":
+            rank.value = message[1]
+        elif message[0] == "err" and not self._user_stopped:
+            _, exc_type, text, tb = message
+            self._fail(
+                RankFailure(rank.rank, rank.status.pid, exc_type, text, tb, None, None, time.monotonic())
+            )
+
+    def _on_exit(self, rank: _Rank) -> None:
+        rank.proc.kill_leftovers()  # before reaping, while the group id is still certainly ours
+        while rank.proc.poll() is None:
+            time.sleep(0.001)
+        rank.exited = True
+        rank.status.exitcode = rank.proc.exitcode
+        rank.status.ended_at = time.time()
+        self._maybe_settle(rank)
+
+    def _maybe_settle(self, rank: _Rank) -> None:
+        """Decide a rank's final state once it has exited and its result pipe is drained."""
+        if not (rank.exited and rank.result_done) or rank.status.state not in ("starting", "running"):
+            return
+        code = rank.proc.exitcode
+        kind = rank.message[0] if rank.message else None
+        if kind == "ok":
+            state = "succeeded"
+        elif kind == "stopped" or (kind == "err" and self._user_stopped):
+            state = "stopped"
+        elif kind == "err":
+            state = "failed"
+        elif code is not None and code < 0 and -code in self._sent_signals:
+            state = "stopped"  # one of ours
+        else:
+            state = "failed"
+            if code is not None and code < 0:
+                name = signal_name(-code)
+                hint = " (the out-of-memory killer sends SIGKILL)" if -code == signal.SIGKILL else ""
+                failure = RankFailure(
+                    rank.rank, rank.status.pid, "Signal", f"killed by {name}{hint}", "", code, name
+                )
+            else:
+                failure = RankFailure(
+                    rank.rank,
+                    rank.status.pid,
+                    "ExitCode",
+                    f"exited with code {code} before returning a result",
+                    "",
+                    code,
+                )
+            failure.time = time.monotonic()
+            self._fail(failure)
+        with self._lock:
+            rank.status.state = state
+
+    def _fail(self, failure: RankFailure) -> None:
+        self._failures.append(failure)
+        self._begin_stop(f"rank {failure.rank} failed", [signal.SIGTERM, signal.SIGKILL], 1.5)
+
+    def _finish(self, sel: selectors.BaseSelector) -> None:
+        for r in self._ranks:
+            for fd in list(r.fds):
+                try:
+                    sel.unregister(fd)
+                except (KeyError, ValueError):
+                    pass
+                os.close(fd)
+            r.fds.clear()
+            if r.proc is not None:
+                if not r.exited:  # only after a supervisor crash
+                    r.proc.signal_group(signal.SIGKILL)
+                    while r.proc.poll() is None:
+                        time.sleep(0.01)
+                    r.exited = True
+                r.proc.close()
+            for splitter in r.splitters.values():
+                splitter.close()
+        sel.close()
+        for r in self._ranks:
+            if r.status.state in ("starting", "running"):
+                r.status.state = "stopped"
+            for f in self._failures:
+                if f.rank == r.rank and r.status.state != "failed":
+                    r.status.state = "failed" if not self._timed_out else "stopped"
+                    if f.exitcode is None:
+                        f.exitcode = r.status.exitcode
+        self._error = self._build_error()
+        if self._on_finish is not None:
+            try:
+                self._on_finish()
+            except Exception:
+                logger.exception("launch clean-up failed")
+        with self._lock:
+            self._done.set()
+            callbacks, self._done_callbacks = self._done_callbacks, []
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception:
+                logger.exception("done callback %r failed", fn)
+
+    def _build_error(self) -> LaunchError | None:
+        if self._failures:
+            summary = self._stop_reason if self._timed_out else None
+            return LaunchError(order_failures(self._failures), summary)
+        unfinished = [r.rank for r in self._ranks if r.status.state != "succeeded"]
+        if unfinished:
+            return LaunchError(
+                [], f"launch {self._stop_reason or 'ended'}: rank(s) {unfinished} did not finish"
+            )
+        return None

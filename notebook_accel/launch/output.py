@@ -1,0 +1,161 @@
+"""Per-rank output: lines cut from the workers' pipes, and the sinks that receive them.
+
+A sink is any callable taking an ``OutputLine``; a sink that also has an ``announce(text)`` method
+receives the launcher's own messages (the launch plan). ``PrintSink`` prints to the stream of the
+calling cell with a ``[rank N]`` prefix; ``LogDirSink`` writes ``<dir>/<run_id>/rank_<N>/stdout.log``
+and ``stderr.log`` like torch elastic.
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import string
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+__all__ = ["LineSplitter", "LogDirSink", "OutputLine", "PrintSink", "format_prefix"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OutputLine:
+    """One line a worker wrote (``text`` has no trailing newline)."""
+
+    rank: int
+    stream: str
+    """``"stdout"`` or ``"stderr"``."""
+    text: str
+    time: float
+    """``time.time()`` when the parent read the line."""
+
+
+class LineSplitter:
+    """Cut decoded bytes of one stream into lines; ``\\r`` (progress bars) also ends a line."""
+
+    def __init__(self, rank: int, stream: str, emit: Callable[[OutputLine], None]) -> None:
+        self.rank, self.stream, self._emit = rank, stream, emit
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""
+
+    def feed(self, data: bytes) -> None:
+        """Emit every complete line in ``data`` (plus what was pending)."""
+        text = self._pending + self._decoder.decode(data)
+        text = text.replace("\r\n", "\n")
+        start = 0
+        now = time.time()
+        for i, ch in enumerate(text):
+            if ch == "\n" or (ch == "\r" and i + 1 < len(text)):
+                piece = text[start:i]
+                start = i + 1
+                if ch == "\r" and not piece:
+                    continue
+                self._emit(OutputLine(self.rank, self.stream, piece, now))
+        self._pending = text[start:]
+
+    def close(self) -> None:
+        """Emit what is left without a final newline."""
+        rest = (self._pending + self._decoder.decode(b"", final=True)).rstrip("\r")
+        self._pending = ""
+        if rest:
+            self._emit(OutputLine(self.rank, self.stream, rest, time.time()))
+
+
+def format_prefix(template: str | None, rank: int, local_rank: int, role_name: str = "default") -> str:
+    """Return the line prefix for ``rank``: ``"[rank N] "`` or ``template`` filled in.
+
+    Both torchrun's ``${rank}`` placeholders and ``{rank}`` format fields are accepted
+    (``rank``, ``local_rank``, ``role_name``).
+    """
+    if template is None:
+        return f"[rank {rank}] "
+    values = {"rank": rank, "local_rank": local_rank, "role_name": role_name}
+    text = string.Template(template).safe_substitute(values)
+    try:
+        return text.format(**values)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(
+            f"log_line_prefix_template={template!r} cannot be formatted ({exc!r}); "
+            "use the fields {rank}, {local_rank} and {role_name}"
+        ) from None
+
+
+class PrintSink:
+    """Print every line to the caller's stdout/stderr (a notebook cell's streams) with a rank prefix."""
+
+    def __init__(
+        self,
+        stdout: IO[str] | None = None,
+        stderr: IO[str] | None = None,
+        prefix_template: str | None = None,
+        num_processes: int = 1,
+        node_rank: int = 0,
+    ) -> None:
+        # Bound now: in a kernel, sys.stdout at call time is the stream of the running cell.
+        self.stdout = stdout if stdout is not None else sys.stdout
+        self.stderr = stderr if stderr is not None else sys.stderr
+        self._template = prefix_template
+        self._n = max(1, num_processes)
+        self._node_rank = node_rank
+        self._prefixes: dict[int, str] = {}
+
+    def _prefix(self, rank: int) -> str:
+        prefix = self._prefixes.get(rank)
+        if prefix is None:
+            local = rank - self._node_rank * self._n
+            prefix = self._prefixes[rank] = format_prefix(self._template, rank, local)
+        return prefix
+
+    def announce(self, text: str) -> None:
+        """Print a message of the launcher itself."""
+        self._write(self.stdout, text + "\n")
+
+    def __call__(self, line: OutputLine) -> None:
+        stream = self.stderr if line.stream == "stderr" else self.stdout
+        self._write(stream, f"{self._prefix(line.rank)}{line.text}\n")
+
+    @staticmethod
+    def _write(stream: IO[str], text: str) -> None:
+        try:
+            stream.write(text)
+            stream.flush()
+        except (ValueError, OSError):  # the cell's stream was closed; keep the launch going
+            logger.debug("output stream closed; dropped %r", text)
+
+
+class LogDirSink:
+    """Write each rank's streams to ``<log_dir>/<run_id>/rank_<N>/{stdout,stderr}.log``."""
+
+    def __init__(self, log_dir: str | Path, run_id: str, ranks: range) -> None:
+        self.run_dir = Path(log_dir) / run_id
+        self._files: dict[tuple[int, str], IO[str]] = {}
+        for rank in ranks:
+            folder = self.run_dir / f"rank_{rank}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for stream in ("stdout", "stderr"):
+                self._files[(rank, stream)] = open(folder / f"{stream}.log", "w", encoding="utf-8")  # noqa: SIM115
+
+    def path(self, rank: int, stream: str = "stdout") -> Path:
+        """Return the log file of ``rank``'s ``stream``."""
+        return self.run_dir / f"rank_{rank}" / f"{stream}.log"
+
+    def announce(self, text: str) -> None:
+        """Keep the launch plan next to the logs."""
+        with open(self.run_dir / "launch.txt", "a", encoding="utf-8") as f:
+            f.write(text + "\n")
+
+    def __call__(self, line: OutputLine) -> None:
+        f = self._files.get((line.rank, line.stream))
+        if f is not None and not f.closed:
+            f.write(line.text + "\n")
+            f.flush()
+
+    def close(self) -> None:
+        """Close every file (idempotent)."""
+        for f in self._files.values():
+            f.close()

@@ -1,0 +1,172 @@
+"""Starting one worker process per rank with fork, spawn or forkserver, behind one small interface.
+
+``fork`` is a bare ``os.fork()`` (no pickling: notebook functions and closures just work); ``spawn``
+runs a fresh interpreter with ``subprocess`` and sends the function by value (cloudpickle) on its
+stdin; ``forkserver`` goes through multiprocessing's fork server, which keeps running afterwards as
+multiprocessing's shared helper. Every worker leads its own process group.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+
+from .worker import WorkerSpec, worker_main
+
+__all__ = ["WorkerProcess", "start_worker"]
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # old kernel: the supervisor polls instead
+        return None
+
+
+class WorkerProcess:
+    """A started worker: its pid, an fd that becomes readable when it exits, poll and signal."""
+
+    def __init__(self, pid: int, *, popen: subprocess.Popen | None = None, mp_process=None) -> None:
+        self.pid = pid
+        self._popen = popen
+        self._mp = mp_process
+        self.exitcode: int | None = None
+        self.sentinel: int | None = mp_process.sentinel if mp_process is not None else _pidfd(pid)
+        self._own_sentinel = mp_process is None
+
+    def poll(self) -> int | None:
+        """Return the exit code (negative: killed by that signal) once the process has ended."""
+        if self.exitcode is not None:
+            return self.exitcode
+        if self._popen is not None:
+            self.exitcode = self._popen.poll()
+        elif self._mp is not None:
+            self.exitcode = self._mp.exitcode
+        else:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: the code is lost
+                self.exitcode = -signal.SIGKILL
+                return self.exitcode
+            if pid:
+                self.exitcode = os.waitstatus_to_exitcode(status)
+        return self.exitcode
+
+    def signal_group(self, signum: int) -> None:
+        """Send ``signum`` to the worker's process group (its children too), or to it alone."""
+        if self.exitcode is not None:
+            return  # reaped: the pid (and its group id) may belong to someone else now
+        try:
+            os.killpg(self.pid, signum)
+            return
+        except ProcessLookupError:
+            pass  # not (yet) a group leader
+        except PermissionError:
+            pass
+        try:
+            os.kill(self.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def kill_leftovers(self) -> None:
+        """SIGKILL whatever the worker started that still lives in its group (before reaping it)."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except OSError as exc:
+            if exc.errno not in (errno.ESRCH, errno.EPERM):
+                raise
+
+    def close(self) -> None:
+        """Release the sentinel fd and the multiprocessing/subprocess objects."""
+        if self._own_sentinel and self.sentinel is not None:
+            os.close(self.sentinel)
+        self.sentinel = None
+        if self._mp is not None:
+            self._mp.join(timeout=1)
+            self._mp.close()
+            self._mp = None
+        if self._popen is not None:
+            self._popen.wait(timeout=1)
+            self._popen = None
+
+
+def _fork(spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerProcess:
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            worker_main(spec, out_w, err_w, res_w)
+        finally:
+            os._exit(1)
+    try:
+        os.setpgid(pid, pid)  # also done by the child: whichever runs first wins, no race on kill
+    except OSError:
+        pass
+    return WorkerProcess(pid)
+
+
+def _spawn(spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerProcess:
+    import cloudpickle
+
+    payload = cloudpickle.dumps((spec.function, spec.args))
+    spec = replace(spec, function=None, args=(), payload=payload, close_fds=())
+    header = pickle.dumps((list(sys.path), os.getcwd(), res_w, spec))
+    popen = subprocess.Popen(
+        [sys.executable, "-c", "from notebook_accel.launch.procs import _spawned_main; _spawned_main()"],
+        stdin=subprocess.PIPE,
+        stdout=out_w,
+        stderr=err_w,
+        pass_fds=(res_w,),
+        process_group=0,
+    )
+    try:
+        popen.stdin.write(header)
+        popen.stdin.close()
+    except BrokenPipeError:
+        pass  # the interpreter died at start; its stderr and exit code tell why
+    return WorkerProcess(popen.pid, popen=popen)
+
+
+def _spawned_main() -> None:
+    """Entry point of a spawned worker: read the spec from stdin, then run like a forked one."""
+    path, cwd, res_w, spec = pickle.loads(sys.stdin.buffer.read())
+    sys.path[:] = path
+    os.chdir(cwd)
+    worker_main(spec, os.dup(1), os.dup(2), res_w)
+
+
+def _forkserver_entry(spec: WorkerSpec, out_c, err_c, res_c) -> None:
+    fds = []
+    for conn in (out_c, err_c, res_c):
+        fds.append(os.dup(conn.fileno()))
+        conn.close()
+    worker_main(spec, *fds)
+
+
+def _forkserver(spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerProcess:
+    import multiprocessing as mp
+    from multiprocessing.connection import Connection
+
+    import cloudpickle
+
+    ctx = mp.get_context("forkserver")
+    payload = cloudpickle.dumps((spec.function, spec.args))
+    spec = replace(spec, function=None, args=(), payload=payload, close_fds=())
+    conns = [Connection(os.dup(fd), readable=False) for fd in (out_w, err_w, res_w)]
+    proc = ctx.Process(target=_forkserver_entry, args=(spec, *conns), daemon=False)
+    try:
+        proc.start()
+    finally:
+        for conn in conns:
+            conn.close()
+    return WorkerProcess(proc.pid, mp_process=proc)
+
+
+def start_worker(method: str, spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerProcess:
+    """Return the started worker for ``spec`` (``method``: fork, spawn or forkserver)."""
+    starter = {"fork": _fork, "spawn": _spawn, "forkserver": _forkserver}[method]
+    return starter(spec, out_w, err_w, res_w)

@@ -1,0 +1,245 @@
+"""``notebook_launcher`` and ``debug_launcher``: run a function on several processes from a notebook.
+
+The workers are forked from the calling process (a Jupyter kernel), so a function defined in a cell,
+closures included, runs as is. Each worker gets the torchrun environment (RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so ``PartialState()`` / ``Accelerator()``
+or a plain ``torch.distributed.init_process_group()`` inside the function form the process group.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .launch.handle import LaunchHandle
+from .launch.output import LogDirSink, OutputLine, PrintSink, format_prefix
+from .launch.plan import LaunchPlan, resolve_plan
+
+__all__ = ["debug_launcher", "notebook_launcher"]
+
+logger = logging.getLogger(__name__)
+
+_run_counter = itertools.count()
+
+
+def _run_id(rdzv_id: str) -> str:
+    if rdzv_id and rdzv_id != "none":
+        return str(rdzv_id)
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_run_counter)}"
+
+
+def _build_sinks(
+    plan: LaunchPlan, sinks: Sequence[Callable[[OutputLine], None]] | None, template: str | None
+) -> list[Callable[[OutputLine], None]]:
+    if sinks is None:
+        return [
+            PrintSink(prefix_template=template, num_processes=plan.num_processes, node_rank=plan.node_rank)
+        ]
+    sinks = list(sinks)
+    for sink in sinks:
+        if not callable(sink):
+            raise TypeError(f"sinks must be callables taking an OutputLine; got {sink!r}")
+    return sinks
+
+
+def _announce(sinks: Sequence[Callable[[OutputLine], None]], text: str) -> None:
+    for sink in sinks:
+        announce = getattr(sink, "announce", None)
+        if announce is not None:
+            announce(text)
+
+
+def _show_panel(handle: LaunchHandle) -> None:
+    try:
+        from notebook_accel.widgets import LaunchPanel
+    except ImportError as exc:
+        raise ImportError(
+            "panel=True needs the launch panel (notebook_accel.widgets.LaunchPanel) and ipywidgets: "
+            f"pip install 'notebook-accel[panels]' ({exc})"
+        ) from exc
+    LaunchPanel(handle).display()
+
+
+def _wait_interruptibly(handle: LaunchHandle) -> None:
+    """Wait for the launch; on KeyboardInterrupt stop the workers, wait for them, re-raise."""
+    try:
+        handle.wait()
+    except KeyboardInterrupt:
+        handle.stop()
+        try:
+            handle.wait()
+        except KeyboardInterrupt:  # a second ^C: no more grace
+            handle.kill()
+            handle.wait()
+        raise
+
+
+def notebook_launcher(
+    function: Callable,
+    args: tuple = (),
+    num_processes: int | None = None,
+    mixed_precision: str = "no",
+    use_port: str = "29500",
+    master_addr: str = "127.0.0.1",
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    rdzv_backend: str = "static",
+    rdzv_endpoint: str = "",
+    rdzv_conf: dict | None = None,
+    rdzv_id: str = "none",
+    max_restarts: int = 0,
+    monitor_interval: float = 0.1,
+    log_line_prefix_template: str | None = None,
+    *,
+    block: bool = True,
+    panel: bool = False,
+    start_method: str = "fork",
+    log_dir: str | os.PathLike | None = None,
+    sinks: Sequence[Callable[[OutputLine], None]] | None = None,
+    timeout: float | None = None,
+) -> list[Any] | LaunchHandle:
+    """Return each rank's return value (a list indexed by rank) after running ``function(*args)`` on every process.
+
+    Args:
+        function: what every process runs; defined anywhere, a notebook cell included.
+        args: positional arguments passed to ``function`` in every process.
+        num_processes: processes on this machine. None: one per CUDA device, or 1 (in the calling
+            process) on a CPU-only machine. 1 runs ``function`` in the calling process.
+        mixed_precision: "no", "fp16", "bf16" or "fp8"; exported as ACCELERATE_MIXED_PRECISION.
+        use_port: rendezvous port on ``master_addr``. The default one is replaced by a free port
+            when taken; a port chosen explicitly that is taken raises RuntimeError.
+        master_addr: address of the rank-0 node.
+        node_rank, num_nodes: this machine's rank and the number of machines; ``num_nodes > 1``
+            runs through torch.distributed.elastic (see ``notebook_accel.launch.elastic``).
+        rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval: elastic
+            rendezvous settings, used when ``num_nodes > 1`` (as in torchrun).
+        log_line_prefix_template: prefix of each output line, e.g. "[{rank}]: " (``${rank}``,
+            ``{local_rank}``, ``{role_name}`` work too); default "[rank N] ".
+        block: False returns a ``LaunchHandle`` at once (status, live output, wait/result/stop).
+        panel: show the live launch panel (``notebook_accel.widgets.LaunchPanel``).
+        start_method: "fork" (default; CUDA must not be initialised in the caller), "spawn" or
+            "forkserver" (the function and its arguments are sent by value with cloudpickle).
+        log_dir: also write ``<log_dir>/<run_id>/rank_<N>/stdout.log`` and ``stderr.log``.
+        sinks: callables receiving every ``OutputLine``; None prints to the calling cell with a
+            rank prefix, [] prints nothing.
+        timeout: seconds after which the workers are stopped and LaunchError is raised.
+
+    Raises:
+        LaunchError: a rank raised or died; the root cause's rank, pid, type and traceback first.
+        KeyboardInterrupt: re-raised after every worker was stopped.
+        ValueError / RuntimeError: bad arguments, a taken explicit port, CUDA initialised before a fork.
+    """
+    if not callable(function):
+        raise TypeError(f"function must be callable; got {function!r}")
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args must be a tuple of positional arguments; got {type(args).__name__}")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout={timeout!r} must be a positive number of seconds or None")
+    return _launch(
+        function, tuple(args), num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
+        rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval,
+        log_line_prefix_template, block, panel, start_method, log_dir, sinks, timeout, force_cpu=False,
+    )  # fmt: skip
+
+
+def _launch(
+    function, args, num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
+    rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval,
+    log_line_prefix_template, block, panel, start_method, log_dir, sinks, timeout, *, force_cpu,
+):  # fmt: skip
+    format_prefix(log_line_prefix_template, 0, 0)  # a bad template fails here, not in the reader thread
+    plan = resolve_plan(
+        num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes, rdzv_backend,
+        start_method, force_cpu=force_cpu,
+    )  # fmt: skip
+    if plan.backend == "xla":
+        from .launch.xla import launch_xla
+
+        _announce(_build_sinks(plan, sinks, log_line_prefix_template), plan.describe())
+        return launch_xla(function, args, plan)
+    if plan.num_nodes > 1:
+        from .launch.elastic import launch_elastic
+
+        if not block:
+            raise ValueError(
+                "block=False is not available with num_nodes > 1 (torch elastic runs to the end)"
+            )
+        _announce(_build_sinks(plan, sinks, log_line_prefix_template), plan.describe())
+        return launch_elastic(
+            function, args, plan, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf,
+            rdzv_id=rdzv_id, max_restarts=max_restarts, monitor_interval=monitor_interval,
+            log_line_prefix_template=log_line_prefix_template, log_dir=log_dir,
+        )  # fmt: skip
+    if plan.in_process and block:
+        _announce(_build_sinks(plan, sinks, log_line_prefix_template), plan.describe())
+        return [function(*args)]
+    if plan.in_process:  # a handle needs a separate process, even for one rank
+        plan = _with_workers(plan)
+    run_id = _run_id(rdzv_id)
+    out_sinks = _build_sinks(plan, sinks, log_line_prefix_template)
+    log_sink = None
+    log_files: dict[int, dict[str, str]] = {}
+    if log_dir is not None:
+        base = plan.node_rank * plan.num_processes
+        log_sink = LogDirSink(log_dir, run_id, range(base, base + plan.num_processes))
+        out_sinks.append(log_sink)
+        log_files = {
+            r: {s: str(log_sink.path(r, s)) for s in ("stdout", "stderr")}
+            for r in range(base, base + plan.num_processes)
+        }
+    _announce(out_sinks, plan.describe())
+    handle = LaunchHandle(
+        plan, function, args, sinks=out_sinks, timeout=timeout, run_id=run_id, log_files=log_files,
+        on_finish=log_sink.close if log_sink is not None else None,
+    )  # fmt: skip
+    try:
+        handle._start()
+    except BaseException:
+        if log_sink is not None:
+            log_sink.close()
+        raise
+    if panel:
+        try:
+            _show_panel(handle)
+        except BaseException:
+            handle.kill()
+            handle.wait()
+            raise
+    if not block:
+        return handle
+    _wait_interruptibly(handle)
+    return handle.result()
+
+
+def _with_workers(plan: LaunchPlan) -> LaunchPlan:
+    from dataclasses import replace
+
+    from .launch.plan import check_cuda_not_initialised
+    from .launch.ports import resolve_port
+
+    check_cuda_not_initialised(plan.start_method)
+    dist_type = "MULTI_GPU" if plan.device_type == "cuda" else "MULTI_CPU"
+    return replace(
+        plan,
+        in_process=False,
+        distributed_type=dist_type,
+        master_port=resolve_port(plan.master_port, plan.master_addr),
+    )
+
+
+def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2) -> list[Any]:
+    """Return each rank's return value after running ``function(*args)`` on ``num_processes`` CPU processes.
+
+    Meant for tests of distributed code on a machine without accelerators: the workers use gloo on
+    the CPU (ACCELERATE_USE_CPU=1) even where CUDA devices exist.
+    """
+    if not callable(function):
+        raise TypeError(f"function must be callable; got {function!r}")
+    return _launch(
+        function, tuple(args), num_processes, "no", "29500", "127.0.0.1", 0, 1, "static", "", None, "none", 0,
+        0.1, None, True, False, "fork", None, None, None, force_cpu=True,
+    )  # fmt: skip

@@ -1,0 +1,372 @@
+"""notebook_launcher / debug_launcher from a plain process: groups, output, results, failures, stops."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from notebook_accel.launch import LaunchError, LaunchHandle, OutputLine
+from notebook_accel.launchers import debug_launcher, notebook_launcher
+from tests.launcher_helpers import Snapshot
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks():
+    snap = Snapshot()
+    yield
+    snap.assert_clean()
+
+
+class Collect:
+    """A sink keeping every line (and the launcher's announcements)."""
+
+    def __init__(self) -> None:
+        self.lines: list[OutputLine] = []
+        self.announced: list[str] = []
+
+    def __call__(self, line: OutputLine) -> None:
+        self.lines.append(line)
+
+    def announce(self, text: str) -> None:
+        self.announced.append(text)
+
+    def texts(self, rank: int | None = None, stream: str | None = None) -> list[str]:
+        return [ln.text for ln in self.lines if (rank is None or ln.rank == rank) and (stream is None or ln.stream == stream)]
+
+
+def _allreduce_rank() -> dict:
+    dist.init_process_group("gloo")
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    print(f"rank {dist.get_rank()} of {dist.get_world_size()} sum {t.item()}")
+    return {"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": t, "cuda": torch.cuda.is_initialized()}
+
+
+def test_two_processes_form_a_gloo_group_and_return_values(capsys):
+    results = notebook_launcher(_allreduce_rank, num_processes=2)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["world"] == 2 and r["sum"].item() == 3.0 for r in results)
+    assert not any(r["cuda"] for r in results) and not torch.cuda.is_initialized()
+    out = capsys.readouterr().out
+    assert "[rank 0] rank 0 of 2 sum 3.0" in out and "[rank 1] rank 1 of 2 sum 3.0" in out
+    plan_line = out.splitlines()[0]
+    assert "2 process(es)" in plan_line and "gloo" in plan_line and "cpu" in plan_line and "fork" in plan_line
+    assert "127.0.0.1:" in plan_line
+
+
+def test_partial_state_in_workers_sees_the_group():
+    state_mod = pytest.importorskip("notebook_accel.state")
+
+    def fn():
+        state = state_mod.PartialState()
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        return state.num_processes, state.process_index, str(state.distributed_type), t.item()
+
+    results = notebook_launcher(fn, num_processes=2, sinks=[])
+    assert [r[:2] for r in results] == [(2, 0), (2, 1)]
+    assert all("MULTI_CPU" in r[2] and r[3] == 2.0 for r in results)
+
+
+def test_closure_args_env_contract_and_fd_level_output():
+    secret = object.__new__(type("Local", (), {}))  # unpicklable-by-reference local object: fork needs no pickling
+
+    def fn(scale):
+        assert secret is not None
+        os.write(1, b"c-level stdout\n")
+        subprocess.run(["sh", "-c", "echo from a subprocess; echo to stderr >&2"], check=True)
+        print("py stderr", file=sys.stderr)
+        keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        env = {k: os.environ[k] for k in keys}
+        env.update({k: os.environ.get(k) for k in ("ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU", "ACCELERATE_FORK_LAUNCHED")})
+        return env, torch.full((2,), scale), torch.get_num_threads(), None
+
+    sink = Collect()
+    results = notebook_launcher(fn, args=(3.0,), num_processes=2, mixed_precision="bf16", sinks=[sink])
+    for rank, (env, tensor, threads, none) in enumerate(results):
+        assert env["RANK"] == env["LOCAL_RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2" and env["MASTER_ADDR"] == "127.0.0.1"
+        assert env["ACCELERATE_MIXED_PRECISION"] == "bf16" and env["ACCELERATE_USE_CPU"] == "1"
+        assert env["ACCELERATE_FORK_LAUNCHED"] == "1"
+        assert tensor.tolist() == [3.0, 3.0] and threads >= 1 and none is None
+        assert {"c-level stdout", "from a subprocess"} <= set(sink.texts(rank, "stdout"))
+        assert {"to stderr", "py stderr"} <= set(sink.texts(rank, "stderr"))
+    assert "RANK" not in os.environ and sink.announced and "mixed precision bf16" in sink.announced[0]
+
+
+def _fail_on_rank_1():
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        raise ValueError("rank one is unhappy")
+    time.sleep(60)  # rank 0 must be stopped, not left waiting
+
+
+def test_failing_rank_raises_with_rank_pid_and_traceback():
+    start = time.monotonic()
+    with pytest.raises(LaunchError, match=r"rank 1 \(pid \d+\) ValueError: rank one is unhappy") as info:
+        notebook_launcher(_fail_on_rank_1, num_processes=2, sinks=[])
+    assert time.monotonic() - start < 20
+    root = info.value.failures[0]
+    assert root.rank == 1 and root.exc_type == "ValueError" and root.pid
+    assert "_fail_on_rank_1" in root.traceback and "rank one is unhappy" in str(info.value)
+
+
+def _killed_rank_1():
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t = torch.ones(1)
+    dist.all_reduce(t)  # rank 0 is blocked here until stopped
+    time.sleep(60)
+
+
+def test_rank_killed_by_a_signal():
+    with pytest.raises(LaunchError, match=r"rank 1 .*killed by SIGKILL") as info:
+        notebook_launcher(_killed_rank_1, num_processes=2, sinks=[])
+    root = info.value.failures[0]
+    assert root.signal == "SIGKILL" and root.exitcode == -signal.SIGKILL
+
+
+def test_rank_exiting_without_a_result():
+    def fn():
+        if int(os.environ["RANK"]) == 0:
+            os._exit(3)
+        return 1
+
+    with pytest.raises(LaunchError, match=r"rank 0 .*ExitCode: exited with code 3"):
+        notebook_launcher(fn, num_processes=2, sinks=[])
+
+
+def test_non_blocking_handle_status_subscribe_and_stop():
+    def fn():
+        print("started", flush=True)
+        time.sleep(60)
+
+    handle = notebook_launcher(fn, num_processes=2, block=False, sinks=[])
+    assert isinstance(handle, LaunchHandle) and handle.num_processes == 2 and all(handle.pids)
+    seen: list[OutputLine] = []
+    ready = threading.Event()
+
+    def on_line(line):
+        seen.append(line)
+        if len({ln.rank for ln in seen if ln.text == "started"}) == 2:
+            ready.set()
+
+    unsubscribe = handle.subscribe(on_line)
+    assert ready.wait(20) and not handle.done and not handle.wait(0.01)
+    assert {s.state for s in handle.status()} == {"running"}
+    assert handle.status()[0].last_line == "started" and handle.lines(1)[0].text == "started"
+    unsubscribe()
+    finished: list[LaunchHandle] = []
+    handle.add_done_callback(finished.append)
+    handle.stop()
+    handle.stop()  # idempotent
+    assert handle.wait(20) and handle.done and finished == [handle]
+    assert {s.state for s in handle.status()} == {"stopped"}
+    assert all(s.ended_at is not None for s in handle.status())
+    with pytest.raises(LaunchError, match="stopped by the user"):
+        handle.result()
+    late: list[OutputLine] = []
+    handle.subscribe(late.append)  # replays the history after the end
+    assert len(late) == 2 and isinstance(handle.error, LaunchError)
+    handle.add_done_callback(finished.append)
+    assert finished == [handle, handle]
+
+
+def test_keyboard_interrupt_stops_every_worker():
+    def fn():
+        time.sleep(60)
+
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        notebook_launcher(fn, num_processes=2, sinks=[])
+    timer.join()
+    assert time.monotonic() - start < 15
+
+
+def test_twenty_launches_in_a_row():
+    for i in range(20):
+        assert notebook_launcher(_allreduce_rank, num_processes=2, sinks=[])[1]["sum"].item() == 3.0, i
+
+
+def test_default_port_taken_falls_back_explicit_port_taken_is_an_error():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"use_port='{port}' is already in use"):
+            notebook_launcher(_allreduce_rank, num_processes=2, use_port=str(port), sinks=[])
+    try:
+        with socket.socket() as default:
+            default.bind(("127.0.0.1", 29500))
+            default.listen()
+            sink = Collect()
+            assert notebook_launcher(_allreduce_rank, num_processes=2, sinks=[sink])[0]["sum"].item() == 3.0
+            assert "127.0.0.1:29500" not in sink.announced[0]
+    except OSError:  # 29500 is busy anyway (another process): the fallback was exercised all the same
+        assert notebook_launcher(_allreduce_rank, num_processes=2, sinks=[])[0]["world"] == 2
+
+
+def test_timeout_stops_the_launch():
+    def fn():
+        time.sleep(60)
+
+    with pytest.raises(LaunchError, match=r"TimeoutError: still running after timeout=1.0 s"):
+        notebook_launcher(fn, num_processes=2, sinks=[], timeout=1.0)
+
+
+def test_single_process_runs_in_the_caller():
+    sink = Collect()
+    assert notebook_launcher(os.getpid, num_processes=1, sinks=[sink]) == [os.getpid()]
+    assert "in the calling process" in sink.announced[0]
+    assert notebook_launcher(os.getpid, sinks=[]) == [os.getpid()]  # None on a CPU machine
+
+
+def test_log_dir_and_prefix_template(tmp_path, capsys):
+    results = notebook_launcher(
+        _allreduce_rank, num_processes=2, log_dir=tmp_path, rdzv_id="run1", log_line_prefix_template="<{role_name}:{rank}/${local_rank}> "
+    )
+    assert len(results) == 2
+    for rank in range(2):
+        text = (tmp_path / "run1" / f"rank_{rank}" / "stdout.log").read_text()
+        assert f"rank {rank} of 2" in text
+        assert (tmp_path / "run1" / f"rank_{rank}" / "stderr.log").exists()
+    assert f"<default:1/1> rank 1 of 2" in capsys.readouterr().out
+
+
+def test_debug_launcher_and_debug_mode_dry_run(monkeypatch):
+    assert [r["world"] for r in debug_launcher(_allreduce_rank)] == [2, 2]
+    monkeypatch.setenv("ACCELERATE_DEBUG_MODE", "1")
+    sink = Collect()
+    assert [r["sum"].item() for r in notebook_launcher(_allreduce_rank, num_processes=2, sinks=[sink])] == [3.0, 3.0]
+    assert "debug dry run" in sink.announced[0]
+
+
+def _main_function():
+    """Return a function that lives in __main__ (like a notebook cell's) with a closure."""
+    namespace = {"__name__": "__main__"}
+    source = (
+        "import torch, torch.distributed as dist\n"
+        "def make(offset):\n"
+        "    def cell_fn(x):\n"
+        "        dist.init_process_group('gloo')\n"
+        "        t = torch.tensor([x + offset + dist.get_rank()])\n"
+        "        dist.all_reduce(t)\n"
+        "        print('spawned', dist.get_rank())\n"
+        "        return t.item(), torch.cuda.is_initialized()\n"
+        "    return cell_fn\n"
+    )
+    exec(compile(source, "<cell>", "exec"), namespace)
+    return namespace["make"](10.0)
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_spawn_and_forkserver_ship_notebook_functions_by_value(method):
+    sink = Collect()
+    results = notebook_launcher(_main_function(), args=(1.0,), num_processes=2, start_method=method, sinks=[sink])
+    assert results == [(23.0, False), (23.0, False)]
+    assert sink.texts(0) == ["spawned 0"] and method in sink.announced[0]
+
+
+def test_refuses_to_fork_after_cuda_was_initialised(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setitem(sys.modules, "bitsandbytes", type(sys)("bitsandbytes"))
+    with pytest.raises(RuntimeError, match=r"CUDA is already initialised.*bitsandbytes.*start_method=\"spawn\""):
+        notebook_launcher(_allreduce_rank, num_processes=2, sinks=[])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"mixed_precision": "fp17"}, ValueError, "mixed_precision='fp17' .*no, fp16, bf16, fp8"),
+        ({"num_processes": 0}, ValueError, "num_processes=0 must be a positive integer"),
+        ({"start_method": "thread"}, ValueError, "start_method='thread' .*fork, spawn, forkserver"),
+        ({"rdzv_backend": "etcd"}, ValueError, "rdzv_backend='etcd' .*static, c10d"),
+        ({"num_nodes": 2, "node_rank": 2}, ValueError, r"node_rank=2 must be an integer in \[0, num_nodes=2\)"),
+        ({"num_nodes": 0}, ValueError, "num_nodes=0 must be a positive integer"),
+        ({"use_port": "http"}, ValueError, "use_port='http' is not a port number"),
+        ({"use_port": "70000"}, ValueError, "use_port='70000' is out of range"),
+        ({"log_line_prefix_template": "{nope}"}, ValueError, "log_line_prefix_template='{nope}' cannot be formatted"),
+        ({"timeout": 0}, ValueError, "timeout=0 must be a positive number"),
+        ({"args": 5}, TypeError, "args must be a tuple"),
+        ({"sinks": [42]}, TypeError, "sinks must be callables"),
+        ({"master_addr": "no-such-host.invalid"}, ValueError, "master_addr='no-such-host.invalid' does not resolve"),
+        ({"num_nodes": 2, "block": False}, ValueError, "block=False is not available with num_nodes > 1"),
+        ({"num_nodes": 2, "rdzv_backend": "c10d"}, ValueError, "rdzv_backend='c10d' needs rdzv_endpoint"),
+    ],
+)
+def test_bad_arguments(kwargs, error, match):
+    kwargs = {"num_processes": 2, "sinks": [], **kwargs}
+    with pytest.raises(error, match=match):
+        notebook_launcher(_allreduce_rank, **kwargs)
+
+
+def test_bad_function():
+    with pytest.raises(TypeError, match="function must be callable"):
+        notebook_launcher(42)
+    with pytest.raises(TypeError, match="function must be callable"):
+        debug_launcher("nope")
+
+
+def test_unpicklable_result_is_reported():
+    def fn():
+        return lambda: None
+
+    with pytest.raises(LaunchError, match=r"TypeError: rank \d returned a function that cannot be pickled"):
+        notebook_launcher(fn, num_processes=2, sinks=[])
+
+
+def test_panel_option(monkeypatch):
+    shown = []
+
+    class FakePanel:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def display(self):
+            shown.append(self.handle)
+
+    fake = type(sys)("notebook_accel.widgets")
+    fake.LaunchPanel = FakePanel
+    monkeypatch.setitem(sys.modules, "notebook_accel.widgets", fake)
+    assert len(notebook_launcher(_allreduce_rank, num_processes=2, sinks=[], panel=True)) == 2
+    assert len(shown) == 1 and isinstance(shown[0], LaunchHandle) and shown[0].done
+    monkeypatch.setitem(sys.modules, "notebook_accel.widgets", None)
+    with pytest.raises(ImportError, match="panel=True needs the launch panel"):
+        notebook_launcher(_allreduce_rank, num_processes=2, sinks=[], panel=True)
+
+
+def test_colab_tpu_goes_through_torch_xla(monkeypatch):
+    monkeypatch.setenv("COLAB_TPU_ADDR", "10.0.0.2:8470")
+    monkeypatch.setitem(sys.modules, "torch_xla", None)
+    with pytest.raises(ImportError, match="TPU runtime was detected \\(colab\\).*pip install torch_xla"):
+        notebook_launcher(_allreduce_rank, sinks=[])
+    calls = []
+
+    def spawn(fn, args, nprocs, start_method):
+        calls.append((nprocs, start_method))
+        for i in range(nprocs):
+            fn(i, *args)
+
+    xmp = type(sys)("torch_xla.distributed.xla_multiprocessing")
+    xmp.spawn = spawn
+    for name, mod in (("torch_xla", type(sys)("torch_xla")), ("torch_xla.distributed", type(sys)("torch_xla.distributed"))):
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setitem(sys.modules, "torch_xla.distributed.xla_multiprocessing", xmp)
+    sys.modules["torch_xla"].distributed = sys.modules["torch_xla.distributed"]
+    sys.modules["torch_xla.distributed"].xla_multiprocessing = xmp
+    assert notebook_launcher(lambda x: x * 2, args=(21,), num_processes=2, sinks=[]) == [42, 42]
+    assert calls == [(2, "fork")]
