@@ -42,7 +42,11 @@ class Collect:
         self.announced.append(text)
 
     def texts(self, rank: int | None = None, stream: str | None = None) -> list[str]:
-        return [ln.text for ln in self.lines if (rank is None or ln.rank == rank) and (stream is None or ln.stream == stream)]
+        return [
+            ln.text
+            for ln in self.lines
+            if (rank is None or ln.rank == rank) and (stream is None or ln.stream == stream)
+        ]
 
 
 def _allreduce_rank() -> dict:
@@ -50,7 +54,12 @@ def _allreduce_rank() -> dict:
     t = torch.tensor([float(dist.get_rank() + 1)])
     dist.all_reduce(t)
     print(f"rank {dist.get_rank()} of {dist.get_world_size()} sum {t.item()}")
-    return {"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": t, "cuda": torch.cuda.is_initialized()}
+    return {
+        "rank": dist.get_rank(),
+        "world": dist.get_world_size(),
+        "sum": t,
+        "cuda": torch.cuda.is_initialized(),
+    }
 
 
 def test_two_processes_form_a_gloo_group_and_return_values(capsys):
@@ -80,7 +89,9 @@ def test_partial_state_in_workers_sees_the_group():
 
 
 def test_closure_args_env_contract_and_fd_level_output():
-    secret = object.__new__(type("Local", (), {}))  # unpicklable-by-reference local object: fork needs no pickling
+    secret = object.__new__(
+        type("Local", (), {})
+    )  # unpicklable-by-reference local object: fork needs no pickling
 
     def fn(scale):
         assert secret is not None
@@ -89,7 +100,12 @@ def test_closure_args_env_contract_and_fd_level_output():
         print("py stderr", file=sys.stderr)
         keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
         env = {k: os.environ[k] for k in keys}
-        env.update({k: os.environ.get(k) for k in ("ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU", "ACCELERATE_FORK_LAUNCHED")})
+        env.update(
+            {
+                k: os.environ.get(k)
+                for k in ("ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU", "ACCELERATE_FORK_LAUNCHED")
+            }
+        )
         return env, torch.full((2,), scale), torch.get_num_threads(), None
 
     sink = Collect()
@@ -237,21 +253,28 @@ def test_single_process_runs_in_the_caller():
 
 def test_log_dir_and_prefix_template(tmp_path, capsys):
     results = notebook_launcher(
-        _allreduce_rank, num_processes=2, log_dir=tmp_path, rdzv_id="run1", log_line_prefix_template="<{role_name}:{rank}/${local_rank}> "
+        _allreduce_rank,
+        num_processes=2,
+        log_dir=tmp_path,
+        rdzv_id="run1",
+        log_line_prefix_template="<{role_name}:{rank}/${local_rank}> ",
     )
     assert len(results) == 2
     for rank in range(2):
         text = (tmp_path / "run1" / f"rank_{rank}" / "stdout.log").read_text()
         assert f"rank {rank} of 2" in text
         assert (tmp_path / "run1" / f"rank_{rank}" / "stderr.log").exists()
-    assert f"<default:1/1> rank 1 of 2" in capsys.readouterr().out
+    assert "<default:1/1> rank 1 of 2" in capsys.readouterr().out
 
 
 def test_debug_launcher_and_debug_mode_dry_run(monkeypatch):
     assert [r["world"] for r in debug_launcher(_allreduce_rank)] == [2, 2]
     monkeypatch.setenv("ACCELERATE_DEBUG_MODE", "1")
     sink = Collect()
-    assert [r["sum"].item() for r in notebook_launcher(_allreduce_rank, num_processes=2, sinks=[sink])] == [3.0, 3.0]
+    assert [r["sum"].item() for r in notebook_launcher(_allreduce_rank, num_processes=2, sinks=[sink])] == [
+        3.0,
+        3.0,
+    ]
     assert "debug dry run" in sink.announced[0]
 
 
@@ -276,7 +299,9 @@ def _main_function():
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_spawn_and_forkserver_ship_notebook_functions_by_value(method):
     sink = Collect()
-    results = notebook_launcher(_main_function(), args=(1.0,), num_processes=2, start_method=method, sinks=[sink])
+    results = notebook_launcher(
+        _main_function(), args=(1.0,), num_processes=2, start_method=method, sinks=[sink]
+    )
     assert results == [(23.0, False), (23.0, False)]
     assert sink.texts(0) == ["spawned 0"] and method in sink.announced[0]
 
@@ -284,7 +309,9 @@ def test_spawn_and_forkserver_ship_notebook_functions_by_value(method):
 def test_refuses_to_fork_after_cuda_was_initialised(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setitem(sys.modules, "bitsandbytes", type(sys)("bitsandbytes"))
-    with pytest.raises(RuntimeError, match=r"CUDA is already initialised.*bitsandbytes.*start_method=\"spawn\""):
+    with pytest.raises(
+        RuntimeError, match=r"CUDA is already initialised.*bitsandbytes.*start_method=\"spawn\""
+    ):
         notebook_launcher(_allreduce_rank, num_processes=2, sinks=[])
 
 
@@ -295,15 +322,27 @@ def test_refuses_to_fork_after_cuda_was_initialised(monkeypatch):
         ({"num_processes": 0}, ValueError, "num_processes=0 must be a positive integer"),
         ({"start_method": "thread"}, ValueError, "start_method='thread' .*fork, spawn, forkserver"),
         ({"rdzv_backend": "etcd"}, ValueError, "rdzv_backend='etcd' .*static, c10d"),
-        ({"num_nodes": 2, "node_rank": 2}, ValueError, r"node_rank=2 must be an integer in \[0, num_nodes=2\)"),
+        (
+            {"num_nodes": 2, "node_rank": 2},
+            ValueError,
+            r"node_rank=2 must be an integer in \[0, num_nodes=2\)",
+        ),
         ({"num_nodes": 0}, ValueError, "num_nodes=0 must be a positive integer"),
         ({"use_port": "http"}, ValueError, "use_port='http' is not a port number"),
         ({"use_port": "70000"}, ValueError, "use_port='70000' is out of range"),
-        ({"log_line_prefix_template": "{nope}"}, ValueError, "log_line_prefix_template='{nope}' cannot be formatted"),
+        (
+            {"log_line_prefix_template": "{nope}"},
+            ValueError,
+            "log_line_prefix_template='{nope}' cannot be formatted",
+        ),
         ({"timeout": 0}, ValueError, "timeout=0 must be a positive number"),
         ({"args": 5}, TypeError, "args must be a tuple"),
         ({"sinks": [42]}, TypeError, "sinks must be callables"),
-        ({"master_addr": "no-such-host.invalid"}, ValueError, "master_addr='no-such-host.invalid' does not resolve"),
+        (
+            {"master_addr": "no-such-host.invalid"},
+            ValueError,
+            "master_addr='no-such-host.invalid' does not resolve",
+        ),
         ({"num_nodes": 2, "block": False}, ValueError, "block=False is not available with num_nodes > 1"),
         ({"num_nodes": 2, "rdzv_backend": "c10d"}, ValueError, "rdzv_backend='c10d' needs rdzv_endpoint"),
     ],
@@ -363,7 +402,10 @@ def test_colab_tpu_goes_through_torch_xla(monkeypatch):
 
     xmp = type(sys)("torch_xla.distributed.xla_multiprocessing")
     xmp.spawn = spawn
-    for name, mod in (("torch_xla", type(sys)("torch_xla")), ("torch_xla.distributed", type(sys)("torch_xla.distributed"))):
+    for name, mod in (
+        ("torch_xla", type(sys)("torch_xla")),
+        ("torch_xla.distributed", type(sys)("torch_xla.distributed")),
+    ):
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setitem(sys.modules, "torch_xla.distributed.xla_multiprocessing", xmp)
     sys.modules["torch_xla"].distributed = sys.modules["torch_xla.distributed"]
