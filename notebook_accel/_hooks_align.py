@@ -1,0 +1,405 @@
+"""AlignDevicesHook: inputs and weights on the execution device for the forward, offloaded after.
+
+Kept apart from ``hooks.py`` (the hook protocol and the attach helpers) because it carries the
+offload machinery: the per-tensor "slots" resolved once at ``init_hook``, the load/offload fast
+path, the tie-aware fetch, telemetry and the hand-off to the prefetcher.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import telemetry
+from ._hooks_base import ModelHook
+from .utils.offload import _source_of
+
+_META = torch.device("meta")
+_CPU = torch.device("cpu")
+
+
+def _as_device(device: Any) -> torch.device | None:
+    """Return ``device`` as a ``torch.device`` (an int means that CUDA index)."""
+    if device is None or isinstance(device, torch.device):
+        return device
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    if device == "disk":
+        raise ValueError("'disk' is not an execution device: weights on disk run on 'cpu' or a GPU")
+    return torch.device(device)
+
+
+def _device_str(device: torch.device | None) -> str:
+    if device is None:
+        return "cpu"
+    return "cuda:0" if device.type == "cuda" and device.index is None else str(device)
+
+
+def _move(obj: Any, device: torch.device, skip_keys: Any = None, non_blocking: bool = False) -> Any:
+    """Return ``obj`` (tensors, nested lists/tuples/dicts, objects with ``.to``) on ``device``."""
+    if isinstance(obj, torch.Tensor):
+        if obj.device == device:
+            return obj
+        return obj.to(device, non_blocking=non_blocking)
+    if isinstance(obj, (list, tuple)):
+        moved = [_move(o, device, skip_keys, non_blocking) for o in obj]
+        if hasattr(obj, "_fields"):  # namedtuple
+            return type(obj)(*moved)
+        return type(obj)(moved)
+    if isinstance(obj, Mapping):
+        if isinstance(skip_keys, str):
+            skip_keys = [skip_keys]
+        items = {
+            k: (v if skip_keys is not None and k in skip_keys else _move(v, device, skip_keys, non_blocking))
+            for k, v in obj.items()
+        }
+        try:
+            return type(obj)(items)
+        except TypeError:
+            return items
+    to = getattr(obj, "to", None)
+    if callable(to) and not isinstance(obj, (type, nn.Module)):
+        try:
+            return to(device)
+        except TypeError:
+            return obj
+    return obj
+
+
+def _find_tensor_device(obj: Any) -> torch.device | None:
+    if isinstance(obj, torch.Tensor):
+        return obj.device
+    if isinstance(obj, Mapping):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for o in obj:
+            device = _find_tensor_device(o)
+            if device is not None:
+                return device
+    return None
+
+
+class _Slot:
+    """One offloaded tensor: where it lives in the module tree and its meta placeholder."""
+
+    __slots__ = ("module", "attr", "name", "is_param", "requires_grad", "placeholder", "cls", "nbytes")
+
+    def __init__(self, root: nn.Module, name: str, tensor: torch.Tensor, is_param: bool) -> None:
+        module_name, _, attr = name.rpartition(".")
+        self.module = root.get_submodule(module_name) if module_name else root
+        self.attr = attr
+        self.name = name
+        self.is_param = is_param
+        self.requires_grad = tensor.requires_grad
+        self.cls = type(tensor) if is_param else None
+        meta = tensor.detach().to(_META)
+        self.placeholder = self.cls(meta, requires_grad=self.requires_grad) if is_param else meta
+        self.nbytes = tensor.numel() * tensor.element_size()
+
+    def install(self, value: torch.Tensor) -> None:
+        if self.is_param:
+            self.module._parameters[self.attr] = self.cls(value, requires_grad=self.requires_grad)
+        else:
+            self.module._buffers[self.attr] = value
+
+    def release(self) -> None:
+        if self.is_param:
+            self.module._parameters[self.attr] = self.placeholder
+        else:
+            self.module._buffers[self.attr] = self.placeholder
+
+
+def _named_tensors(module: nn.Module, include_buffers: bool, recurse: bool, persistent_only: bool = True):
+    """Yield ``(name, tensor, is_param)`` for the module's parameters (and persistent buffers)."""
+    for name, param in module.named_parameters(recurse=recurse, remove_duplicate=False):
+        yield name, param, True
+    if include_buffers:
+        for prefix, sub in module.named_modules() if recurse else [("", module)]:
+            for bname, buf in sub._buffers.items():
+                if buf is None or (persistent_only and bname in sub._non_persistent_buffers_set):
+                    continue
+                yield (f"{prefix}.{bname}" if prefix else bname), buf, False
+
+
+def _set_on_device(root: nn.Module, name: str, device: torch.device, tied_params_map: dict | None) -> None:
+    """Move one tensor of ``root`` to ``device`` in place (sharing tied copies through ``tied_params_map``)."""
+    module_name, _, attr = name.rpartition(".")
+    module = root.get_submodule(module_name) if module_name else root
+    is_param = attr in module._parameters
+    tensor = module._parameters[attr] if is_param else module._buffers[attr]
+    if tensor is None or tensor.device == device:
+        return
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"{name!r} of {type(root).__name__} is on the meta device (it has no data) and cannot be moved to "
+            f"{device}: load its weights first (load_checkpoint_and_dispatch / load_checkpoint_in_model) or "
+            "offload it with a state_dict / offload_dir."
+        )
+    ptr = tensor.data_ptr()
+    if tied_params_map is not None and ptr in tied_params_map and device in tied_params_map[ptr]:
+        moved = tied_params_map[ptr][device]
+    else:
+        moved = tensor.detach().to(device)
+        if tied_params_map is not None and ptr in tied_params_map:
+            tied_params_map[ptr][device] = moved
+    if is_param:
+        module._parameters[attr] = type(tensor)(moved, requires_grad=tensor.requires_grad)
+    else:
+        module._buffers[attr] = moved
+
+
+class AlignDevicesHook(ModelHook):
+    """Put inputs and weights on ``execution_device`` for the forward; with ``offload``, release them after.
+
+    Offloaded weights are read from ``weights_map`` (default: a CPU copy of the module's own
+    weights made at ``init_hook``). On the CPU, a weights-map tensor with the right dtype is used
+    in place, memory-mapped files included: no copy. When hooks are removed (``detach_hook``) the
+    weights are put back on their original device, or, for weights whose original device is
+    ``meta``, materialised from the weights map on the device where they are stored (memory-mapped
+    on the CPU for disk), so the model still runs without hooks.
+
+    Extras (keyword-only): ``module_name`` (used in telemetry events) and ``zero_copy`` (False
+    forces a private copy at each load, the way Accelerate loads disk weights; for benchmarks).
+    """
+
+    no_grad = False
+
+    def __init__(
+        self,
+        execution_device: int | str | torch.device | None = None,
+        offload: bool = False,
+        io_same_device: bool = False,
+        weights_map: Mapping | None = None,
+        offload_buffers: bool = False,
+        place_submodules: bool = False,
+        skip_keys: str | list[str] | None = None,
+        tied_params_map: dict[int, dict[torch.device, torch.Tensor]] | None = None,
+        *,
+        module_name: str = "",
+        zero_copy: bool = True,
+    ) -> None:
+        self.execution_device = execution_device
+        self.offload = offload
+        self.io_same_device = io_same_device
+        self.weights_map = weights_map
+        self.offload_buffers = offload_buffers
+        self.place_submodules = place_submodules
+        self.skip_keys = skip_keys
+        self.tied_params_map = tied_params_map
+        self.module_name = module_name
+        self.zero_copy = zero_copy
+        self.input_device: torch.device | None = None
+        self.original_devices: dict[str, torch.device] = {}
+        self._slots: list[_Slot] = []
+        self._loaded = False
+        self._tied_added: list[tuple[int, torch.device]] = []
+        self._prefetcher = None
+        self._sources: dict[str, str] = {}
+        self._t_forward = 0.0
+
+    # execution_device is mutable (align_module_device overrides it): keep the parsed form beside it.
+    @property
+    def execution_device(self) -> Any:
+        return self._execution_device
+
+    @execution_device.setter
+    def execution_device(self, value: Any) -> None:
+        self._device = _as_device(value)
+        self._execution_device = value
+
+    def __repr__(self) -> str:
+        return (
+            f"AlignDevicesHook(execution_device={self.execution_device}, offload={self.offload}, "
+            f"io_same_device={self.io_same_device}, offload_buffers={self.offload_buffers}, "
+            f"place_submodules={self.place_submodules}, skip_keys={self.skip_keys!r})"
+        )
+
+    # -- hook protocol -------------------------------------------------------------------------
+    def init_hook(self, module: nn.Module) -> nn.Module:
+        device = self._device
+        if not self.offload:
+            if device is not None:
+                for name, _, _ in _named_tensors(module, True, self.place_submodules, persistent_only=False):
+                    _set_on_device(module, name, device, self.tied_params_map)
+            return module
+        tensors = list(_named_tensors(module, self.offload_buffers, self.place_submodules))
+        self.original_devices = {name: t.device for name, t, _ in tensors}
+        if self.weights_map is None:
+            self.weights_map = {name: t.detach().to(_CPU) for name, t, _ in tensors}
+        missing = [name for name, _, _ in tensors if name not in self.weights_map]
+        if missing:
+            raise ValueError(
+                f"The weights map of {self.module_name or type(module).__name__!r} lacks {missing}: pass a "
+                "weights_map/state_dict holding every offloaded parameter (names relative to the module)."
+            )
+        self._slots = [_Slot(module, name, t, is_param) for name, t, is_param in tensors]
+        self._sources = {s.name: _source_of(self.weights_map, s.name) for s in self._slots}
+        for slot in self._slots:
+            slot.release()
+        self._loaded = False
+        if device is not None:
+            # Buffers that are not offloaded (all of them, or the non-persistent ones) live on the device.
+            for name, _, _ in _named_tensors(module, True, self.place_submodules, persistent_only=False):
+                if name not in self.original_devices:
+                    _set_on_device(module, name, device, None)
+        return module
+
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+        if telemetry._ACTIVE:
+            self._t_forward = time.perf_counter()
+        if self.io_same_device:
+            self.input_device = _find_tensor_device([args, kwargs])
+        if self.offload:
+            self._load(module)
+        device = self._device
+        if device is not None:
+            if args:
+                args = _move(args, device, self.skip_keys)
+            if kwargs:
+                kwargs = _move(kwargs, device, self.skip_keys)
+        return args, kwargs
+
+    def post_forward(self, module: nn.Module, output: Any) -> Any:
+        if self.offload:
+            self._offload(module)
+        if self.io_same_device and self.input_device is not None:
+            output = _move(output, self.input_device, self.skip_keys)
+        if telemetry._ACTIVE and self._t_forward:
+            now = time.perf_counter()
+            telemetry.emit(
+                telemetry.HookEvent(
+                    "forward",
+                    self.module_name,
+                    _device_str(self._device),
+                    _device_str(self._device),
+                    sum(s.nbytes for s in self._slots),
+                    now - self._t_forward,
+                    now,
+                )
+            )
+            self._t_forward = 0.0
+        return output
+
+    def detach_hook(self, module: nn.Module) -> nn.Module:
+        if self._prefetcher is not None:
+            self._prefetcher.unregister(self)
+        if self.offload and self._slots:
+            for slot in self._slots:
+                original = self.original_devices.get(slot.name, _CPU)
+                value = self.weights_map[slot.name]
+                if original.type != "meta":
+                    value = value.to(original)
+                slot.install(value)
+            self._slots = []
+            self._loaded = False
+        return module
+
+    # -- loading -------------------------------------------------------------------------------
+    @property
+    def _needs_copy(self) -> bool:
+        """Return whether a load does real work (a copy), which makes prefetching worth it."""
+        if not self.zero_copy:
+            return True
+        device = self._device
+        return any(
+            source != ("cpu" if device is None else _device_str(device)) for source in self._sources.values()
+        ) or (device is not None and device.type != "cpu")
+
+    def _fetch(self, non_blocking: bool = False, pin: bool = False) -> list[torch.Tensor]:
+        """Return the slot tensors on the execution device (runs in the prefetch thread too)."""
+        device = self._device
+        weights_map = self.weights_map
+        tied = self.tied_params_map
+        values = []
+        for slot in self._slots:
+            value = weights_map[slot.name]
+            want = slot.placeholder.dtype
+            if value.dtype != want and value.is_floating_point() and want.is_floating_point:
+                value = value.to(want)
+            if device is not None and value.device != device:
+                ptr = value.data_ptr()
+                if tied is not None and ptr in tied:
+                    per_device = tied[ptr]
+                    moved = per_device.get(device)
+                    if moved is None:
+                        if pin and value.device.type == "cpu" and device.type == "cuda":
+                            value = value.pin_memory()
+                        moved = per_device[device] = value.to(device, non_blocking=non_blocking)
+                        self._tied_added.append((ptr, device))
+                    value = moved
+                else:
+                    if pin and value.device.type == "cpu" and device.type == "cuda":
+                        value = value.pin_memory()
+                    value = value.to(device, non_blocking=non_blocking)
+            elif not self.zero_copy:
+                value = value.clone()
+            values.append(value)
+        return values
+
+    def _touch(self) -> None:
+        """Fault in the pages of memory-mapped weights (zero-copy path): one read per 4 KiB page."""
+        for slot in self._slots:
+            value = self.weights_map[slot.name]
+            if value.numel():
+                step = max(1, 4096 // value.element_size())
+                value.reshape(-1)[::step].sum()
+
+    def _load(self, module: nn.Module) -> None:
+        if self._loaded:
+            return
+        active = telemetry._ACTIVE
+        t0 = time.perf_counter() if active else 0.0
+        values = None
+        prefetcher = self._prefetcher
+        if prefetcher is not None:
+            values = prefetcher.take(self)
+        prefetched = values is not None
+        if values is None:
+            values = self._fetch()
+        for slot, value in zip(self._slots, values):
+            slot.install(value)
+        self._loaded = True
+        if prefetcher is not None:
+            prefetcher.schedule_after(self)
+        if active:
+            now = time.perf_counter()
+            self._emit_per_source("load", now - t0, now, prefetched)
+
+    def _offload(self, module: nn.Module) -> None:
+        if not self._loaded:
+            return
+        active = telemetry._ACTIVE
+        t0 = time.perf_counter() if active else 0.0
+        for slot in self._slots:
+            slot.release()
+        if self._tied_added:
+            for ptr, device in self._tied_added:
+                self.tied_params_map.get(ptr, {}).pop(device, None)
+            self._tied_added = []
+        self._loaded = False
+        if active:
+            now = time.perf_counter()
+            self._emit_per_source("offload", now - t0, now, False)
+
+    def _emit_per_source(self, kind: str, seconds: float, now: float, prefetched: bool) -> None:
+        by_source: dict[str, int] = {}
+        for slot in self._slots:
+            source = self._sources.get(slot.name, "cpu")
+            by_source[source] = by_source.get(source, 0) + slot.nbytes
+        device = _device_str(self._device)
+        for source, nbytes in by_source.items():
+            telemetry.emit(
+                telemetry.HookEvent(kind, self.module_name, device, source, nbytes, seconds, now, prefetched)
+            )
+
+    def _storage_of(self, module: nn.Module, name: str, tensor: torch.Tensor) -> tuple[str, int]:
+        """Return ``(storage, nbytes)`` of tensor ``name`` of ``module`` (for weight_placement)."""
+        nbytes = tensor.numel() * tensor.element_size()
+        for slot in self._slots:
+            if slot.module is module and slot.attr == name:
+                return self._sources.get(slot.name, "cpu"), nbytes
+        return _device_str(tensor.device), nbytes

@@ -1,0 +1,418 @@
+"""Run models bigger than a device: empty init, CPU/disk offload, dispatch over a device map.
+
+Offloaded weights are read through a lazy weights map (CPU tensors, memory-mapped offload files
+or the checkpoint's own safetensors files) by ``AlignDevicesHook``s, and a background
+:class:`~notebook_accel.prefetch.Prefetcher` loads the next block while the current one computes
+(``prefetch=False`` turns it off; ``prefetch=2`` keeps two blocks ahead).
+
+The way back: ``remove_hook_from_submodules(model)`` (plus ``remove_hook_from_module(model)``)
+detaches every hook, joins the prefetch thread and materialises offloaded weights where they are
+stored (CPU tensors; memory-mapped CPU tensors for disk), so the model then runs without hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from .hooks import (
+    AlignDevicesHook,
+    CpuOffload,
+    UserCpuOffloadHook,
+    add_hook_to_module,
+    attach_align_device_hook,
+    attach_align_device_hook_on_blocks,
+    attach_layerwise_casting_hooks,
+)
+from .prefetch import enable_prefetch
+from .utils.offload import (
+    INDEX_NAME,
+    OffloadedWeightsLoader,
+    extract_submodules_state_dict,
+    offload_state_dict,
+)
+
+__all__ = [
+    "init_empty_weights",
+    "init_on_device",
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "disk_offload",
+    "dispatch_model",
+    "load_checkpoint_and_dispatch",
+    "attach_layerwise_casting_hooks",
+]
+
+logger = logging.getLogger(__name__)
+
+DEVICE_MAP_STRINGS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on", "y")
+
+
+@contextlib.contextmanager
+def init_empty_weights(include_buffers: bool | None = None) -> Iterator[None]:
+    """Yield a context in which new modules get their parameters on the meta device (no memory used).
+
+    ``include_buffers`` (default: env ``ACCELERATE_INIT_INCLUDE_BUFFERS``, else False) puts buffers
+    on the meta device too. Load weights into such a model with ``load_checkpoint_and_dispatch``.
+    """
+    with init_on_device(torch.device("meta"), include_buffers=include_buffers):
+        yield
+
+
+@contextlib.contextmanager
+def init_on_device(device: torch.device | str, include_buffers: bool | None = None) -> Iterator[None]:
+    """Yield a context in which new modules get their parameters (and optionally buffers) on ``device``."""
+    if include_buffers is None:
+        include_buffers = _env_flag("ACCELERATE_INIT_INCLUDE_BUFFERS")
+    device = torch.device(device)
+    if include_buffers:
+        # Every tensor factory call allocates on ``device``: buffers and parameters alike.
+        with device:
+            yield
+        return
+
+    original = nn.Module.register_parameter
+
+    def register_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original(module, name, param)
+        if param is not None and param.device != device:
+            cls = type(param)
+            moved = cls(param.detach().to(device), requires_grad=param.requires_grad)
+            moved.__dict__.update(param.__dict__)
+            module._parameters[name] = moved
+
+    nn.Module.register_parameter = register_parameter
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original
+
+
+def _first_device(model: nn.Module) -> torch.device:
+    param = next(iter(model.parameters()), None)
+    if param is None or param.device.type == "meta":
+        return torch.device("cpu")
+    return param.device
+
+
+def _attach_prefetch(model: nn.Module, prefetch: bool | int) -> None:
+    if prefetch:
+        enable_prefetch(model, depth=1 if prefetch is True else int(prefetch))
+
+
+def cpu_offload(
+    model: nn.Module,
+    execution_device: torch.device | None = None,
+    offload_buffers: bool = False,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    preload_module_classes: list[str] | None = None,
+    *,
+    prefetch: bool | int = True,
+) -> nn.Module:
+    """Return ``model`` with all its weights offloaded to one CPU state dict, loaded per module at its forward.
+
+    ``execution_device`` defaults to the device of the model's first parameter.
+    """
+    if execution_device is None:
+        execution_device = _first_device(model)
+    if state_dict is None:
+        state_dict = {name: t.detach().to("cpu") for name, t in model.state_dict().items()}
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    attach_align_device_hook(
+        model,
+        execution_device=execution_device,
+        offload=True,
+        offload_buffers=offload_buffers,
+        weights_map=state_dict,
+        preload_module_classes=preload_module_classes,
+    )
+    _attach_prefetch(model, prefetch)
+    return model
+
+
+def cpu_offload_with_hook(
+    model: nn.Module,
+    execution_device: int | str | torch.device | None = None,
+    prev_module_hook: UserCpuOffloadHook | None = None,
+) -> tuple[nn.Module, UserCpuOffloadHook]:
+    """Return ``(model, hook)``: the model moves to ``execution_device`` at its forward and stays there until ``hook.offload()``.
+
+    ``prev_module_hook`` (the hook of the previous model of a pipeline) is offloaded just before
+    this model runs. The default device is MPS, else GPU 0, else the CPU.
+    """
+    if prev_module_hook is not None and not isinstance(prev_module_hook, UserCpuOffloadHook):
+        raise TypeError(
+            "prev_module_hook must be the UserCpuOffloadHook returned by a previous cpu_offload_with_hook call, "
+            f"got {type(prev_module_hook).__name__}"
+        )
+    hook = CpuOffload(execution_device=execution_device, prev_module_hook=prev_module_hook)
+    add_hook_to_module(model, hook, append=True)
+    return model, UserCpuOffloadHook(model, hook)
+
+
+def _has_index(folder: str | os.PathLike) -> bool:
+    return os.path.isdir(folder) and os.path.isfile(os.path.join(folder, INDEX_NAME))
+
+
+def _check_no_meta(state_dict: dict[str, torch.Tensor], where: str) -> None:
+    meta = [name for name, t in state_dict.items() if t.device.type == "meta"]
+    if meta:
+        shown = ", ".join(meta[:5]) + (f" and {len(meta) - 5} more" if len(meta) > 5 else "")
+        raise ValueError(
+            f"Cannot offload {shown} to {where!r}: these weights are on the meta device (no data) and the "
+            "folder holds no offload index. Load a checkpoint first (load_checkpoint_and_dispatch) or "
+            "point to a folder that already holds the offloaded weights."
+        )
+
+
+def disk_offload(
+    model: nn.Module,
+    offload_dir: str | os.PathLike,
+    execution_device: torch.device | None = None,
+    offload_buffers: bool = False,
+    preload_module_classes: list[str] | None = None,
+    *,
+    prefetch: bool | int = True,
+) -> nn.Module:
+    """Return ``model`` with all its weights offloaded to memory-mapped files in ``offload_dir``.
+
+    Weights are written there unless the folder already holds an ``index.json`` (then they are
+    read from it as they are). ``execution_device`` defaults to the first parameter's device.
+    """
+    if offload_dir is None:
+        raise ValueError(
+            "disk_offload needs `offload_dir`: the folder where the weights are (or will be) offloaded."
+        )
+    if not _has_index(offload_dir):
+        state_dict = model.state_dict()
+        _check_no_meta(state_dict, os.fspath(offload_dir))
+        offload_state_dict(offload_dir, state_dict)
+    if execution_device is None:
+        execution_device = _first_device(model)
+    weights_map = OffloadedWeightsLoader(save_folder=offload_dir)
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    attach_align_device_hook(
+        model,
+        execution_device=execution_device,
+        offload=True,
+        offload_buffers=offload_buffers,
+        weights_map=weights_map,
+        preload_module_classes=preload_module_classes,
+    )
+    _attach_prefetch(model, prefetch)
+    return model
+
+
+def _device_key(device: Any) -> Any:
+    """Return a hashable, comparable form of a device-map value ("cpu", "disk", "cuda:0"...)."""
+    if isinstance(device, torch.device):
+        return str(device)
+    return device
+
+
+def _tied_groups(model: nn.Module) -> list[list[str]]:
+    by_id: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(param), []).append(name)
+    return [names for names in by_id.values() if len(names) > 1]
+
+
+def _retie(model: nn.Module, groups: list[list[str]]) -> None:
+    """Make every parameter of a tied group the same object again (after hooks moved them)."""
+    for names in groups:
+        params = [model.get_parameter(n) for n in names]
+        keep = next((p for p in params if p.device.type != "meta"), None)
+        if keep is None:
+            continue
+        for name, param in zip(names, params):
+            if param is not keep and param.device == keep.device:
+                module_name, _, attr = name.rpartition(".")
+                module = model.get_submodule(module_name) if module_name else model
+                module._parameters[attr] = keep
+
+
+def dispatch_model(
+    model: nn.Module,
+    device_map: dict,
+    main_device: torch.device | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    offload_dir: str | os.PathLike | None = None,
+    offload_index: dict[str, str] | None = None,
+    offload_buffers: bool = False,
+    skip_keys: str | list[str] | None = None,
+    preload_module_classes: list[str] | None = None,
+    force_hooks: bool = False,
+    *,
+    prefetch: bool | int = True,
+) -> nn.Module:
+    """Return ``model`` dispatched per ``device_map`` (module name -> device, ``"cpu"`` or ``"disk"``).
+
+    Modules mapped to a device are moved there; with a GPU main device, "cpu" modules stay on the
+    CPU and are loaded at their forward; "disk" modules are read from ``offload_dir`` /
+    ``offload_index`` (written from the model's weights if the folder has no index yet).
+    ``{"": "disk"}`` offloads the whole model to disk. Sets ``model.hf_device_map``.
+    """
+    if not isinstance(device_map, dict):
+        raise TypeError(
+            f"dispatch_model needs a dict device_map (module name -> device), got {type(device_map).__name__}; "
+            f"for {DEVICE_MAP_STRINGS} use load_checkpoint_and_dispatch or infer_auto_device_map first."
+        )
+    if not device_map:
+        raise ValueError(
+            "dispatch_model got an empty device_map: map at least '' (the whole model) to a device."
+        )
+    from .utils.modeling import check_device_map
+
+    check_device_map(model, device_map)
+    values = {_device_key(d) for d in device_map.values()}
+    disk_modules = [name for name, d in device_map.items() if _device_key(d) == "disk"]
+    if disk_modules and offload_dir is None and offload_index is None:
+        raise ValueError(
+            f"The device_map sends {disk_modules[:5]} to 'disk' but no offload folder was given: pass "
+            "`offload_dir` (a folder for the offloaded weights, or where they already are) or `offload_index`."
+        )
+    if len(values) == 1 and not force_hooks and "disk" not in values:
+        device = next(iter(device_map.values()))
+        model.to(device if not isinstance(device, int) else torch.device("cuda", device))
+        model.hf_device_map = dict(device_map)
+        return model
+
+    if main_device is None:
+        if values <= {"cpu", "disk"}:
+            main_device = "cpu"
+        else:
+            main_device = next(d for d in device_map.values() if _device_key(d) not in ("cpu", "disk"))
+    main_key = _device_key(main_device)
+    offloaded_to = ("disk",) if main_key in ("cpu", "mps") else ("cpu", "disk")
+    if main_key != "cpu":
+        cpu_modules = [name for name, d in device_map.items() if _device_key(d) == "cpu"]
+        if state_dict is None and cpu_modules:
+            state_dict = extract_submodules_state_dict(model.state_dict(), cpu_modules)
+    if disk_modules and offload_index is None and not _has_index(offload_dir):
+        disk_state_dict = extract_submodules_state_dict(model.state_dict(), disk_modules)
+        _check_no_meta(disk_state_dict, os.fspath(offload_dir))
+        offload_state_dict(offload_dir, disk_state_dict)
+
+    execution_device = {
+        name: (main_device if _device_key(d) in ("cpu", "disk") else d) for name, d in device_map.items()
+    }
+    execution_device[""] = main_device
+    offload = {name: _device_key(d) in offloaded_to for name, d in device_map.items()}
+    save_folder = offload_dir if disk_modules else None
+    weights_map = None
+    if state_dict is not None or save_folder is not None or offload_index is not None:
+        weights_map = OffloadedWeightsLoader(
+            state_dict=state_dict, save_folder=save_folder, index=offload_index
+        )
+    groups = _tied_groups(model)
+    tied_params_map: dict[int, dict] = {}
+    for names in groups:
+        tied_params_map[model.get_parameter(names[0]).data_ptr()] = {}
+    attach_align_device_hook_on_blocks(
+        model,
+        execution_device=execution_device,
+        offload=offload,
+        offload_buffers=offload_buffers,
+        weights_map=weights_map,
+        skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes,
+        tied_params_map=tied_params_map,
+    )
+    _retie(model, groups)
+    offloaded = sorted({_device_key(d) for d in device_map.values() if _device_key(d) in offloaded_to})
+    if offloaded:
+        logger.info(
+            "Some weights are offloaded to %s; they are loaded at each forward.", " and ".join(offloaded)
+        )
+    _attach_prefetch(model, prefetch)
+    model.hf_device_map = dict(device_map)
+    return model
+
+
+def load_checkpoint_and_dispatch(
+    model: nn.Module,
+    checkpoint: str | os.PathLike,
+    device_map: str | dict[str, int | str | torch.device] | None = None,
+    max_memory: dict[int | str, int | str] | None = None,
+    no_split_module_classes: list[str] | None = None,
+    offload_folder: str | os.PathLike | None = None,
+    offload_buffers: bool = False,
+    dtype: str | torch.dtype | None = None,
+    offload_state_dict: bool | None = None,
+    skip_keys: str | list[str] | None = None,
+    preload_module_classes: list[str] | None = None,
+    force_hooks: bool = False,
+    strict: bool = False,
+    full_state_dict: bool = True,
+    broadcast_from_rank0: bool = False,
+    *,
+    prefetch: bool | int = True,
+) -> nn.Module:
+    """Return ``model`` with ``checkpoint`` loaded into it and, if ``device_map`` is given, dispatched.
+
+    ``device_map`` may be a dict or one of "auto", "balanced", "balanced_low_0", "sequential"
+    (computed from ``max_memory`` / ``no_split_module_classes`` / ``dtype``). Weights mapped to
+    "disk" need ``offload_folder``; from a safetensors checkpoint they are read in place (no copy).
+    """
+    from .utils.modeling import load_checkpoint_in_model, resolve_device_map
+
+    if isinstance(device_map, str):
+        if device_map not in DEVICE_MAP_STRINGS:
+            raise ValueError(
+                f"device_map={device_map!r} is not supported: use a dict or one of {list(DEVICE_MAP_STRINGS)}."
+            )
+        device_map = resolve_device_map(
+            model,
+            device_map,
+            max_memory=max_memory,
+            no_split_module_classes=no_split_module_classes,
+            dtype=dtype,
+            offload_buffers=offload_buffers,
+        )
+    elif device_map is not None and not isinstance(device_map, dict):
+        raise TypeError(
+            f"device_map must be a dict, one of {list(DEVICE_MAP_STRINGS)} or None, got {type(device_map).__name__}"
+        )
+    has_disk = device_map is not None and any(_device_key(d) == "disk" for d in device_map.values())
+    if has_disk and offload_folder is None:
+        disk = [name for name, d in device_map.items() if _device_key(d) == "disk"]
+        raise ValueError(
+            f"The device_map sends {disk[:5]} to 'disk' but no offload folder was given: pass "
+            "`offload_folder` (where the offloaded weights go, or the index pointing at the checkpoint)."
+        )
+    if offload_state_dict is None and has_disk:
+        offload_state_dict = True
+    load_checkpoint_in_model(
+        model,
+        checkpoint,
+        device_map=device_map,
+        offload_folder=offload_folder,
+        dtype=dtype,
+        offload_state_dict=bool(offload_state_dict),
+        offload_buffers=offload_buffers,
+        strict=strict,
+        full_state_dict=full_state_dict,
+        broadcast_from_rank0=broadcast_from_rank0,
+    )
+    if device_map is None:
+        return model
+    return dispatch_model(
+        model,
+        device_map=device_map,
+        offload_dir=offload_folder,
+        offload_buffers=offload_buffers,
+        skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes,
+        force_hooks=force_hooks,
+        prefetch=prefetch,
+    )

@@ -1,0 +1,435 @@
+"""Offloaded weights: write them to disk, map them back lazily, and align a module for a moment.
+
+Two on-disk forms are read, both memory-mapped (``torch.from_file``, copy-on-write, no file
+descriptor kept): the offload folder's raw ``<name>.dat`` files described by ``index.json``
+(Accelerate's format: ``{"dtype": "float32", "shape": [...]}`` per weight), and a safetensors
+checkpoint's own files (index entries ``{"safetensors_file": path, "weight_name": key, "dtype",
+"shape"}``), so that offloading a safetensors checkpoint to "disk" copies nothing.
+
+A mapped tensor is a view over the page cache: used on the CPU with a matching dtype it needs no
+load at all. Writers put each file under a temporary name and rename it, so an interrupted
+offload never leaves a half-written weight or index behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import struct
+import tempfile
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "offload_weight",
+    "load_offloaded_weight",
+    "save_offload_index",
+    "offload_state_dict",
+    "load_offloaded_weights",
+    "OffloadedWeightsLoader",
+    "PrefixedDataset",
+    "extract_submodules_state_dict",
+    "has_offloaded_params",
+    "align_module_device",
+]
+
+logger = logging.getLogger(__name__)
+
+INDEX_NAME = "index.json"
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "U16": torch.uint16,
+    "U32": torch.uint32,
+    "U64": torch.uint64,
+}
+
+
+def _dtype_from_name(name: str) -> torch.dtype:
+    dtype = getattr(torch, str(name).replace("torch.", ""), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"Unknown dtype {name!r} in the offload index (expected e.g. 'float32', 'bfloat16')")
+    return dtype
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _atomic_write_bytes(path: str, tensor: torch.Tensor) -> None:
+    """Write ``tensor``'s raw bytes to ``path`` through a temporary file and a rename."""
+    folder = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".dat", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if tensor.numel():
+                f.write(tensor.reshape(-1).view(torch.uint8).numpy())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def offload_weight(
+    weight: torch.Tensor, weight_name: str, offload_folder: str | os.PathLike, index: dict | None = None
+) -> dict:
+    """Return ``index`` updated with ``weight_name`` after writing ``weight`` to ``<offload_folder>/<weight_name>.dat``.
+
+    The file holds the raw bytes (memory-mappable); the index entry records dtype and shape.
+    """
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(
+            f"offload_weight needs a torch.Tensor for {weight_name!r}, got {type(weight).__name__}"
+        )
+    if weight.device.type == "meta":
+        raise ValueError(
+            f"Cannot offload {weight_name!r}: it is on the meta device and has no data. "
+            "Load its weights first (e.g. load_checkpoint_in_model)."
+        )
+    os.makedirs(offload_folder, exist_ok=True)
+    tensor = weight.detach().to("cpu").contiguous()
+    _atomic_write_bytes(os.path.join(os.fspath(offload_folder), f"{weight_name}.dat"), tensor)
+    if index is None:
+        index = {}
+    index[weight_name] = {"dtype": _dtype_name(tensor.dtype), "shape": list(tensor.shape)}
+    return index
+
+
+def _map_file(path: str, nbytes: int) -> torch.Tensor:
+    """Return a copy-on-write memory map of ``path`` as a flat uint8 tensor."""
+    if nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.from_file(path, shared=False, size=nbytes, dtype=torch.uint8)
+
+
+def _view(raw: torch.Tensor, offset: int, dtype: torch.dtype, shape: list[int]) -> torch.Tensor | None:
+    """Return the tensor at byte ``offset`` of ``raw`` without copying, or None if misaligned."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if offset % itemsize:
+        return None
+    return raw[offset : offset + numel * itemsize].view(dtype).view(shape)
+
+
+def load_offloaded_weight(weight_file: str | os.PathLike, weight_info: dict) -> torch.Tensor:
+    """Return the tensor stored in ``weight_file`` (described by ``weight_info``), memory-mapped, not read."""
+    path = os.fspath(weight_file)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"Offloaded weight file {path!r} does not exist (is the offload folder complete?)"
+        )
+    dtype = _dtype_from_name(weight_info["dtype"])
+    shape = list(weight_info["shape"])
+    raw = _map_file(path, os.path.getsize(path))
+    expected = torch.empty((), dtype=dtype).element_size()
+    for s in shape:
+        expected *= s
+    if raw.numel() < expected:
+        raise ValueError(
+            f"Offloaded weight file {path!r} holds {raw.numel()} bytes, {shape} {dtype} needs {expected}"
+        )
+    return _view(raw, 0, dtype, shape)
+
+
+def save_offload_index(index: dict, offload_folder: str | os.PathLike) -> None:
+    """Merge ``index`` into ``<offload_folder>/index.json`` (written atomically)."""
+    if not index:
+        return
+    os.makedirs(offload_folder, exist_ok=True)
+    path = os.path.join(os.fspath(offload_folder), INDEX_NAME)
+    current: dict = {}
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            current = json.load(f)
+    current.update(index)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=os.fspath(offload_folder))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(current, f, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def offload_state_dict(save_dir: str | os.PathLike, state_dict: dict[str, torch.Tensor]) -> None:
+    """Write every tensor of ``state_dict`` to ``save_dir`` plus its ``index.json``; return nothing.
+
+    The index is written last; if writing a weight fails, the files this call wrote are removed.
+    """
+    os.makedirs(save_dir, exist_ok=True)
+    index: dict = {}
+    written: list[str] = []
+    try:
+        for name, tensor in state_dict.items():
+            index = offload_weight(tensor, name, save_dir, index=index)
+            written.append(os.path.join(os.fspath(save_dir), f"{name}.dat"))
+        save_offload_index(index, save_dir)
+    except BaseException:
+        for path in written:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        raise
+
+
+def _set_tensor(model: nn.Module, name: str, value: torch.Tensor) -> None:
+    module_name, _, attr = name.rpartition(".")
+    module = model.get_submodule(module_name) if module_name else model
+    if attr in module._parameters:
+        old = module._parameters[attr]
+        if old is not None and old.shape != value.shape:
+            raise ValueError(
+                f"Shape mismatch for {name!r}: the model has {tuple(old.shape)}, got {tuple(value.shape)}"
+            )
+        if old is not None and old.dtype != value.dtype and value.is_floating_point():
+            value = value.to(old.dtype)
+        requires_grad = old.requires_grad if old is not None else False
+        cls = type(old) if isinstance(old, nn.Parameter) else nn.Parameter
+        module._parameters[attr] = cls(value, requires_grad=requires_grad)
+    elif attr in module._buffers:
+        module._buffers[attr] = value
+    else:
+        raise ValueError(f"{type(model).__name__} has no parameter or buffer named {name!r}")
+
+
+def load_offloaded_weights(model: nn.Module, index: dict, offload_folder: str | os.PathLike) -> None:
+    """Load the weights listed in ``index`` from ``offload_folder`` into ``model`` (on the CPU); return nothing."""
+    if not index:
+        return
+    loader = OffloadedWeightsLoader(save_folder=offload_folder, index=index)
+    for name in index:
+        _set_tensor(model, name, loader[name])
+
+
+class _SafetensorsFile:
+    """One safetensors file mapped once; tensors are views at their header offsets."""
+
+    def __init__(self, path: str) -> None:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"safetensors file {path!r} named in the offload index does not exist")
+        self.path = path
+        with open(path, "rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            self.header = json.loads(f.read(header_len))
+        self.data_start = 8 + header_len
+        self.raw = _map_file(path, os.path.getsize(path))
+
+    def tensor(self, key: str) -> torch.Tensor:
+        info = self.header.get(key)
+        if info is None:
+            raise KeyError(f"{key!r} is not in the safetensors file {self.path!r}")
+        dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
+        start, _ = info["data_offsets"]
+        view = None if dtype is None else _view(self.raw, self.data_start + start, dtype, info["shape"])
+        if view is None:  # exotic dtype or misaligned tensor: let safetensors read it
+            from safetensors import safe_open
+
+            with safe_open(self.path, framework="pt") as f:
+                view = f.get_tensor(key)
+        return view
+
+
+class OffloadedWeightsLoader(Mapping):
+    """A lazy, read-only mapping from weight name to tensor over CPU tensors and files on disk.
+
+    ``state_dict`` tensors come first; other names are looked up in ``index`` (default: the
+    ``index.json`` of ``save_folder``) and memory-mapped on first access (raw ``.dat`` files of
+    the offload folder, or tensors inside a safetensors checkpoint). Mapped files are cached and
+    stay mapped, so repeated reads cost nothing and page tables stay warm. ``device`` moves what
+    is returned (default: leave it on the CPU).
+    """
+
+    def __init__(
+        self,
+        state_dict: dict[str, torch.Tensor] | None = None,
+        save_folder: str | os.PathLike | None = None,
+        index: Mapping | None = None,
+        device: Any = None,
+    ) -> None:
+        if state_dict is None and save_folder is None and index is None:
+            raise ValueError(
+                "OffloadedWeightsLoader needs at least one of `state_dict`, `save_folder` or `index`."
+            )
+        self.state_dict = {} if state_dict is None else state_dict
+        self.save_folder = None if save_folder is None else os.fspath(save_folder)
+        if index is None and self.save_folder is not None:
+            path = os.path.join(self.save_folder, INDEX_NAME)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(
+                    f"No offload index {path!r}: offload the weights there first (offload_state_dict) "
+                    "or pass `offload_index`."
+                )
+            with open(path, encoding="utf-8") as f:
+                index = json.load(f)
+        self.index = {} if index is None else dict(index)
+        self.all_keys = list(self.state_dict)
+        self.all_keys.extend(key for key in self.index if key not in self.state_dict)
+        self.device = device
+        self._files: dict[str, _SafetensorsFile] = {}
+        self._mapped: dict[str, torch.Tensor] = {}
+
+    def _resolve(self, path: str) -> str:
+        if not os.path.isabs(path) and self.save_folder is not None and not os.path.exists(path):
+            return os.path.join(self.save_folder, path)
+        return path
+
+    def _mapped_tensor(self, key: str) -> torch.Tensor:
+        tensor = self._mapped.get(key)
+        if tensor is not None:
+            return tensor
+        info = self.index[key]
+        if "safetensors_file" in info:
+            path = self._resolve(info["safetensors_file"])
+            handle = self._files.get(path)
+            if handle is None:
+                handle = self._files[path] = _SafetensorsFile(path)
+            tensor = handle.tensor(info.get("weight_name", key))
+            if "dtype" in info:
+                wanted = _dtype_from_name(info["dtype"])
+                if tensor.dtype != wanted:
+                    tensor = tensor.to(wanted)
+        else:
+            if self.save_folder is None:
+                raise ValueError(f"{key!r} is offloaded to a .dat file but the loader has no `save_folder`.")
+            tensor = load_offloaded_weight(os.path.join(self.save_folder, f"{key}.dat"), info)
+        self._mapped[key] = tensor
+        return tensor
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key in self.state_dict:
+            return self.state_dict[key]
+        if key not in self.index:
+            raise KeyError(key)
+        tensor = self._mapped_tensor(key)
+        if self.device is not None and str(self.device) != "cpu":
+            tensor = tensor.to(self.device)
+        return tensor
+
+    def source(self, key: str) -> str:
+        """Return where ``key`` is stored: ``"disk"`` or the device of the in-memory tensor."""
+        if key in self.state_dict:
+            device = self.state_dict[key].device
+            return "cuda:0" if str(device) == "cuda" else str(device)
+        return "disk"
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.all_keys)
+
+    def __len__(self) -> int:
+        return len(self.all_keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.state_dict or key in self.index
+
+    def __repr__(self) -> str:
+        on_disk = len(self.all_keys) - len(self.state_dict)
+        return f"OffloadedWeightsLoader({len(self.state_dict)} in memory, {on_disk} on disk, folder={self.save_folder!r})"
+
+
+class PrefixedDataset(Mapping):
+    """A read-only view of ``dataset`` restricted to the keys starting with ``prefix`` (prefix removed)."""
+
+    def __init__(self, dataset: Mapping, prefix: str) -> None:
+        self.dataset = dataset
+        self.prefix = prefix
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.dataset[f"{self.prefix}{key}"]
+
+    def __contains__(self, key: object) -> bool:
+        return f"{self.prefix}{key}" in self.dataset
+
+    def __iter__(self) -> Iterator[str]:
+        n = len(self.prefix)
+        return iter([key[n:] for key in self.dataset if key.startswith(self.prefix)])
+
+    def __len__(self) -> int:
+        return sum(1 for key in self.dataset if key.startswith(self.prefix))
+
+    def source(self, key: str) -> str:
+        """Return where ``key`` is stored (see :meth:`OffloadedWeightsLoader.source`)."""
+        return _source_of(self.dataset, f"{self.prefix}{key}")
+
+
+def _source_of(weights_map: Any, key: str) -> str:
+    """Return ``"disk"`` or the device string of ``weights_map[key]``'s storage."""
+    source = getattr(weights_map, "source", None)
+    if source is not None:
+        return source(key)
+    try:
+        device = str(weights_map[key].device)
+    except (KeyError, AttributeError):
+        return "unknown"
+    return "cuda:0" if device == "cuda" else device
+
+
+def extract_submodules_state_dict(state_dict: dict[str, torch.Tensor], submodule_names: list[str]) -> dict:
+    """Return the entries of ``state_dict`` that belong to one of ``submodule_names`` ("" = all)."""
+    result = {}
+    for name in submodule_names:
+        prefix = f"{name}." if name else ""
+        result.update({k: v for k, v in state_dict.items() if k == name or k.startswith(prefix)})
+    return result
+
+
+def has_offloaded_params(module: nn.Module) -> bool:
+    """Return True when ``module`` has an AlignDevicesHook with offloading enabled."""
+    from ..hooks import _find_align_hook
+
+    hook = _find_align_hook(module)
+    return hook is not None and bool(hook.offload)
+
+
+@contextlib.contextmanager
+def align_module_device(module: nn.Module, execution_device: Any = None) -> Iterator[None]:
+    """Yield with ``module``'s own parameters on its execution device (or ``execution_device``).
+
+    For an offloaded module the weights are loaded for the duration of the block and released
+    after; otherwise, with ``execution_device`` given, the parameters are moved there and back.
+    """
+    from ..hooks import _find_align_hook
+
+    hook = _find_align_hook(module)
+    if hook is not None and hook.offload:
+        original = hook.execution_device
+        if execution_device is not None:
+            hook.execution_device = execution_device
+        try:
+            hook._load(module)
+            yield
+        finally:
+            hook._offload(module)
+            hook.execution_device = original
+    elif execution_device is not None:
+        devices = {name: p.device for name, p in module.named_parameters(recurse=False)}
+        try:
+            for name in devices:
+                _set_tensor(module, name, module._parameters[name].data.to(execution_device))
+            yield
+        finally:
+            for name, device in devices.items():
+                _set_tensor(module, name, module._parameters[name].data.to(device))
+    else:
+        yield
