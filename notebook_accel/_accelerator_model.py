@@ -1,0 +1,202 @@
+"""Model preparation for the Accelerator: device placement, autocast forward, DDP/FSDP, compile.
+
+Also the checks for the engines notebook_accel drives but does not ship (DeepSpeed, Megatron-LM,
+FP8 engines): their plugins are validated here and a missing engine is named with its pip command.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import torch
+
+from .utils.enums import DistributedType
+
+__all__: list[str] = []
+
+logger = logging.getLogger(__name__)
+
+_DATA_PARALLEL_TYPES = (
+    DistributedType.MULTI_CPU,
+    DistributedType.MULTI_GPU,
+    DistributedType.MULTI_NPU,
+    DistributedType.MULTI_MLU,
+    DistributedType.MULTI_SDAA,
+    DistributedType.MULTI_MUSA,
+    DistributedType.MULTI_HPU,
+    DistributedType.MULTI_XPU,
+)
+
+
+def autocast_dtype(mixed_precision: str) -> torch.dtype | None:
+    """Return the autocast dtype of a mixed-precision mode ("fp16"/"bf16"), None for the others."""
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(str(mixed_precision))
+
+
+def autocast_context(device: torch.device, mixed_precision: str, autocast_handler: Any = None) -> Any:
+    """Return the ``torch.autocast`` context of ``mixed_precision`` on ``device`` (a null context for "no")."""
+    import contextlib
+
+    dtype = autocast_dtype(mixed_precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    kwargs = autocast_handler.to_kwargs() if autocast_handler is not None else {}
+    return torch.autocast(device_type=device.type, dtype=dtype, **kwargs)
+
+
+def wrap_forward_in_autocast(
+    model: torch.nn.Module, device: torch.device, mixed_precision: str, handler: Any
+) -> None:
+    """Make ``model.forward`` run under autocast and return fp32 outputs.
+
+    The original bound forward is kept in ``model._original_forward`` and reachable through the
+    ``__wrapped__`` chain, which is how ``unwrap_model(keep_fp32_wrapper=False)`` removes it.
+    """
+    from .utils.operations import convert_outputs_to_fp32
+
+    if "_original_forward" in model.__dict__:
+        return  # prepared twice: one wrapper is enough
+    original = model.forward
+    dtype = autocast_dtype(mixed_precision)
+    kwargs = handler.to_kwargs() if handler is not None else {}
+
+    @functools.wraps(original)
+    def forward_in_autocast(*args: Any, **kw: Any) -> Any:
+        with torch.autocast(device_type=device.type, dtype=dtype, **kwargs):
+            return original(*args, **kw)
+
+    model._original_forward = original
+    model.forward = convert_outputs_to_fp32(forward_in_autocast)
+
+
+def make_grad_scaler(device: torch.device, handler: Any) -> torch.amp.GradScaler:
+    """Return the ``GradScaler`` for fp16 on ``device`` with the GradScalerKwargs applied."""
+    kwargs = handler.to_kwargs() if handler is not None else {}
+    return torch.amp.GradScaler(device.type, **kwargs)
+
+
+def wrap_ddp(model: torch.nn.Module, state: Any, ddp_handler: Any) -> torch.nn.Module:
+    """Return ``model`` in DistributedDataParallel (a model without trainable parameters unchanged)."""
+    if not any(p.requires_grad for p in model.parameters()):
+        return model
+    kwargs = ddp_handler.to_kwargs() if ddp_handler is not None else {}
+    if state.device.type == "cpu":
+        ddp = torch.nn.parallel.DistributedDataParallel(model, **kwargs)
+    else:
+        index = state.device.index if state.device.index is not None else state.local_process_index
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[index], output_device=index, **kwargs
+        )
+    if ddp_handler is not None:
+        ddp_handler.register_comm_hook(ddp)
+    return ddp
+
+
+def wrap_fsdp(model: torch.nn.Module, state: Any, plugin: Any) -> torch.nn.Module:
+    """Return ``model`` in torch's FullyShardedDataParallel configured by ``plugin``."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    if isinstance(model, FSDP):
+        return model
+    if state.device.type == "cpu" and not torch.distributed.is_initialized():
+        raise RuntimeError(
+            "FSDP needs an initialised process group: launch with notebook_launcher or torchrun"
+        )
+    kwargs: dict[str, Any] = {}
+    for name in (
+        "sharding_strategy",
+        "backward_prefetch",
+        "mixed_precision_policy",
+        "cpu_offload",
+        "ignored_modules",
+        "limit_all_gathers",
+        "use_orig_params",
+        "param_init_fn",
+        "sync_module_states",
+        "forward_prefetch",
+    ):
+        value = getattr(plugin, name, None)
+        if value is not None:
+            kwargs["mixed_precision" if name == "mixed_precision_policy" else name] = value
+    policy = getattr(plugin, "auto_wrap_policy", None)
+    if callable(policy):
+        kwargs["auto_wrap_policy"] = policy
+    if state.device.type != "cpu":
+        kwargs["device_id"] = state.device
+    try:
+        return FSDP(model, **kwargs)
+    except (RuntimeError, ValueError, AssertionError) as exc:
+        if state.device.type == "cpu":
+            raise RuntimeError(
+                f"torch's FullyShardedDataParallel refused to run on CPU here ({exc}); FSDP needs CUDA here: "
+                "run on GPUs, or drop fsdp_plugin to train with DistributedDataParallel"
+            ) from exc
+        raise
+
+
+def remap_optimizer_params(optimizers: list[Any], old_params: dict[int, str], model: torch.nn.Module) -> None:
+    """Point optimizers built before FSDP wrapping at the wrapped model's parameters (by name)."""
+    new_by_name = {_clean_fsdp_name(n): p for n, p in model.named_parameters()}
+    for opt in optimizers:
+        inner = getattr(opt, "optimizer", opt)
+        for group in inner.param_groups:
+            group["params"] = [new_by_name.get(old_params.get(id(p), ""), p) for p in group["params"]]
+
+
+def _clean_fsdp_name(name: str) -> str:
+    return name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
+
+
+def compile_model(model: torch.nn.Module, dynamo_plugin: Any) -> torch.nn.Module:
+    """Return ``torch.compile(model, ...)`` per the TorchDynamoPlugin (regional compilation honoured)."""
+    kwargs = dynamo_plugin.to_kwargs()
+    if getattr(dynamo_plugin, "use_regional_compilation", False):
+        return _compile_regions(model, kwargs)
+    return torch.compile(model, **kwargs)
+
+
+def _compile_regions(model: torch.nn.Module, kwargs: dict[str, Any]) -> torch.nn.Module:
+    # Compile each block of the first ModuleList (the repeated layers) once, leave the rest eager.
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 0:
+            for i, block in enumerate(module):
+                module[i] = torch.compile(block, **kwargs)
+            return model
+    return torch.compile(model, **kwargs)
+
+
+def is_compiled_module(model: Any) -> bool:
+    return hasattr(torch, "_dynamo") and isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
+
+
+def check_engines(state: Any, megatron_lm_plugin: Any, mixed_precision: str, fp8_handler: Any) -> None:
+    """Raise ImportError naming the engine a plugin or precision needs when it is not installed."""
+    from .utils import imports
+
+    if state.distributed_type == DistributedType.DEEPSPEED and not imports.is_deepspeed_available():
+        raise ImportError("Accelerator(deepspeed_plugin=...) requires `deepspeed`: pip install deepspeed")
+    if megatron_lm_plugin is not None and not imports.is_megatron_lm_available():
+        raise ImportError(
+            "Accelerator(megatron_lm_plugin=...) requires `megatron-core`: pip install megatron-core"
+        )
+    if mixed_precision == "fp8":
+        if fp8_handler is None:
+            from .utils.kwargs import FP8RecipeKwargs
+
+            fp8_handler = FP8RecipeKwargs()
+        fp8_handler.check_engine()
+
+
+def prepare_deepspeed(model: Any, optimizer: Any, scheduler: Any, plugin: Any, state: Any) -> tuple:
+    """Return ``deepspeed.initialize``'s engine, optimizer and scheduler for the prepared objects."""
+    import deepspeed
+
+    if model is None:
+        raise ValueError("With DeepSpeed, prepare() needs the model in the same call as its optimizer")
+    config = dict(plugin.deepspeed_config)
+    engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config_params=config
+    )
+    return engine, ds_optimizer, ds_scheduler

@@ -1,0 +1,882 @@
+"""``Accelerator``: the object a training loop talks to inside a launched function.
+
+It resolves the user's flags once (constructor) into the state singletons and handler objects,
+then prepares models, optimizers, dataloaders and schedulers for the process it runs in, and
+provides the loop's verbs (backward, accumulate, autocast, gather_for_metrics, save_state, ...).
+Model wrapping lives in ``_accelerator_model``, checkpoint files in ``checkpointing``, data
+sharding in ``data_loader``, trackers in ``tracking``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from . import _accelerator_model as _model
+from . import checkpointing as _ckpt
+from .data_loader import prepare_data_loader, skip_first_batches
+from .optimizer import AcceleratedOptimizer
+from .scheduler import AcceleratedScheduler
+from .state import AcceleratorState, GradientState
+from .tracking import GeneralTracker, filter_trackers, start_trackers
+from .utils.enums import DistributedType, PrecisionType
+
+__all__ = ["Accelerator"]
+
+logger = logging.getLogger(__name__)
+
+
+class _FromDataLoaderConfig:
+    """Default of ``split_batches``: take the value from ``dataloader_config``."""
+
+    def __repr__(self) -> str:
+        return "<from dataloader_config>"
+
+
+_split_batches = _FromDataLoaderConfig()
+
+
+class Accelerator:
+    """Prepare a training loop for the current process world (single process, DDP, FSDP, mixed precision).
+
+    Parameters follow Accelerate's: ``device_placement`` (move models and batches to the device),
+    ``split_batches`` (shortcut for ``DataLoaderConfiguration(split_batches=...)``),
+    ``mixed_precision`` ("no", "fp16", "bf16", "fp8"; default ``ACCELERATE_MIXED_PRECISION``),
+    ``gradient_accumulation_steps``, ``cpu`` (ignore accelerators), ``dataloader_config``, the
+    ``deepspeed_plugin`` / ``fsdp_plugin`` / ``megatron_lm_plugin`` integrations, ``rng_types``
+    synchronised at each epoch start (default ``["generator"]``), ``log_with`` trackers,
+    ``project_dir`` / ``project_config`` for checkpoints and logs, ``gradient_accumulation_plugin``,
+    ``step_scheduler_with_optimizer``, ``kwargs_handlers`` (AutocastKwargs,
+    DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, FP8RecipeKwargs),
+    ``dynamo_backend`` / ``dynamo_plugin`` for ``torch.compile``, ``deepspeed_plugins`` (several
+    named DeepSpeed configurations) and ``parallelism_config``.
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool = _split_batches,
+        mixed_precision: PrecisionType | str | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        dataloader_config: Any = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        rng_types: list[str] | None = None,
+        log_with: Any = None,
+        project_dir: str | os.PathLike | None = None,
+        project_config: Any = None,
+        gradient_accumulation_plugin: Any = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: list[Any] | None = None,
+        dynamo_backend: Any = None,
+        dynamo_plugin: Any = None,
+        deepspeed_plugins: Any = None,
+        parallelism_config: Any = None,
+    ) -> None:
+        from . import _accelerator_setup as setup
+
+        self.project_configuration = setup.project_configuration(project_dir, project_config)
+        self.dataloader_config = setup.dataloader_configuration(dataloader_config, split_batches)
+        handlers = setup.sort_kwargs_handlers(kwargs_handlers)
+        self.ddp_handler = handlers.get("ddp")
+        self.scaler_handler = handlers.get("scaler")
+        self.init_handler = handlers.get("init")
+        self.autocast_handler = handlers.get("autocast")
+        self.fp8_recipe_handler = handlers.get("fp8")
+        if mixed_precision is not None:
+            mixed_precision = setup.check_precision(mixed_precision)
+        deepspeed_plugin = setup.deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
+        fsdp_plugin = setup.fsdp_plugin(fsdp_plugin)
+        dynamo_plugin = setup.dynamo_plugin(dynamo_backend, dynamo_plugin)
+        init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
+        self.state = AcceleratorState(
+            mixed_precision=mixed_precision,
+            cpu=cpu,
+            dynamo_plugin=dynamo_plugin,
+            deepspeed_plugin=deepspeed_plugin,
+            fsdp_plugin=fsdp_plugin,
+            megatron_lm_plugin=megatron_lm_plugin,
+            parallelism_config=parallelism_config,
+            _from_accelerator=True,
+            **init_kwargs,
+        )
+        _model.check_engines(
+            self.state, megatron_lm_plugin, self.state.mixed_precision, self.fp8_recipe_handler
+        )
+        self.gradient_state = GradientState(
+            gradient_accumulation_plugin=setup.accumulation_plugin(
+                gradient_accumulation_plugin, gradient_accumulation_steps
+            )
+        )
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.rng_types = (
+            ["generator"] if rng_types is None else [str(getattr(r, "value", r)) for r in rng_types]
+        )
+        self.log_with = filter_trackers(log_with, self.logging_dir)
+        self.trackers: list[GeneralTracker] = []
+        self.native_amp = self.state.mixed_precision in ("fp16", "bf16")
+        self.scaler = None
+        if self.state.mixed_precision == "fp16" and self.distributed_type not in (
+            DistributedType.DEEPSPEED,
+            DistributedType.MEGATRON_LM,
+        ):
+            self.scaler = _model.make_grad_scaler(self.device, self.scaler_handler)
+        self.step = 0
+        self.flag_tensor: torch.Tensor | None = None
+        self._models: list[torch.nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[Any] = []
+        self._custom_objects: list[Any] = []
+        self._save_model_state_pre_hook: OrderedDict[int, Callable] = OrderedDict()
+        self._load_model_state_pre_hook: OrderedDict[int, Callable] = OrderedDict()
+        self.deepspeed_engine_wrapped: Any = None
+
+    # ------------------------------------------------------------------ state read-through
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.state.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether more than one process trains together."""
+        return self.state.use_distributed
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.state.mixed_precision
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.dataloader_config.non_blocking
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        """Number of the next automatically named checkpoint."""
+        return self.project_configuration.iteration
+
+    @property
+    def sync_gradients(self) -> bool:
+        """Whether this step synchronises gradients (False while accumulating)."""
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, sync_gradients: bool) -> None:
+        self.gradient_state._set_sync_gradients(sync_gradients)
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be an int >= 1, got {steps!r}")
+        self.gradient_state.plugin_kwargs.update({"num_steps": steps})
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (fp16 overflow)."""
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    @property
+    def is_fsdp2(self) -> bool:
+        return self.state.is_fsdp2
+
+    # ------------------------------------------------------------------ process control
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point."""
+        self.state.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Yield this process's share of ``inputs`` (see ``PartialState.split_between_processes``)."""
+        with self.state.split_between_processes(inputs, apply_padding=apply_padding) as part:
+            yield part
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process first, then on the others."""
+        with self.state.main_process_first():
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Run the block on each node's local main process first, then on the others."""
+        with self.state.local_main_process_first():
+            yield
+
+    def on_main_process(self, function: Callable | None = None) -> Callable:
+        return self.state.on_main_process(function)
+
+    def on_local_main_process(self, function: Callable | None = None) -> Callable:
+        return self.state.on_local_main_process(function)
+
+    def on_last_process(self, function: Callable | None = None) -> Callable:
+        return self.state.on_last_process(function)
+
+    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
+        return self.state.on_process(function, process_index=process_index)
+
+    def on_local_process(
+        self, function: Callable | None = None, local_process_index: int | None = None
+    ) -> Callable:
+        return self.state.on_local_process(function, local_process_index=local_process_index)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the local main process only."""
+        self.state.print(*args, **kwargs)
+
+    # ------------------------------------------------------------------ prepare
+    def prepare(self, *args: Any, device_placement: list[bool | None] | None = None) -> Any:
+        """Return ``args`` prepared for this process, in the same order (the object itself for one arg).
+
+        Models are placed, wrapped for mixed precision, DDP/FSDP and compiled as configured;
+        optimizers, schedulers and dataloaders are wrapped. Other objects come back unchanged.
+        """
+        if device_placement is None:
+            device_placement = [None] * len(args)
+        elif len(device_placement) != len(args):
+            raise ValueError(
+                f"device_placement has {len(device_placement)} entries for {len(args)} objects: give one per object"
+            )
+        if self.distributed_type == DistributedType.DEEPSPEED:
+            return self._prepare_deepspeed(*args)
+        old_params = {}
+        if self.distributed_type == DistributedType.FSDP:
+            for obj in args:
+                if isinstance(obj, torch.nn.Module):
+                    old_params.update({id(p): n for n, p in obj.named_parameters()})
+        # Schedulers last: they wrap the optimizers prepared in the same call.
+        result = [
+            obj if _is_scheduler(obj) else self._prepare_one(obj, placement)
+            for obj, placement in zip(args, device_placement)
+        ]
+        if old_params:
+            for model in (r for r in result if isinstance(r, torch.nn.Module)):
+                _model.remap_optimizer_params(
+                    [o for o in result if isinstance(o, AcceleratedOptimizer)], old_params, model
+                )
+        result = [self.prepare_scheduler(obj) if _is_scheduler(obj) else obj for obj in result]
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _prepare_one(self, obj: Any, device_placement: bool | None) -> Any:
+        if isinstance(obj, torch.utils.data.DataLoader):
+            return self.prepare_data_loader(obj, device_placement=device_placement)
+        if isinstance(obj, torch.nn.Module):
+            return self.prepare_model(obj, device_placement=device_placement)
+        if isinstance(obj, torch.optim.Optimizer):
+            return self.prepare_optimizer(obj, device_placement=device_placement)
+        return obj
+
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
+        """Return ``model`` on the device, under autocast, wrapped for DDP/FSDP and compiled as configured."""
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"prepare_model expects a torch.nn.Module, got {type(model).__name__}")
+        if device_placement is None:
+            device_placement = self.device_placement and self.distributed_type != DistributedType.FSDP
+        self._models.append(model)
+        if device_placement and not self.verify_device_map(model):
+            model = model.to(self.device)
+        if self.native_amp:
+            _model.wrap_forward_in_autocast(model, self.device, self.mixed_precision, self.autocast_handler)
+        if not evaluation_mode and self.num_processes > 1:
+            if self.distributed_type in _model._DATA_PARALLEL_TYPES:
+                model = _model.wrap_ddp(model, self.state, self.ddp_handler)
+            elif self.distributed_type == DistributedType.FSDP:
+                model = _model.wrap_fsdp(model, self.state, self.state.fsdp_plugin)
+        dynamo = self.state.dynamo_plugin
+        if (
+            dynamo is not None
+            and str(dynamo.backend.value).upper() != "NO"
+            and not _model.is_compiled_module(model)
+        ):
+            model = _model.compile_model(model, dynamo)
+        self._models[-1] = model
+        return model
+
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> Any:
+        """Return ``optimizer`` wrapped to follow accumulation and fp16 scaling."""
+        if isinstance(optimizer, AcceleratedOptimizer):
+            return optimizer
+        if device_placement is None:
+            device_placement = self.device_placement
+        wrapped = AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Return ``scheduler`` wrapped to step with the prepared optimizer it drives."""
+        if isinstance(scheduler, AcceleratedScheduler):
+            return scheduler
+        target = getattr(scheduler, "optimizer", None)
+        optimizers = [
+            opt for opt in self._optimizers if opt.optimizer is target or opt is target
+        ] or self._optimizers
+        wrapped = AcceleratedScheduler(
+            scheduler,
+            optimizers,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+        )
+        self._schedulers.append(wrapped)
+        return wrapped
+
+    def prepare_data_loader(
+        self,
+        data_loader: torch.utils.data.DataLoader,
+        device_placement: bool | None = None,
+        slice_fn_for_dispatch: Any = None,
+    ) -> Any:
+        """Return ``data_loader`` sharded for this process (see :func:`notebook_accel.data_loader.prepare_data_loader`)."""
+        if device_placement is None:
+            device_placement = self.device_placement
+        cfg = self.dataloader_config
+        prepared = prepare_data_loader(
+            data_loader,
+            self.device,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=cfg.split_batches,
+            put_on_device=device_placement,
+            rng_types=list(self.rng_types),
+            dispatch_batches=cfg.dispatch_batches,
+            even_batches=cfg.even_batches,
+            slice_fn_for_dispatch=slice_fn_for_dispatch,
+            use_seedable_sampler=cfg.use_seedable_sampler,
+            data_seed=cfg.data_seed,
+            non_blocking=cfg.non_blocking,
+        )
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def _prepare_deepspeed(self, *args: Any) -> Any:
+        model = next((a for a in args if isinstance(a, torch.nn.Module)), None)
+        optimizer = next((a for a in args if isinstance(a, torch.optim.Optimizer)), None)
+        scheduler = next((a for a in args if _is_scheduler(a)), None)
+        engine, ds_optimizer, ds_scheduler = _model.prepare_deepspeed(
+            model, optimizer, scheduler, self.state.deepspeed_plugin, self.state
+        )
+        self.deepspeed_engine_wrapped = engine
+        out = []
+        for obj in args:
+            if obj is model:
+                self._models.append(engine)
+                out.append(engine)
+            elif obj is optimizer:
+                wrapped = AcceleratedOptimizer(ds_optimizer, device_placement=False)
+                self._optimizers.append(wrapped)
+                out.append(wrapped)
+            elif obj is scheduler:
+                out.append(self.prepare_scheduler(ds_scheduler))
+            else:
+                out.append(self._prepare_one(obj, None))
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def verify_device_map(self, model: torch.nn.Module) -> bool:
+        """Return whether ``model`` was dispatched over several devices (and must not be moved)."""
+        for module in model.modules():
+            device_map = getattr(module, "hf_device_map", None)
+            if device_map is not None and len(set(device_map.values())) > 1:
+                return True
+        return False
+
+    # ------------------------------------------------------------------ training step
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Backpropagate ``loss`` divided by the accumulation steps, through the fp16 scaler if any."""
+        if self.distributed_type == DistributedType.DEEPSPEED:
+            self.deepspeed_engine_wrapped.backward(loss, **kwargs)
+            return
+        if self.gradient_accumulation_steps > 1:
+            loss = loss / self.gradient_accumulation_steps
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward(**kwargs)
+        else:
+            loss.backward(**kwargs)
+
+    def _do_sync(self) -> None:
+        # The last batch of a dataloader always synchronises, and restarts the accumulation count.
+        if self.gradient_state.sync_with_dataloader and self.gradient_state.end_of_dataloader:
+            self.step = 0
+            self.gradient_state._set_sync_gradients(True)
+        else:
+            self.step += 1
+            self.gradient_state._set_sync_gradients(self.step % self.gradient_state.num_steps == 0)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """Run a training step that only synchronises gradients every ``gradient_accumulation_steps`` steps."""
+        self._do_sync()
+        with contextlib.ExitStack() as stack:
+            if not (self.sync_gradients or self.gradient_state.sync_each_batch):
+                for model in models:
+                    stack.enter_context(self.no_sync(model))
+            yield
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        """Skip the gradient all-reduce of ``model`` inside the block (local accumulation)."""
+        context = getattr(model, "no_sync", None) if self.use_distributed else None
+        if context is None:
+            yield
+            return
+        with context():
+            yield
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """Force the next backward of a DDP ``model`` to synchronise, even inside ``no_sync``."""
+        if not self.use_distributed or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            yield
+            return
+        saved = (model.require_backward_grad_sync, model.require_forward_param_sync)
+        model.require_backward_grad_sync = True
+        model.require_forward_param_sync = True
+        # Without this the reducer expects the unused-parameter search of the previous forward.
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = saved
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Divide the fp16-scaled gradients of ``optimizer`` (all prepared ones when None) by the scale."""
+        if self.scaler is None:
+            return
+        optimizers = self._optimizers if optimizer is None else optimizer
+        if not isinstance(optimizers, (list, tuple)):
+            optimizers = [optimizers]
+        for opt in optimizers:
+            self.scaler.unscale_(getattr(opt, "optimizer", opt))
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor | None:
+        """Clip the gradient norm of ``parameters`` (unscaled first under fp16); return the total norm.
+
+        On accumulating steps (``sync_gradients`` False) the gradients are incomplete, so nothing
+        is clipped and None is returned; clipping happens on the synchronising step.
+        """
+        if not self.sync_gradients:
+            return None
+        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        self.unscale_gradients()
+        if self.distributed_type == DistributedType.FSDP:
+            wanted = {id(p) for p in parameters}
+            for model in self._models:
+                if hasattr(model, "clip_grad_norm_") and wanted <= {id(p) for p in model.parameters()}:
+                    return model.clip_grad_norm_(max_norm, norm_type)
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Clamp every gradient of ``parameters`` to ``[-clip_value, clip_value]`` (unscaled first under fp16).
+
+        Like :meth:`clip_grad_norm_`, it acts only on synchronising steps.
+        """
+        if self.distributed_type == DistributedType.FSDP:
+            raise RuntimeError(
+                "clip_grad_value_ is not available with FSDP (gradients are sharded): use clip_grad_norm_"
+            )
+        if not self.sync_gradients:
+            return
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    @contextlib.contextmanager
+    def autocast(self, autocast_handler: Any = None) -> Iterator[None]:
+        """Run the block under the mixed-precision autocast (a no-op for mixed_precision="no")."""
+        handler = autocast_handler if autocast_handler is not None else self.autocast_handler
+        precision = self.mixed_precision if self.native_amp else "no"
+        with _model.autocast_context(self.device, precision, handler):
+            yield
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process that ``check_trigger`` sees on every process."""
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """Return whether any process called ``set_trigger`` since the last check (and reset it)."""
+        from .utils.operations import reduce
+
+        if self.flag_tensor is None:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+        flag = reduce(self.flag_tensor)
+        if flag.item() >= 1:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+            return True
+        return False
+
+    # ------------------------------------------------------------------ collectives
+    def gather(self, tensor: Any) -> Any:
+        """Return ``tensor`` (or nested structure) concatenated over all processes."""
+        from .utils.operations import gather
+
+        return gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Return ``input_data`` gathered over processes, without the duplicates padding the last batch.
+
+        On the last batch of a prepared dataloader only the ``GradientState.remainder`` real
+        samples are kept, so the gathered predictions number exactly ``len(dataset)``.
+        Non-tensor data (or ``use_gather_object=True``) goes through ``gather_object``.
+        """
+        from .utils.operations import gather, gather_object, recursively_apply
+
+        if not use_gather_object:
+            use_gather_object = not _only_tensors(input_data)
+        data = gather_object(input_data) if use_gather_object else gather(input_data)
+        gs = self.gradient_state
+        if not gs.end_of_dataloader or gs.remainder <= 0:
+            return data
+        remainder = gs.remainder
+        if use_gather_object:
+            return data[:remainder]
+        return recursively_apply(lambda t: t[:remainder], data)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Return ``tensor`` reduced ("sum", "mean" or "none") over all processes, times ``scale``."""
+        from .utils.operations import reduce
+
+        return reduce(tensor, reduction=reduction, scale=scale)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
+        """Return ``tensor`` padded along ``dim`` to the largest size over processes."""
+        from .utils.operations import pad_across_processes
+
+        return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    # ------------------------------------------------------------------ models and memory
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> torch.nn.Module:
+        """Return ``model`` without its DDP/FSDP/DeepSpeed wrapper (and fp32/compile wrappers when asked)."""
+        from .utils.other import extract_model_from_parallel
+
+        return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
+
+    def free_memory(self, *objects: Any) -> Any:
+        """Forget the prepared objects, release ``objects`` and the device cache; return the released list."""
+        from .utils.memory import release_memory
+
+        self._schedulers, self._optimizers, self._models, self._dataloaders = [], [], [], []
+        self.deepspeed_engine_wrapped = None
+        self.step = 0
+        return release_memory(*objects)
+
+    def clear(self, *objects: Any) -> Any:
+        """Alias of :meth:`free_memory`."""
+        return self.free_memory(*objects)
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """Return the full state dict of ``model`` (gathered from shards under FSDP / ZeRO-3)."""
+        if self.distributed_type == DistributedType.DEEPSPEED and hasattr(
+            model, "_zero3_consolidated_16bit_state_dict"
+        ):
+            if self.state.deepspeed_plugin.is_zero3:
+                return model._zero3_consolidated_16bit_state_dict()
+        if self.distributed_type == DistributedType.FSDP:
+            from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+            config = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+            with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):
+                return model.state_dict()
+        if unwrap:
+            model = self.unwrap_model(model)
+        return model.state_dict()
+
+    # ------------------------------------------------------------------ saving
+    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
+        """Save ``obj`` to ``f`` once per machine (see ``utils.save``)."""
+        from .utils.other import save
+
+        save(
+            obj,
+            f,
+            save_on_each_node=self.project_configuration.save_on_each_node,
+            safe_serialization=safe_serialization,
+        )
+
+    def _is_writer(self) -> bool:
+        return (
+            self.is_local_main_process
+            if self.project_configuration.save_on_each_node
+            else self.is_main_process
+        )
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write ``model``'s weights to ``save_directory`` (safetensors, sharded with an index past ``max_shard_size``)."""
+        save_directory = Path(save_directory)
+        if save_directory.is_file():
+            raise ValueError(f"save_model needs a directory, but {str(save_directory)!r} is a file")
+        state_dict = self.get_state_dict(model)
+        if self._is_writer():
+            save_directory.mkdir(parents=True, exist_ok=True)
+            _ckpt.save_sharded_weights(state_dict, save_directory, max_shard_size, safe_serialization)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` before ``save_state`` writes; return a removable handle."""
+        handle = RemovableHandle(self._save_model_state_pre_hook)
+        self._save_model_state_pre_hook[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` before ``load_state`` reads; return a removable handle."""
+        handle = RemovableHandle(self._load_model_state_pre_hook)
+        self._load_model_state_pre_hook[handle.id] = hook
+        return handle
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Include ``objects`` (each with ``state_dict``/``load_state_dict``) in ``save_state``/``load_state``."""
+        invalid = [
+            f"item {i} ({type(obj).__name__})"
+            for i, obj in enumerate(objects)
+            if not (
+                callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+            )
+        ]
+        if invalid:
+            raise ValueError(
+                "register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
+                f"these have not: {', '.join(invalid)}"
+            )
+        self._custom_objects.extend(objects)
+
+    def save_state(
+        self,
+        output_dir: str | os.PathLike | None = None,
+        safe_serialization: bool = True,
+        **save_model_func_kwargs: Any,
+    ) -> str:
+        """Save models, optimizers, schedulers, samplers, scaler, RNG states and registered objects; return the folder.
+
+        With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the folder is
+        ``project_dir/checkpoints/checkpoint_{iteration}`` and ``total_limit`` prunes the oldest.
+        The folder appears only once complete (written under a temporary name, then renamed).
+        Pre-hooks receive the temporary folder as ``output_dir``.
+        """
+        config = self.project_configuration
+        if config.automatic_checkpoint_naming:
+            if config.project_dir is None:
+                raise ValueError(
+                    "automatic_checkpoint_naming needs a project_dir: ProjectConfiguration(project_dir=...)"
+                )
+            root = Path(config.project_dir) / "checkpoints"
+            if self._is_writer():
+                root.mkdir(parents=True, exist_ok=True)
+                folders = _ckpt.checkpoint_folders(config.project_dir)
+                if config.total_limit is not None and len(folders) + 1 > config.total_limit:
+                    for old in folders[: len(folders) + 1 - config.total_limit]:
+                        shutil.rmtree(old)
+            target = root / f"checkpoint_{config.iteration}"
+            if target.exists():
+                raise ValueError(
+                    f"checkpoint folder {str(target)!r} already exists: set "
+                    "accelerator.project_configuration.iteration to the number to continue from"
+                )
+        elif output_dir is None:
+            raise ValueError(
+                "save_state needs output_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)"
+            )
+        else:
+            target = Path(output_dir).expanduser()
+        self.wait_for_everyone()
+        writer = self._is_writer()
+        weights = [self.get_state_dict(model) for model in self._models]
+        with _ckpt.atomic_directory(target, self.state, writer) as tmp:
+            for hook in self._save_model_state_pre_hook.values():
+                hook(self._models, weights, str(tmp))
+            _ckpt.save_accelerator_state(
+                tmp,
+                weights,
+                self._optimizers,
+                self._schedulers,
+                self._dataloaders,
+                self.process_index,
+                self.step,
+                scaler=self.scaler,
+                save_on_each_node=config.save_on_each_node,
+                safe_serialization=safe_serialization,
+                is_writer=writer,
+            )
+            if writer:
+                for i, obj in enumerate(self._custom_objects):
+                    _ckpt.save_custom_state(obj, tmp, i)
+        config.iteration += 1
+        return str(target)
+
+    def load_state(self, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any) -> None:
+        """Restore everything ``save_state`` wrote (the latest automatic checkpoint when ``input_dir`` is None)."""
+        config = self.project_configuration
+        if input_dir is not None:
+            source = Path(input_dir).expanduser()
+            if not source.is_dir():
+                raise FileNotFoundError(f"load_state: checkpoint folder {str(source)!r} does not exist")
+        elif config.automatic_checkpoint_naming:
+            folders = _ckpt.checkpoint_folders(config.project_dir or ".")
+            if not folders:
+                raise FileNotFoundError(
+                    f"load_state: no checkpoints/checkpoint_* folder in {config.project_dir!r}"
+                )
+            source = folders[-1]
+        else:
+            raise ValueError(
+                "load_state needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)"
+            )
+        models = [self.unwrap_model(m) for m in self._models]
+        for hook in self._load_model_state_pre_hook.values():
+            hook(self._models, str(source))
+        override = _ckpt.load_accelerator_state(
+            source,
+            models,
+            self._optimizers,
+            self._schedulers,
+            self._dataloaders,
+            self.process_index,
+            scaler=self.scaler,
+            **load_model_func_kwargs,
+        )
+        self.step = override.get("step", self.step)
+        for i, obj in enumerate(self._custom_objects):
+            _ckpt.load_custom_state(obj, source, i)
+        if config.automatic_checkpoint_naming and source.name.startswith("checkpoint_"):
+            config.iteration = int(source.name.split("_")[-1]) + 1
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """Return ``dataloader`` resuming after its first ``num_batches`` batches (mid-epoch resume)."""
+        return skip_first_batches(dataloader, num_batches=num_batches)
+
+    # ------------------------------------------------------------------ trackers
+    def init_trackers(
+        self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: dict | None = None
+    ) -> None:
+        """Start the ``log_with`` trackers for ``project_name`` and record ``config`` in them."""
+        self.trackers = start_trackers(
+            self.log_with, project_name, self.logging_dir, self.is_main_process, config, init_kwargs or {}
+        )
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """Return the tracker called ``name`` (its service run object with ``unwrap``)."""
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        wanted = {str(getattr(t, "name", t)) for t in self.log_with}
+        if name in wanted:
+            return GeneralTracker(_blank=True)  # a process where that tracker does not run
+        raise ValueError(f"no tracker named {name!r}; started trackers: {[t.name for t in self.trackers]}")
+
+    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict | None = None) -> None:
+        """Send ``values`` to every started tracker (``log_kwargs[name]`` as extra arguments)."""
+        log_kwargs = log_kwargs or {}
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
+
+    def end_training(self) -> None:
+        """Finish every tracker and close the process group (left to the launcher under a fork launch)."""
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
+        self.state.destroy_process_group()
+
+    def __repr__(self) -> str:
+        return (
+            f"Accelerator(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
+            f"process_index={self.process_index}, device={self.device}, mixed_precision={self.mixed_precision!r})"
+        )
+
+
+def _only_tensors(data: Any) -> bool:
+    """Return whether ``data`` is a tensor or nested lists/tuples/dicts of tensors only."""
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, (list, tuple)):
+        return all(_only_tensors(item) for item in data)
+    if isinstance(data, dict):
+        return all(_only_tensors(item) for item in data.values())
+    return False
+
+
+def _is_scheduler(obj: Any) -> bool:
+    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+        type(obj).__name__.endswith(("LR", "Scheduler"))
+        and hasattr(obj, "step")
+        and hasattr(obj, "optimizer")
+    )

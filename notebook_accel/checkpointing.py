@@ -1,0 +1,383 @@
+"""Checkpoint files of ``Accelerator.save_state`` / ``load_state`` and ``save_model``.
+
+Layout of a state folder (Accelerate's names; ``_{i}`` suffixes for the second and later object of
+a kind): ``model.safetensors`` (or ``pytorch_model.bin``), ``optimizer.bin``, ``scheduler.bin``,
+``sampler.bin``, ``scaler.pt``, ``random_states_{process_index}.pkl`` (one per process) and
+``custom_checkpoint_{i}.pkl``. Folders are written under a temporary name and renamed when
+every process has finished (:func:`atomic_directory`), so a crash never leaves a half-written
+checkpoint where a complete one is expected.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "atomic_directory",
+    "load_accelerator_state",
+    "load_custom_state",
+    "save_accelerator_state",
+    "save_custom_state",
+    "save_model_weights",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def _indexed(name: str, index: int) -> str:
+    """Return ``name`` with ``_{index}`` before its extension for the second and later objects."""
+    if index == 0:
+        return name
+    stem, dot, ext = name.partition(".")
+    return f"{stem}_{index}{dot}{ext}"
+
+
+def _model_file(index: int, safe_serialization: bool) -> str:
+    from .utils.constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+
+    return _indexed(SAFE_WEIGHTS_NAME if safe_serialization else WEIGHTS_NAME, index)
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    """Write ``obj`` with torch.save to a temporary name, then rename it into place."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _torch_load(path: Path, map_location: Any = None) -> Any:
+    # Our own optimizer/scheduler/RNG files hold plain Python objects next to tensors.
+    return torch.load(path, map_location=map_location, weights_only=False)
+
+
+def _rng_state(step: int) -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "step": step,
+        "random_state": random.getstate(),
+        "numpy_random_seed": np.random.get_state(),
+        "torch_manual_seed": torch.get_rng_state(),
+    }
+    # Only touch CUDA when the run already uses it (querying would initialise it in a fresh process).
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["random_state"])
+    np.random.set_state(state["numpy_random_seed"])
+    torch.set_rng_state(state["torch_manual_seed"])
+    if "torch_cuda_manual_seed" in state and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state_all(state["torch_cuda_manual_seed"])
+
+
+def _sampler_state(dataloader: Any) -> dict[str, Any] | None:
+    """Return what restores ``dataloader``'s shuffling: sampler epoch/seed and generator state."""
+    from .data_loader import SeedableRandomSampler, find_sampler
+
+    sampler = find_sampler(dataloader)
+    out: dict[str, Any] = {}
+    if isinstance(sampler, SeedableRandomSampler):
+        out["sampler"] = sampler.state_dict()
+    generator = getattr(dataloader, "synchronized_generator", None) or getattr(sampler, "generator", None)
+    if isinstance(generator, torch.Generator) and not isinstance(sampler, SeedableRandomSampler):
+        out["generator"] = generator.get_state()
+    if hasattr(dataloader, "iteration"):
+        out["iteration"] = dataloader.iteration
+    return out or None
+
+
+def _load_sampler_state(dataloader: Any, state: dict[str, Any]) -> None:
+    from .data_loader import find_sampler
+
+    sampler = find_sampler(dataloader)
+    if "sampler" in state and hasattr(sampler, "load_state_dict"):
+        sampler.load_state_dict(state["sampler"])
+    if "generator" in state:
+        generator = getattr(dataloader, "synchronized_generator", None) or getattr(sampler, "generator", None)
+        if isinstance(generator, torch.Generator):
+            generator.set_state(state["generator"])
+    if "iteration" in state and hasattr(dataloader, "iteration"):
+        dataloader.iteration = state["iteration"]
+
+
+def save_accelerator_state(
+    output_dir: str | os.PathLike,
+    model_states: list[dict[str, torch.Tensor] | torch.nn.Module],
+    optimizers: list[Any],
+    schedulers: list[Any],
+    dataloaders: list[Any],
+    process_index: int,
+    step: int,
+    scaler: Any = None,
+    save_on_each_node: bool = False,
+    safe_serialization: bool = True,
+    is_writer: bool = True,
+) -> Path:
+    """Write the training state into ``output_dir`` (which must exist); return its path.
+
+    ``model_states`` holds state dicts (or modules) of the prepared models. The process with
+    ``is_writer`` writes the shared files; every process writes its own RNG state.
+    """
+    from .utils.constants import OPTIMIZER_NAME, RNG_STATE_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if is_writer:
+        for i, state in enumerate(model_states):
+            save_model_weights(state, output_dir / _model_file(i, safe_serialization), safe_serialization)
+        for i, optimizer in enumerate(optimizers):
+            _torch_save(optimizer.state_dict(), output_dir / f"{_indexed(OPTIMIZER_NAME, i)}.bin")
+        for i, scheduler in enumerate(schedulers):
+            _torch_save(scheduler.state_dict(), output_dir / f"{_indexed(SCHEDULER_NAME, i)}.bin")
+        for i, dataloader in enumerate(dataloaders):
+            state = _sampler_state(dataloader)
+            if state is not None:
+                _torch_save(state, output_dir / f"{_indexed(SAMPLER_NAME, i)}.bin")
+        if scaler is not None:
+            _torch_save(scaler.state_dict(), output_dir / SCALER_NAME)
+    _torch_save(_rng_state(step), output_dir / f"{RNG_STATE_NAME}_{process_index}.pkl")
+    logger.info("saved training state to %s", output_dir)
+    return output_dir
+
+
+def load_accelerator_state(
+    input_dir: str | os.PathLike,
+    models: list[torch.nn.Module],
+    optimizers: list[Any],
+    schedulers: list[Any],
+    dataloaders: list[Any],
+    process_index: int,
+    scaler: Any = None,
+    map_location: Any = None,
+    **load_model_func_kwargs: Any,
+) -> dict[str, Any]:
+    """Restore the state written by :func:`save_accelerator_state`; return attributes to restore (``step``).
+
+    ``load_model_func_kwargs`` go to ``load_state_dict`` of each model (e.g. ``strict=False``).
+    """
+    from .utils.constants import OPTIMIZER_NAME, RNG_STATE_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME
+
+    input_dir = Path(input_dir)
+    if not input_dir.is_dir():
+        raise FileNotFoundError(f"checkpoint folder {str(input_dir)!r} does not exist")
+    map_location = "cpu" if map_location is None else map_location
+    for i, model in enumerate(models):
+        safe, legacy = input_dir / _model_file(i, True), input_dir / _model_file(i, False)
+        if safe.exists():
+            state = _load_safetensors(safe)
+        elif legacy.exists():
+            state = torch.load(legacy, map_location="cpu", weights_only=True)
+        else:
+            raise FileNotFoundError(
+                f"no weights for model {i} in {str(input_dir)!r}: expected {safe.name} or {legacy.name}"
+            )
+        _load_into(model, state, **load_model_func_kwargs)
+    for i, optimizer in enumerate(optimizers):
+        path = input_dir / f"{_indexed(OPTIMIZER_NAME, i)}.bin"
+        _require(path, f"optimizer {i}")
+        optimizer.load_state_dict(_torch_load(path, map_location))
+    for i, scheduler in enumerate(schedulers):
+        path = input_dir / f"{_indexed(SCHEDULER_NAME, i)}.bin"
+        _require(path, f"scheduler {i}")
+        scheduler.load_state_dict(_torch_load(path))
+    for i, dataloader in enumerate(dataloaders):
+        path = input_dir / f"{_indexed(SAMPLER_NAME, i)}.bin"
+        if path.exists():
+            _load_sampler_state(dataloader, _torch_load(path))
+    if scaler is not None:
+        path = input_dir / SCALER_NAME
+        _require(path, "the fp16 gradient scaler")
+        scaler.load_state_dict(_torch_load(path))
+    override: dict[str, Any] = {}
+    rng_path = input_dir / f"{RNG_STATE_NAME}_{process_index}.pkl"
+    if rng_path.exists():
+        rng = _torch_load(rng_path)
+        _set_rng_state(rng)
+        override["step"] = rng.get("step", 0)
+    else:
+        logger.warning(
+            "no RNG state for process %d in %s: random streams are not restored", process_index, input_dir
+        )
+    return override
+
+
+def _require(path: Path, what: str) -> None:
+    if not path.exists():
+        raise FileNotFoundError(
+            f"checkpoint {str(path.parent)!r} has no {path.name} for {what}: was it saved with the same "
+            "number of prepared objects?"
+        )
+
+
+def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path), device="cpu")
+
+
+def _load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], **kwargs: Any) -> None:
+    """Load ``state`` into ``model``, accepting the tied aliases dropped when saving."""
+    strict = kwargs.pop("strict", True)
+    missing, unexpected = model.load_state_dict(state, strict=False, **kwargs)
+    if strict:
+        aliases = _alias_names(model.state_dict())
+        missing = [k for k in missing if k not in aliases]
+        if missing or unexpected:
+            raise RuntimeError(
+                f"checkpoint does not match {type(model).__name__}: missing keys {missing[:10]}, "
+                f"unexpected keys {unexpected[:10]} (pass strict=False to load_state to accept)"
+            )
+
+
+def _alias_names(state: dict[str, torch.Tensor]) -> set[str]:
+    """Return the names whose tensor shares storage with an earlier name (tied weights)."""
+    seen: set[tuple] = set()
+    aliases = set()
+    for name, tensor in state.items():
+        if tensor.device.type == "meta":
+            continue
+        key = (
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tensor.dtype,
+        )
+        if key in seen:
+            aliases.add(name)
+        seen.add(key)
+    return aliases
+
+
+def _dedupe_for_safetensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Return ``state`` without tied aliases and with contiguous CPU-readable tensors."""
+    aliases = _alias_names(state)
+    if aliases:
+        logger.info("not saving tied aliases %s (they share storage with another tensor)", sorted(aliases))
+    return {k: v.detach().contiguous() for k, v in state.items() if k not in aliases}
+
+
+def save_model_weights(
+    state: dict[str, torch.Tensor] | torch.nn.Module, path: str | os.PathLike, safe_serialization: bool = True
+) -> None:
+    """Write one weights file (safetensors or torch pickle) at ``path`` via a temporary name."""
+    if isinstance(state, torch.nn.Module):
+        state = state.state_dict()
+    path = Path(path)
+    if safe_serialization:
+        from safetensors.torch import save_file
+
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        save_file(_dedupe_for_safetensors(state), str(tmp), metadata={"format": "pt"})
+        os.replace(tmp, path)
+    else:
+        _torch_save(state, path)
+
+
+def save_sharded_weights(
+    state: dict[str, torch.Tensor], save_directory: Path, max_shard_size: int | str, safe_serialization: bool
+) -> list[Path]:
+    """Write ``state`` as one file or as shards plus an index; return the files written."""
+    from .utils.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+    from .utils.modeling import shard_checkpoint
+
+    weights_name = SAFE_WEIGHTS_NAME if safe_serialization else WEIGHTS_NAME
+    index_name = SAFE_WEIGHTS_INDEX_NAME if safe_serialization else WEIGHTS_INDEX_NAME
+    if safe_serialization:
+        state = _dedupe_for_safetensors(state)
+    shards, index = shard_checkpoint(state, max_shard_size=max_shard_size, weights_name=weights_name)
+    _remove_stale_shards(save_directory, weights_name, set(shards))
+    written = []
+    for filename, shard in shards.items():
+        save_model_weights(shard, save_directory / filename, safe_serialization)
+        written.append(save_directory / filename)
+    index_path = save_directory / index_name
+    if index is None:
+        index_path.unlink(missing_ok=True)
+    else:
+        tmp = index_path.with_name(f".{index_name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, index_path)
+        written.append(index_path)
+    return written
+
+
+def _remove_stale_shards(directory: Path, weights_name: str, keep: set[str]) -> None:
+    # Shards of an earlier, differently sharded save would otherwise be picked up with the new index.
+    stem, _, ext = weights_name.partition(".")
+    pattern = re.compile(rf"^{re.escape(stem)}(-\d{{5}}-of-\d{{5}})?\.{re.escape(ext)}$")
+    for entry in directory.iterdir():
+        if entry.is_file() and pattern.match(entry.name) and entry.name not in keep:
+            entry.unlink()
+
+
+def save_custom_state(
+    obj: Any, path: str | os.PathLike, index: int = 0, save_on_each_node: bool = False
+) -> Path:
+    """Write ``obj.state_dict()`` to ``path/custom_checkpoint_{index}.pkl``; return the file path."""
+    del save_on_each_node  # the caller decides which process writes
+    target = Path(path) / f"custom_checkpoint_{index}.pkl"
+    _torch_save(obj.state_dict(), target)
+    return target
+
+
+def load_custom_state(obj: Any, path: str | os.PathLike, index: int = 0) -> None:
+    """Restore ``obj`` from ``path/custom_checkpoint_{index}.pkl``."""
+    target = Path(path) / f"custom_checkpoint_{index}.pkl"
+    _require(target, f"registered object {index} ({type(obj).__name__})")
+    obj.load_state_dict(_torch_load(target))
+
+
+@contextmanager
+def atomic_directory(final: str | os.PathLike, state: Any, is_writer: bool) -> Iterator[Path]:
+    """Yield a temporary folder that replaces ``final`` once every process has written into it.
+
+    All processes must enter; ``state`` provides ``wait_for_everyone``. The writer creates the
+    temporary folder and, after the last process is done, swaps it into place: a complete old
+    or a complete new folder exists at every moment.
+    """
+    final = Path(final)
+    tmp = final.parent / f".{final.name}.partial"
+    if is_writer:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    state.wait_for_everyone()
+    tmp.mkdir(parents=True, exist_ok=True)  # a process on a node without the shared folder
+    yield tmp
+    state.wait_for_everyone()
+    if is_writer:
+        old = final.parent / f".{final.name}.old"
+        if final.exists():
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(final, old)
+        os.replace(tmp, final)
+        if old.exists():
+            shutil.rmtree(old)
+    state.wait_for_everyone()
+
+
+def checkpoint_folders(project_dir: str | os.PathLike) -> list[Path]:
+    """Return ``project_dir/checkpoints/checkpoint_{i}`` folders sorted by ``i``."""
+    root = Path(project_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        match = re.fullmatch(r"checkpoint_(\d+)", entry.name)
+        if match and entry.is_dir():
+            found.append((int(match.group(1)), entry))
+    return [path for _, path in sorted(found)]

@@ -1,0 +1,855 @@
+"""Sharded data loaders: each process sees its own slice of every global batch.
+
+``prepare_data_loader`` rebuilds a ``torch.utils.data.DataLoader`` so that process ``i`` of ``n``
+iterates over its part of the data (``BatchSamplerShard`` for map-style datasets,
+``IterableDatasetShard`` for iterable ones), moves batches to the device, keeps the random
+samplers of all processes in step (``SeedableRandomSampler`` or a synchronised generator) and tells
+``GradientState`` when the last batch is being served and how many of its samples are real.
+``skip_first_batches`` resumes a loader mid-epoch without loading the skipped samples.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
+
+__all__ = [
+    "BatchSamplerShard",
+    "DataLoaderDispatcher",
+    "DataLoaderShard",
+    "IterableDatasetShard",
+    "SeedableRandomSampler",
+    "SkipBatchSampler",
+    "SkipDataLoader",
+    "prepare_data_loader",
+    "skip_first_batches",
+]
+
+logger = logging.getLogger(__name__)
+
+# DataLoader constructor arguments carried over when a loader is rebuilt around a new sampler.
+_LOADER_KWARGS = (
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
+_LOADER_DEFAULTS: dict[str, Any] = {
+    "num_workers": 0,
+    "collate_fn": None,
+    "pin_memory": False,
+    "timeout": 0,
+    "worker_init_fn": None,
+    "multiprocessing_context": None,
+    "generator": None,
+    "prefetch_factor": None,
+    "persistent_workers": False,
+    "pin_memory_device": "",
+    "in_order": True,
+}
+
+
+class SeedableRandomSampler(RandomSampler):
+    """A ``RandomSampler`` whose permutation depends only on ``initial_seed + epoch``.
+
+    Every process builds the same permutation without communicating, and a run restored from a
+    checkpoint (which records ``epoch``) replays exactly the permutation of the interrupted epoch.
+    """
+
+    def __init__(self, *args: Any, initial_seed: int = 0, **kwargs: Any) -> None:
+        data_seed = kwargs.pop("data_seed", None)
+        super().__init__(*args, **kwargs)
+        self.initial_seed = int(data_seed if data_seed is not None else initial_seed)
+        self.epoch = 0
+
+    def __iter__(self) -> Iterator[int]:
+        if self.generator is None:
+            self.generator = torch.Generator()
+        self.generator.manual_seed(self.initial_seed + self.epoch)
+        yield from super().__iter__()
+        self.set_epoch(self.epoch + 1)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the permutation of ``epoch`` for the next pass."""
+        self.epoch = int(epoch)
+
+    def state_dict(self) -> dict[str, int]:
+        """Return what is needed to replay the current epoch's permutation."""
+        return {"epoch": self.epoch, "initial_seed": self.initial_seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self.initial_seed = int(state["initial_seed"])
+
+
+class BatchSamplerShard(BatchSampler):
+    """Yield process ``process_index``'s share of the batches of ``batch_sampler``.
+
+    With ``split_batches=False`` the process takes every ``num_processes``-th batch (the global
+    batch is ``num_processes`` times the loader's); with ``split_batches=True`` every batch is cut in
+    ``num_processes`` equal parts. With ``even_batches`` the last round is completed with samples
+    from the start of the data so every process gets the same number of full batches; the
+    dataloader records how many samples of that round are real (``GradientState.remainder``).
+    """
+
+    def __init__(
+        self,
+        batch_sampler: Iterable[list[int]],
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+    ) -> None:
+        if num_processes < 1 or not 0 <= process_index < num_processes:
+            raise ValueError(
+                f"process_index={process_index} is out of range for num_processes={num_processes}: "
+                "need 0 <= process_index < num_processes"
+            )
+        batch_size = getattr(batch_sampler, "batch_size", None)
+        if split_batches and batch_size is not None and batch_size % num_processes != 0:
+            raise ValueError(
+                f"split_batches=True needs a batch size that is a round multiple of num_processes, got "
+                f"batch_size={batch_size} for num_processes={num_processes}: change the batch size or "
+                "use split_batches=False"
+            )
+        self.batch_sampler = batch_sampler
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.batch_size = batch_size
+        self.drop_last = bool(getattr(batch_sampler, "drop_last", False))
+        self.sampler = getattr(batch_sampler, "sampler", None)
+
+    @property
+    def total_length(self) -> int:
+        return len(self.batch_sampler)
+
+    def __len__(self) -> int:
+        n, length = self.num_processes, len(self.batch_sampler)
+        if self.split_batches:
+            return length
+        if self.drop_last:
+            return length // n
+        if self.even_batches:
+            return math.ceil(length / n)
+        return length // n + (1 if self.process_index < length % n else 0)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self._iter_split() if self.split_batches else self._iter_rounds()
+
+    def _iter_split(self) -> Iterator[list[int]]:
+        n, i = self.num_processes, self.process_index
+        first: list[int] | None = None
+        for batch in self.batch_sampler:
+            batch = list(batch)
+            if first is None:
+                first = batch
+            size = self.batch_size or len(first)
+            if len(batch) < size:
+                if self.drop_last:
+                    return
+                if self.even_batches:
+                    batch = batch + _cycle(first, size - len(batch))
+            if self.batch_size is None and len(batch) % n != 0:
+                raise ValueError(
+                    f"split_batches=True needs batches whose length is a multiple of num_processes={n}, "
+                    f"got a batch of {len(batch)}"
+                )
+            chunk = math.ceil(len(batch) / n)
+            mine = batch[i * chunk : (i + 1) * chunk]
+            if mine:
+                yield mine
+
+    def _iter_rounds(self) -> Iterator[list[int]]:
+        n, i = self.num_processes, self.process_index
+        round_: list[list[int]] = []
+        first_indices: list[int] = []
+        for batch in self.batch_sampler:
+            batch = list(batch)
+            if len(first_indices) < (self.batch_size or len(batch)) * n:
+                first_indices.extend(batch)
+            round_.append(batch)
+            if len(round_) == n:
+                size = self.batch_size or len(round_[0])
+                if all(len(b) == size for b in round_):
+                    yield round_[i]
+                    round_ = []
+                else:
+                    break  # a short batch can only be the last one: finish below
+        if not round_ or self.drop_last:
+            return
+        if not self.even_batches:
+            if i < len(round_):
+                yield round_[i]
+            return
+        # Complete the last round: pad the short batch and add missing batches by cycling
+        # through the first samples, so every process runs the same number of full steps.
+        size = self.batch_size or len(round_[0])
+        filler = _Cycler(first_indices)
+        round_ = [b + filler.take(size - len(b)) for b in round_]
+        while len(round_) < n:
+            round_.append(filler.take(size))
+        yield round_[i]
+
+
+def _cycle(indices: list[int], count: int) -> list[int]:
+    return _Cycler(indices).take(count)
+
+
+class _Cycler:
+    """Hand out ``count`` items at a time from ``items`` repeated endlessly."""
+
+    def __init__(self, items: list[Any]) -> None:
+        if not items:
+            raise ValueError("cannot pad batches of an empty dataset")
+        self.items, self.pos = items, 0
+
+    def take(self, count: int) -> list[Any]:
+        out = []
+        for _ in range(max(count, 0)):
+            out.append(self.items[self.pos % len(self.items)])
+            self.pos += 1
+        return out
+
+
+class IterableDatasetShard(IterableDataset):
+    """Process ``process_index``'s share of an iterable dataset, read in global batches.
+
+    Items are read ``batch_size * num_processes`` at a time (``batch_size`` with ``split_batches``)
+    and each process keeps its slice; an incomplete last buffer is padded with the first items
+    unless ``drop_last``. ``last_real_count`` tells how many items of that last buffer were real.
+    """
+
+    def __init__(
+        self,
+        dataset: Iterable,
+        batch_size: int = 1,
+        drop_last: bool = False,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+    ) -> None:
+        if split_batches and batch_size > 1 and batch_size % num_processes != 0:
+            raise ValueError(
+                f"split_batches=True needs a batch size that is a round multiple of num_processes, got "
+                f"batch_size={batch_size} for num_processes={num_processes}"
+            )
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.last_real_count = -1
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        global_size = self.batch_size if self.split_batches else self.batch_size * self.num_processes
+        local_size = global_size // self.num_processes
+        length = len(self.dataset)  # type: ignore[arg-type]
+        if self.drop_last:
+            return (length // global_size) * local_size
+        return math.ceil(length / global_size) * local_size
+
+    def __iter__(self) -> Iterator[Any]:
+        global_size = self.batch_size if self.split_batches else self.batch_size * self.num_processes
+        local_size = global_size // self.num_processes
+        lo, hi = self.process_index * local_size, (self.process_index + 1) * local_size
+        self.last_real_count = -1
+        first: list[Any] | None = None
+        buffer: list[Any] = []
+        for item in self.dataset:
+            buffer.append(item)
+            if len(buffer) == global_size:
+                if first is None:
+                    first = buffer
+                yield from buffer[lo:hi]
+                buffer = []
+        if buffer and not self.drop_last:
+            self.last_real_count = len(buffer)
+            buffer = buffer + _Cycler(first or list(buffer)).take(global_size - len(buffer))
+            yield from buffer[lo:hi]
+
+
+class SkipBatchSampler(BatchSampler):
+    """A batch sampler that drops the first ``skip_batches`` batches of ``batch_sampler``."""
+
+    def __init__(self, batch_sampler: Iterable[list[int]], skip_batches: int = 0) -> None:
+        self.batch_sampler = batch_sampler
+        self.skip_batches = skip_batches
+        self.batch_size = getattr(batch_sampler, "batch_size", None)
+        self.drop_last = getattr(batch_sampler, "drop_last", False)
+        self.sampler = getattr(batch_sampler, "sampler", None)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for index, batch in enumerate(self.batch_sampler):
+            if index >= self.skip_batches:
+                yield batch
+
+    @property
+    def total_length(self) -> int:
+        return len(self.batch_sampler)
+
+    def __len__(self) -> int:
+        return max(len(self.batch_sampler) - self.skip_batches, 0)
+
+
+class _DataLoaderStateMixin:
+    """Book-keeping shared by the prepared loaders: end-of-data flag, remainder, GradientState."""
+
+    end_of_dataloader: bool = False
+    remainder: int = -1
+
+    def _begin(self) -> None:
+        from .state import GradientState
+
+        self.end_of_dataloader = False
+        self.remainder = self._compute_remainder()
+        self.gradient_state = GradientState()
+        self.gradient_state._add_dataloader(self)
+        self._publish()
+
+    def _mark_last_batch(self) -> None:
+        self.end_of_dataloader = True
+        real = getattr(self.dataset, "last_real_count", -1)
+        if isinstance(self.dataset, IterableDatasetShard) and real >= 0:
+            self.remainder = real
+        self._publish()
+
+    def _finish(self) -> None:
+        self.gradient_state._remove_dataloader(self)
+
+    def _publish(self) -> None:
+        # GradientState answers end_of_dataloader/remainder for the active loader; keep it current.
+        gs = self.gradient_state
+        if gs.active_dataloader is self:
+            gs._set_end_of_dataloader(self.end_of_dataloader)
+            gs._set_remainder(self.remainder)
+
+    def _compute_remainder(self) -> int:
+        if self._drop_last:
+            return -1
+        try:
+            length = len(getattr(self.dataset, "dataset", self.dataset))
+        except TypeError:
+            return -1
+        total = self.total_batch_size
+        return length % total if total else -1
+
+
+class DataLoaderShard(_DataLoaderStateMixin, DataLoader):
+    """A ``DataLoader`` serving one process's batches, on its device, one batch ahead.
+
+    Reading one batch ahead lets it flag the last batch (``end_of_dataloader``) while that batch is
+    being used, which gradient accumulation and ``gather_for_metrics`` rely on.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        device: torch.device | None = None,
+        rng_types: list[str] | None = None,
+        synchronized_generator: torch.Generator | None = None,
+        skip_batches: int = 0,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        _total_batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, **kwargs)
+        self.device = device
+        self.rng_types = rng_types
+        self.synchronized_generator = synchronized_generator
+        self.skip_batches = skip_batches
+        self._drop_last = _drop_last
+        self._non_blocking = _non_blocking
+        self._total_batch_size = _total_batch_size
+        self.iteration = 0
+
+    @property
+    def total_batch_size(self) -> int | None:
+        """Return the number of samples one step consumes over all processes."""
+        if self._total_batch_size is not None:
+            return self._total_batch_size
+        return self.batch_size
+
+    @property
+    def total_dataset_length(self) -> int:
+        """Return the length of the underlying (unsharded) dataset."""
+        return len(getattr(self.dataset, "dataset", self.dataset))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select ``epoch``'s shuffling in the sampler (or iterable dataset) behind this loader."""
+        self.iteration = epoch
+        sampler = find_sampler(self)
+        if sampler is not None and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        elif hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.rng_types:
+            from .utils.random import synchronize_rng_states
+
+            synchronize_rng_states(self.rng_types, self.synchronized_generator)
+        self._begin()
+        try:
+            # Creating an iterator draws a worker base seed from the global torch RNG; drawing it
+            # from a fork keeps the global stream identical for a run resumed from a checkpoint.
+            with torch.random.fork_rng(devices=[]):
+                iterator = super().__iter__()
+            if self.skip_batches and isinstance(self.dataset, IterableDataset):
+                for _ in range(self.skip_batches):
+                    if next(iterator, _END) is _END:
+                        break
+            current = next(iterator, _END)
+            while current is not _END:
+                following = next(iterator, _END)
+                if following is _END:
+                    self._mark_last_batch()
+                yield self._place(current)
+                current = following
+            self.iteration += 1
+        finally:
+            self._finish()
+
+    def _place(self, batch: Any) -> Any:
+        if self.device is None:
+            return batch
+        from .utils.operations import send_to_device
+
+        return send_to_device(batch, self.device, non_blocking=self._non_blocking)
+
+    def __len__(self) -> int:
+        length = super().__len__()
+        if self.skip_batches and isinstance(self.dataset, IterableDataset):
+            length = max(length - self.skip_batches, 0)
+        return length
+
+
+_END = object()
+
+
+class DataLoaderDispatcher(_DataLoaderStateMixin, DataLoader):
+    """A ``DataLoader`` read only on the main process, whose batches are sliced out to all processes.
+
+    For data that cannot be sharded up front (a stream read once): process 0 reads a global batch,
+    broadcasts it, and every process keeps its slice. A short last batch is padded with its own
+    first samples so every process gets an equal slice; ``remainder`` records the real ones.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        split_batches: bool = False,
+        skip_batches: int = 0,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        slice_fn: Any = None,
+        device: torch.device | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, **kwargs)
+        from .state import PartialState
+
+        state = PartialState()
+        self.num_processes, self.process_index = state.num_processes, state.process_index
+        self.split_batches = split_batches
+        self.skip_batches = skip_batches
+        self._drop_last = _drop_last
+        self._non_blocking = _non_blocking
+        self.slice_fn = slice_fn
+        self.device = device if device is not None else state.device
+        self.iteration = 0
+
+    @property
+    def total_batch_size(self) -> int | None:
+        if self.batch_size is None:
+            return None
+        return self.batch_size if self.split_batches else self.batch_size * self.num_processes
+
+    def set_epoch(self, epoch: int) -> None:
+        self.iteration = epoch
+        sampler = find_sampler(self)
+        if sampler is not None and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        elif hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def _read_global_batch(self, iterator: Iterator[Any]) -> Any:
+        """On the main process, concatenate the next ``num_processes`` loader batches (or one)."""
+        from .utils.operations import concatenate
+
+        if self.split_batches:
+            return next(iterator, _END)
+        parts = []
+        for _ in range(self.num_processes):
+            part = next(iterator, _END)
+            if part is _END:
+                break
+            parts.append(part)
+        if not parts:
+            return _END
+        return parts[0] if len(parts) == 1 else concatenate(parts)
+
+    def __iter__(self) -> Iterator[Any]:
+        from .utils.operations import broadcast_object_list, find_batch_size, send_to_device, slice_tensors
+
+        self._begin()
+        try:
+            iterator = None
+            if self.process_index == 0:
+                with torch.random.fork_rng(devices=[]):
+                    iterator = super().__iter__()
+            skipped = 0
+            current = self._exchange(iterator, broadcast_object_list)
+            while current is not _END:
+                following = self._exchange(iterator, broadcast_object_list)
+                if skipped < self.skip_batches:
+                    skipped += 1
+                    current = following
+                    continue
+                size = find_batch_size(current)
+                local = math.ceil(size / self.num_processes)
+                if following is _END:
+                    self.end_of_dataloader = True
+                    if local * self.num_processes != size:
+                        if self._drop_last:
+                            break
+                        self.remainder = size
+                    self._publish()
+                padded = _pad_batch(current, local * self.num_processes, size)
+                lo = self.process_index * local
+                part = (self.slice_fn or slice_tensors)(padded, slice(lo, lo + local))
+                yield send_to_device(part, self.device, non_blocking=self._non_blocking)
+                current = following
+            self.iteration += 1
+        finally:
+            self._finish()
+
+    def _exchange(self, iterator: Iterator[Any] | None, broadcast_object_list: Any) -> Any:
+        payload = [None]
+        if iterator is not None:
+            batch = self._read_global_batch(iterator)
+            payload = [None if batch is _END else _to_cpu(batch)]
+        if self.num_processes > 1:
+            broadcast_object_list(payload, from_process=0)
+        return _END if payload[0] is None else payload[0]
+
+    def __len__(self) -> int:
+        whole = super().__len__()
+        steps = whole if self.split_batches else math.ceil(whole / self.num_processes)
+        return max(steps - self.skip_batches, 0)
+
+
+def _to_cpu(batch: Any) -> Any:
+    from .utils.operations import send_to_device
+
+    return send_to_device(batch, torch.device("cpu"))
+
+
+def _pad_batch(batch: Any, target: int, size: int) -> Any:
+    """Return ``batch`` grown to ``target`` samples by repeating its first samples."""
+    if target == size:
+        return batch
+    from .utils.operations import recursively_apply
+
+    def grow(tensor: torch.Tensor) -> torch.Tensor:
+        reps = math.ceil(target / size)
+        return torch.cat([tensor] * reps, dim=0)[:target]
+
+    return recursively_apply(grow, batch)
+
+
+class SkipDataLoader(DataLoader):
+    """A plain ``DataLoader`` that skips its first ``skip_batches`` batches (read, then dropped)."""
+
+    def __init__(self, dataset: Any, skip_batches: int = 0, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.skip_batches = skip_batches
+
+    def __iter__(self) -> Iterator[Any]:
+        for index, batch in enumerate(super().__iter__()):
+            if index >= self.skip_batches:
+                yield batch
+
+    def __len__(self) -> int:
+        return max(super().__len__() - self.skip_batches, 0)
+
+
+def find_sampler(dataloader: Any) -> Sampler | None:
+    """Return the innermost index sampler behind ``dataloader`` (through shard/skip wrappers)."""
+    obj = getattr(dataloader, "batch_sampler", None)
+    seen = 0
+    while obj is not None and seen < 8:
+        inner = getattr(obj, "batch_sampler", None)
+        if inner is None:
+            return getattr(obj, "sampler", None)
+        obj, seen = inner, seen + 1
+    return getattr(dataloader, "sampler", None)
+
+
+def _loader_kwargs(dataloader: DataLoader) -> dict[str, Any]:
+    """Return the constructor arguments of ``dataloader`` that differ from DataLoader's defaults."""
+    out = {}
+    for name in _LOADER_KWARGS:
+        if hasattr(dataloader, name):
+            value = getattr(dataloader, name)
+            if name == "multiprocessing_context" and value is not None:
+                value = dataloader.multiprocessing_context
+            if value != _LOADER_DEFAULTS[name]:
+                out[name] = value
+    if out.get("num_workers", 0) == 0:
+        out.pop("prefetch_factor", None)
+        out.pop("persistent_workers", None)
+    return out
+
+
+def prepare_data_loader(
+    dataloader: DataLoader,
+    device: torch.device | None = None,
+    num_processes: int | None = None,
+    process_index: int | None = None,
+    split_batches: bool = False,
+    put_on_device: bool = False,
+    rng_types: list[str] | None = None,
+    dispatch_batches: bool | None = None,
+    even_batches: bool = True,
+    slice_fn_for_dispatch: Any = None,
+    use_seedable_sampler: bool = False,
+    data_seed: int | None = None,
+    non_blocking: bool = False,
+) -> DataLoader:
+    """Return a loader serving this process's share of ``dataloader``'s batches.
+
+    ``split_batches`` cuts each batch between processes (otherwise each process takes whole
+    batches in turn), ``even_batches`` pads the last round so every process steps equally,
+    ``use_seedable_sampler`` replaces a ``RandomSampler`` by a :class:`SeedableRandomSampler`
+    (otherwise its generator is synchronised from process 0 at every epoch), ``dispatch_batches``
+    reads the data on process 0 only and sends each process its slice.
+    """
+    from .state import PartialState
+
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(
+            f"prepare_data_loader expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}"
+        )
+    state = PartialState()
+    num_processes = state.num_processes if num_processes is None else num_processes
+    process_index = state.process_index if process_index is None else process_index
+    if dispatch_batches is None:
+        dispatch_batches = False
+    device = device if put_on_device else None
+    dataset = dataloader.dataset
+    is_iterable = isinstance(dataset, IterableDataset)
+    kwargs = _loader_kwargs(dataloader)
+    batch_size = dataloader.batch_size
+    drop_last = dataloader.drop_last
+    if split_batches and batch_size is not None and batch_size % num_processes != 0:
+        raise ValueError(
+            f"split_batches=True needs a batch size that is a round multiple of num_processes, got "
+            f"batch_size={batch_size} for num_processes={num_processes}: change the batch size or use "
+            "split_batches=False"
+        )
+
+    if dispatch_batches:
+        kwargs.pop("generator", None)
+        loader_args = (
+            {
+                "batch_size": batch_size,
+                "drop_last": drop_last,
+                "shuffle": isinstance(dataloader.sampler, RandomSampler),
+            }
+            if batch_size is not None or is_iterable
+            else {"batch_sampler": dataloader.batch_sampler}
+        )
+        if is_iterable:
+            loader_args.pop("shuffle")
+        elif isinstance(dataloader.sampler, RandomSampler):
+            loader_args.pop("shuffle")
+            loader_args["sampler"] = dataloader.sampler
+        return DataLoaderDispatcher(
+            dataset,
+            split_batches=split_batches,
+            _drop_last=drop_last,
+            _non_blocking=non_blocking,
+            slice_fn=slice_fn_for_dispatch,
+            device=device,
+            **loader_args,
+            **kwargs,
+        )
+
+    rng_types = list(rng_types) if rng_types else []
+    synchronized_generator = None
+    total_batch_size = None
+    if batch_size is not None:
+        total_batch_size = batch_size if split_batches else batch_size * num_processes
+
+    if is_iterable:
+        kwargs.pop("generator", None)
+        if hasattr(dataset, "generator") and isinstance(dataset.generator, torch.Generator):
+            synchronized_generator = dataset.generator
+        if num_processes > 1:
+            dataset = IterableDatasetShard(
+                dataset,
+                batch_size=batch_size or 1,
+                drop_last=drop_last,
+                num_processes=num_processes,
+                process_index=process_index,
+                split_batches=split_batches,
+            )
+            batch_size = (batch_size or 1) // num_processes if split_batches else batch_size
+        loader = DataLoaderShard(
+            dataset,
+            device=device,
+            rng_types=_usable_rng_types(rng_types, synchronized_generator),
+            synchronized_generator=synchronized_generator,
+            _drop_last=drop_last,
+            _non_blocking=non_blocking,
+            _total_batch_size=total_batch_size,
+            batch_size=batch_size,
+            drop_last=drop_last,
+            **kwargs,
+        )
+        return loader
+
+    sampler = dataloader.sampler
+    batch_sampler = dataloader.batch_sampler
+    if isinstance(sampler, RandomSampler) and not isinstance(sampler, SeedableRandomSampler):
+        if use_seedable_sampler:
+            seed = _shared_seed(data_seed, num_processes)
+            sampler = SeedableRandomSampler(
+                data_source=sampler.data_source,
+                replacement=sampler.replacement,
+                num_samples=sampler._num_samples,
+                initial_seed=seed,
+            )
+        elif num_processes > 1:
+            # Same permutation on every process: its generator is broadcast from process 0 each epoch.
+            synchronized_generator = sampler.generator
+            if synchronized_generator is None:
+                synchronized_generator = torch.Generator()
+                synchronized_generator.manual_seed(_shared_seed(data_seed, num_processes))
+                sampler.generator = synchronized_generator
+            if "generator" not in rng_types:
+                rng_types.append("generator")
+        if isinstance(batch_sampler, BatchSampler) and type(batch_sampler) is BatchSampler:
+            batch_sampler = BatchSampler(
+                sampler, batch_size=batch_sampler.batch_size, drop_last=batch_sampler.drop_last
+            )
+        elif batch_sampler is not None and hasattr(batch_sampler, "sampler"):
+            batch_sampler.sampler = sampler
+    if num_processes > 1:
+        batch_sampler = BatchSamplerShard(
+            batch_sampler,
+            num_processes=num_processes,
+            process_index=process_index,
+            split_batches=split_batches,
+            even_batches=even_batches,
+        )
+    kwargs.pop("generator", None) if synchronized_generator is not None else None
+    return DataLoaderShard(
+        dataset,
+        device=device,
+        rng_types=_usable_rng_types(rng_types, synchronized_generator),
+        synchronized_generator=synchronized_generator,
+        _drop_last=drop_last,
+        _non_blocking=non_blocking,
+        _total_batch_size=total_batch_size,
+        batch_sampler=batch_sampler,
+        **kwargs,
+    )
+
+
+def _usable_rng_types(rng_types: list[str], generator: torch.Generator | None) -> list[str] | None:
+    # A "generator" entry is meaningful only with a generator to synchronise.
+    kept = [str(getattr(r, "value", r)) for r in rng_types]
+    if generator is None:
+        kept = [r for r in kept if r != "generator"]
+    return kept or None
+
+
+def _shared_seed(data_seed: int | None, num_processes: int) -> int:
+    """Return ``data_seed`` or process 0's torch seed, the same on every process."""
+    seed = int(data_seed) if data_seed is not None else int(torch.initial_seed() % (2**63))
+    if num_processes > 1 and data_seed is None:
+        from .utils.operations import broadcast_object_list
+
+        box = [seed]
+        broadcast_object_list(box, from_process=0)
+        seed = int(box[0])
+    return seed
+
+
+def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
+    """Return a loader over the same data that starts after its first ``num_batches`` batches.
+
+    For a prepared map-style loader the skipped batches are never loaded (their indices are
+    dropped); the new loader shares the sampler, so the next epoch continues from the original.
+    """
+    if num_batches < 0:
+        raise ValueError(f"num_batches must be >= 0, got {num_batches}")
+    if isinstance(dataloader, DataLoaderDispatcher):
+        new = DataLoaderDispatcher.__new__(DataLoaderDispatcher)
+        new.__dict__.update(dataloader.__dict__)
+        new.skip_batches = num_batches
+        return new
+    if isinstance(dataloader, DataLoaderShard):
+        kwargs = _loader_kwargs(dataloader)
+        common = {
+            "device": dataloader.device,
+            "rng_types": dataloader.rng_types,
+            "synchronized_generator": dataloader.synchronized_generator,
+            "_drop_last": dataloader._drop_last,
+            "_non_blocking": dataloader._non_blocking,
+            "_total_batch_size": dataloader._total_batch_size,
+        }
+        if isinstance(dataloader.dataset, IterableDataset):
+            new = DataLoaderShard(
+                dataloader.dataset,
+                skip_batches=num_batches,
+                batch_size=dataloader.batch_size,
+                drop_last=dataloader.drop_last,
+                **common,
+                **kwargs,
+            )
+        else:
+            new = DataLoaderShard(
+                dataloader.dataset,
+                batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches),
+                **common,
+                **kwargs,
+            )
+        new.iteration = dataloader.iteration
+        return new
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(f"skip_first_batches expects a DataLoader, got {type(dataloader).__name__}")
+    kwargs = _loader_kwargs(dataloader)
+    if isinstance(dataloader.dataset, IterableDataset):
+        return SkipDataLoader(
+            dataloader.dataset,
+            skip_batches=num_batches,
+            batch_size=dataloader.batch_size,
+            drop_last=dataloader.drop_last,
+            **kwargs,
+        )
+    return DataLoader(
+        dataloader.dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches), **kwargs
+    )

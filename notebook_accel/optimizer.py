@@ -1,0 +1,137 @@
+"""The optimizer wrapper ``Accelerator.prepare`` returns.
+
+It steps and zeroes only on steps where gradients are synchronised (the last micro-batch of an
+accumulation window), steps through the fp16 ``GradScaler`` when there is one, and remembers
+whether the scaler skipped the step (inf/NaN gradients) so the scheduler can skip too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["AcceleratedOptimizer"]
+
+
+class AcceleratedOptimizer(torch.optim.Optimizer):
+    """Wrap ``optimizer`` so that it follows gradient accumulation and mixed-precision scaling.
+
+    Args:
+        optimizer: the optimizer to wrap.
+        device_placement: move the optimizer state to the process's device when loading a state dict.
+        scaler: the ``torch.amp.GradScaler`` used for fp16, if any.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        device_placement: bool = True,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
+        from .state import AcceleratorState, GradientState
+
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"AcceleratedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}"
+            )
+        # Deliberately no super().__init__: this object is a view of ``optimizer``.
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.accelerator_state = AcceleratorState()
+        self.gradient_state = GradientState()
+        self.device_placement = device_placement
+        self._is_overflow = False
+        self._accelerate_step_called = False
+
+    # The torch.optim.Optimizer surface, read through to the wrapped optimizer.
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, state: Any) -> None:
+        self.optimizer.state = state
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, param_groups: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = param_groups
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, defaults: dict[str, Any]) -> None:
+        self.optimizer.defaults = defaults
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the wrapped optimizer's state dict."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.device_placement:
+            from .utils.operations import send_to_device
+
+            state_dict = send_to_device(state_dict, self.accelerator_state.device)
+        self.optimizer.load_state_dict(state_dict)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        # On accumulating steps the gradients must survive until the synchronising step.
+        if self.gradient_state.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def train(self) -> None:
+        """Switch optimizers that have a train mode (schedule-free ones) to it."""
+        if hasattr(self.optimizer, "train"):
+            self.optimizer.train()
+
+    def eval(self) -> None:
+        """Switch optimizers that have an eval mode (schedule-free ones) to it."""
+        if hasattr(self.optimizer, "eval"):
+            self.optimizer.eval()
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
+        """Step the wrapped optimizer on synchronising steps; return what its step returned."""
+        if not self.gradient_state.sync_gradients:
+            return None
+        self._accelerate_step_called = True
+        if self.scaler is None:
+            self._is_overflow = False
+            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        # GradScaler lowers its scale exactly when it found inf/NaN gradients and skipped the step.
+        scale_before = self.scaler.get_scale()
+        result = (
+            self.scaler.step(self.optimizer, closure)
+            if closure is not None
+            else self.scaler.step(self.optimizer)
+        )
+        self.scaler.update()
+        self._is_overflow = self.scaler.get_scale() < scale_before
+        return result
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last ``step`` was skipped by the fp16 scaler (inf or NaN gradients)."""
+        return self._is_overflow
+
+    @property
+    def is_overflow(self) -> bool:
+        return self._is_overflow
+
+    def __repr__(self) -> str:
+        return f"AcceleratedOptimizer({self.optimizer!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)

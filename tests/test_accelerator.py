@@ -1,0 +1,362 @@
+"""Accelerator training loop: 2-process equivalence with 1-process full-batch training, metrics, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from tests._dist import run_distributed
+
+N_SAMPLES, BATCH, EPOCHS, LR = 64, 4, 3, 0.05
+
+
+def _data() -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N_SAMPLES, 5, generator=g)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0], [0.0]]) + 0.1 * torch.randn(N_SAMPLES, 1, generator=g)
+    return TensorDataset(x, y)
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def _reference(batch_size: int, autocast: bool = False) -> dict[str, torch.Tensor]:
+    """Plain torch, one process, full global batch."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    loader = DataLoader(_data(), batch_size=batch_size)
+    for _ in range(EPOCHS):
+        for x, y in loader:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                out = model(x)
+            loss = torch.nn.functional.mse_loss(out.float(), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _train(accum: int, mixed_precision: str) -> dict:
+    from notebook_accel import Accelerator, AcceleratorState, GradientState
+
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+    acc = Accelerator(gradient_accumulation_steps=accum, mixed_precision=mixed_precision)
+    model, opt, loader = acc.prepare(
+        _model(), torch.optim.SGD(_model().parameters(), lr=LR), DataLoader(_data(), batch_size=BATCH)
+    )
+    # The optimizer above was built on a throw-away copy: rebuild it on the prepared model's parameters.
+    opt = acc.prepare(torch.optim.SGD(model.parameters(), lr=LR))
+    steps = 0
+    for _ in range(EPOCHS):
+        for x, y in loader:
+            with acc.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                acc.backward(loss)
+                opt.step()
+                opt.zero_grad()
+                steps += acc.sync_gradients
+    weights = {k: v.detach().clone() for k, v in acc.unwrap_model(model).state_dict().items()}
+    return {"weights": weights, "steps": steps, "type": type(model).__name__, "len": len(loader)}
+
+
+def _equivalence_worker() -> dict:
+    torch.set_num_threads(1)
+    return {
+        "plain": _train(1, "no"),
+        "accum": _train(2, "no"),
+        "bf16": _train(1, "bf16"),
+    }
+
+
+def _close(a: dict, b: dict, atol: float) -> float:
+    return max((a[k] - b[k]).abs().max().item() for k in a if a[k].dtype.is_floating_point) if atol else 0.0
+
+
+def test_two_processes_match_one_process_full_batch() -> None:
+    results = run_distributed(_equivalence_worker, nprocs=2, timeout=120)
+    ref = _reference(2 * BATCH)
+    ref_accum = _reference(2 * BATCH * 2)
+    ref_bf16 = _reference(2 * BATCH, autocast=True)
+    for rank_result in results:
+        assert rank_result["plain"]["type"] == "DistributedDataParallel"
+        assert rank_result["plain"]["len"] == N_SAMPLES // (2 * BATCH)
+        assert rank_result["plain"]["steps"] == EPOCHS * N_SAMPLES // (2 * BATCH)
+        assert rank_result["accum"]["steps"] == EPOCHS * N_SAMPLES // (4 * BATCH)
+        for k, v in ref.items():
+            torch.testing.assert_close(rank_result["plain"]["weights"][k], v, rtol=1e-5, atol=1e-6)
+        for k, v in ref_accum.items():
+            torch.testing.assert_close(rank_result["accum"]["weights"][k], v, rtol=1e-5, atol=1e-6)
+        for k, v in ref_bf16.items():
+            torch.testing.assert_close(rank_result["bf16"]["weights"][k], v, rtol=0, atol=3e-2)
+    # both ranks hold the same weights
+    for k in ref:
+        assert torch.equal(results[0]["plain"]["weights"][k], results[1]["plain"]["weights"][k])
+    # the bf16 run really ran in bf16 (differs from fp32 training)
+    assert any(not torch.equal(results[0]["bf16"]["weights"][k], ref[k]) for k in ref)
+
+
+def _metrics_worker() -> dict:
+    from notebook_accel import Accelerator
+
+    acc = Accelerator()
+    n = 21  # not divisible by 2 processes nor by the global batch of 8
+    loader = acc.prepare(DataLoader(TensorDataset(torch.arange(n, dtype=torch.float32)), batch_size=4))
+    gathered, objects, remainders = [], [], []
+    for (x,) in loader:
+        gathered.append(acc.gather_for_metrics(x * 10))
+        objects.extend(acc.gather_for_metrics([f"s{int(v)}" for v in x.tolist()]))
+        remainders.append(acc.gradient_state.remainder)
+    # reduce / pad / split helpers
+    total = acc.reduce(torch.tensor(float(acc.process_index + 1)), reduction="sum")
+    padded = acc.pad_across_processes(torch.ones(acc.process_index + 1), dim=0)
+    with acc.split_between_processes(list(range(5))) as part:
+        share = part
+    return {
+        "gathered": torch.cat(gathered),
+        "objects": objects,
+        "remainders": remainders,
+        "total": total.item(),
+        "padded": padded.shape[0],
+        "share": share,
+        "in_loop_after": acc.gradient_state.in_dataloader,
+        "main": acc.is_main_process,
+        "last": acc.is_last_process,
+    }
+
+
+def test_gather_for_metrics_drops_padding_and_collectives() -> None:
+    results = run_distributed(_metrics_worker, nprocs=2)
+    for rank, r in enumerate(results):
+        assert torch.equal(r["gathered"], torch.arange(21, dtype=torch.float32) * 10)
+        assert r["objects"] == [f"s{i}" for i in range(21)]
+        assert r["remainders"][-1] == 21 % 8
+        assert r["total"] == 3.0
+        assert r["padded"] == 2
+        assert r["in_loop_after"] is False
+        assert r["main"] is (rank == 0) and r["last"] is (rank == 1)
+    assert results[0]["share"] == [0, 1, 2] and results[1]["share"] == [3, 4]
+
+
+def test_single_process_state_and_helpers(capsys) -> None:
+    from notebook_accel import Accelerator
+    from notebook_accel.utils import DistributedType
+
+    acc = Accelerator(cpu=True)
+    assert acc.distributed_type == DistributedType.NO
+    assert (acc.num_processes, acc.process_index, acc.local_process_index) == (1, 0, 0)
+    assert acc.is_main_process and acc.is_local_main_process and acc.is_last_process
+    assert acc.device == torch.device("cpu") and not acc.use_distributed
+    assert acc.mixed_precision == "no" and acc.sync_gradients and acc.gradient_accumulation_steps == 1
+    acc.gradient_accumulation_steps = 3
+    assert acc.gradient_accumulation_steps == 3
+    assert acc.project_dir is None and acc.save_iteration == 0
+    acc.print("hello from main")
+    assert "hello from main" in capsys.readouterr().out
+    calls = []
+    acc.on_main_process(lambda: calls.append("main"))()
+    acc.on_process(process_index=0)(lambda: calls.append("p0"))()
+    acc.on_local_process(local_process_index=1)(lambda: calls.append("l1"))()
+    assert calls == ["main", "p0"]
+    with acc.main_process_first():
+        pass
+    acc.wait_for_everyone()
+    model = torch.nn.Linear(2, 2)
+    assert acc.prepare(model) is model  # a single object comes back as itself
+    thing = object()
+    assert acc.prepare(thing) is thing
+    assert "Accelerator(" in repr(acc)
+
+
+def test_scheduler_follows_accumulation_and_fp16_skip() -> None:
+    from notebook_accel import Accelerator, GradScalerKwargs
+
+    acc = Accelerator(
+        cpu=True,
+        mixed_precision="fp16",
+        gradient_accumulation_steps=2,
+        kwargs_handlers=[GradScalerKwargs(init_scale=1024.0)],
+    )
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    model, opt, sched = acc.prepare(model, opt, sched)
+    assert acc.scaler is not None and acc.scaler.get_scale() == 1024.0
+    x = torch.randn(4, 3)
+    # step 1: accumulating -> no optimizer step, no scheduler step
+    with acc.accumulate(model):
+        acc.backward(model(x).sum())
+        before = model.weight.detach().clone()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    assert not acc.sync_gradients and torch.equal(model.weight, before)
+    assert model.weight.grad is not None  # zero_grad kept the accumulated gradient
+    assert sched.get_last_lr() == [1.0]
+    # step 2: synchronising, but gradients overflow -> the scaler skips, so does the scheduler
+    with acc.accumulate(model):
+        acc.backward(model(x).sum())
+        model.weight.grad.fill_(float("inf"))
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    assert acc.sync_gradients and acc.optimizer_step_was_skipped and acc.scaler.get_scale() == 512.0
+    assert torch.equal(model.weight, before) and sched.get_last_lr() == [1.0]
+    # steps 3-4: a clean window -> one real step and one scheduler step
+    for _ in range(2):
+        with acc.accumulate(model):
+            acc.backward(model(x).sum())
+            acc.clip_grad_norm_(model.parameters(), 1e6)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+    assert not acc.optimizer_step_was_skipped and not torch.equal(model.weight, before)
+    assert sched.get_last_lr() == [0.5]
+
+
+def test_autocast_and_unwrap_fp32_wrapper() -> None:
+    from notebook_accel import Accelerator
+    from notebook_accel.utils import AutocastKwargs
+
+    acc = Accelerator(cpu=True, mixed_precision="bf16")
+    model = acc.prepare(torch.nn.Linear(4, 4))
+    out = model(torch.randn(2, 4))
+    assert out.dtype == torch.float32  # outputs converted back to fp32
+    with acc.autocast():
+        assert torch.nn.functional.linear(torch.randn(2, 4), torch.randn(4, 4)).dtype == torch.bfloat16
+    with acc.autocast(autocast_handler=AutocastKwargs(enabled=False)):
+        assert torch.nn.functional.linear(torch.randn(2, 4), torch.randn(4, 4)).dtype == torch.float32
+    plain = acc.unwrap_model(model, keep_fp32_wrapper=False)
+    assert "_original_forward" not in plain.__dict__ and "forward" not in plain.__dict__
+
+
+def test_dynamo_backend_compiles_in_prepare() -> None:
+    from notebook_accel import Accelerator
+
+    acc = Accelerator(cpu=True, dynamo_backend="eager")
+    base = torch.nn.Linear(3, 2)
+    model = acc.prepare(base)
+    assert isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
+    x = torch.randn(5, 3)
+    torch.testing.assert_close(model(x), base(x))
+    assert acc.unwrap_model(model, keep_torch_compile=False) is base
+
+
+def test_find_executable_batch_size_around_accelerator() -> None:
+    from notebook_accel import Accelerator, find_executable_batch_size
+
+    tried = []
+
+    @find_executable_batch_size(starting_batch_size=64)
+    def train(batch_size: int) -> int:
+        acc = Accelerator(cpu=True)
+        acc.free_memory()
+        tried.append(batch_size)
+        if batch_size > 16:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 123 bytes")
+        loader = acc.prepare(DataLoader(_data(), batch_size=batch_size))
+        return next(iter(loader))[0].shape[0]
+
+    assert train() == 16
+    assert tried == [64, 32, 16]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        ({"mixed_precision": "fp32"}, ValueError, "fp32"),
+        ({"gradient_accumulation_steps": 0}, ValueError, "gradient_accumulation_steps"),
+        ({"log_with": "nope"}, ValueError, "not a known tracker"),
+        ({"log_with": "wandb"}, ImportError, "pip install wandb"),
+        ({"log_with": "jsonl"}, ValueError, "project_dir"),
+        ({"dynamo_backend": "eager", "dynamo_plugin": "x"}, ValueError, "not both"),
+        ({"kwargs_handlers": [object()]}, TypeError, "kwargs_handlers accepts"),
+        ({"split_batches": "yes"}, TypeError, "split_batches"),
+        ({"project_config": "dir"}, TypeError, "ProjectConfiguration"),
+    ],
+)
+def test_bad_constructor_arguments(kwargs: dict, exc: type, match: str) -> None:
+    from notebook_accel import Accelerator
+
+    with pytest.raises(exc, match=match):
+        Accelerator(cpu=True, **kwargs)
+
+
+def test_bad_plugin_and_handler_combinations() -> None:
+    from notebook_accel import Accelerator, DeepSpeedPlugin, GradScalerKwargs
+    from notebook_accel.utils import DataLoaderConfiguration, GradientAccumulationPlugin, MegatronLMPlugin
+
+    with pytest.raises(ValueError, match="two GradScalerKwargs"):
+        Accelerator(cpu=True, kwargs_handlers=[GradScalerKwargs(), GradScalerKwargs()])
+    with pytest.raises(ValueError, match="both given"):
+        Accelerator(
+            cpu=True,
+            gradient_accumulation_steps=2,
+            gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2),
+        )
+    with pytest.raises(ValueError, match="dataloader_config were both given"):
+        Accelerator(cpu=True, split_batches=True, dataloader_config=DataLoaderConfiguration())
+    with pytest.raises(ImportError, match="pip install deepspeed"):
+        Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
+    with pytest.raises(ImportError, match="megatron-core"):
+        Accelerator(cpu=True, megatron_lm_plugin=MegatronLMPlugin())
+
+
+def test_bad_prepare_and_step_arguments() -> None:
+    from notebook_accel import Accelerator
+
+    acc = Accelerator(cpu=True)
+    with pytest.raises(ValueError, match="device_placement has 1 entries for 2 objects"):
+        acc.prepare(torch.nn.Linear(1, 1), torch.nn.Linear(1, 1), device_placement=[True])
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        acc.prepare_model("model")
+    with pytest.raises(ValueError, match="gradient_accumulation_steps must be"):
+        acc.gradient_accumulation_steps = 0
+    with pytest.raises(ValueError, match="no tracker named 'wandb'"):
+        acc.get_tracker("wandb")
+
+
+def test_json_lines_tracker(tmp_path) -> None:
+    import json
+
+    from notebook_accel import Accelerator
+    from notebook_accel.tracking import GeneralTracker
+
+    acc = Accelerator(cpu=True, project_dir=tmp_path, log_with=["jsonl", "all"])
+    acc.init_trackers("run1", config={"lr": 0.1})
+    acc.log({"loss": torch.tensor(0.5), "acc": 1}, step=3)
+    tracker = acc.get_tracker("jsonl")
+    assert acc.get_tracker("jsonl", unwrap=True) is tracker.run
+    acc.end_training()
+    lines = (tmp_path / "run1" / "metrics.jsonl").read_text().splitlines()
+    record = json.loads(lines[0])
+    assert record["loss"] == 0.5 and record["step"] == 3
+    assert json.loads((tmp_path / "run1" / "config.json").read_text()) == {"lr": 0.1}
+
+    class Custom(GeneralTracker):
+        name = "custom"
+        requires_logging_directory = False
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen = []
+
+        def log(self, values, step=None, **kwargs) -> None:
+            self.seen.append((values, step))
+
+    custom = Custom()
+    acc2 = Accelerator(cpu=True, log_with=custom)
+    acc2.init_trackers("p")
+    acc2.log({"x": 1}, step=1)
+    assert custom.seen == [({"x": 1}, 1)]
+    with pytest.raises(ValueError, match="init_kwargs names trackers"):
+        acc2.init_trackers("p", init_kwargs={"wandb": {}})
+
+    class Broken(GeneralTracker):
+        pass
+
+    with pytest.raises(TypeError, match="must define the class attributes"):
+        Broken()
