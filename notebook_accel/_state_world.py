@@ -183,7 +183,7 @@ def resolve_world(cpu: bool = False, init_kwargs: Mapping[str, Any] | None = Non
         missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
         if missing:
             raise ValueError(
-                f"WORLD_SIZE={world_size} but {' and '.join(missing)} is not set: set MASTER_ADDR and MASTER_PORT "
+                f"WORLD_SIZE={world_size} but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: set MASTER_ADDR and MASTER_PORT "
                 "(torchrun and notebook_launcher do), pass init_method=..., or unset WORLD_SIZE"
             )
     local_world = _env_int("LOCAL_WORLD_SIZE")

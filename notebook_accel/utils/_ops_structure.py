@@ -60,13 +60,16 @@ def is_namedtuple(data: Any) -> bool:
 
 def honor_type(obj: Any, generator: Iterable) -> Any:
     """Return the items of ``generator`` in a container of the same type as ``obj`` (namedtuples included)."""
+    # Materialise first, so that an error raised while producing the items is not mistaken below
+    # for a constructor that rejects an iterable.
+    items = list(generator)
     if is_namedtuple(obj):
-        return type(obj)(*list(generator))
+        return type(obj)(*items)
     try:
-        return type(obj)(generator)
+        return type(obj)(items)
     except TypeError:
         # A list/tuple subclass whose constructor takes the items as separate arguments.
-        return type(obj)(*list(generator))
+        return type(obj)(*items)
 
 
 def _rebuild_mapping(original: Mapping, items: dict) -> Any:
