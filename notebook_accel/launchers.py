@@ -64,17 +64,29 @@ def _show_panel(handle: LaunchHandle) -> None:
     LaunchPanel(handle).display()
 
 
-def _wait_interruptibly(handle: LaunchHandle) -> None:
-    """Wait for the launch; on KeyboardInterrupt stop the workers, wait for them, re-raise."""
-    try:
+def _wait_interruptibly(handle: LaunchHandle, printer: PrintSink | None) -> None:
+    """Wait for the launch, printing its lines from this thread; on ^C stop the workers and re-raise."""
+    lines = printer._queue if printer is not None else None
+    if lines is not None:
+        handle.add_done_callback(lambda _: lines.put(None))
+
+    def wait() -> None:
+        if lines is None:
+            handle.wait()
+            return
+        while (line := lines.get()) is not None:
+            printer.write(line)
         handle.wait()
+
+    try:
+        wait()
     except KeyboardInterrupt:
         handle.stop()
         try:
-            handle.wait()
+            wait()
         except KeyboardInterrupt:  # a second ^C: no more grace
             handle.kill()
-            handle.wait()
+            wait()
         raise
 
 
@@ -196,6 +208,9 @@ def _launch(
         plan, function, args, sinks=out_sinks, timeout=timeout, run_id=run_id, log_files=log_files,
         on_finish=log_sink.close if log_sink is not None else None,
     )  # fmt: skip
+    printer = out_sinks[0] if block and sinks is None and isinstance(out_sinks[0], PrintSink) else None
+    if printer is not None:
+        printer.defer()  # before the first line can arrive
     try:
         handle._start()
     except BaseException:
@@ -211,7 +226,7 @@ def _launch(
             raise
     if not block:
         return handle
-    _wait_interruptibly(handle)
+    _wait_interruptibly(handle, printer)
     return handle.result()
 
 

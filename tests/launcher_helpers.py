@@ -48,6 +48,12 @@ class Snapshot:
 
     def assert_clean(self) -> None:
         assert live_children() == [], f"processes left behind: {live_children()}"
-        leaked = [t for t in threading.enumerate() if t.ident not in self.threads and t.name.startswith("notebook_accel")]
+        leaked = [
+            t
+            for t in threading.enumerate()
+            if t.ident not in self.threads and t.name.startswith("notebook_accel")
+        ]
         assert leaked == [], f"threads left behind: {leaked}"
-        assert fd_count() <= self.fds, f"open fds grew from {self.fds} to {fd_count()}: {os.listdir('/proc/self/fd')}"
+        assert fd_count() <= self.fds, (
+            f"open fds grew from {self.fds} to {fd_count()}: {os.listdir('/proc/self/fd')}"
+        )

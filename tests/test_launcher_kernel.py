@@ -1,0 +1,190 @@
+"""notebook_launcher from a real ipykernel: cell functions, per-rank output, failures, interrupts, leaks."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+
+import pytest
+
+jupyter_client = pytest.importorskip("jupyter_client")
+pytest.importorskip("ipykernel")
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Kernel:
+    """A started ipykernel and a client; ``run(code)`` returns (status, stdout, stderr, error name)."""
+
+    def __init__(self) -> None:
+        self.km = jupyter_client.KernelManager(kernel_name="python3")
+        # IPython's history database opens and closes files on its own schedule: off, to count fds.
+        self.km.start_kernel(extra_arguments=["--HistoryManager.enabled=False"])
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    def run(self, code: str, timeout: float = 60, interrupt_after: str | None = None):
+        out: list[str] = []
+        err: list[str] = []
+        ename: list[str] = []
+        msg_id = self.kc.execute(textwrap.dedent(code))
+        deadline = time.monotonic() + timeout
+        interrupted = False
+        while True:
+            msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                (out if content["name"] == "stdout" else err).append(content["text"])
+                if interrupt_after and not interrupted and interrupt_after in "".join(out):
+                    self.km.interrupt_kernel()
+                    interrupted = True
+            elif kind == "error":
+                ename.append(content["ename"])
+                err.append("\n".join(content["traceback"]))
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        reply = self.kc.get_shell_msg(timeout=timeout)
+        return reply["content"]["status"], "".join(out), "".join(err), ename[0] if ename else None
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = Kernel()
+    status, _, err, _ = k.run(
+        """
+        import os, signal, time, psutil, torch, torch.distributed as dist
+        from notebook_accel import notebook_launcher
+        from notebook_accel.launch import LaunchError
+        def _leaks():
+            kids = psutil.Process().children(recursive=True)
+            return [c.pid for c in kids], len(os.listdir("/proc/self/fd"))
+        """
+    )
+    assert status == "ok", err
+    yield k
+    k.close()
+
+
+def _assert_no_leaks(kernel: Kernel, fds_before: int) -> None:
+    status, out, err, _ = kernel.run("print(_leaks())")
+    assert status == "ok", err
+    kids, fds = eval(out.strip())
+    assert kids == [], f"processes left in the kernel: {kids}"
+    assert fds <= fds_before, f"kernel fds grew from {fds_before} to {fds}"
+
+
+def _fds(kernel: Kernel) -> int:
+    return eval(kernel.run("print(_leaks())")[1].strip())[1]
+
+
+def test_cell_function_on_two_processes(kernel):
+    before = _fds(kernel)
+    status, out, err, _ = kernel.run(
+        """
+        def train(scale):
+            dist.init_process_group("gloo")
+            t = torch.tensor([float(dist.get_rank() + 1)])
+            dist.all_reduce(t)
+            print(f"world {dist.get_world_size()} sum {t.item()}")
+            return (t * scale).item(), torch.cuda.is_initialized()
+
+        results = notebook_launcher(train, args=(2,), num_processes=2)
+        print("RESULTS", results, torch.cuda.is_initialized())
+        """
+    )
+    assert status == "ok", err
+    assert "[rank 0] world 2 sum 3.0" in out and "[rank 1] world 2 sum 3.0" in out
+    assert "RESULTS [(6.0, False), (6.0, False)] False" in out
+    assert out.startswith("Launching 2 process(es) | backend gloo")
+    _assert_no_leaks(kernel, before)
+
+
+def test_failing_and_killed_ranks_in_a_kernel(kernel):
+    before = _fds(kernel)
+    status, out, err, ename = kernel.run(
+        """
+        def bad():
+            dist.init_process_group("gloo")
+            if dist.get_rank() == 1:
+                raise ZeroDivisionError("cell rank failed")
+            dist.barrier()
+        notebook_launcher(bad, num_processes=2)
+        """
+    )
+    assert status == "error" and ename == "LaunchError"
+    assert "rank 1" in err and "ZeroDivisionError: cell rank failed" in err and "in bad" in err
+    status, out, err, ename = kernel.run(
+        """
+        def killed():
+            dist.init_process_group("gloo")
+            if dist.get_rank() == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            dist.barrier()
+        notebook_launcher(killed, num_processes=2)
+        """
+    )
+    assert status == "error" and ename == "LaunchError" and "killed by SIGKILL" in err
+    _assert_no_leaks(kernel, before)
+
+
+def test_kernel_interrupt_stops_the_workers(kernel):
+    before = _fds(kernel)
+    status, out, err, ename = kernel.run(
+        """
+        def forever():
+            print("working", flush=True)
+            time.sleep(120)
+        notebook_launcher(forever, num_processes=2)
+        """,
+        interrupt_after="[rank 1] working",
+    )
+    assert status == "error" and ename == "KeyboardInterrupt", (out, err)
+    _assert_no_leaks(kernel, before)
+
+
+def test_twenty_relaunches_and_busy_port_in_a_kernel(kernel):
+    before = _fds(kernel)
+    status, out, err, _ = kernel.run(
+        """
+        import socket
+        def one():
+            dist.init_process_group("gloo")
+            t = torch.ones(1); dist.all_reduce(t)
+            return t.item()
+        ok = sum(notebook_launcher(one, num_processes=2, sinks=[]) == [2.0, 2.0] for _ in range(20))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0)); s.listen()
+            port = s.getsockname()[1]
+            try:
+                notebook_launcher(one, num_processes=2, use_port=str(port), sinks=[])
+            except RuntimeError as exc:
+                print("EXPLICIT", "already in use" in str(exc))
+        print("OK", ok)
+        """
+    )
+    assert status == "ok", err
+    assert "OK 20" in out and "EXPLICIT True" in out
+    _assert_no_leaks(kernel, before)
+
+
+def test_spawn_from_a_kernel_ships_the_cell_function(kernel):
+    before = _fds(kernel)
+    status, out, err, _ = kernel.run(
+        """
+        offset = 5
+        def cell_fn():
+            dist.init_process_group("gloo")
+            return dist.get_rank() + offset
+        print("SPAWN", notebook_launcher(cell_fn, num_processes=2, start_method="spawn", sinks=[]))
+        """
+    )
+    assert status == "ok", err
+    assert "SPAWN [5, 6]" in out
+    _assert_no_leaks(kernel, before)

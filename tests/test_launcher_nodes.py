@@ -1,0 +1,87 @@
+"""Multi-node launches through torch elastic: two launching processes on this machine act as two nodes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests._dist import free_port
+from tests.launcher_helpers import Snapshot
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch, torch.distributed as dist
+    from notebook_accel import notebook_launcher
+    from notebook_accel.launch import LaunchError
+
+    def fn(fail):
+        dist.init_process_group("gloo")
+        if fail and dist.get_rank() == 1:
+            raise KeyError("node one broke")
+        t = torch.ones(1)
+        dist.all_reduce(t)  # with fail, rank 0 loses its peer here
+        print("world", dist.get_world_size(), "sum", t.item())
+        return dist.get_rank() * 10
+
+    node_rank, port, backend, fail = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+    kwargs = {"rdzv_endpoint": f"127.0.0.1:{port}", "rdzv_id": "t" + port} if backend == "c10d" else {}
+    try:
+        values = notebook_launcher(fn, (fail,), num_processes=1, num_nodes=2, node_rank=node_rank,
+                                   use_port=port, rdzv_backend=backend, **kwargs)
+        print("RESULT", values)
+    except LaunchError as exc:
+        print("LAUNCHERROR", exc.failures[0].rank, exc.failures[0].exc_type, exc.failures[0].message)
+    """
+)
+
+
+def _run_two_nodes(tmp_path: Path, backend: str, fail: bool) -> list[str]:
+    script = tmp_path / "node.py"
+    script.write_text(_SCRIPT)
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(rank), port, backend, "1" if fail else "0"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        return [p.communicate(timeout=60)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_two_nodes_form_one_group(tmp_path, backend):
+    snap = Snapshot()
+    outs = _run_two_nodes(tmp_path, backend, fail=False)
+    for out in outs:
+        assert "world 2 sum 2.0" in out, out
+    if backend == "static":  # node ranks given: node 0 holds rank 0
+        assert "[rank 0] world 2 sum 2.0" in outs[0] and "RESULT [0]" in outs[0], outs[0]
+        assert "[rank 1] world 2 sum 2.0" in outs[1] and "RESULT [10]" in outs[1], outs[1]
+    else:  # c10d assigns the node ranks
+        assert sorted(o.split("RESULT ")[1].split()[0] for o in outs) == ["[0]", "[10]"], outs
+    snap.assert_clean()
+
+
+@pytest.mark.timeout(90)
+def test_failure_on_one_node_is_a_launch_error(tmp_path):
+    outs = _run_two_nodes(tmp_path, "static", fail=True)
+    assert "LAUNCHERROR 1 KeyError 'node one broke'" in outs[1], outs[1]
+    assert "LAUNCHERROR 0" in outs[0], outs[0]  # its peer vanished from the collective
