@@ -1,0 +1,176 @@
+"""Memory budgets per device: ``get_max_memory`` (what is available) and ``get_balanced_memory`` (spread evenly)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Union
+
+import torch
+from torch import nn
+
+from ._module_tree import build_tree
+from .sizes import convert_file_size_to_int
+
+__all__ = ["get_balanced_memory", "get_max_memory", "normalize_device_key", "order_devices"]
+
+logger = logging.getLogger(__name__)
+
+_NAMED_DEVICES = ("mps", "cpu", "disk")
+
+
+def normalize_device_key(key: Union[int, str, torch.device]) -> Union[int, str]:
+    """Return ``key`` as Accelerate spells device identifiers: an int for a GPU, or "mps"/"cpu"/"disk"."""
+    if isinstance(key, torch.device):
+        key = str(key) if key.index is None or key.type != "cuda" else key.index
+    if isinstance(key, bool):
+        raise ValueError(f"{key!r} is not a device; use a GPU index (0, 1, ...), 'mps', 'cpu' or 'disk'.")
+    if isinstance(key, int):
+        if key < 0:
+            raise ValueError(f"GPU index {key} is negative; use 0, 1, ...")
+        return key
+    if isinstance(key, str):
+        text = key.strip().lower()
+        if text in _NAMED_DEVICES:
+            return text
+        if text == "cuda":
+            return 0
+        if text.startswith("cuda:") and text[5:].isdigit():
+            return int(text[5:])
+        if text.isdigit():
+            return int(text)
+    raise ValueError(
+        f"Device {key!r} is not recognized in max_memory: use GPU indices (0, 1, ... or 'cuda:0'), "
+        "'mps', 'cpu' or 'disk'."
+    )
+
+
+def order_devices(keys: list[Union[int, str]]) -> list[Union[int, str]]:
+    """Return device keys in filling order: GPUs by index, then "mps", "cpu" and "disk"."""
+    gpus = sorted(k for k in keys if isinstance(k, int))
+    return gpus + [k for k in _NAMED_DEVICES if k in keys]
+
+
+def _cgroup_memory_left() -> int | None:
+    """Return the bytes left under this process's cgroup memory limit, or None when there is no limit."""
+    candidates = (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    )
+    for limit_path, usage_path in candidates:
+        try:
+            with open(limit_path) as f:
+                raw = f.read().strip()
+            with open(usage_path) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if raw == "max" or not raw.isdigit() or int(raw) >= 2**60:
+            return None
+        return max(int(raw) - usage, 0)
+    return None
+
+
+def _available_cpu_memory() -> int:
+    import psutil
+
+    available = psutil.virtual_memory().available
+    left = _cgroup_memory_left()
+    return available if left is None else min(available, left)
+
+
+def get_max_memory(
+    max_memory: dict[Union[int, str], Union[int, str]] | None = None,
+) -> dict[Union[int, str], int]:
+    """Return a ``{device: bytes}`` budget: ``max_memory`` parsed and ordered, or what is available now.
+
+    Without ``max_memory``: each CUDA GPU's free memory (queried only when CUDA devices exist), the MPS device,
+    and the CPU's available RAM (psutil, capped by the cgroup limit inside containers).
+    """
+    if max_memory is None:
+        budget: dict[Union[int, str], int] = {}
+        # device_count() is NVML-based and does not initialise CUDA; mem_get_info does, so only call it for
+        # GPUs that exist (the user is about to run on them).
+        for index in range(torch.cuda.device_count()):
+            try:
+                budget[index] = torch.cuda.mem_get_info(index)[0]
+            except RuntimeError as err:  # pragma: no cover - depends on the driver
+                logger.warning("Could not query free memory of GPU %d: %s", index, err)
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            budget["mps"] = _available_cpu_memory()
+        budget["cpu"] = _available_cpu_memory()
+        return budget
+    if not isinstance(max_memory, dict):
+        raise TypeError(
+            f"max_memory must be a dict like {{0: '10GiB', 'cpu': '30GiB'}}, not {type(max_memory).__name__}."
+        )
+    parsed: dict[Union[int, str], int] = {}
+    for key, value in max_memory.items():
+        device = normalize_device_key(key)
+        try:
+            parsed[device] = convert_file_size_to_int(value)
+        except (ValueError, TypeError) as err:
+            raise type(err)(f"max_memory[{key!r}]: {err}") from None
+    gpus = [k for k in parsed if isinstance(k, int)]
+    if gpus:
+        available = torch.cuda.device_count()
+        missing = [k for k in gpus if k >= available]
+        if missing and available > 0:
+            logger.warning("max_memory names GPUs %s but only %d are visible.", missing, available)
+    return {k: parsed[k] for k in order_devices(list(parsed))}
+
+
+def get_balanced_memory(
+    model: nn.Module,
+    max_memory: dict[Union[int, str], Union[int, str]] | None = None,
+    no_split_module_classes: list[str] | None = None,
+    dtype: Union[str, torch.dtype, None] = None,
+    special_dtypes: dict[str, Union[str, torch.dtype]] | None = None,
+    low_zero: bool = False,
+) -> dict[Union[int, str], int]:
+    """Return a ``max_memory`` dict that makes ``infer_auto_device_map`` spread ``model`` evenly over the GPUs.
+
+    Each GPU but the last gets the model size divided by the GPU count plus a margin (1.25x the larger of the
+    biggest no-split block and the mean leaf-module size); ``low_zero`` keeps GPU 0 as empty as possible.
+    """
+    user_set = max_memory is not None
+    budget = get_max_memory(max_memory)
+    gpus = [k for k, v in budget.items() if isinstance(k, int) and v > 0]
+    if not gpus:
+        return budget
+    if len(gpus) == 1:
+        low_zero = False
+        if not user_set:
+            # Leave 10% of the only GPU for activations when the user gave no budget.
+            budget[gpus[0]] = int(budget[gpus[0]] * 0.9)
+            logger.info("Using 90%% of GPU %d's free memory for weights.", gpus[0])
+    if isinstance(no_split_module_classes, str):
+        no_split_module_classes = [no_split_module_classes]
+    no_split = set(no_split_module_classes or [])
+    tree = build_tree(model, dtype=dtype, special_dtypes=special_dtypes)
+    total = tree.size[0]
+    shares = len(gpus) - 1 if low_zero else len(gpus)
+    per_gpu = total // max(shares, 1)
+
+    biggest_block = 0
+    leaf_sizes: list[int] = []
+    for node in range(1, len(tree.names)):
+        if tree.kinds[node] != 0:
+            continue
+        module = tree.objs[node]
+        if type(module).__name__ in no_split:
+            biggest_block = max(biggest_block, tree.size[node])
+        if not module._modules and tree.size[node] > 0:
+            leaf_sizes.append(tree.size[node])
+    mean_leaf = sum(leaf_sizes) // max(len(leaf_sizes), 1)
+    per_gpu += int(1.25 * max(biggest_block, mean_leaf))
+
+    # The last GPU keeps its full budget in case the margin was not enough.
+    for index in gpus[:-1]:
+        if low_zero and index == gpus[0]:
+            continue
+        budget[index] = min(per_gpu, budget[index])
+    if low_zero:
+        others = sum(budget[i] for i in gpus[1:])
+        budget[gpus[0]] = min(max(0, total - others), budget[gpus[0]])
+    return budget

@@ -1,0 +1,89 @@
+"""``accelerate.utils`` modeling names, re-exported from the topic modules that define them.
+
+sizes: byte accounting; device_memory: budgets; device_map: planning and checks; tied_params: shared weights;
+tensors: moving one tensor; checkpoints: reading and sharding checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from .checkpoints import find_checkpoint_files, load_checkpoint_in_model, load_state_dict, shard_checkpoint
+from .device_map import (
+    DeviceMapPlan,
+    check_device_map,
+    clean_device_map,
+    infer_auto_device_map,
+    plan_device_map,
+    resolve_device_map,
+)
+from .device_memory import get_balanced_memory, get_max_memory
+from .sizes import (
+    calculate_maximum_sizes,
+    compute_module_sizes,
+    compute_module_total_buffer_size,
+    convert_file_size_to_int,
+    dtype_byte_size,
+    get_max_layer_size,
+    named_module_tensors,
+)
+from .tensors import get_state_dict_offloaded_model, id_tensor_storage, set_module_tensor_to_device
+from .tied_params import check_tied_parameters_on_same_device, find_tied_parameters, retie_parameters
+
+__all__ = [
+    "DeviceMapPlan",
+    "calculate_maximum_sizes",
+    "check_device_map",
+    "check_tied_parameters_on_same_device",
+    "clean_device_map",
+    "compute_module_sizes",
+    "compute_module_total_buffer_size",
+    "convert_file_size_to_int",
+    "dtype_byte_size",
+    "find_checkpoint_files",
+    "find_tied_parameters",
+    "get_balanced_memory",
+    "get_max_layer_size",
+    "get_max_memory",
+    "get_mixed_precision_context_manager",
+    "get_state_dict_offloaded_model",
+    "id_tensor_storage",
+    "infer_auto_device_map",
+    "load_checkpoint_in_model",
+    "load_state_dict",
+    "named_module_tensors",
+    "plan_device_map",
+    "resolve_device_map",
+    "retie_parameters",
+    "set_module_tensor_to_device",
+    "shard_checkpoint",
+]
+
+
+def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwargs: Any = None):
+    """Return a ``torch.autocast`` context for the current state's mixed precision, or a null context.
+
+    ``native_amp`` False (or mixed precision "no"/"fp8") gives ``contextlib.nullcontext()``; ``autocast_kwargs``
+    is an ``AutocastKwargs`` (or dict) whose non-default fields are passed to ``torch.autocast``.
+    """
+    if not native_amp:
+        return contextlib.nullcontext()
+    import torch
+
+    from ..state import AcceleratorState
+
+    state = AcceleratorState()
+    precision = getattr(state, "mixed_precision", "no")
+    precision = str(getattr(precision, "value", precision))
+    if precision not in ("fp16", "bf16"):
+        return contextlib.nullcontext()
+    if autocast_kwargs is None:
+        kwargs: dict[str, Any] = {}
+    elif isinstance(autocast_kwargs, dict):
+        kwargs = dict(autocast_kwargs)
+    else:
+        kwargs = autocast_kwargs.to_kwargs()
+    device_type = state.device.type if state.device is not None else "cpu"
+    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
+    return torch.autocast(device_type=device_type, dtype=dtype, **kwargs)

@@ -1,0 +1,185 @@
+"""Putting one parameter or buffer of a module on a device, and storage identity of tensors."""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import torch
+from torch import nn
+
+__all__ = ["get_state_dict_offloaded_model", "id_tensor_storage", "set_module_tensor_to_device"]
+
+_NOT_CAST_PREFIXES = ("torch.uint", "torch.int", "torch.bool")
+
+
+def _as_device(device: Union[int, str, torch.device]) -> torch.device:
+    if isinstance(device, int) and not isinstance(device, bool):
+        return torch.device("cuda", device)
+    if isinstance(device, str) and device == "disk":
+        raise ValueError(
+            "'disk' is not a device a tensor can live on: offload it with offload_weight / disk_offload, or pick "
+            "'cpu', 'meta' or a GPU index."
+        )
+    return torch.device(device)
+
+
+def _resolve(module: nn.Module, tensor_name: str) -> tuple[nn.Module, str]:
+    owner = module
+    *path, leaf = tensor_name.split(".")
+    for part in path:
+        child = getattr(owner, part, None)
+        if not isinstance(child, nn.Module):
+            raise ValueError(
+                f"{type(owner).__name__} has no submodule {part!r} (while resolving {tensor_name!r})."
+            )
+        owner = child
+    if leaf not in owner._parameters and leaf not in owner._buffers:
+        raise ValueError(
+            f"{type(owner).__name__} does not have a parameter or a buffer named {leaf!r} ({tensor_name!r})."
+        )
+    return owner, leaf
+
+
+def _same_place(tensor: torch.Tensor, device: torch.device) -> bool:
+    if tensor.device.type != device.type:
+        return False
+    return device.index is None or tensor.device.index == device.index
+
+
+def set_module_tensor_to_device(
+    module: nn.Module,
+    tensor_name: str,
+    device: Union[int, str, torch.device],
+    value: torch.Tensor | None = None,
+    dtype: Union[str, torch.dtype, None] = None,
+    fp16_statistics: torch.HalfTensor | None = None,
+    tied_params_map: dict[int, dict[torch.device, torch.Tensor]] | None = None,
+) -> None:
+    """Set ``tensor_name`` (a dotted parameter or buffer name) of ``module`` on ``device``, optionally to ``value``.
+
+    Without ``dtype`` a floating ``value`` takes the dtype of the tensor it replaces (like
+    ``nn.Module.load_state_dict``); with ``dtype`` floating values are cast to it, integer and bool values
+    never. The parameter class and ``requires_grad`` are kept. A CPU ``value`` of the right dtype is used as
+    is, not copied (memory-mapped checkpoints stay zero-copy). ``tied_params_map`` (data pointer -> device ->
+    tensor) reuses a tied tensor already materialised on ``device`` instead of copying it again.
+    """
+    owner, leaf = _resolve(module, tensor_name)
+    target = _as_device(device)
+    is_buffer = leaf in owner._buffers
+    old = owner._buffers[leaf] if is_buffer else owner._parameters[leaf]
+
+    source = value if value is not None else old
+    if tied_params_map is not None and source.device.type != "meta":
+        ptr = source.data_ptr()
+        if ptr in tied_params_map and target in tied_params_map[ptr]:
+            reused = tied_params_map[ptr][target]
+            if is_buffer:
+                owner._buffers[leaf] = reused
+            else:
+                owner._parameters[leaf] = reused
+            return
+
+    if old.device.type == "meta" and target.type != "meta" and value is None:
+        raise ValueError(f"{tensor_name} is on the meta device: pass a `value` to put it on {target}.")
+
+    if value is not None:
+        if not isinstance(value, torch.Tensor):
+            value = torch.as_tensor(value)
+        if old.shape != value.shape:
+            raise ValueError(
+                f"Trying to set a tensor of shape {tuple(value.shape)} in {tensor_name!r} (which has shape "
+                f"{tuple(old.shape)}): the checkpoint does not match the model."
+            )
+        if dtype is None:
+            if value.is_floating_point() and value.dtype != old.dtype:
+                value = value.to(old.dtype)
+        elif not str(value.dtype).startswith(_NOT_CAST_PREFIXES):
+            from .sizes import _as_dtype
+
+            value = value.to(_as_dtype(dtype))
+    elif dtype is not None and old.is_floating_point():
+        from .sizes import _as_dtype
+
+        old = old.to(_as_dtype(dtype))
+
+    with torch.no_grad():
+        if value is None:
+            new_value = old if _same_place(old, target) else old.to(target)
+        else:
+            new_value = value if _same_place(value, target) else value.to(target)
+
+    if is_buffer:
+        owner._buffers[leaf] = new_value
+    else:
+        param = owner._parameters[leaf]
+        if new_value is not param:
+            owner._parameters[leaf] = _rewrap(param, new_value)
+    if fp16_statistics is not None:
+        owner._parameters[leaf].SCB = fp16_statistics.to(target)
+
+    if tied_params_map is not None and source.device.type != "meta":
+        ptr = source.data_ptr()
+        if ptr in tied_params_map and target not in tied_params_map[ptr]:
+            tied_params_map[ptr][target] = owner._buffers[leaf] if is_buffer else owner._parameters[leaf]
+
+
+def _rewrap(old: Any, data: torch.Tensor) -> torch.Tensor:
+    """Return ``data`` wrapped like ``old`` (same Parameter subclass, requires_grad and extra attributes)."""
+    if isinstance(data, nn.Parameter) and type(data) is type(old):
+        return data
+    if not isinstance(old, nn.Parameter):
+        return data
+    cls = type(old)
+    requires_grad = old.requires_grad and (data.is_floating_point() or data.is_complex())
+    try:
+        new = cls(data, requires_grad=requires_grad)
+    except TypeError:
+        new = nn.Parameter(data, requires_grad=requires_grad)
+    # Subclasses (quantisation libraries) keep state in attributes; carry it over.
+    for key, val in getattr(old, "__dict__", {}).items():
+        if key not in new.__dict__:
+            try:
+                setattr(new, key, val)
+            except AttributeError:
+                pass
+    return new
+
+
+def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
+    """Return ``(device, storage pointer, storage bytes)``: equal for tensors sharing memory.
+
+    Meta and storage-less tensors report pointer 0 and their own byte size.
+    """
+    try:
+        storage = tensor.untyped_storage()
+        return tensor.device, storage.data_ptr(), storage.nbytes()
+    except (NotImplementedError, RuntimeError):
+        return tensor.device, 0, tensor.numel() * tensor.element_size()
+
+
+def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Return the full state dict of ``model`` on the CPU, reading offloaded (hooked) weights back from their maps."""
+    from .offload import align_module_device, has_offloaded_params
+
+    state: dict[str, torch.Tensor] = {}
+    for name, sub in model.named_modules():
+        own = list(sub._parameters.items()) + [
+            (k, v) for k, v in sub._buffers.items() if k not in sub._non_persistent_buffers_set
+        ]
+        if not any(t is not None for _, t in own):
+            continue
+        prefix = f"{name}." if name else ""
+        if has_offloaded_params(sub):
+            with align_module_device(sub, torch.device("cpu")):
+                for key, tensor in sub.state_dict(keep_vars=False).items():
+                    if "." not in key:
+                        state[prefix + key] = tensor.detach().clone()
+        else:
+            for key, tensor in own:
+                if tensor is not None:
+                    if tensor.device.type == "meta":
+                        raise ValueError(
+                            f"{prefix + key} is on the meta device and has no offloaded copy to read."
+                        )
+                    state[prefix + key] = tensor.detach().to("cpu")
+    return state

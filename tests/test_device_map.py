@@ -1,0 +1,277 @@
+"""infer_auto_device_map, the budgets behind it, and device-map checks."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from notebook_accel.utils import (
+    check_device_map,
+    clean_device_map,
+    compute_module_sizes,
+    get_balanced_memory,
+    get_max_memory,
+    infer_auto_device_map,
+)
+from notebook_accel.utils.modeling import DeviceMapPlan, plan_device_map, resolve_device_map
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 2 * d)
+        self.fc2 = nn.Linear(2 * d, d)
+
+
+class LM(nn.Module):
+    def __init__(self, n: int = 6, d: int = 16, vocab: int = 32, tie: bool = True) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+        self.final = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.register_buffer("positions", torch.arange(8.0))
+        if tie:
+            self.head.weight = self.embed.weight
+
+
+def meta_lm(**kw) -> LM:
+    with torch.device("meta"):
+        return LM(**kw)
+
+
+def covered(model: nn.Module, device_map: dict) -> None:
+    check_device_map(model, device_map)
+
+
+def test_everything_fits_on_first_gpu() -> None:
+    model = meta_lm()
+    assert infer_auto_device_map(model, max_memory={0: 10**9, "cpu": 10**9}) == {"": 0}
+
+
+def test_cpu_only_budget_and_disk_overflow() -> None:
+    model = meta_lm()
+    total = compute_module_sizes(model)[""]
+    dm = infer_auto_device_map(model, max_memory={"cpu": total // 2}, no_split_module_classes=["Block"])
+    assert set(dm.values()) == {"cpu", "disk"}
+    covered(model, dm)
+
+
+def test_fills_gpus_in_order_and_respects_budgets() -> None:
+    model = meta_lm(n=8, tie=False)
+    sizes = compute_module_sizes(model)
+    block = sizes["blocks.0"]
+    budget = {0: 3 * block, 1: 3 * block, 2: 3 * block, "cpu": 10**9}
+    plan = plan_device_map(model, max_memory=budget, no_split_module_classes=["Block"])
+    dm = plan.device_map
+    covered(model, dm)
+    order = [dm[k] for k in dm]
+    # devices appear in filling order: never back to an earlier device
+    rank = {0: 0, 1: 1, 2: 2, "cpu": 3, "disk": 4}
+    assert [rank[d] for d in order] == sorted(rank[d] for d in order)
+    for device, used in plan.device_bytes.items():
+        if device in budget:
+            assert used + plan.reserved.get(device, 0) <= budget[device]
+    # no Block is split across devices
+    assert all(k.count(".") <= 1 for k in dm)
+
+
+def test_main_device_keeps_room_for_largest_offloaded_layer() -> None:
+    model = meta_lm(n=6, tie=False)
+    sizes = compute_module_sizes(model)
+    block = sizes["blocks.0"]
+    plan = plan_device_map(
+        model, max_memory={0: 2 * block + 100, "cpu": 10**9}, no_split_module_classes=["Block"]
+    )
+    assert "cpu" in plan.device_map.values()
+    assert plan.reserved[0] >= block
+    assert plan.device_bytes[0] + block <= 2 * block + 100
+
+
+def test_tied_parameters_end_up_together() -> None:
+    model = meta_lm(n=6)
+    sizes = compute_module_sizes(model)
+    block = sizes["blocks.0"]
+    dm = infer_auto_device_map(
+        model,
+        max_memory={0: sizes["embed"] + 2 * block, 1: 4 * block, "cpu": 10**9},
+        no_split_module_classes=["Block"],
+    )
+
+    def where(name: str):
+        while name not in dm:
+            name = name.rpartition(".")[0]
+        return dm[name]
+
+    assert where("embed.weight") == where("head.weight")
+
+
+def test_clean_result_false_keeps_fine_entries() -> None:
+    model = meta_lm()
+    dm = infer_auto_device_map(model, max_memory={0: 10**9}, clean_result=False)
+    assert "" not in dm and "embed" in dm and "positions" in dm
+    assert clean_device_map(dict(dm)) == {"": 0}
+
+
+def test_dtype_shrinks_footprint() -> None:
+    model = meta_lm(n=6, tie=False)
+    total32 = compute_module_sizes(model)[""]
+    budget = {0: int(total32 * 0.6), "cpu": 10**9}
+    assert "cpu" in infer_auto_device_map(model, max_memory=budget).values()
+    assert infer_auto_device_map(model, max_memory=budget, dtype=torch.float16) == {"": 0}
+
+
+def test_string_budgets_and_key_spellings() -> None:
+    model = meta_lm()
+    assert infer_auto_device_map(model, max_memory={"cuda:0": "1GiB", "cpu": "2GB"}) == {"": 0}
+    with pytest.raises(
+        ValueError, match=r"max_memory\[0\]: Memory size '12 parsecs' is not in a valid format"
+    ):
+        infer_auto_device_map(model, max_memory={0: "12 parsecs"})
+    with pytest.raises(ValueError, match="Device 'tpu' is not recognized.*'mps', 'cpu' or 'disk'"):
+        infer_auto_device_map(model, max_memory={"tpu": 10})
+
+
+def test_verbose_records_decisions(caplog) -> None:
+    model = meta_lm()
+    with caplog.at_level(logging.INFO, logger="notebook_accel.utils.device_map"):
+        plan = plan_device_map(model, max_memory={0: 2000, "cpu": 10**9}, verbose=True)
+    assert plan.decisions and any("next device" in d or "splitting" in d for d in plan.decisions)
+    assert "->" in caplog.text
+
+
+def test_fallback_allocation_uses_room_a_block_cannot() -> None:
+    model = meta_lm(n=4, tie=False)
+    sizes = compute_module_sizes(model)
+    room = (
+        sizes["final"] + sizes["embed"] // 2 + sizes["blocks.0"]
+    )  # less than embed + a block, more than final
+    budget = {0: room, "cpu": 10**9}
+    plain = infer_auto_device_map(model, max_memory=budget, no_split_module_classes=["Block", "LM"])
+    fallback = infer_auto_device_map(
+        model, max_memory=budget, no_split_module_classes=["Block"], fallback_allocation=True
+    )
+    covered(model, fallback)
+    assert 0 in fallback.values()
+    assert isinstance(plain, dict)
+
+
+def test_offload_buffers_flag_and_buffer_warning(caplog) -> None:
+    class Buffered(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(64, 64)
+            self.b = nn.BatchNorm1d(4096)
+
+    model = Buffered()
+    size_a = compute_module_sizes(model)["a"]
+    budget = {0: size_a + 100, "cpu": 10**9}
+    with caplog.at_level(logging.WARNING):
+        dm = infer_auto_device_map(model, max_memory=budget)
+    # the BatchNorm layer is larger than GPU 0, and room for it must stay free: everything is offloaded
+    assert dm == {"": "cpu"}
+    assert "offload_buffers=True" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert infer_auto_device_map(model, max_memory=budget, offload_buffers=True) == dm
+    assert "offload_buffers=True" not in caplog.text
+
+
+def test_plan_repr_and_html() -> None:
+    model = meta_lm(n=4)
+    plan = plan_device_map(model, max_memory={0: 3000, 1: 3000, "cpu": 10**9})
+    assert isinstance(plan, DeviceMapPlan)
+    text = repr(plan)
+    assert "DeviceMapPlan" in text and "cpu" in text
+    page = plan._repr_html_()
+    assert page.startswith("<div>") and "<table>" in page
+    assert sum(plan.device_bytes.values()) == plan.total_size
+
+
+def test_get_max_memory_defaults_without_cuda() -> None:
+    budget = get_max_memory()
+    assert "cpu" in budget and budget["cpu"] > 0
+    if not torch.cuda.is_available():
+        assert not any(isinstance(k, int) for k in budget)
+    assert get_max_memory({"cpu": "1GB", 1: 5, 0: "1KiB", "disk": 3}) == {
+        0: 1024,
+        1: 5,
+        "cpu": 10**9,
+        "disk": 3,
+    }
+    assert list(get_max_memory({"cpu": 1, 0: 2})) == [0, "cpu"]
+    with pytest.raises(TypeError, match="max_memory must be a dict"):
+        get_max_memory([1, 2])  # type: ignore[arg-type]
+
+
+def test_get_balanced_memory() -> None:
+    model = meta_lm(n=8, tie=False)
+    total = compute_module_sizes(model)[""]
+    budget = get_balanced_memory(model, {0: total, 1: total, 2: total, "cpu": 10 * total}, ["Block"])
+    assert budget[2] == total and budget["cpu"] == 10 * total
+    assert total // 3 < budget[0] == budget[1] < total
+    low = get_balanced_memory(model, {0: total, 1: total, 2: total}, ["Block"], low_zero=True)
+    assert low[0] < budget[0]
+    assert get_balanced_memory(model, {"cpu": 100}) == {"cpu": 100}
+
+
+def test_check_device_map_errors() -> None:
+    model = meta_lm()
+    with pytest.raises(ValueError, match=r"names 'blocks\.0\.fc3'.*Closest names: 'blocks\.0\.fc[12]'"):
+        check_device_map(model, {"": 0, "blocks.0.fc3": 1})
+    with pytest.raises(ValueError, match=r"does not give any device.*blocks\.1\.fc1\.weight.*positions"):
+        check_device_map(model, {"embed": 0, "blocks.0": 0, "head": 0})
+    with pytest.raises(TypeError, match="must be a dict"):
+        check_device_map(model, "auto")  # type: ignore[arg-type]
+    check_device_map(model, {"": "cpu"})
+
+
+def test_clean_device_map_merges_only_uniform_prefixes() -> None:
+    dm = {"a.x": 0, "a.y": 0, "b.x": 0, "b.y": 1, "c": 1}
+    assert clean_device_map(dm) == {"a": 0, "b.x": 0, "b.y": 1, "c": 1}
+    assert clean_device_map({"a.x": 0, "b": 0}) == {"": 0}
+    assert clean_device_map({"a.x": 0}) == {"a.x": 0}
+
+
+def test_resolve_device_map_strategies() -> None:
+    model = meta_lm(n=8, tie=False)
+    total = compute_module_sizes(model)[""]
+    budget = {0: total, 1: total, "cpu": 10 * total}
+    seq = resolve_device_map(model, "sequential", max_memory=budget, no_split_module_classes=["Block"])
+    assert seq == {"": 0}
+    balanced = resolve_device_map(model, "balanced", max_memory=budget, no_split_module_classes=["Block"])
+    assert set(balanced.values()) == {0, 1}
+    low0 = resolve_device_map(model, "balanced_low_0", max_memory=budget, no_split_module_classes=["Block"])
+    assert 1 in low0.values()
+    assert resolve_device_map(model, "cpu") == {"": "cpu"}
+    assert resolve_device_map(model, torch.device("cuda", 1)) == {"": 1}
+    assert resolve_device_map(model, None) is None
+    with pytest.raises(ValueError, match="not understood.*'auto', 'balanced'"):
+        resolve_device_map(model, "fastest")
+    with pytest.raises(ValueError, match="Closest names"):
+        resolve_device_map(model, {"embedd": 0})
+
+
+def test_nested_module_lists_on_meta_are_fully_covered() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(
+            *[nn.ModuleList([nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8)) for _ in range(3)])] * 1
+        )
+    sizes = compute_module_sizes(model)
+    dm = infer_auto_device_map(model, max_memory={0: sizes[""] // 3, 1: sizes[""] // 3, "cpu": 10**6})
+    covered(model, dm)
+    assert len(set(dm.values())) >= 2
+
+
+def test_linear_in_module_count_smoke() -> None:
+    # Not a timing assertion: a 5,000-leaf model must plan without quadratic blow-ups (finishes at once).
+    with torch.device("meta"):
+        model = nn.Sequential(*[nn.Sequential(*[nn.Linear(4, 4) for _ in range(50)]) for _ in range(100)])
+    total = compute_module_sizes(model)[""]
+    dm = infer_auto_device_map(model, max_memory={i: total // 4 + 1000 for i in range(4)} | {"cpu": total})
+    covered(model, dm)
+    assert set(dm.values()) <= {0, 1, 2, 3, "cpu"}
