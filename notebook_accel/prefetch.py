@@ -25,6 +25,7 @@ What a background load does depends on the hook:
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import weakref
@@ -55,6 +56,7 @@ class Prefetcher:
         self._executor: ThreadPoolExecutor | None = None
         self._streams: dict[torch.device, Any] = {}
         self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
         self.closed = False
         self.hits = 0
         self.misses = 0
@@ -82,6 +84,11 @@ class Prefetcher:
             self._last = None
         if not self._hooks:
             self.close()
+
+    @property
+    def alive_threads(self) -> list[threading.Thread]:
+        """Return this prefetcher's worker threads that are still running (none once closed)."""
+        return [t for t in self._threads if t.is_alive()]
 
     @property
     def hooks(self) -> list[Any]:
@@ -160,7 +167,13 @@ class Prefetcher:
     def _submit(self, hook: Any) -> Future:
         with self._lock:
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_NAME_PREFIX)
+                # The initializer holds the thread list, not ``self``: an idle worker must not keep
+                # the prefetcher alive (its finalizer shuts the worker down).
+                self._executor = ThreadPoolExecutor(
+                    max_workers=1,
+                    thread_name_prefix=THREAD_NAME_PREFIX,
+                    initializer=functools.partial(_record_thread, self._threads),
+                )
                 weakref.finalize(self, self._executor.shutdown, wait=False, cancel_futures=True)
             executor = self._executor
         return executor.submit(self._work, hook)
@@ -184,6 +197,10 @@ class Prefetcher:
                 event.record(stream)
             return values, event
         return hook._fetch(), None
+
+
+def _record_thread(threads: list[threading.Thread]) -> None:
+    threads.append(threading.current_thread())
 
 
 def enable_prefetch(model: nn.Module, depth: int = 1) -> Prefetcher | None:

@@ -423,13 +423,14 @@ def align_module_device(module: nn.Module, execution_device: Any = None) -> Iter
             hook._offload(module)
             hook.execution_device = original
     elif execution_device is not None:
-        devices = {name: p.device for name, p in module.named_parameters(recurse=False)}
+        # Keep the original parameters: putting them back is exact (and works from the meta device).
+        originals = dict(module._parameters)
         try:
-            for name in devices:
-                _set_tensor(module, name, module._parameters[name].data.to(execution_device))
+            for name, param in originals.items():
+                if param is not None:
+                    _set_tensor(module, name, param.data.to(execution_device))
             yield
         finally:
-            for name, device in devices.items():
-                _set_tensor(module, name, module._parameters[name].data.to(device))
+            module._parameters.update(originals)
     else:
         yield
