@@ -1,0 +1,111 @@
+"""LaunchPanel on real non-blocking launches of 2 CPU workers: status, output tabs, filter, error, Stop."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from notebook_accel.widgets import LaunchPanel
+
+from notebook_accel import notebook_launcher
+
+
+def _talk(steps: int, fail_rank: int | None) -> int:
+    import os
+
+    # The rank from the torchrun environment: no process group needed for what the panel shows.
+    rank = int(os.environ["RANK"])
+    for i in range(steps):
+        print(f"step {i} loss {1.0 / (i + 1):.3f}", flush=True)
+    if rank == fail_rank:
+        raise ValueError(f"bad batch on rank {fail_rank}")
+    return rank
+
+
+def _forever() -> None:
+    import time as _time
+
+    print("started", flush=True)
+    while True:
+        _time.sleep(0.05)
+
+
+def _wait_for(cond, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+def test_successful_launch():
+    handle = notebook_launcher(_talk, (3, None), num_processes=2, block=False, sinks=[])
+    panel = LaunchPanel(handle, interval=0.05)
+    view = panel.widget
+    assert handle.result(timeout=30) == [0, 1]
+    _wait_for(lambda: panel.state == "succeeded" and panel._w_state.description == "succeeded")
+    assert panel._w_state.button_style == "success" and panel._w_stop.disabled
+    assert panel.lines(0) == ["step 0 loss 1.000", "step 1 loss 0.500", "step 2 loss 0.333"]
+    assert sorted(panel.merged_lines()) == sorted(f"[rank {r}] {t}" for r in (0, 1) for t in panel.lines(r))
+    rows = panel.rows()
+    assert [r["rank"] for r in rows] == [0, 1] and all(r["state"] == "succeeded" for r in rows)
+    assert rows[0]["pid"] == handle.pids[0] and rows[0]["last_line"] == "step 2 loss 0.333"
+    assert panel._w_tabs.titles == ("all ranks", "rank 0", "rank 1")
+    assert "step 2 loss 0.333" in panel._w_rank_out[1].value
+    panel._w_filter.value = "0.333"
+    assert sorted(panel.merged_lines()) == ["[rank 0] step 2 loss 0.333", "[rank 1] step 2 loss 0.333"]
+    assert "step 1" not in panel._w_merged.value
+    assert panel._w_error.value == "" and panel.error_text() == ""
+    assert "succeeded" in repr(panel) and "<table>" in panel._repr_html_()
+    assert view is panel.widget
+    panel.close()
+
+
+def test_failed_launch_shows_the_root_cause():
+    handle = notebook_launcher(_talk, (2, 1), num_processes=2, block=False, sinks=[])
+    panel = LaunchPanel(handle, interval=0.05)
+    assert panel.widget is not None
+    handle.wait(30)
+    _wait_for(lambda: panel._w_state.description == "failed")
+    assert panel.state == "failed" and panel._w_state.button_style == "danger"
+    text = panel.error_text()
+    assert (
+        text.startswith("rank 1 (pid") and "ValueError: bad batch on rank 1" in text and "Traceback" in text
+    )
+    assert "Launch failed" in panel._w_error.value and "bad batch on rank 1" in panel._w_error.value
+    assert "bad batch" in panel._repr_html_()
+    panel.close()
+
+
+def test_stop_button_stops_every_worker():
+    handle = notebook_launcher(_forever, num_processes=2, block=False, sinks=[])
+    panel = LaunchPanel(handle, interval=0.05)
+    assert panel.widget is not None
+    _wait_for(lambda: len(panel.merged_lines()) == 2)
+    running = panel.rows()
+    assert all(r["state"] == "running" for r in running)
+    _wait_for(lambda: all(r["rss"] for r in panel.rows()))
+    assert all(r["cpu_percent"] is not None for r in panel.rows())
+    assert panel._w_state.description == "running" and not panel._w_stop.disabled
+    panel._w_stop.click()
+    assert handle.wait(20)
+    _wait_for(lambda: panel._w_state.description == "stopped")
+    assert panel.state == "stopped" and panel._w_stop.disabled
+    panel.stop()  # idempotent
+    panel.close()
+
+
+def test_notebook_launcher_panel_true(capsys):
+    handle = notebook_launcher(_talk, (1, None), num_processes=2, block=False, panel=True, sinks=[])
+    assert handle.result(timeout=30) == [0, 1]
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(TypeError, match="LaunchPanel needs a LaunchHandle.*has no 'status'"):
+        LaunchPanel(object())
+    handle = notebook_launcher(_talk, (1, None), num_processes=2, block=False, sinks=[])
+    panel = LaunchPanel(handle)
+    handle.wait(30)
+    with pytest.raises(ValueError, match=r"Unknown rank 5: this launch has ranks \[0, 1\]"):
+        panel.lines(5)
+    panel.close()

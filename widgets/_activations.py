@@ -1,0 +1,180 @@
+"""Activation memory of one forward (and backward) pass, measured without allocating real memory.
+
+The model runs once on fake tensors (``torch._subclasses.FakeTensorMode``: shapes, dtypes and
+devices propagate through the real operators' meta kernels, no data is allocated) with its
+parameters swapped for fake ones through ``torch.func.functional_call``. A ``TorchDispatchMode``
+sees every operator's outputs below autograd, so it also sees what autograd saves for backward and
+the gradients it creates. It counts each new storage once (views share their base's storage) and
+forgets it when the storage object is freed: the peak of those live bytes is what the pass would
+allocate on top of the weights.
+
+Limitation: a fused kernel's private workspace (e.g. the inference fast path of
+``nn.TransformerEncoderLayer`` in eval mode, which is one operator) is invisible at operator level;
+only its inputs and outputs are counted.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
+
+__all__ = ["ActivationTrace", "trace_activations", "normalize_sample_input"]
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Count the bytes of live tensor storages created by the operators run under this mode."""
+
+    def __init__(self, ignore: Sequence[torch.Tensor] = ()) -> None:
+        super().__init__()
+        self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.live = 0
+        self.peak = 0
+        for tensor in ignore:  # the weights: present before and after, not part of the pass
+            self._seen[tensor.untyped_storage()] = 0
+
+    def _release(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def track(self, tensor: torch.Tensor) -> None:
+        """Count ``tensor``'s storage as live (once) until it is freed."""
+        storage = tensor.untyped_storage()
+        if storage in self._seen:
+            return
+        nbytes = storage.nbytes()
+        self._seen[storage] = nbytes
+        # Storages keep one Python object while the C++ storage lives (PyObject preservation), so
+        # the finalizer runs when the memory would really be released, e.g. when autograd drops a
+        # saved tensor during backward.
+        weakref.finalize(storage, self._release, nbytes)
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        for item in tree_flatten(out)[0]:
+            if isinstance(item, torch.Tensor):
+                self.track(item)
+        return out
+
+
+@dataclass(frozen=True)
+class ActivationTrace:
+    """Bytes a pass allocates on top of the weights (inputs included)."""
+
+    inference_peak: int
+    """Peak live bytes of one forward under ``torch.no_grad()``."""
+    training_peak: int
+    """Peak live bytes of one forward plus backward (saved activations and the gradients)."""
+    gradients: int
+    """Bytes of the parameter gradients the backward created."""
+    inputs: int
+    """Bytes of the inputs themselves."""
+
+
+def normalize_sample_input(sample_input: Any) -> tuple[tuple, dict]:
+    """Return ``(args, kwargs)`` of :class:`torch.Size`-like specs ``(shape, dtype or None)``.
+
+    Accepts a tensor, a shape (tuple of ints), a dict of those (keyword arguments) or a list/tuple
+    of those (positional arguments). Only shapes and dtypes are kept; dimension 0 is the batch.
+    """
+
+    def spec(item: Any, where: str) -> tuple[tuple[int, ...], torch.dtype | None]:
+        if isinstance(item, torch.Tensor):
+            if item.dim() == 0:
+                raise ValueError(f"sample_input {where} is a 0-d tensor; it needs a batch dimension first")
+            return tuple(item.shape), item.dtype
+        if isinstance(item, (tuple, list, torch.Size)) and item and all(isinstance(d, int) for d in item):
+            if any(d <= 0 for d in item):
+                raise ValueError(f"sample_input {where} has a non-positive dimension: {tuple(item)}")
+            return tuple(item), None
+        raise TypeError(
+            f"sample_input {where} must be a tensor or a shape (tuple of ints), got {type(item).__name__}: {item!r}"
+        )
+
+    if isinstance(sample_input, Mapping):
+        return (), {str(k): spec(v, f"[{k!r}]") for k, v in sample_input.items()}
+    if (
+        isinstance(sample_input, (tuple, list))
+        and sample_input
+        and not all(isinstance(d, int) for d in sample_input)
+    ):
+        return tuple(spec(v, f"[{i}]") for i, v in enumerate(sample_input)), {}
+    return (spec(sample_input, "(the only input)"),), {}
+
+
+def _is_spec(obj: Any) -> bool:
+    return isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], tuple)
+
+
+def trace_activations(
+    model: torch.nn.Module,
+    sample_input: Any,
+    batch_size: int | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+) -> ActivationTrace:
+    """Return an :class:`ActivationTrace` of ``model`` on ``sample_input`` (see :func:`normalize_sample_input`).
+
+    Floating-point weights and inputs are traced in ``compute_dtype``; ``batch_size`` replaces
+    dimension 0 of every input. The model may live on any device, the meta device included; no
+    real memory is allocated and the model itself is not modified.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.func import functional_call
+
+    args_spec, kwargs_spec = normalize_sample_input(sample_input)
+
+    def make(shape_dtype: tuple[tuple[int, ...], torch.dtype | None]) -> torch.Tensor:
+        shape, dtype = shape_dtype
+        if batch_size is not None:
+            shape = (int(batch_size),) + tuple(shape[1:])
+        if dtype is None or dtype.is_floating_point:
+            dtype = compute_dtype
+        # zeros, not empty: integer inputs (token ids) must be valid indices for embeddings.
+        return torch.zeros(shape, dtype=dtype, device="cpu")
+
+    def fake_like(tensor: torch.Tensor, grad: bool) -> torch.Tensor:
+        dtype = compute_dtype if tensor.is_floating_point() else tensor.dtype
+        fake = torch.empty(tensor.shape, dtype=dtype, device="cpu")
+        return fake.requires_grad_(grad and fake.is_floating_point())
+
+    def run(training: bool) -> tuple[int, int, int]:
+        model.train(training)  # dropout/batch-norm behave as in a real inference or training step
+        mode = FakeTensorMode()
+        with mode:
+            params = {
+                n: fake_like(p, p.requires_grad) for n, p in model.named_parameters(remove_duplicate=False)
+            }
+            buffers = {n: fake_like(b, False) for n, b in model.named_buffers(remove_duplicate=False)}
+            args = tree_map(make, args_spec, is_leaf=_is_spec)
+            kwargs = tree_map(make, kwargs_spec, is_leaf=_is_spec)
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        counter = _LiveBytes(ignore=list(params.values()) + list(buffers.values()))
+        for tensor in inputs:
+            counter.track(tensor)
+        input_bytes = counter.live
+        with mode, counter, torch.set_grad_enabled(training):
+            out = functional_call(model, {**params, **buffers}, args, kwargs, tie_weights=True, strict=False)
+            if training:
+                outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+                if outs:
+                    loss = sum(t.float().sum() for t in outs)
+                    del out, outs
+                    loss.backward()
+                    del loss
+        grads = sum(p.grad.untyped_storage().nbytes() for p in params.values() if p.grad is not None)
+        return counter.peak, grads, input_bytes
+
+    was_training = model.training
+    try:
+        inference_peak, _, input_bytes = run(training=False)
+        training_peak, grads, _ = run(training=True)
+    finally:
+        model.train(was_training)
+    return ActivationTrace(inference_peak, training_peak, grads, input_bytes)

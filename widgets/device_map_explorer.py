@@ -1,0 +1,461 @@
+"""DeviceMapExplorer: try device budgets, dtypes, no-split classes and strategies; see the device map live."""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ._base import _badge, _fmt_bytes, _Panel, _size_literal, _table, _text_table
+from ._machine import MachineInfo, machine_info
+from ._modules import suggest_no_split_classes
+
+__all__ = ["DeviceMapExplorer"]
+
+STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+DTYPES = (None, "float32", "float16", "bfloat16", "int8")
+_GIB = 1024**3
+_DEVICE_STYLES = ("success", "info", "warning", "danger")
+
+
+def _device_order(device: Any) -> tuple[int, str]:
+    if isinstance(device, int):
+        return (0, f"{device:06d}")
+    if device == "cpu":
+        return (2, "")
+    if device == "disk":
+        return (3, "")
+    return (1, str(device))
+
+
+class DeviceMapExplorer(_Panel):
+    """Device map of a model for adjustable budgets, dtype, no-split classes and strategy.
+
+    Example::
+
+        from notebook_accel import init_empty_weights
+        from notebook_accel.widgets import DeviceMapExplorer
+        with init_empty_weights():
+            model = MyModel(config)
+        ex = DeviceMapExplorer(model, max_memory={0: "10GiB", "cpu": "30GiB"})
+        ex.display()                   # sliders per device, bars, module tree with device badges
+        ex.set_budget(0, 6.0)          # GiB; the map is recomputed at once
+        print(ex.to_code())            # device_map = {...} and max_memory = {...} to paste
+
+    Every change recomputes ``device_map`` with the core's ``infer_auto_device_map`` ("auto" and
+    "balanced" first balance the GPUs with ``get_balanced_memory``, "balanced_low_0" keeps GPU 0
+    light, "sequential" fills devices in order).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        max_memory: Mapping[int | str, int | str] | None = None,
+        dtype: str | torch.dtype | None = None,
+        no_split_module_classes: list[str] | None = None,
+        strategy: str = "auto",
+        machine: MachineInfo | None = None,
+        tree_depth: int = 3,
+    ) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"DeviceMapExplorer needs a torch.nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.machine = machine if machine is not None else machine_info()
+        self.suggested_no_split = suggest_no_split_classes(model)
+        self.class_names = sorted(
+            {type(m).__name__ for m in model.modules() if next(m.children(), None) is not None}
+        )
+        self._no_split = self._check_no_split(
+            self.suggested_no_split if no_split_module_classes is None else no_split_module_classes
+        )
+        self._dtype = self._check_dtype(dtype)
+        self._strategy = self._check_strategy(strategy)
+        self.max_memory: dict[int | str, int] = self._check_max_memory(
+            max_memory if max_memory is not None else self._machine_budgets()
+        )
+        self.tree_depth = tree_depth
+        self._sizes_cache: dict[Any, dict[str, int]] = {}
+        self.tied_parameters: list[list[str]] = []
+        self.device_map: dict[str, int | str] = {}
+        self.effective_max_memory: dict[int | str, int] = {}
+        self.last_compute_seconds = 0.0
+        self.plan: Any = None
+        from notebook_accel.utils.tied_params import find_tied_parameters
+
+        self.tied_parameters = [sorted(group) for group in find_tied_parameters(model)]
+        self.recompute()
+
+    # -- validation -------------------------------------------------------------------------
+    def _machine_budgets(self) -> dict[int | str, int]:
+        budgets: dict[int | str, int] = {}
+        for gpu in self.machine.gpus:
+            if gpu.free is not None:
+                budgets[gpu.index] = int(gpu.free * 0.9)
+        budgets["cpu"] = int(self.machine.ram_available * 0.9)
+        return budgets
+
+    @staticmethod
+    def _check_max_memory(max_memory: Mapping[int | str, int | str]) -> dict[int | str, int]:
+        from notebook_accel.utils.sizes import convert_file_size_to_int
+
+        if not isinstance(max_memory, Mapping) or not max_memory:
+            raise ValueError(
+                f"max_memory must be a non-empty dict like {{0: '10GiB', 'cpu': '30GiB'}}, got {max_memory!r}"
+            )
+        out: dict[int | str, int] = {}
+        for key, value in max_memory.items():
+            if key == "disk":
+                raise ValueError(
+                    "max_memory cannot budget 'disk': disk is the unlimited last resort of a device map"
+                )
+            if not (isinstance(key, int) or isinstance(key, str)):
+                raise ValueError(
+                    f"max_memory key {key!r} is not a device: use a GPU index (0, 1...) or 'cpu'"
+                )
+            out[key] = convert_file_size_to_int(value) if isinstance(value, str) else int(value)
+            if out[key] < 0:
+                raise ValueError(f"max_memory[{key!r}] is negative ({value!r})")
+        return dict(sorted(out.items(), key=lambda kv: _device_order(kv[0])))
+
+    def _check_strategy(self, strategy: str) -> str:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"Unknown strategy {strategy!r}: choose one of {list(STRATEGIES)}")
+        return strategy
+
+    @staticmethod
+    def _check_dtype(dtype: str | torch.dtype | None) -> str | None:
+        if dtype is None:
+            return None
+        text = str(dtype).replace("torch.", "")
+        if text not in DTYPES:
+            raise ValueError(f"Unsupported dtype {dtype!r} for a device map: choose one of {list(DTYPES)}")
+        return text
+
+    def _check_no_split(self, classes: list[str]) -> list[str]:
+        if isinstance(classes, str):
+            raise TypeError(
+                f"no_split_module_classes must be a list of class names, got the string {classes!r}"
+            )
+        classes = list(classes)
+        known = {type(m).__name__ for m in self.model.modules()}
+        unknown = [c for c in classes if c not in known]
+        if unknown:
+            import difflib
+
+            hints = {c: difflib.get_close_matches(c, sorted(known), n=3) for c in unknown}
+            raise ValueError(
+                f"no_split_module_classes {unknown} are not classes of this model (closest: {hints})"
+            )
+        return classes
+
+    # -- controls (each change recomputes) ----------------------------------------------------
+    @property
+    def strategy(self) -> str:
+        """Return the strategy: "auto", "balanced", "balanced_low_0" or "sequential"."""
+        return self._strategy
+
+    @strategy.setter
+    def strategy(self, value: str) -> None:
+        self._strategy = self._check_strategy(value)
+        self._changed()
+
+    @property
+    def dtype(self) -> str | None:
+        """Return the dtype weights are sized in (None: as stored)."""
+        return self._dtype
+
+    @dtype.setter
+    def dtype(self, value: str | torch.dtype | None) -> None:
+        self._dtype = self._check_dtype(value)
+        self._changed()
+
+    @property
+    def no_split_module_classes(self) -> list[str]:
+        """Return the class names never split across devices."""
+        return list(self._no_split)
+
+    @no_split_module_classes.setter
+    def no_split_module_classes(self, value: list[str]) -> None:
+        self._no_split = self._check_no_split(value)
+        self._changed()
+
+    def set_budget(self, device: int | str, gib: float) -> None:
+        """Set ``device``'s budget to ``gib`` GiB and recompute the map."""
+        if device not in self.max_memory:
+            raise ValueError(f"Unknown device {device!r}: this explorer budgets {list(self.max_memory)}")
+        if gib < 0:
+            raise ValueError(f"Budget for {device!r} must be >= 0 GiB, got {gib}")
+        self.max_memory[device] = int(gib * _GIB)
+        self._changed()
+
+    def _changed(self) -> None:
+        self.recompute()
+        self.refresh()
+
+    # -- computation ------------------------------------------------------------------------
+    def sizes(self) -> dict[str, int]:
+        """Return the module sizes (bytes, ``""`` = whole model) for the current dtype (cached)."""
+        if self._dtype not in self._sizes_cache:
+            from notebook_accel.utils.sizes import compute_module_sizes
+
+            self._sizes_cache[self._dtype] = dict(compute_module_sizes(self.model, dtype=self._dtype))
+        return self._sizes_cache[self._dtype]
+
+    def recompute(self) -> None:
+        """Recompute ``plan`` / ``device_map`` (and ``effective_max_memory``) for the current controls."""
+        from notebook_accel.utils.device_map import plan_device_map
+        from notebook_accel.utils.device_memory import get_balanced_memory
+
+        start = time.perf_counter()
+        max_memory: dict[int | str, int] = dict(self.max_memory)
+        if self._strategy != "sequential":
+            max_memory = get_balanced_memory(
+                self.model,
+                max_memory=max_memory,
+                no_split_module_classes=self._no_split,
+                dtype=self._dtype,
+                low_zero=self._strategy == "balanced_low_0",
+            )
+        self.effective_max_memory = dict(max_memory)
+        self.plan = plan_device_map(
+            self.model, max_memory=max_memory, no_split_module_classes=self._no_split, dtype=self._dtype
+        )
+        self.device_map = dict(self.plan.device_map)
+        self.last_compute_seconds = time.perf_counter() - start
+
+    def device_of(self, name: str) -> int | str | None:
+        """Return the device ``name`` (module or tensor) is mapped to, or None when unmapped."""
+        probe = name
+        while True:
+            if probe in self.device_map:
+                return self.device_map[probe]
+            if not probe:
+                return None
+            probe = probe.rpartition(".")[0]
+
+    def devices(self) -> list[int | str]:
+        """Return every budgeted or used device, GPUs first, then cpu, then disk."""
+        devs = set(self.max_memory) | set(self.device_map.values())
+        return sorted(devs, key=_device_order)
+
+    def largest_layer(self) -> tuple[int, str]:
+        """Return ``(bytes, name)`` of the largest layer for the current dtype and no-split classes."""
+        return self.plan.largest_layer
+
+    def usage(self) -> dict[int | str, dict[str, int]]:
+        """Return per device ``{"weights", "reserved", "free", "budget"}`` in bytes.
+
+        ``reserved`` is the room kept on a main device for the largest offloaded layer (the hooks
+        bring an offloaded layer there to run it); ``free`` is what remains of the budget. The
+        disk has no budget (``budget`` 0, ``free`` 0).
+        """
+        out = {}
+        for device in self.devices():
+            weights = self.plan.device_bytes.get(device, 0)
+            reserved = self.plan.reserved.get(device, 0)
+            budget = self.effective_max_memory.get(device)
+            free = max(0, budget - weights - reserved) if budget is not None else 0
+            out[device] = {"weights": weights, "reserved": reserved, "free": free, "budget": budget or 0}
+        return out
+
+    def unmapped(self) -> list[str]:
+        """Return the parameter/buffer names that no device_map entry covers."""
+        names = [n for n, _ in self.model.named_parameters()] + [n for n, _ in self.model.named_buffers()]
+        return [n for n in names if self.device_of(n) is None]
+
+    def tie_groups(self) -> list[dict[str, Any]]:
+        """Return the tied-parameter groups with the devices their members are mapped to."""
+        out = []
+        for group in self.tied_parameters:
+            devices = sorted({str(self.device_of(n)) for n in group})
+            out.append({"parameters": group, "devices": devices, "split": len(devices) > 1})
+        return out
+
+    def tree(self) -> list[dict[str, Any]]:
+        """Return the module tree to ``tree_depth``: name, class, depth, bytes, device(s) of each node."""
+        sizes = self.sizes()
+        keys_under: dict[str, set] = {}
+        for key, device in self.device_map.items():
+            parts = key.split(".") if key else []
+            for i in range(len(parts) + 1):
+                keys_under.setdefault(".".join(parts[:i]), set()).add(str(device))
+        rows = []
+        for name, module in self.model.named_modules():
+            depth = 0 if not name else name.count(".") + 1
+            if depth > self.tree_depth:
+                continue
+            own = self.device_of(name)
+            devices = sorted(keys_under.get(name, set()) | ({str(own)} if own is not None else set()))
+            rows.append(
+                {
+                    "name": name or "(model)",
+                    "class": type(module).__name__,
+                    "depth": depth,
+                    "bytes": sizes.get(name, 0),
+                    "devices": devices or ["unmapped"],
+                }
+            )
+        return rows
+
+    def to_code(self) -> str:
+        """Return Python source defining ``max_memory`` and ``device_map`` as computed now."""
+        mm = ", ".join(f"{k!r}: {_size_literal(v)!r}" for k, v in self.max_memory.items())
+        lines = ["max_memory = {" + mm + "}", "device_map = {"]
+        lines += [f"    {k!r}: {v!r}," for k, v in self.device_map.items()]
+        lines.append("}")
+        return "\n".join(lines)
+
+    # -- rendering ----------------------------------------------------------------------------
+    def _style_of(self, device: str) -> str:
+        if device == "disk":
+            return "danger"
+        if device == "cpu":
+            return "warning"
+        if device == "unmapped":
+            return ""
+        return "success" if device.isdigit() or device.startswith(("cuda", "xpu", "npu", "mps")) else "info"
+
+    def chart_png(self) -> bytes:
+        """Return a PNG with one stacked bar per device: weights, reserved room for the largest layer, free."""
+        from ._charts import stacked_bars_png
+
+        usage = self.usage()
+        labels = [str(d) for d in usage]
+        series = {k: [u[k] / _GIB for u in usage.values()] for k in ("weights", "reserved", "free")}
+        colours = {"weights": "#337ab7", "reserved": "#f0ad4e", "free": "#dddddd"}
+        return stacked_bars_png(labels, series, colours, f"Device map ({self._strategy})")
+
+    def _tree_html(self) -> str:
+        rows = []
+        for node in self.tree():
+            badges = " ".join(_badge(d, self._style_of(d)) for d in node["devices"])
+            indent = "&nbsp;" * 4 * node["depth"]
+            rows.append(
+                f"<div style='font-family:monospace;font-size:90%'>{indent}{html.escape(node['name'])} "
+                f"<span style='color:#888'>{html.escape(node['class'])} {_fmt_bytes(node['bytes'])}</span> {badges}</div>"
+            )
+        return "".join(rows)
+
+    def _extras_html(self) -> str:
+        parts = []
+        for tie in self.tie_groups():
+            style = "danger" if tie["split"] else "success"
+            parts.append(
+                f"tied: {html.escape(', '.join(tie['parameters']))} "
+                + " ".join(_badge(d, style) for d in tie["devices"])
+            )
+        missing = self.unmapped()
+        if missing:
+            parts.append(_badge("unmapped", "danger") + " " + html.escape(", ".join(missing[:20])))
+        return "<br>".join(parts) or "no tied parameters; every tensor is mapped"
+
+    def _usage_rows(self) -> list[list[str]]:
+        return [
+            [
+                str(d),
+                _fmt_bytes(u["budget"]),
+                _fmt_bytes(u["weights"]),
+                _fmt_bytes(u["reserved"]),
+                _fmt_bytes(u["free"]),
+            ]
+            for d, u in self.usage().items()
+        ]
+
+    _USAGE_HEADERS = ["device", "budget", "weights", "reserved (largest layer)", "free"]
+
+    def _html(self) -> str:
+        from ._charts import png_img_tag
+
+        return "<br>".join(
+            [
+                f"<b>DeviceMapExplorer</b> — {html.escape(type(self.model).__name__)}, strategy {self._strategy}, "
+                f"dtype {self._dtype or 'as stored'}, no split {html.escape(str(self._no_split))}",
+                _table(self._USAGE_HEADERS, self._usage_rows()),
+                png_img_tag(self.chart_png(), "device usage"),
+                self._extras_html(),
+                self._tree_html(),
+            ]
+        )
+
+    def _text(self) -> str:
+        return (
+            f"DeviceMapExplorer({type(self.model).__name__}, strategy={self._strategy!r}, dtype={self._dtype!r}, "
+            f"{len(self.device_map)} entries)\n" + _text_table(self._USAGE_HEADERS, self._usage_rows())
+        )
+
+    def _build_widget(self) -> Any:
+        from ._base import _import_ipywidgets
+
+        w = _import_ipywidgets()
+        self._w_sliders: dict[int | str, Any] = {}
+        self._w_texts: dict[int | str, Any] = {}
+        rows = []
+        top = max(2 * max(self.max_memory.values()), int(self.sizes()[""] * 1.2), _GIB) / _GIB
+        for device, budget in self.max_memory.items():
+            slider = w.FloatSlider(
+                value=budget / _GIB,
+                min=0.0,
+                max=round(top, 2),
+                step=0.01,
+                description=f"{device} (GiB)",
+                continuous_update=False,
+                readout=False,
+            )
+            text = w.FloatText(value=budget / _GIB, step=top / 1000, layout=w.Layout(width="7em"))
+            w.link((slider, "value"), (text, "value"))
+            slider.observe(self._on_budget(device), names="value")
+            self._w_sliders[device], self._w_texts[device] = slider, text
+            rows.append(w.HBox([slider, text]))
+        self._w_dtype = w.Dropdown(
+            options=[("as stored", None)] + [(d, d) for d in DTYPES if d],
+            value=self._dtype,
+            description="dtype",
+        )
+        self._w_dtype.observe(lambda c: setattr(self, "dtype", c["new"]), names="value")
+        self._w_strategy = w.ToggleButtons(
+            options=list(STRATEGIES), value=self._strategy, description="strategy"
+        )
+        self._w_strategy.observe(lambda c: setattr(self, "strategy", c["new"]), names="value")
+        self._w_no_split = w.TagsInput(
+            value=list(self._no_split), allowed_tags=self.class_names, allow_duplicates=False
+        )
+        self._w_no_split.observe(
+            lambda c: setattr(self, "no_split_module_classes", list(c["new"])), names="value"
+        )
+        self._w_chart = w.Image(format="png")
+        self._w_usage = w.HTML()
+        self._w_extras = w.HTML()
+        self._w_tree = w.HTML(layout=w.Layout(max_height="24em", overflow="auto"))
+        self._w_code = w.Textarea(layout=w.Layout(width="100%", height="10em"))
+        self._w_timing = w.Label()
+        return w.VBox(
+            rows
+            + [
+                self._w_dtype,
+                self._w_strategy,
+                w.HBox([w.Label("no split:"), self._w_no_split]),
+                w.HBox([self._w_chart, self._w_usage]),
+                self._w_extras,
+                self._w_tree,
+                self._w_code,
+                self._w_timing,
+            ]
+        )
+
+    def _on_budget(self, device: int | str):  # noqa: ANN202
+        def handler(change: dict) -> None:
+            if int(change["new"] * _GIB) != self.max_memory.get(device):
+                self.set_budget(device, max(0.0, float(change["new"])))
+
+        return handler
+
+    def _refresh_widget(self) -> None:
+        self._w_chart.value = self.chart_png()
+        self._w_usage.value = _table(self._USAGE_HEADERS, self._usage_rows())
+        self._w_extras.value = self._extras_html()
+        self._w_tree.value = self._tree_html()
+        self._w_code.value = self.to_code()
+        self._w_timing.value = f"map computed in {self.last_compute_seconds * 1000:.1f} ms"

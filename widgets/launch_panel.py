@@ -1,0 +1,269 @@
+"""LaunchPanel: live status, per-rank output, root-cause error and a Stop button for a launch."""
+
+from __future__ import annotations
+
+import collections
+import html
+import threading
+import time
+from typing import Any
+
+from ._base import _badge, _fmt_bytes, _Panel, _table, _text_table, _Throttle
+
+__all__ = ["LaunchPanel"]
+
+_STATE_STYLE = {
+    "starting": "info",
+    "running": "info",
+    "succeeded": "success",
+    "failed": "danger",
+    "stopped": "warning",
+}
+_SHOWN_LINES = 500  # lines rendered per tab: the browser redraws the whole text on each update
+
+
+class LaunchPanel(_Panel):
+    """Live panel of a launch: a status row per rank, a tab per rank's output, a merged filtered tab, errors, Stop.
+
+    Example::
+
+        from notebook_accel import notebook_launcher
+        from notebook_accel.widgets import LaunchPanel
+        handle = notebook_launcher(train, (config,), num_processes=2, block=False)
+        panel = LaunchPanel(handle)
+        panel.display()          # or notebook_launcher(..., panel=True)
+        panel.filter_text = "loss"
+        panel.merged_lines()     # ["[rank 0] loss 0.31", ...]
+        panel.stop()             # handle.stop(): SIGINT, then SIGTERM, then SIGKILL
+
+    ``handle`` is a ``LaunchHandle`` (``num_processes``, ``status()``, ``done``, ``error``,
+    ``subscribe()``, ``add_done_callback()``, ``stop()``). Lines arrive on the handle's background
+    thread; the view is updated at most ``1 / interval`` times a second from a timer thread.
+    """
+
+    def __init__(self, handle: Any, max_lines: int = 10_000, interval: float = 0.2) -> None:
+        for attr in ("status", "subscribe", "add_done_callback", "stop", "done", "error"):
+            if not hasattr(handle, attr):
+                raise TypeError(
+                    f"LaunchPanel needs a LaunchHandle (notebook_launcher(..., block=False)); "
+                    f"{type(handle).__name__} has no {attr!r}"
+                )
+        self.handle = handle
+        self.max_lines = max_lines
+        self._lock = threading.Lock()
+        self.ranks = [s.rank for s in handle.status()]
+        self.rank_lines: dict[int, collections.deque] = {
+            r: collections.deque(maxlen=max_lines) for r in self.ranks
+        }
+        self.all_lines: collections.deque = collections.deque(maxlen=max_lines)
+        self._filter = ""
+        self._procs: dict[int, Any] = {}
+        self.closed = False
+        self._throttle = _Throttle(self._update_view, interval, defer=True)
+        self._unsubscribe = handle.subscribe(self._on_line)
+        handle.add_done_callback(self._on_done)
+        # Elapsed time and CPU% change without new lines: tick once a second while running.
+        self._ticker = threading.Thread(target=self._tick, name="notebook_accel-launch-panel", daemon=True)
+        self._ticker.start()
+
+    # -- model ----------------------------------------------------------------------------------
+    def _on_line(self, line: Any) -> None:
+        with self._lock:
+            self.rank_lines.setdefault(line.rank, collections.deque(maxlen=self.max_lines)).append(line)
+            self.all_lines.append(line)
+        self._throttle()
+
+    def _on_done(self, _handle: Any) -> None:
+        self._throttle()
+
+    def _tick(self) -> None:
+        while not self.closed and not self.handle.done:
+            time.sleep(1.0)
+            self._throttle()
+
+    @property
+    def filter_text(self) -> str:
+        """Return the text the merged tab filters on (case-insensitive substring; "" shows all)."""
+        return self._filter
+
+    @filter_text.setter
+    def filter_text(self, value: str) -> None:
+        self._filter = str(value)
+        self.refresh()
+
+    @property
+    def state(self) -> str:
+        """Return the launch's overall state: "running", "succeeded", "failed" or "stopped"."""
+        if not self.handle.done:
+            return "running"
+        if self.handle.error is not None:
+            states = {s.state for s in self.handle.status()}
+            return "failed" if "failed" in states or "stopped" not in states else "stopped"
+        states = {s.state for s in self.handle.status()}
+        return "stopped" if "stopped" in states else "succeeded"
+
+    def _usage(self, pid: int | None, state: str) -> tuple[float | None, int | None]:
+        if pid is None or state not in ("starting", "running"):
+            return None, None
+        import psutil
+
+        try:
+            proc = self._procs.get(pid)
+            if proc is None:
+                proc = self._procs[pid] = psutil.Process(pid)
+                proc.cpu_percent(None)  # first call only primes the counter
+            return proc.cpu_percent(None), proc.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return None, None
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Return a status row per rank: rank, pid, state, elapsed (s), cpu_percent, rss (bytes), last_line."""
+        now = time.time()
+        out = []
+        for s in self.handle.status():
+            cpu, rss = self._usage(s.pid, s.state)
+            out.append(
+                {
+                    "rank": s.rank,
+                    "pid": s.pid,
+                    "state": s.state,
+                    "elapsed": (s.ended_at or now) - s.started_at,
+                    "cpu_percent": cpu,
+                    "rss": rss,
+                    "last_line": s.last_line,
+                }
+            )
+        return out
+
+    def lines(self, rank: int) -> list[str]:
+        """Return the output lines of ``rank`` received so far."""
+        if rank not in self.rank_lines:
+            raise ValueError(f"Unknown rank {rank}: this launch has ranks {self.ranks}")
+        with self._lock:
+            return [line.text for line in self.rank_lines[rank]]
+
+    def merged_lines(self) -> list[str]:
+        """Return every rank's lines in arrival order, prefixed ``[rank N]``, filtered by ``filter_text``."""
+        needle = self._filter.lower()
+        with self._lock:
+            lines = list(self.all_lines)
+        prefix = "[rank {}{}] "
+        return [
+            prefix.format(line.rank, "!" if line.stream == "stderr" else "") + line.text
+            for line in lines
+            if not needle or needle in line.text.lower()
+        ]
+
+    def error_text(self) -> str:
+        """Return the root cause (rank, pid, type, message and traceback) of a failed launch, else ""."""
+        error = self.handle.error
+        if error is None:
+            return ""
+        failures = getattr(error, "failures", None)
+        if not failures:
+            return str(error)
+        root = failures[0]
+        head = (
+            root.headline()
+            if hasattr(root, "headline")
+            else f"rank {root.rank}: {root.exc_type}: {root.message}"
+        )
+        others = f"\n(+{len(failures) - 1} other rank(s) failed after it)" if len(failures) > 1 else ""
+        return f"{head}\n{root.traceback}".rstrip() + others
+
+    def stop(self) -> None:
+        """Stop every worker of the launch (``handle.stop()``; safe to call twice)."""
+        self.handle.stop()
+        self._throttle()
+
+    def close(self) -> None:
+        """Stop receiving lines and updating the view (the launch itself keeps running)."""
+        self.closed = True
+        self._unsubscribe()
+        self._throttle.cancel()
+
+    # -- rendering ------------------------------------------------------------------------------
+    _HEADERS = ["rank", "pid", "state", "elapsed", "CPU %", "memory", "last line"]
+
+    def _row_cells(self, row: dict[str, Any]) -> list[str]:
+        return [
+            str(row["rank"]),
+            str(row["pid"]),
+            row["state"],
+            f"{row['elapsed']:.1f} s",
+            "-" if row["cpu_percent"] is None else f"{row['cpu_percent']:.0f}",
+            _fmt_bytes(row["rss"]),
+            row["last_line"][-120:],
+        ]
+
+    def _status_html(self) -> str:
+        rows = []
+        for row in self.rows():
+            cells = [html.escape(c) for c in self._row_cells(row)]
+            cells[2] = _badge(row["state"], _STATE_STYLE.get(row["state"], ""))
+            rows.append(cells)
+        return _table(self._HEADERS, rows, escape=False)
+
+    def _error_html(self) -> str:
+        text = self.error_text()
+        if not text:
+            return ""
+        return (
+            "<div style='background:#f2dede;border:1px solid #d9534f;padding:4px'><b>Launch failed</b>"
+            f"<pre style='margin:0;white-space:pre-wrap'>{html.escape(text)}</pre></div>"
+        )
+
+    @staticmethod
+    def _pre(lines: list[str]) -> str:
+        return f"<pre style='margin:0'>{html.escape(chr(10).join(lines[-_SHOWN_LINES:]))}</pre>"
+
+    def _html(self) -> str:
+        state = self.state
+        return (
+            f"<b>LaunchPanel</b> {self.handle.num_processes if hasattr(self.handle, 'num_processes') else len(self.ranks)}"
+            f" process(es) {_badge(state, _STATE_STYLE.get(state, ''))}<br>"
+            + self._status_html()
+            + self._error_html()
+            + self._pre(self.merged_lines())
+        )
+
+    def _text(self) -> str:
+        return f"LaunchPanel({self.state})\n" + _text_table(
+            self._HEADERS, [self._row_cells(r) for r in self.rows()]
+        )
+
+    def _build_widget(self) -> Any:
+        from ._base import _import_ipywidgets
+
+        w = _import_ipywidgets()
+        self._w_state = w.Button(disabled=True, layout=w.Layout(width="auto"))
+        self._w_stop = w.Button(description="Stop", button_style="danger", icon="stop")
+        self._w_stop.on_click(lambda _b: self.stop())
+        self._w_status = w.HTML()
+        self._w_error = w.HTML()
+        self._w_rank_out = {
+            r: w.HTML(layout=w.Layout(max_height="24em", overflow="auto")) for r in self.ranks
+        }
+        self._w_filter = w.Text(placeholder="filter lines", description="filter", continuous_update=True)
+        self._w_filter.observe(lambda c: setattr(self, "filter_text", c["new"]), names="value")
+        self._w_merged = w.HTML(layout=w.Layout(max_height="24em", overflow="auto"))
+        self._w_tabs = w.Tab(
+            children=[w.VBox([self._w_filter, self._w_merged])] + [self._w_rank_out[r] for r in self.ranks]
+        )
+        self._w_tabs.titles = ["all ranks"] + [f"rank {r}" for r in self.ranks]
+        return w.VBox([w.HBox([self._w_state, self._w_stop]), self._w_status, self._w_error, self._w_tabs])
+
+    def _refresh_widget(self) -> None:
+        state = self.state
+        self._w_state.description = state
+        self._w_state.button_style = _STATE_STYLE.get(state, "")
+        self._w_stop.disabled = self.handle.done
+        self._w_status.value = self._status_html()
+        self._w_error.value = self._error_html()
+        for rank, out in self._w_rank_out.items():
+            out.value = self._pre(self.lines(rank))
+        self._w_merged.value = self._pre(self.merged_lines())
+
+    def _update_view(self) -> None:
+        if not self.closed:
+            self.refresh()
