@@ -368,9 +368,12 @@ class AcceleratorState(_ProcessControl):
     def destroy_process_group(self, group: Any = None) -> None:
         """Destroy ``group`` (the default one when None); under a fork launcher the default group is left alone.
 
-        When the process was started by ``notebook_launcher`` (``ACCELERATE_FORK_LAUNCHED=1``), the
-        launcher owns the default group and tears it down after the worker function returns, so
-        ``destroy_process_group()`` with no group does nothing here.
+        When the process was started by ``notebook_launcher`` (``ACCELERATE_FORK_LAUNCHED=1``, or
+        Accelerate's ``FORK_LAUNCHED=1``), the launcher owns the default group: it lives as long as
+        the worker process, which ends with the launch. Tearing it down from inside the function
+        would break collectives the launcher (or code after the call) still runs, so
+        ``destroy_process_group()`` with no group does nothing there; an explicit ``group`` is
+        still destroyed. ``PartialState().destroy_process_group()`` always destroys.
         """
         if self.fork_launched and group is None:
             logger.debug("fork-launched process: leaving the default process group to the launcher")

@@ -249,3 +249,14 @@ def test_bad_arguments(call, error, match):
 
 def test_distributed_operation_exception_is_a_runtime_error():
     assert issubclass(DistributedOperationException, RuntimeError)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_send_to_device_cuda_round_trip():
+    data = {"x": torch.ones(4).pin_memory(), "y": [torch.arange(3)]}
+    on_gpu = send_to_device(data, "cuda:0", non_blocking=True)
+    assert on_gpu["x"].device == torch.device("cuda", 0) and on_gpu["y"][0].is_cuda
+    assert PartialState().device == torch.device("cuda", 0)
+    back = send_to_device(convert_to_fp32({"h": on_gpu["x"].half()}), "cpu")
+    assert back["h"].dtype == torch.float32 and back["h"].device.type == "cpu"

@@ -72,6 +72,10 @@ def _all_operations() -> dict:
         "b": [torch.full((2, 2), r)],
         "c": torch.tensor([1.0, 3.0]) * rank,
     }
+    out["reduce_bool"] = (
+        reduce(torch.tensor([True, rank == 1]), "sum").tolist(),
+        reduce([torch.tensor(rank == 1)])[0].item(),
+    )
     mean, summed = reduce(structure), reduce(structure, reduction="sum")
     out["reduce_nested"] = (
         mean["a"].tolist(),
@@ -133,6 +137,7 @@ def test_all_operations_in_two_processes():
         assert nested["strided"] == [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0], [1.0, 4.0], [2.0, 5.0], [3.0, 6.0]]
         assert res["gather_object"] == ([0, "r0", 1, "r1"], [{"rank": 0}, {"rank": 1}])
         assert res["reduce_one"] == ([1.5, 3.0], [3.0, 6.0], [1.0 * (rank + 1), 2.0 * (rank + 1)], True)
+        assert res["reduce_bool"] == ([2, 1], 0.5)
         assert res["reduce_nested"] == ([1.5], [[0.5, 0.5], [0.5, 0.5]], [0.5, 1.5], [3])
         assert res["broadcast"] == (
             [1.0] * 3,

@@ -74,12 +74,22 @@ class DistributedOperationException(RuntimeError):
 # process world
 
 
+_shared_state: dict[str, Any] | None = None
+
+
 def _world() -> dict[str, Any]:
     """Return PartialState's shared dict, building the state on first use (cheap on later calls)."""
-    from ..state import PartialState
+    global _shared_state
+    shared = _shared_state
+    if shared is None:
+        # The dict object lives as long as the class (reset clears it in place), so keep a reference
+        # instead of paying an import statement on every call.
+        from ..state import PartialState
 
-    shared = PartialState._shared_state
+        shared = _shared_state = PartialState._shared_state
     if not shared:
+        from ..state import PartialState
+
         PartialState()
     return shared
 
@@ -238,15 +248,15 @@ def gather(tensor: Any) -> Any:
     world = _world()
     if _is_single(world):
         return tensor
-    tensors = _leaves(tensor, "gather")
     if world["debug"]:
         _verify("gather", tensor, world)
+    if isinstance(tensor, torch.Tensor) and not _is_xla(world):
+        return _gather_one(tensor, world["num_processes"])
+    tensors = _leaves(tensor, "gather")
     if _is_xla(world):
         import torch_xla.core.xla_model as xm
 
         return _refill(tensor, [xm.all_gather(t.reshape(1) if t.ndim == 0 else t) for t in tensors])
-    if len(tensors) == 1:
-        return _refill(tensor, [_gather_one(tensors[0], world["num_processes"])])
     return _refill(tensor, _gather_many(tensors, world["num_processes"]))
 
 
@@ -303,9 +313,12 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
     _check_source(from_process, world)
     if _is_single(world):
         return tensor
-    tensors = _leaves(tensor, "broadcast")
     if world["debug"]:
         _verify("broadcast", tensor, world)
+    if isinstance(tensor, torch.Tensor) and not _is_xla(world):
+        _broadcast_into(tensor, from_process)
+        return tensor
+    tensors = _leaves(tensor, "broadcast")
     if _is_xla(world):
         import torch_xla.core.xla_model as xm
 
@@ -355,8 +368,8 @@ def broadcast_object_list(object_list: list, from_process: int = 0) -> list:
 def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """Return the tensors of ``tensor`` (nested lists/tuples/dicts) reduced over all processes.
 
-    ``reduction`` is "mean" (integer tensors give a float mean), "sum" or "none" (no reduction: the
-    input is returned). ``scale`` multiplies the result on XLA only, as documented by Accelerate. The
+    ``reduction`` is "mean" (integer and bool tensors give a float mean), "sum" (bool tensors give
+    int64 counts) or "none" (no reduction: the input is returned). ``scale`` multiplies the result on XLA only, as documented by Accelerate. The
     input is never modified; with one process it is returned as it is.
     """
     if reduction not in _REDUCTIONS:
@@ -364,10 +377,19 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     world = _world()
     if _is_single(world) or reduction == "none":
         return tensor
-    tensors = _leaves(tensor, "reduce")
     if world["debug"]:
         _verify("reduce", tensor, world)
     n = world["num_processes"]
+    if isinstance(tensor, torch.Tensor) and not _is_xla(world):
+        buffer = (
+            tensor.clone(memory_format=torch.contiguous_format)
+            if tensor.dtype != torch.bool
+            else tensor.long()
+        )
+        dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
+        return _mean(buffer, n) if reduction == "mean" else buffer
+    # Booleans are summed as counts (int64): the sum of True over processes, or its mean.
+    tensors = [t.long() if t.dtype == torch.bool else t for t in _leaves(tensor, "reduce")]
     if _is_xla(world):
         import torch_xla.core.xla_model as xm
 
@@ -380,7 +402,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
             buffer = tensors[idx[0]].clone(memory_format=torch.contiguous_format)
         else:
             buffer = torch.cat([tensors[i].reshape(-1) for i in idx])
-        dist.all_reduce(_wire(buffer), op=dist.ReduceOp.SUM)
+        dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
         if reduction == "mean":
             buffer = _mean(buffer, n)
         if len(idx) == 1:
