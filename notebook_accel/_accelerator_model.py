@@ -123,8 +123,13 @@ def wrap_fsdp(model: torch.nn.Module, state: Any, plugin: Any) -> torch.nn.Modul
     policy = getattr(plugin, "auto_wrap_policy", None)
     if callable(policy):
         kwargs["auto_wrap_policy"] = policy
-    if state.device.type != "cpu":
-        kwargs["device_id"] = state.device
+    kwargs["device_id"] = state.device
+    if state.device.type == "cpu" and kwargs.get("sync_module_states"):
+        # torch's FSDP syncs module states only from GPU memory; on CPU (gloo) broadcast them first.
+        with torch.no_grad():
+            for tensor in list(model.parameters()) + list(model.buffers()):
+                torch.distributed.broadcast(tensor.data, src=0)
+        kwargs["sync_module_states"] = False
     try:
         return FSDP(model, **kwargs)
     except (RuntimeError, ValueError, AssertionError) as exc:

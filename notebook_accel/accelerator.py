@@ -647,12 +647,11 @@ class Accelerator:
             if self.state.deepspeed_plugin.is_zero3:
                 return model._zero3_consolidated_16bit_state_dict()
         if self.distributed_type == DistributedType.FSDP:
-            from torch.distributed.fsdp import FullStateDictConfig, StateDictType
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-            config = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
-            with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):
-                return model.state_dict()
+            # Every process takes part in gathering the full (unsharded) weights.
+            options = StateDictOptions(full_state_dict=True, cpu_offload=self.device.type != "cpu")
+            return get_model_state_dict(model, options=options)
         if unwrap:
             model = self.unwrap_model(model)
         return model.state_dict()

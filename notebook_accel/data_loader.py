@@ -654,11 +654,12 @@ def prepare_data_loader(
     state = PartialState()
     num_processes = state.num_processes if num_processes is None else num_processes
     process_index = state.process_index if process_index is None else process_index
-    if dispatch_batches is None:
-        dispatch_batches = False
     device = device if put_on_device else None
     dataset = dataloader.dataset
     is_iterable = isinstance(dataset, IterableDataset)
+    if dispatch_batches is None:
+        # A stream is read once, on process 0, unless asked otherwise (Accelerate's default).
+        dispatch_batches = bool(put_on_device and is_iterable and num_processes > 1)
     kwargs = _loader_kwargs(dataloader)
     batch_size = dataloader.batch_size
     drop_last = dataloader.drop_last
