@@ -161,6 +161,15 @@ class _ProcessControl:
             return functools.partial(self.on_local_process, local_process_index=local_process_index)
         return self._run_where(function, lambda: self.local_process_index == local_process_index)
 
+    def __getattr__(self, name: str) -> Any:
+        # Only called when normal lookup fails: say why when the shared state was reset under us.
+        if not name.startswith("__") and not type(self)._shared_state:
+            raise AttributeError(
+                f"{type(self).__name__} has no attribute {name!r}: its shared state was reset; "
+                f"create {type(self).__name__}() again"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def print(self, *args: Any, **kwargs: Any) -> None:
         """Print like ``print()``, on the local main process only (returns None)."""
         if self.is_local_main_process:

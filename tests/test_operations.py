@@ -220,7 +220,9 @@ def test_single_process_fast_paths_return_input():
     assert broadcast(data) is data
     assert pad_across_processes(data, dim=1) is data
     objects = [1, {"a": 2}]
-    assert gather_object(objects) is objects and gather_object("x") == ["x"]
+    assert (
+        gather_object(objects) is objects and gather_object("x") == ["x"] and gather_object((1, 2)) == [1, 2]
+    )
     assert broadcast_object_list(objects) is objects
 
 

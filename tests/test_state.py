@@ -55,9 +55,13 @@ def test_instances_share_state_and_reset_forgets_it(monkeypatch):
     assert PartialState().debug is False  # the environment is read once
     PartialState._reset_state()
     assert not first.initialized
+    with pytest.raises(AttributeError, match=r"shared state was reset; create PartialState\(\) again"):
+        _ = first.process_index
     fresh = PartialState()
-    assert fresh.debug is True
+    assert fresh.debug is True and first.debug is True
     assert not hasattr(fresh, "custom_flag")
+    with pytest.raises(AttributeError, match="object has no attribute 'missing'"):
+        _ = fresh.missing
 
 
 @pytest.mark.parametrize("how", ["argument", "env"])

@@ -263,11 +263,11 @@ def gather(tensor: Any) -> Any:
 def gather_object(object: Any) -> list:
     """Return a list of the objects of every process: lists and tuples are concatenated, others appended.
 
-    With one process, a list or tuple is returned as it is and any other object as ``[object]``.
+    With one process, a list is returned as it is, a tuple as a list and any other object as ``[object]``.
     """
     world = _world()
     if _is_single(world):
-        return object if isinstance(object, (list, tuple)) else [object]
+        return object if isinstance(object, list) else list(object) if isinstance(object, tuple) else [object]
     if _is_xla(world):
         raise RuntimeError(
             "gather_object is not supported on XLA (TPU): gather tensors with gather() instead"
