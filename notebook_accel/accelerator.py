@@ -12,22 +12,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.hooks import RemovableHandle
 
 from . import _accelerator_model as _model
-from . import checkpointing as _ckpt
-from .data_loader import prepare_data_loader, skip_first_batches
+from ._accelerator_checkpoint import _CheckpointMixin
+from ._accelerator_tracking import _TrackingMixin
+from .data_loader import prepare_data_loader
 from .optimizer import AcceleratedOptimizer
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState
-from .tracking import GeneralTracker, filter_trackers, start_trackers
+from .tracking import GeneralTracker, filter_trackers
 from .utils.enums import DistributedType, PrecisionType
 
 __all__ = ["Accelerator"]
@@ -45,7 +43,7 @@ class _FromDataLoaderConfig:
 _split_batches = _FromDataLoaderConfig()
 
 
-class Accelerator:
+class Accelerator(_CheckpointMixin, _TrackingMixin):
     """Prepare a training loop for the current process world (single process, DDP, FSDP, mixed precision).
 
     Parameters follow Accelerate's: ``device_placement`` (move models and batches to the device),
@@ -655,205 +653,6 @@ class Accelerator:
         if unwrap:
             model = self.unwrap_model(model)
         return model.state_dict()
-
-    # ------------------------------------------------------------------ saving
-    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
-        """Save ``obj`` to ``f`` once per machine (see ``utils.save``)."""
-        from .utils.other import save
-
-        save(
-            obj,
-            f,
-            save_on_each_node=self.project_configuration.save_on_each_node,
-            safe_serialization=safe_serialization,
-        )
-
-    def _is_writer(self) -> bool:
-        return (
-            self.is_local_main_process
-            if self.project_configuration.save_on_each_node
-            else self.is_main_process
-        )
-
-    def save_model(
-        self,
-        model: torch.nn.Module,
-        save_directory: str | os.PathLike,
-        max_shard_size: int | str = "10GB",
-        safe_serialization: bool = True,
-    ) -> None:
-        """Write ``model``'s weights to ``save_directory`` (safetensors, sharded with an index past ``max_shard_size``)."""
-        save_directory = Path(save_directory)
-        if save_directory.is_file():
-            raise ValueError(f"save_model needs a directory, but {str(save_directory)!r} is a file")
-        state_dict = self.get_state_dict(model)
-        if self._is_writer():
-            save_directory.mkdir(parents=True, exist_ok=True)
-            _ckpt.save_sharded_weights(state_dict, save_directory, max_shard_size, safe_serialization)
-
-    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
-        """Call ``hook(models, weights, output_dir)`` before ``save_state`` writes; return a removable handle."""
-        handle = RemovableHandle(self._save_model_state_pre_hook)
-        self._save_model_state_pre_hook[handle.id] = hook
-        return handle
-
-    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
-        """Call ``hook(models, input_dir)`` before ``load_state`` reads; return a removable handle."""
-        handle = RemovableHandle(self._load_model_state_pre_hook)
-        self._load_model_state_pre_hook[handle.id] = hook
-        return handle
-
-    def register_for_checkpointing(self, *objects: Any) -> None:
-        """Include ``objects`` (each with ``state_dict``/``load_state_dict``) in ``save_state``/``load_state``."""
-        invalid = [
-            f"item {i} ({type(obj).__name__})"
-            for i, obj in enumerate(objects)
-            if not (
-                callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
-            )
-        ]
-        if invalid:
-            raise ValueError(
-                "register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
-                f"these have not: {', '.join(invalid)}"
-            )
-        self._custom_objects.extend(objects)
-
-    def save_state(
-        self,
-        output_dir: str | os.PathLike | None = None,
-        safe_serialization: bool = True,
-        **save_model_func_kwargs: Any,
-    ) -> str:
-        """Save models, optimizers, schedulers, samplers, scaler, RNG states and registered objects; return the folder.
-
-        With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the folder is
-        ``project_dir/checkpoints/checkpoint_{iteration}`` and ``total_limit`` prunes the oldest.
-        The folder appears only once complete (written under a temporary name, then renamed).
-        Pre-hooks receive the temporary folder as ``output_dir``.
-        """
-        config = self.project_configuration
-        if config.automatic_checkpoint_naming:
-            if config.project_dir is None:
-                raise ValueError(
-                    "automatic_checkpoint_naming needs a project_dir: ProjectConfiguration(project_dir=...)"
-                )
-            root = Path(config.project_dir) / "checkpoints"
-            if self._is_writer():
-                root.mkdir(parents=True, exist_ok=True)
-                folders = _ckpt.checkpoint_folders(config.project_dir)
-                if config.total_limit is not None and len(folders) + 1 > config.total_limit:
-                    for old in folders[: len(folders) + 1 - config.total_limit]:
-                        shutil.rmtree(old)
-            target = root / f"checkpoint_{config.iteration}"
-            if target.exists():
-                raise ValueError(
-                    f"checkpoint folder {str(target)!r} already exists: set "
-                    "accelerator.project_configuration.iteration to the number to continue from"
-                )
-        elif output_dir is None:
-            raise ValueError(
-                "save_state needs output_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)"
-            )
-        else:
-            target = Path(output_dir).expanduser()
-        self.wait_for_everyone()
-        writer = self._is_writer()
-        weights = [self.get_state_dict(model) for model in self._models]
-        with _ckpt.atomic_directory(target, self.state, writer) as tmp:
-            for hook in self._save_model_state_pre_hook.values():
-                hook(self._models, weights, str(tmp))
-            _ckpt.save_accelerator_state(
-                tmp,
-                weights,
-                self._optimizers,
-                self._schedulers,
-                self._dataloaders,
-                self.process_index,
-                self.step,
-                scaler=self.scaler,
-                save_on_each_node=config.save_on_each_node,
-                safe_serialization=safe_serialization,
-                is_writer=writer,
-            )
-            if writer:
-                for i, obj in enumerate(self._custom_objects):
-                    _ckpt.save_custom_state(obj, tmp, i)
-        config.iteration += 1
-        return str(target)
-
-    def load_state(self, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any) -> None:
-        """Restore everything ``save_state`` wrote (the latest automatic checkpoint when ``input_dir`` is None)."""
-        config = self.project_configuration
-        if input_dir is not None:
-            source = Path(input_dir).expanduser()
-            if not source.is_dir():
-                raise FileNotFoundError(f"load_state: checkpoint folder {str(source)!r} does not exist")
-        elif config.automatic_checkpoint_naming:
-            folders = _ckpt.checkpoint_folders(config.project_dir or ".")
-            if not folders:
-                raise FileNotFoundError(
-                    f"load_state: no checkpoints/checkpoint_* folder in {config.project_dir!r}"
-                )
-            source = folders[-1]
-        else:
-            raise ValueError(
-                "load_state needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)"
-            )
-        models = [self.unwrap_model(m) for m in self._models]
-        for hook in self._load_model_state_pre_hook.values():
-            hook(self._models, str(source))
-        override = _ckpt.load_accelerator_state(
-            source,
-            models,
-            self._optimizers,
-            self._schedulers,
-            self._dataloaders,
-            self.process_index,
-            scaler=self.scaler,
-            **load_model_func_kwargs,
-        )
-        self.step = override.get("step", self.step)
-        for i, obj in enumerate(self._custom_objects):
-            _ckpt.load_custom_state(obj, source, i)
-        if config.automatic_checkpoint_naming and source.name.startswith("checkpoint_"):
-            config.iteration = int(source.name.split("_")[-1]) + 1
-
-    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
-        """Return ``dataloader`` resuming after its first ``num_batches`` batches (mid-epoch resume)."""
-        return skip_first_batches(dataloader, num_batches=num_batches)
-
-    # ------------------------------------------------------------------ trackers
-    def init_trackers(
-        self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: dict | None = None
-    ) -> None:
-        """Start the ``log_with`` trackers for ``project_name`` and record ``config`` in them."""
-        self.trackers = start_trackers(
-            self.log_with, project_name, self.logging_dir, self.is_main_process, config, init_kwargs or {}
-        )
-
-    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """Return the tracker called ``name`` (its service run object with ``unwrap``)."""
-        for tracker in self.trackers:
-            if tracker.name == name:
-                return tracker.tracker if unwrap else tracker
-        wanted = {str(getattr(t, "name", t)) for t in self.log_with}
-        if name in wanted:
-            return GeneralTracker(_blank=True)  # a process where that tracker does not run
-        raise ValueError(f"no tracker named {name!r}; started trackers: {[t.name for t in self.trackers]}")
-
-    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict | None = None) -> None:
-        """Send ``values`` to every started tracker (``log_kwargs[name]`` as extra arguments)."""
-        log_kwargs = log_kwargs or {}
-        for tracker in self.trackers:
-            tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
-
-    def end_training(self) -> None:
-        """Finish every tracker and close the process group (left to the launcher under a fork launch)."""
-        for tracker in self.trackers:
-            tracker.finish()
-        self.trackers = []
-        self.state.destroy_process_group()
 
     def __repr__(self) -> str:
         return (

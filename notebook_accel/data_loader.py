@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
+
+from ._accelerator_samplers import (
+    BatchSamplerShard,
+    IterableDatasetShard,
+    SeedableRandomSampler,
+    SkipBatchSampler,
+)
 
 __all__ = [
     "BatchSamplerShard",
@@ -31,6 +38,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
 
 # DataLoader constructor arguments carried over when a loader is rebuilt around a new sampler.
 _LOADER_KWARGS = (
@@ -59,256 +67,6 @@ _LOADER_DEFAULTS: dict[str, Any] = {
     "pin_memory_device": "",
     "in_order": True,
 }
-
-
-class SeedableRandomSampler(RandomSampler):
-    """A ``RandomSampler`` whose permutation depends only on ``initial_seed + epoch``.
-
-    Every process builds the same permutation without communicating, and a run restored from a
-    checkpoint (which records ``epoch``) replays exactly the permutation of the interrupted epoch.
-    """
-
-    def __init__(self, *args: Any, initial_seed: int = 0, **kwargs: Any) -> None:
-        data_seed = kwargs.pop("data_seed", None)
-        super().__init__(*args, **kwargs)
-        self.initial_seed = int(data_seed if data_seed is not None else initial_seed)
-        self.epoch = 0
-
-    def __iter__(self) -> Iterator[int]:
-        if self.generator is None:
-            self.generator = torch.Generator()
-        self.generator.manual_seed(self.initial_seed + self.epoch)
-        yield from super().__iter__()
-        self.set_epoch(self.epoch + 1)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the permutation of ``epoch`` for the next pass."""
-        self.epoch = int(epoch)
-
-    def state_dict(self) -> dict[str, int]:
-        """Return what is needed to replay the current epoch's permutation."""
-        return {"epoch": self.epoch, "initial_seed": self.initial_seed}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch = int(state["epoch"])
-        self.initial_seed = int(state["initial_seed"])
-
-
-class BatchSamplerShard(BatchSampler):
-    """Yield process ``process_index``'s share of the batches of ``batch_sampler``.
-
-    With ``split_batches=False`` the process takes every ``num_processes``-th batch (the global
-    batch is ``num_processes`` times the loader's); with ``split_batches=True`` every batch is cut in
-    ``num_processes`` equal parts. With ``even_batches`` the last round is completed with samples
-    from the start of the data so every process gets the same number of full batches; the
-    dataloader records how many samples of that round are real (``GradientState.remainder``).
-    """
-
-    def __init__(
-        self,
-        batch_sampler: Iterable[list[int]],
-        num_processes: int = 1,
-        process_index: int = 0,
-        split_batches: bool = False,
-        even_batches: bool = True,
-    ) -> None:
-        if num_processes < 1 or not 0 <= process_index < num_processes:
-            raise ValueError(
-                f"process_index={process_index} is out of range for num_processes={num_processes}: "
-                "need 0 <= process_index < num_processes"
-            )
-        batch_size = getattr(batch_sampler, "batch_size", None)
-        if split_batches and batch_size is not None and batch_size % num_processes != 0:
-            raise ValueError(
-                f"split_batches=True needs a batch size that is a round multiple of num_processes, got "
-                f"batch_size={batch_size} for num_processes={num_processes}: change the batch size or "
-                "use split_batches=False"
-            )
-        self.batch_sampler = batch_sampler
-        self.num_processes = num_processes
-        self.process_index = process_index
-        self.split_batches = split_batches
-        self.even_batches = even_batches
-        self.batch_size = batch_size
-        self.drop_last = bool(getattr(batch_sampler, "drop_last", False))
-        self.sampler = getattr(batch_sampler, "sampler", None)
-
-    @property
-    def total_length(self) -> int:
-        return len(self.batch_sampler)
-
-    def __len__(self) -> int:
-        n, length = self.num_processes, len(self.batch_sampler)
-        if self.split_batches:
-            return length
-        if self.drop_last:
-            return length // n
-        if self.even_batches:
-            return math.ceil(length / n)
-        return length // n + (1 if self.process_index < length % n else 0)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return self._iter_split() if self.split_batches else self._iter_rounds()
-
-    def _iter_split(self) -> Iterator[list[int]]:
-        n, i = self.num_processes, self.process_index
-        first: list[int] | None = None
-        for batch in self.batch_sampler:
-            batch = list(batch)
-            if first is None:
-                first = batch
-            size = self.batch_size or len(first)
-            if len(batch) < size:
-                if self.drop_last:
-                    return
-                if self.even_batches:
-                    batch = batch + _cycle(first, size - len(batch))
-            if self.batch_size is None and len(batch) % n != 0:
-                raise ValueError(
-                    f"split_batches=True needs batches whose length is a multiple of num_processes={n}, "
-                    f"got a batch of {len(batch)}"
-                )
-            chunk = math.ceil(len(batch) / n)
-            mine = batch[i * chunk : (i + 1) * chunk]
-            if mine:
-                yield mine
-
-    def _iter_rounds(self) -> Iterator[list[int]]:
-        n, i = self.num_processes, self.process_index
-        round_: list[list[int]] = []
-        first_indices: list[int] = []
-        for batch in self.batch_sampler:
-            batch = list(batch)
-            if len(first_indices) < (self.batch_size or len(batch)) * n:
-                first_indices.extend(batch)
-            round_.append(batch)
-            if len(round_) == n:
-                size = self.batch_size or len(round_[0])
-                if all(len(b) == size for b in round_):
-                    yield round_[i]
-                    round_ = []
-                else:
-                    break  # a short batch can only be the last one: finish below
-        if not round_ or self.drop_last:
-            return
-        if not self.even_batches:
-            if i < len(round_):
-                yield round_[i]
-            return
-        # Complete the last round: pad the short batch and add missing batches by cycling
-        # through the first samples, so every process runs the same number of full steps.
-        size = self.batch_size or len(round_[0])
-        filler = _Cycler(first_indices)
-        round_ = [b + filler.take(size - len(b)) for b in round_]
-        while len(round_) < n:
-            round_.append(filler.take(size))
-        yield round_[i]
-
-
-def _cycle(indices: list[int], count: int) -> list[int]:
-    return _Cycler(indices).take(count)
-
-
-class _Cycler:
-    """Hand out ``count`` items at a time from ``items`` repeated endlessly."""
-
-    def __init__(self, items: list[Any]) -> None:
-        if not items:
-            raise ValueError("cannot pad batches of an empty dataset")
-        self.items, self.pos = items, 0
-
-    def take(self, count: int) -> list[Any]:
-        out = []
-        for _ in range(max(count, 0)):
-            out.append(self.items[self.pos % len(self.items)])
-            self.pos += 1
-        return out
-
-
-class IterableDatasetShard(IterableDataset):
-    """Process ``process_index``'s share of an iterable dataset, read in global batches.
-
-    Items are read ``batch_size * num_processes`` at a time (``batch_size`` with ``split_batches``)
-    and each process keeps its slice; an incomplete last buffer is padded with the first items
-    unless ``drop_last``. ``last_real_count`` tells how many items of that last buffer were real.
-    """
-
-    def __init__(
-        self,
-        dataset: Iterable,
-        batch_size: int = 1,
-        drop_last: bool = False,
-        num_processes: int = 1,
-        process_index: int = 0,
-        split_batches: bool = False,
-    ) -> None:
-        if split_batches and batch_size > 1 and batch_size % num_processes != 0:
-            raise ValueError(
-                f"split_batches=True needs a batch size that is a round multiple of num_processes, got "
-                f"batch_size={batch_size} for num_processes={num_processes}"
-            )
-        self.dataset = dataset
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.num_processes = num_processes
-        self.process_index = process_index
-        self.split_batches = split_batches
-        self.last_real_count = -1
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        if hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        global_size = self.batch_size if self.split_batches else self.batch_size * self.num_processes
-        local_size = global_size // self.num_processes
-        length = len(self.dataset)  # type: ignore[arg-type]
-        if self.drop_last:
-            return (length // global_size) * local_size
-        return math.ceil(length / global_size) * local_size
-
-    def __iter__(self) -> Iterator[Any]:
-        global_size = self.batch_size if self.split_batches else self.batch_size * self.num_processes
-        local_size = global_size // self.num_processes
-        lo, hi = self.process_index * local_size, (self.process_index + 1) * local_size
-        self.last_real_count = -1
-        first: list[Any] | None = None
-        buffer: list[Any] = []
-        for item in self.dataset:
-            buffer.append(item)
-            if len(buffer) == global_size:
-                if first is None:
-                    first = buffer
-                yield from buffer[lo:hi]
-                buffer = []
-        if buffer and not self.drop_last:
-            self.last_real_count = len(buffer)
-            buffer = buffer + _Cycler(first or list(buffer)).take(global_size - len(buffer))
-            yield from buffer[lo:hi]
-
-
-class SkipBatchSampler(BatchSampler):
-    """A batch sampler that drops the first ``skip_batches`` batches of ``batch_sampler``."""
-
-    def __init__(self, batch_sampler: Iterable[list[int]], skip_batches: int = 0) -> None:
-        self.batch_sampler = batch_sampler
-        self.skip_batches = skip_batches
-        self.batch_size = getattr(batch_sampler, "batch_size", None)
-        self.drop_last = getattr(batch_sampler, "drop_last", False)
-        self.sampler = getattr(batch_sampler, "sampler", None)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for index, batch in enumerate(self.batch_sampler):
-            if index >= self.skip_batches:
-                yield batch
-
-    @property
-    def total_length(self) -> int:
-        return len(self.batch_sampler)
-
-    def __len__(self) -> int:
-        return max(len(self.batch_sampler) - self.skip_batches, 0)
 
 
 class _DataLoaderStateMixin:
