@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any, Literal
 
+from ._validation import choice
+
 __all__ = [
     "AutocastKwargs",
     "DistributedDataParallelKwargs",
@@ -19,11 +21,6 @@ __all__ = [
     "InitProcessGroupKwargs",
     "KwargsHandler",
 ]
-
-
-def _check_choice(owner: str, name: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        raise ValueError(f"{owner}: {name}={value!r} is not valid; choose one of {list(choices)}")
 
 
 class KwargsHandler:
@@ -99,8 +96,8 @@ class DistributedDataParallelKwargs(KwargsHandler):
     def __post_init__(self) -> None:
         self.comm_hook = str(self.comm_hook).lower()
         self.comm_wrapper = str(self.comm_wrapper).lower()
-        _check_choice("DistributedDataParallelKwargs", "comm_hook", self.comm_hook, _COMM_HOOKS)
-        _check_choice("DistributedDataParallelKwargs", "comm_wrapper", self.comm_wrapper, _COMM_WRAPPERS)
+        choice("DistributedDataParallelKwargs", "comm_hook", self.comm_hook, _COMM_HOOKS)
+        choice("DistributedDataParallelKwargs", "comm_wrapper", self.comm_wrapper, _COMM_WRAPPERS)
         if self.comm_wrapper != "no" and self.comm_hook not in ("power_sgd", "batched_power_sgd"):
             raise ValueError(
                 f"DistributedDataParallelKwargs: comm_wrapper={self.comm_wrapper!r} wraps a PowerSGD hook; "
@@ -188,7 +185,7 @@ class InitProcessGroupKwargs(KwargsHandler):
             # torch accepts "cpu:gloo,cuda:nccl" device-specific lists; check each backend in it.
             for part in self.backend.lower().split(","):
                 name = part.split(":")[-1].strip()
-                _check_choice("InitProcessGroupKwargs", "backend", name, _BACKENDS)
+                choice("InitProcessGroupKwargs", "backend", name, _BACKENDS)
         if self.init_method is not None and not isinstance(self.init_method, str):
             raise TypeError(
                 f"InitProcessGroupKwargs: init_method must be a URL string, got {self.init_method!r}"
@@ -240,7 +237,7 @@ class FP8RecipeKwargs(KwargsHandler):
     def __post_init__(self) -> None:
         owner = "FP8RecipeKwargs"
         self.backend = str(self.backend).upper()
-        _check_choice(owner, "backend", self.backend, _FP8_BACKENDS)
+        choice(owner, "backend", self.backend, _FP8_BACKENDS)
         if self.optimization_level is not None:
             self.opt_level = self.optimization_level
             self.optimization_level = None
@@ -249,10 +246,10 @@ class FP8RecipeKwargs(KwargsHandler):
         if level[:1] == "0":
             level = "O" + level[1:]
         self.opt_level = level
-        _check_choice(owner, "opt_level", self.opt_level, _OPT_LEVELS)
+        choice(owner, "opt_level", self.opt_level, _OPT_LEVELS)
         self.fp8_format = str(self.fp8_format).upper()
-        _check_choice(owner, "fp8_format", self.fp8_format, _FP8_FORMATS)
-        _check_choice(owner, "amax_compute_algo", self.amax_compute_algo, _AMAX_ALGOS)
+        choice(owner, "fp8_format", self.fp8_format, _FP8_FORMATS)
+        choice(owner, "amax_compute_algo", self.amax_compute_algo, _AMAX_ALGOS)
         for name, minimum in (("margin", 0), ("interval", 1), ("amax_history_len", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or value < minimum:
