@@ -1,7 +1,8 @@
 """Forward hooks that see args and kwargs: the hook family, and helpers to attach and remove them.
 
 ``add_hook_to_module`` replaces ``module.forward`` by a thin wrapper (a ``functools.partial`` of a
-module-level function, so hooked models still deepcopy and pickle) that calls the hook's
+module-level function and the hook's bound callbacks, so hooked models still deepcopy and pickle)
+that calls the hook's
 ``pre_forward``, the original forward (kept as ``module._old_forward``) and ``post_forward``; the
 hook itself is ``module._hf_hook``. The wrapper is chosen once, at attach time, from what the hook
 overrides: a hook without ``pre_forward`` (or ``post_forward``) pays no call for it, and nothing
@@ -43,30 +44,40 @@ logger = logging.getLogger(__name__)
 
 
 # -- the hooked forward --------------------------------------------------------------------------
-# Four variants so that a hook pays only for the callbacks it defines. They read ``_hf_hook`` and
-# ``_old_forward`` from the module (not from a closure) so that ``copy.deepcopy`` of a hooked model
-# yields a model whose forward calls its own hook.
-def _forward_full(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    hook = module._hf_hook
-    args, kwargs = hook.pre_forward(module, *args, **kwargs)
+# ``module.forward`` becomes ``partial(variant, module, hook, pre_forward, post_forward)``. Four
+# variants so that a hook pays only for the callbacks it defines; the bound callbacks are taken
+# once, at attach time (a hook is replaced through add_hook_to_module, never by assigning
+# ``_hf_hook``). ``_old_forward`` is read from the module at each call and the partial holds no
+# closure, so ``copy.deepcopy`` / pickle of a hooked model give a model calling its own hook.
+def _forward_full(module: nn.Module, hook: ModelHook, pre: Any, post: Any, *args: Any, **kwargs: Any) -> Any:
+    args, kwargs = pre(module, *args, **kwargs)
     if hook.no_grad:
         with torch.no_grad():
             output = module._old_forward(*args, **kwargs)
     else:
         output = module._old_forward(*args, **kwargs)
-    return hook.post_forward(module, output)
+    return post(module, output)
 
 
-def _forward_pre(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    args, kwargs = module._hf_hook.pre_forward(module, *args, **kwargs)
+def _forward_pre(module: nn.Module, hook: ModelHook, pre: Any, post: Any, *args: Any, **kwargs: Any) -> Any:
+    args, kwargs = pre(module, *args, **kwargs)
+    if hook.no_grad:
+        with torch.no_grad():
+            return module._old_forward(*args, **kwargs)
     return module._old_forward(*args, **kwargs)
 
 
-def _forward_post(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    return module._hf_hook.post_forward(module, module._old_forward(*args, **kwargs))
+def _forward_post(module: nn.Module, hook: ModelHook, pre: Any, post: Any, *args: Any, **kwargs: Any) -> Any:
+    if hook.no_grad:
+        with torch.no_grad():
+            return post(module, module._old_forward(*args, **kwargs))
+    return post(module, module._old_forward(*args, **kwargs))
 
 
-def _forward_none(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+def _forward_none(module: nn.Module, hook: ModelHook, pre: Any, post: Any, *args: Any, **kwargs: Any) -> Any:
+    if hook.no_grad:
+        with torch.no_grad():
+            return module._old_forward(*args, **kwargs)
     return module._old_forward(*args, **kwargs)
 
 
@@ -77,8 +88,7 @@ def _overrides(hook: ModelHook, name: str) -> bool:
 
 
 def _pick_forward(hook: ModelHook):
-    # SequentialHook computes no_grad from its members: always take the variant that reads it.
-    if isinstance(hook, SequentialHook) or getattr(hook, "no_grad", False):
+    if isinstance(hook, SequentialHook):
         return _forward_full
     pre, post = _overrides(hook, "pre_forward"), _overrides(hook, "post_forward")
     if pre and post:
@@ -114,7 +124,7 @@ def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False)
         module._old_forward = old_forward
     module = hook.init_hook(module)
     module._hf_hook = hook
-    wrapper = functools.partial(_pick_forward(hook), module)
+    wrapper = functools.partial(_pick_forward(hook), module, hook, hook.pre_forward, hook.post_forward)
     functools.update_wrapper(wrapper, old_forward)
     try:
         import inspect

@@ -163,6 +163,7 @@ def test_hooked_model_deepcopies_and_pickles(model: Model) -> None:
     x = torch.randn(2, 3)
     clone = copy.deepcopy(model)
     assert clone.forward.args[0] is clone  # bound to the copy, not the original
+    assert clone.forward.args[1] is clone._hf_hook is not model._hf_hook
     assert torch.allclose(clone(x), model(x))
     restored = pickle.loads(pickle.dumps(model))
     assert torch.allclose(restored(x), model(x))

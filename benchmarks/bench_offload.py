@@ -1,0 +1,182 @@
+"""Forward time of an offloaded model against the same model in plain memory, side by side with Accelerate.
+
+Model: 24 blocks of Linear(2048, 2048) + ReLU (403 MB in float32), batch 16. Figures are ratios
+to the plain model measured in the same process (medians of interleaved runs), so they compare
+across machines. Variants for notebook_accel:
+
+- ``disk_offload``: weights memory-mapped from the offload folder and used in place (zero copy);
+  the prefetcher faults the next block's pages in;
+- ``disk_offload copy+prefetch``: the same, but each load copies the weights out of the mapping
+  (``zero_copy=False``), with the copy of block i+1 on the prefetch thread while block i computes;
+- ``disk_offload copy, no prefetch``: the copy done in the forward's thread (what Accelerate does);
+- ``dispatch half cpu / half disk``: ``dispatch_model`` with blocks 0-11 on the CPU, 12-23 on disk.
+
+With CUDA, the same model runs on GPU 0 with the weights offloaded to the CPU (``cpu_offload``) or
+to disk, against the model fully on the GPU.
+
+Accelerate is measured by re-running this script with ``/work/.venv-accelerate/bin/python``
+(or ``$ACCELERATE_PYTHON``) when that interpreter exists.
+
+    python benchmarks/bench_offload.py [--quick] [--blocks 24] [--batch 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+import torch
+from torch import nn
+
+ACCELERATE_PYTHON = os.environ.get("ACCELERATE_PYTHON", "/work/.venv-accelerate/bin/python")
+
+
+def build(blocks: int, width: int) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(blocks)]).eval()
+
+
+def timed(model: nn.Module, x: torch.Tensor, sync) -> float:
+    start = time.perf_counter()
+    with torch.no_grad():
+        model(x)
+    sync()
+    return time.perf_counter() - start
+
+
+def run(backend: str, blocks: int, width: int, batch: int, repeats: int) -> dict[str, float]:
+    """Return {variant: median ratio to the plain model} for ``backend``."""
+    if backend == "accelerate":
+        import accelerate as lib
+        from accelerate.hooks import remove_hook_from_submodules
+    else:
+        import notebook_accel as lib
+        from notebook_accel.hooks import remove_hook_from_submodules
+
+    plain = build(blocks, width)
+    x = torch.randn(batch, width)
+    with torch.no_grad():
+        expected = plain(x)
+    tmp = tempfile.mkdtemp(prefix="bench-offload-")
+    variants: dict[str, nn.Module] = {}
+    variants["disk_offload"] = lib.disk_offload(build(blocks, width), os.path.join(tmp, "disk"))
+    half = {str(i): ("cpu" if i < blocks // 2 else "disk") for i in range(blocks)}
+    variants["dispatch half cpu / half disk"] = lib.dispatch_model(
+        build(blocks, width), half, offload_dir=os.path.join(tmp, "half")
+    )
+    if backend == "notebook_accel":
+        from notebook_accel.hooks import _find_align_hook
+
+        def copying(model: nn.Module) -> nn.Module:
+            for module in model.modules():
+                hook = _find_align_hook(module)
+                if hook is not None:
+                    hook.zero_copy = False
+            return model
+
+        variants["disk_offload copy+prefetch"] = copying(
+            lib.disk_offload(build(blocks, width), os.path.join(tmp, "disk"))
+        )
+        variants["disk_offload copy, no prefetch"] = copying(
+            lib.disk_offload(build(blocks, width), os.path.join(tmp, "disk"), prefetch=False)
+        )
+        variants["dispatch half, copy+prefetch"] = copying(
+            lib.dispatch_model(build(blocks, width), half, offload_dir=os.path.join(tmp, "half"))
+        )
+    for name, model in variants.items():
+        with torch.no_grad():
+            if not torch.allclose(model(x), expected, atol=1e-5):
+                raise RuntimeError(f"{backend} {name}: output differs from the plain model")
+
+    def sync() -> None:
+        return None
+
+    results: dict[str, list[float]] = {"plain": []} | {name: [] for name in variants}
+    for _ in range(2):  # warm-up: page cache, allocator, learnt order
+        for model in [plain, *variants.values()]:
+            timed(model, x, sync)
+    for _ in range(repeats):
+        results["plain"].append(timed(plain, x, sync))
+        for name, model in variants.items():
+            results[name].append(timed(model, x, sync))
+    base = statistics.median(results["plain"])
+    out = {"plain (ms)": base * 1000}
+    out.update({name: statistics.median(v) / base for name, v in results.items() if name != "plain"})
+
+    if torch.cuda.is_available():
+        out.update(run_cuda(lib, blocks, width, batch, repeats, tmp))
+    for model in variants.values():
+        remove_hook_from_submodules(model)
+    return out
+
+
+def run_cuda(lib, blocks: int, width: int, batch: int, repeats: int, tmp: str) -> dict[str, float]:
+    device = torch.device("cuda", 0)
+    plain = build(blocks, width).to(device)
+    x = torch.randn(batch, width, device=device)
+    variants = {
+        "cuda: cpu_offload": lib.cpu_offload(build(blocks, width), execution_device=device),
+        "cuda: disk_offload": lib.disk_offload(
+            build(blocks, width), os.path.join(tmp, "disk"), execution_device=device
+        ),
+    }
+    sync = torch.cuda.synchronize
+    results: dict[str, list[float]] = {"plain": []} | {name: [] for name in variants}
+    for _ in range(3):
+        for model in [plain, *variants.values()]:
+            timed(model, x, sync)
+    for _ in range(repeats):
+        results["plain"].append(timed(plain, x, sync))
+        for name, model in variants.items():
+            results[name].append(timed(model, x, sync))
+    base = statistics.median(results["plain"])
+    out = {"cuda: plain on GPU (ms)": base * 1000}
+    out.update({name: statistics.median(v) / base for name, v in results.items() if name != "plain"})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer blocks and repeats")
+    parser.add_argument("--blocks", type=int, default=24)
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--backend", choices=["notebook_accel", "accelerate"], default="notebook_accel")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object (used for the Accelerate run)"
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.blocks, args.repeats = 8, 5
+    ours = run(args.backend, args.blocks, args.width, args.batch, args.repeats)
+    if args.json:
+        print(json.dumps(ours))
+        return
+    theirs: dict[str, float] = {}
+    if os.path.exists(ACCELERATE_PYTHON):
+        cmd = [ACCELERATE_PYTHON, __file__, "--backend", "accelerate", "--json", "--blocks", str(args.blocks),
+               "--width", str(args.width), "--batch", str(args.batch), "--repeats", str(args.repeats)]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode == 0:
+            theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+        else:
+            print(f"(Accelerate run failed: {proc.stderr.strip().splitlines()[-1:]})")
+    print(
+        f"{args.blocks} x Linear({args.width}) + ReLU, batch {args.batch}, torch threads {torch.get_num_threads()}"
+    )
+    print(f"{'variant (ratio to plain)':38s} {'notebook_accel':>15s} {'Accelerate':>12s}")
+    for name, value in ours.items():
+        other = theirs.get(name)
+        fmt = "{:15.1f}" if "(ms)" in name else "{:14.2f}x"
+        other_s = "" if other is None else (f"{other:12.1f}" if "(ms)" in name else f"{other:11.2f}x")
+        print(f"{name:38s} {fmt.format(value)} {other_s}")
+
+
+if __name__ == "__main__":
+    main()
