@@ -436,18 +436,24 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     world = _world()
     if _is_single(world):
         return tensor
-    tensors = _leaves(tensor, "pad_across_processes")
+    tensors = [tensor] if isinstance(tensor, torch.Tensor) else _leaves(tensor, "pad_across_processes")
     if world["debug"]:
         _verify("pad_across_processes", tensor, world, sizes_must_match=False)
-    dims = [dim + t.ndim if dim < 0 else dim for t in tensors]
-    local = [t.shape[d] if 0 <= d < t.ndim else -1 for t, d in zip(tensors, dims)]
-    if not local:
+    if not tensors:
         return tensor
-    device = world["device"] if world.get("backend") and "nccl" in world["backend"] else torch.device("cpu")
+    dims = [dim + t.ndim if dim < 0 else dim for t in tensors]
+    # Size -1 marks a tensor with too few dimensions: it still takes part in the one collective, so
+    # a process whose tensor differs there cannot leave the others waiting.
+    local = [t.shape[d] if 0 <= d < t.ndim else -1 for t, d in zip(tensors, dims)]
+    n = world["num_processes"]
+    backend = world.get("backend")
+    device = world["device"] if backend and "nccl" in backend else None
     sizes = torch.tensor(local, dtype=torch.int64, device=device)
-    everyone = torch.empty(world["num_processes"] * len(local), dtype=torch.int64, device=device)
+    everyone = torch.empty(n * len(local), dtype=torch.int64, device=device)
     _all_gather_into(everyone, sizes)
-    largest = everyone.view(world["num_processes"], len(local)).amax(dim=0).tolist()
+    largest = everyone.tolist() if len(local) == 1 else everyone.view(n, len(local)).amax(dim=0).tolist()
+    if len(local) == 1:
+        largest = [max(largest)]
     out = []
     for t, d, size, target in zip(tensors, dims, local, largest):
         if size < 0 or size == target:
@@ -458,4 +464,4 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
         padded = t.new_full(shape, pad_index)
         padded.narrow(d, target - size if pad_first else 0, size).copy_(t)
         out.append(padded)
-    return _refill(tensor, out)
+    return out[0] if isinstance(tensor, torch.Tensor) else _refill(tensor, out)
