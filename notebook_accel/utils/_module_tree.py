@@ -7,6 +7,7 @@ is two comparisons. Nothing is cached across calls (the model may change between
 
 from __future__ import annotations
 
+import gc
 from typing import Union
 
 import torch
@@ -15,6 +16,7 @@ from torch import nn
 from .sizes import dtype_byte_size
 
 MODULE, PARAM, BUFFER = 0, 1, 2
+_NO_CHILDREN: list[int] = []  # shared by every tensor node (never mutated)
 _NOT_CAST_PREFIXES = ("torch.uint", "torch.int", "torch.bool")
 
 
@@ -80,9 +82,11 @@ def build_tree(
     first_seen: dict[int, int] = {}
     ties: dict[int, list[int]] = {}
 
-    def tensor_bytes(full: str, tensor: torch.Tensor) -> int:
-        if special is not None and full in special:
-            return int(tensor.numel() * special[full])
+    def tensor_bytes(owner_name: str, leaf: str, tensor: torch.Tensor) -> int:
+        if special is not None:
+            full = f"{owner_name}.{leaf}" if owner_name else leaf
+            if full in special:
+                return int(tensor.numel() * special[full])
         dt = tensor.dtype
         info = elem.get(dt)
         if info is None:
@@ -92,59 +96,97 @@ def build_tree(
             own = cap
         return int(tensor.numel() * own)
 
-    def add_tensor(full: str, tensor: torch.Tensor, kind: int, owner: int) -> int:
+    def new_node(name: str, obj, kind: int, owner: int, kids: list[int], nbytes: int, nbuffers: int) -> int:
         nid = len(names)
-        names.append(full)
+        names.append(name)
         kinds.append(kind)
-        objs.append(tensor)
+        objs.append(obj)
         parent.append(owner)
-        children.append([])
+        children.append(kids)
         end.append(nid + 1)
-        key = id(tensor)
-        first = first_seen.get(key)
-        if first is None:
-            first_seen[key] = nid
-            nbytes = tensor_bytes(full, tensor)
-        else:
-            # A tied (shared) tensor is stored once: only its first occurrence takes room.
-            ties.setdefault(key, [first]).append(nid)
-            nbytes = 0
         size.append(nbytes)
-        buffer_size.append(nbytes if kind == BUFFER else 0)
+        buffer_size.append(nbuffers)
         layer.append(nbytes)
         splittable.append(False)
         return nid
 
-    def visit(name: str, module: nn.Module, owner: int) -> int:
-        nid = len(names)
-        names.append(name)
-        kinds.append(MODULE)
-        objs.append(module)
-        parent.append(owner)
-        children.append([])
-        end.append(0)
-        size.append(0)
-        buffer_size.append(0)
-        layer.append(0)
-        splittable.append(False)
-        prefix = f"{name}." if name else ""
+    def account(tensor: torch.Tensor, occurrence: int, owner_name: str, leaf: str) -> int:
+        """Bytes ``tensor`` adds at ``occurrence``: 0 when it was already seen (a tied/shared tensor)."""
+        key = id(tensor)
+        first = first_seen.get(key)
+        if first is None:
+            first_seen[key] = occurrence
+            return tensor_bytes(owner_name, leaf, tensor)
+        ties.setdefault(key, [first]).append(occurrence)
+        return 0
+
+    def add_tensor(owner_name: str, leaf: str, tensor: torch.Tensor, kind: int, owner: int) -> int:
+        full = f"{owner_name}.{leaf}" if owner_name else leaf
+        nid = new_node(full, tensor, kind, owner, _NO_CHILDREN, 0, 0)
+        nbytes = account(tensor, nid, owner_name, leaf)
+        size[nid] = layer[nid] = nbytes
+        if kind == BUFFER:
+            buffer_size[nid] = nbytes
+        return nid
+
+    def add_layer(name: str, module: nn.Module, owner: int) -> int:
+        """One node for a module that is never split: its whole subtree is summed without nodes of its own."""
+        nid = new_node(name, module, MODULE, owner, _NO_CHILDREN, 0, 0)
+        total = buffers = 0
+        pending = [(name, module)]
+        # Hot loop (every tensor of most models goes through here): account() and tensor_bytes() inlined.
+        while pending:
+            mname, m = pending.pop()
+            for group, store in ((m._parameters, False), (m._buffers, True)):
+                for leaf, t in group.items():
+                    if t is None:
+                        continue
+                    key = id(t)
+                    first = first_seen.get(key)
+                    if first is not None:
+                        ties.setdefault(key, [first]).append(nid)
+                        continue
+                    first_seen[key] = nid
+                    if special is not None:
+                        nbytes = tensor_bytes(mname, leaf, t)
+                    else:
+                        dt = t.dtype
+                        info = elem.get(dt)
+                        if info is None:
+                            info = elem[dt] = (
+                                dtype_byte_size(dt),
+                                not str(dt).startswith(_NOT_CAST_PREFIXES),
+                            )
+                        own = cap if cap is not None and info[1] and cap < info[0] else info[0]
+                        nbytes = int(t.numel() * own)
+                    total += nbytes
+                    if store:
+                        buffers += nbytes
+            for cname, child in m._modules.items():
+                if child is not None:
+                    pending.append((f"{mname}.{cname}" if special is not None else mname, child))
+        size[nid] = layer[nid] = total
+        buffer_size[nid] = buffers
+        return nid
+
+    def visit(name: str, module: nn.Module, owner: int, root: bool = False) -> int:
+        has_module_child = any(c is not None for c in module._modules.values())
+        if not root and (not has_module_child or type(module).__name__ in no_split):
+            return add_layer(name, module, owner)
+        nid = new_node(name, module, MODULE, owner, [], 0, 0)
         kids: list[int] = []
-        has_module_child = False
-        for pname, p in module._parameters.items():
+        for leaf, p in module._parameters.items():
             if p is not None:
-                kids.append(add_tensor(prefix + pname, p, PARAM, nid))
+                kids.append(add_tensor(name, leaf, p, PARAM, nid))
         for cname, child in module._modules.items():
             if child is not None:
-                has_module_child = True
-                kids.append(visit(prefix + cname, child, nid))
-        for bname, b in module._buffers.items():
+                kids.append(visit(f"{name}.{cname}" if name else cname, child, nid))
+        for leaf, b in module._buffers.items():
             if b is not None:
-                kids.append(add_tensor(prefix + bname, b, BUFFER, nid))
+                kids.append(add_tensor(name, leaf, b, BUFFER, nid))
         children[nid] = kids
         end[nid] = len(names)
-        total = 0
-        buffers = 0
-        biggest = 0
+        total = buffers = biggest = 0
         for k in kids:
             total += size[k]
             buffers += buffer_size[k]
@@ -157,7 +199,15 @@ def build_tree(
         layer[nid] = biggest if split else total
         return nid
 
-    visit("", model, -1)
+    # The walk allocates many small objects; generational GC passes over a large heap of module objects
+    # would make it superlinear, and nothing here creates reference cycles.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        visit("", model, -1, root=True)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     tree.tied_groups = list(ties.values())
     inside = [False] * len(names)
     for group in tree.tied_groups:
