@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+import torch
 from notebook_accel.widgets._machine import _cgroup_memory, machine_info
 
 
@@ -51,3 +53,28 @@ def test_cgroup_v1_and_unlimited(tmp_path):
     (v2 / "memory.max").write_text("max\n")
     assert _cgroup_memory(str(v2)) == (None, None)
     assert machine_info(cgroup_root=str(v2)).cgroup_limit is None
+
+
+def test_display_outside_a_notebook_prints_the_text_view(capsys):
+    from notebook_accel.widgets import MemoryEstimator
+
+    est = MemoryEstimator(torch.nn.Linear(8, 8))
+    est.display()
+    assert capsys.readouterr().out.startswith("MemoryEstimator(Linear, activations: rule of thumb")
+    assert est._widget is None  # no kernel: no widget was built
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_memory_is_read_without_initialising_cuda():
+    code = """
+import torch
+from notebook_accel.widgets._machine import machine_info
+info = machine_info()
+assert len(info.gpus) == torch.cuda.device_count()
+assert all(g.total and g.free and g.free <= g.total for g in info.gpus), info.gpus
+assert not torch.cuda.is_initialized()
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -160,6 +160,7 @@ def test_verdicts_and_generated_code():
     assert 'offload_folder="offload"' in est.estimates["float32"].code.replace("'", '"')
     assert est.estimates["int8"].verdict == "fits"
     assert "load_in_8bit=True" in est.estimates["int8"].code
+    assert est.estimates["float32"].training_fits is False and est.estimates["int8"].training_fits is None
     # One GPU with 4 MiB free and enough RAM: fp32 offloads to the CPU, no disk.
     gpu = (GpuInfo(0, "fake", 16 * MiB, 8 * MiB),)
     est = MemoryEstimator(model, machine=_machine(gpus=gpu), headroom=0.5)
@@ -168,6 +169,8 @@ def test_verdicts_and_generated_code():
     assert "offload_folder" not in fp32.code and "max_memory={0: '4MiB'" in fp32.code
     assert est.estimates["float16"].verdict == "fits with CPU offload"  # 4 MiB * 1.2 > 4 MiB
     assert est.estimates["int4"].verdict == "fits" and est.estimates["int4"].style == "success"
+    big = MemoryEstimator(model, machine=_machine(gpus=(GpuInfo(0, "fake", GiB, GiB),)))
+    assert big.estimates["float32"].training_fits is True and big.estimates["float32"].verdict == "fits"
     compile(est.estimates["float16"].code, "<code>", "exec")
     # Nowhere near enough: does not fit, and the code says why.
     est = MemoryEstimator(model, machine=_machine(ram=MiB, disk=MiB))
@@ -208,6 +211,11 @@ def test_bad_arguments_raise():
         MemoryEstimator(model, sample_input=(0, 512), machine=_machine())
     with pytest.raises(TypeError, match="returned int, not a torch.nn.Module"):
         MemoryEstimator(lambda: 3, machine=_machine())
+    with pytest.raises(
+        RuntimeError,
+        match=r"Tracing Sequential on sample_input \(2, 3\) failed with RuntimeError.*sample_input=None",
+    ):
+        MemoryEstimator(model, sample_input=(2, 3), machine=_machine())  # wrong feature size
     with pytest.raises(TypeError, match="needs a torch.nn.Module or a function"):
         MemoryEstimator("gpt2", machine=_machine())
     est = MemoryEstimator(model, sample_input={"input": (2, 512)}, machine=_machine())

@@ -175,6 +175,12 @@ def trace_activations(
     try:
         inference_peak, _, input_bytes = run(training=False)
         training_peak, grads, _ = run(training=True)
+    except Exception as exc:
+        raise RuntimeError(
+            f"Tracing {type(model).__name__} on sample_input {sample_input!r} failed with "
+            f"{type(exc).__name__}: {exc}. Check that model(*sample_input) runs, or pass sample_input=None "
+            "to estimate without measured activations."
+        ) from exc
     finally:
         model.train(was_training)
     return ActivationTrace(inference_peak, training_peak, grads, input_bytes)

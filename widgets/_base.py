@@ -71,15 +71,37 @@ class _Panel:
             self._refresh_widget()
 
     def display(self) -> None:
-        """Show the panel in the running notebook (the widget view, or the HTML snapshot without one)."""
-        from IPython.display import HTML
+        """Show the panel: its widget view in a Jupyter kernel, else its text (or HTML) snapshot."""
+        from IPython import get_ipython
         from IPython.display import display as ipy_display
 
+        shell = get_ipython()
+        if shell is None or not hasattr(shell, "kernel"):
+            # No widget frontend (plain Python, a terminal IPython): a widget would print as its
+            # trait dump, so show the panel itself, which renders as text or static HTML.
+            ipy_display(self)
+            return
         try:
             view = self.widget
         except ImportError:
-            view = HTML(self._repr_html_())
-        ipy_display(view)
+            ipy_display(self)
+            return
+        # The widget's own bundle plus the static snapshot: a frontend without a widget manager
+        # (GitHub, nbviewer, a saved notebook without widget state) renders the HTML instead of
+        # the widget's trait dump.
+        self._display_handle = ipy_display(self._bundle(view), raw=True, display_id=True)
+
+    def _bundle(self, view: Any) -> dict:
+        bundle = dict(view._repr_mimebundle_() or {})
+        bundle["text/plain"] = self._text()
+        bundle["text/html"] = self._repr_html_()
+        return bundle
+
+    def _update_snapshot(self) -> None:
+        """Re-send the displayed output's static snapshot (e.g. a launch's final state), if displayed."""
+        handle = getattr(self, "_display_handle", None)
+        if handle is not None and self._widget is not None:
+            handle.update(self._bundle(self._widget), raw=True)
 
     def _repr_html_(self) -> str:
         return f'<div class="notebook-accel-panel">{self._html()}</div>'

@@ -24,8 +24,10 @@ def _new_figure(width: float, height: float):  # noqa: ANN202 - matplotlib types
 
 def _to_png(fig) -> bytes:  # noqa: ANN001
     buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png")
+    # Fixed margins rather than tight_layout (a second layout pass), and light PNG compression: the
+    # panels redraw on every control change, where encoding time matters more than a few KiB.
+    fig.subplots_adjust(left=0.12, right=0.98, top=0.88, bottom=0.14)
+    fig.savefig(buf, format="png", pil_kwargs={"compress_level": 1})
     return buf.getvalue()
 
 
@@ -49,9 +51,13 @@ def stacked_bars_png(
         ax.bar(xs, values, bottom=bottoms, label=name, color=colours.get(name), width=0.6)
         bottoms = [b + v for b, v in zip(bottoms, values)]
     if limits is not None:
+        label = "budget set"
         for x, limit in zip(xs, limits):
             if limit is not None:
-                ax.hlines(limit, x - 0.4, x + 0.4, colors="black", linestyles="dashed", linewidth=1)
+                ax.hlines(
+                    limit, x - 0.4, x + 0.4, colors="black", linestyles="dashed", linewidth=1, label=label
+                )
+                label = None  # one legend entry for all the budget lines
     ax.set_xticks(xs)
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylabel(ylabel)

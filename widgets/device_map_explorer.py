@@ -326,7 +326,9 @@ class DeviceMapExplorer(_Panel):
         labels = [str(d) for d in usage]
         series = {k: [u[k] / _GIB for u in usage.values()] for k in ("weights", "reserved", "free")}
         colours = {"weights": "#337ab7", "reserved": "#f0ad4e", "free": "#dddddd"}
-        return stacked_bars_png(labels, series, colours, f"Device map ({self._strategy})")
+        # The balanced strategies lower the GPUs' budgets; the dashed line is the budget the user set.
+        limits = [self.max_memory[d] / _GIB if d in self.max_memory else None for d in usage]
+        return stacked_bars_png(labels, series, colours, f"Device map ({self._strategy})", limits=limits)
 
     def _tree_html(self) -> str:
         rows = []

@@ -75,6 +75,8 @@ class LaunchPanel(_Panel):
 
     def _on_done(self, _handle: Any) -> None:
         self._throttle()
+        # The saved notebook's static snapshot should show how the launch ended, not "running".
+        self._update_snapshot()
 
     def _tick(self) -> None:
         while not self.closed and not self.handle.done:

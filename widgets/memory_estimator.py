@@ -57,6 +57,8 @@ class DtypeEstimate:
     """The training memory itemised: weights, gradients, adam_exp_avg, adam_exp_avg_sq,
     master_weights (fp32 copy under mixed precision), activations, optimizer_step_temporaries.
     Activations and step temporaries are never live together, so ``training`` counts the larger."""
+    training_fits: bool | None = None
+    """Whether a training step fits on the execution devices (the GPUs, else RAM); None for int8/int4."""
     activations_measured: bool = False
     verdict: str = DOES_NOT_FIT
     code: str = ""
@@ -220,6 +222,10 @@ class MemoryEstimator(_Panel):
             activations_measured=trace is not None,
         )
         est.verdict, est.code = self._verdict(est)
+        if training is not None:
+            budgets = self.budgets()
+            gpus = [v for k, v in budgets.items() if k != "cpu"]
+            est.training_fits = training <= (sum(gpus) if gpus else budgets["cpu"])
         return est
 
     def recompute(self) -> None:
@@ -286,8 +292,9 @@ class MemoryEstimator(_Panel):
             args.append(f"offload_folder={self.offload_folder!r}")
         if est.dtype in ("int8", "int4"):
             flag = "load_in_8bit" if est.dtype == "int8" else "load_in_4bit"
+            note = "" if gpu else "# bitsandbytes' 8-bit/4-bit layers need a CUDA GPU in most installs\n"
             return (
-                "from notebook_accel.utils import BnbQuantizationConfig, load_and_quantize_model\n\n"
+                note + "from notebook_accel.utils import BnbQuantizationConfig, load_and_quantize_model\n\n"
                 f"model = load_and_quantize_model(\n    model,\n    BnbQuantizationConfig({flag}=True),\n"
                 '    weights_location="path/to/checkpoint",\n    ' + ",\n    ".join(args) + ",\n)"
             )
@@ -300,7 +307,7 @@ class MemoryEstimator(_Panel):
 
     # -- rendering --------------------------------------------------------------------------
     def rows(self) -> list[list[str]]:
-        """Return the table rows: dtype, largest layer, total, inference, training, verdict."""
+        """Return the table rows: dtype, largest layer, total, inference, training, training fits, verdict."""
         out = []
         for est in self.estimates.values():
             out.append(
@@ -310,12 +317,21 @@ class MemoryEstimator(_Panel):
                     _fmt_bytes(est.total_size),
                     _fmt_bytes(est.inference),
                     _fmt_bytes(est.training),
+                    {True: "yes", False: "no", None: "-"}[est.training_fits],
                     est.verdict,
                 ]
             )
         return out
 
-    _HEADERS = ["dtype", "largest layer", "total size", "inference", "training (Adam)", "verdict"]
+    _HEADERS = [
+        "dtype",
+        "largest layer",
+        "total size",
+        "inference",
+        "training (Adam)",
+        "training fits",
+        "verdict",
+    ]
 
     def _machine_line(self) -> str:
         m = self.machine

@@ -154,12 +154,6 @@ class OffloadMonitor(_Panel):
         self._throttle.cancel()
         self.closed = True
 
-    def __del__(self) -> None:  # a forgotten monitor must not keep hooks building events
-        try:
-            self.close()
-        except Exception:
-            pass
-
     # -- summaries ----------------------------------------------------------------------------
     def storage_summary(self) -> dict[str, dict[str, int]]:
         """Return ``{storage: {"modules": n, "nbytes": bytes}}`` over the weight placement."""
