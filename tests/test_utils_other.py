@@ -15,6 +15,7 @@ from torch import nn
 
 from notebook_accel.utils import (
     BnbQuantizationConfig,
+    FullyShardedDataParallelPlugin,
     extract_model_from_parallel,
     get_pretty_name,
     install_xla,
@@ -70,15 +71,23 @@ def _ddp_worker():
     inner = nn.Linear(3, 3)
     ddp = nn.parallel.DistributedDataParallel(inner)
     compiled = torch.compile(ddp)
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    sharded_inner = nn.Linear(3, 3)
+    kwargs = FullyShardedDataParallelPlugin(
+        sync_module_states=False
+    ).to_fsdp_kwargs()  # the sync needs GPU memory
+    sharded = FullyShardedDataParallel(sharded_inner, device_id=torch.device("cpu"), **kwargs)
     return (
         extract_model_from_parallel(ddp) is inner,
         extract_model_from_parallel(compiled, keep_torch_compile=False) is inner,
         extract_model_from_parallel(compiled)._orig_mod is inner,
+        extract_model_from_parallel(sharded) is sharded_inner,
     )
 
 
-def test_unwrap_real_ddp_on_two_ranks() -> None:
-    assert run_distributed(_ddp_worker, nprocs=2) == [(True, True, True)] * 2
+def test_unwrap_real_ddp_and_fsdp_on_two_ranks() -> None:
+    assert run_distributed(_ddp_worker, nprocs=2) == [(True, True, True, True)] * 2
 
 
 # ---------------------------------------------------------------------------------------------- save
