@@ -412,7 +412,8 @@ def prepare_data_loader(
     state = PartialState()
     num_processes = state.num_processes if num_processes is None else num_processes
     process_index = state.process_index if process_index is None else process_index
-    device = device if put_on_device else None
+    # DataLoader batches are CPU tensors already: skip a per-batch no-op move on CPU runs.
+    device = device if put_on_device and device is not None and torch.device(device).type != "cpu" else None
     dataset = dataloader.dataset
     is_iterable = isinstance(dataset, IterableDataset)
     if dispatch_batches is None:
