@@ -301,13 +301,17 @@ class AlignDevicesHook(ModelHook):
     # -- loading -------------------------------------------------------------------------------
     @property
     def _needs_copy(self) -> bool:
-        """Return whether a load does real work (a copy), which makes prefetching worth it."""
+        """Return whether a load copies (then the prefetcher copies ahead; otherwise it faults pages in).
+
+        Weights maps hold CPU tensors (in memory or memory-mapped): on a CPU execution device they
+        are used in place unless ``zero_copy`` is off.
+        """
         if not self.zero_copy:
             return True
         device = self._device
-        return any(
-            source != ("cpu" if device is None else _device_str(device)) for source in self._sources.values()
-        ) or (device is not None and device.type != "cpu")
+        if device is not None and device.type != "cpu":
+            return True
+        return any(not source.startswith("cpu") and source != "disk" for source in self._sources.values())
 
     def _fetch(self, non_blocking: bool = False, pin: bool = False) -> list[torch.Tensor]:
         """Return the slot tensors on the execution device (runs in the prefetch thread too)."""
@@ -343,6 +347,8 @@ class AlignDevicesHook(ModelHook):
     def _touch(self) -> None:
         """Fault in the pages of memory-mapped weights (zero-copy path): one read per 4 KiB page."""
         for slot in self._slots:
+            if self._sources.get(slot.name) != "disk":
+                continue
             value = self.weights_map[slot.name]
             if value.numel():
                 step = max(1, 4096 // value.element_size())
@@ -358,7 +364,7 @@ class AlignDevicesHook(ModelHook):
         if prefetcher is not None:
             values = prefetcher.take(self)
         prefetched = values is not None
-        if values is None:
+        if not isinstance(values, list):  # nothing prefetched, or only the pages (zero copy)
             values = self._fetch()
         for slot, value in zip(self._slots, values):
             slot.install(value)

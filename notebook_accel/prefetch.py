@@ -35,11 +35,14 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Prefetcher", "enable_prefetch", "THREAD_NAME_PREFIX"]
+__all__ = ["Prefetcher", "enable_prefetch", "THREAD_NAME_PREFIX", "PAGES_READY"]
 
 logger = logging.getLogger(__name__)
 
 THREAD_NAME_PREFIX = "notebook_accel-prefetch"
+
+PAGES_READY = "pages-ready"
+"""What :meth:`Prefetcher.take` returns for a zero-copy hook whose pages were faulted in ahead."""
 
 
 class Prefetcher:
@@ -59,7 +62,9 @@ class Prefetcher:
         self._threads: list[threading.Thread] = []
         self.closed = False
         self.hits = 0
+        """Loads served by the worker (copies made ahead, or pages faulted in ahead)."""
         self.misses = 0
+        """Loads the forward's thread had to do itself."""
 
     # -- registration ------------------------------------------------------------------------
     def register(self, hook: Any) -> None:
@@ -116,8 +121,8 @@ class Prefetcher:
         self.close()
 
     # -- called by the hooks (forward thread) --------------------------------------------------
-    def take(self, hook: Any) -> list[torch.Tensor] | None:
-        """Return the weights prefetched for ``hook`` (waiting for the load to finish), or None."""
+    def take(self, hook: Any) -> list[torch.Tensor] | str | None:
+        """Return the weights prefetched for ``hook`` (waiting for the load to finish), ``PAGES_READY`` or None."""
         future = self._pending.pop(id(hook), None)
         if future is None:
             self.misses += 1
@@ -129,8 +134,8 @@ class Prefetcher:
             self.misses += 1
             return None
         if result is None:  # pages were faulted in; the load itself is free
-            self.misses += 1
-            return None
+            self.hits += 1
+            return PAGES_READY
         values, event = result
         if event is not None:
             stream = torch.cuda.current_stream(hook._device)

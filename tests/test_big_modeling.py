@@ -216,7 +216,7 @@ def test_dispatch_model_cpu_and_disk(net: Net, ids, tmp_path) -> None:
     for _ in range(3):  # later forwards are served by the prefetcher
         assert torch.allclose(model(ids), expected)
     prefetcher = model.stages[0][0].fc._hf_hook._prefetcher
-    assert isinstance(prefetcher, Prefetcher) and prefetcher.hits > 0
+    assert isinstance(prefetcher, Prefetcher) and prefetcher.hits > 0  # pages faulted in ahead
     _unhook_and_check_threads(model)
     assert prefetcher.closed and prefetcher._threads
     assert model.stages[0][1].fc.weight.device.type == "cpu"
@@ -337,6 +337,45 @@ def test_load_checkpoint_and_dispatch_max_memory_to_disk(net: Net, ids, checkpoi
     )
     assert "disk" in model.hf_device_map.values()
     assert torch.allclose(model(ids), expected)
+
+
+def test_load_checkpoint_and_dispatch_options(net: Net, ids, checkpoint, tmp_path) -> None:
+    expected = net(ids)
+    with init_empty_weights():
+        model = Net().eval()
+    model = load_checkpoint_and_dispatch(
+        model,
+        checkpoint,
+        device_map={"": "cpu"},
+        dtype=torch.bfloat16,
+        skip_keys=["labels"],
+        preload_module_classes=["Block"],
+        force_hooks=True,
+        strict=True,
+        offload_buffers=True,
+    )
+    assert model.stages[0][0].fc.weight.dtype == torch.bfloat16
+    assert model._hf_hook.skip_keys == ["labels"]
+    model = model.float()
+    assert torch.allclose(model(ids), expected, atol=0.3)
+    # dtype on weights read from disk: converted at each load, never cached converted.
+    with init_empty_weights():
+        model = Net().eval()
+    model = load_checkpoint_and_dispatch(
+        model,
+        checkpoint,
+        device_map={"embed": "cpu", "stages": "disk", "bn": "cpu", "head": "cpu"},
+        offload_folder=tmp_path / "off",
+        dtype="float16",
+        offload_state_dict=False,
+        prefetch=False,
+    )
+    hook = _find_align_hook(model.stages[0][0].fc)
+    hook._load(model.stages[0][0].fc)
+    assert model.stages[0][0].fc.weight.dtype == torch.float16
+    hook._offload(model.stages[0][0].fc)
+    loader = hook.weights_map.dataset
+    assert all(t.dtype == torch.float32 for t in loader._mapped.values())  # the mapped views, not copies
 
 
 def test_load_checkpoint_and_dispatch_errors(net: Net, checkpoint) -> None:

@@ -296,25 +296,28 @@ class OffloadedWeightsLoader(Mapping):
         return path
 
     def _mapped_tensor(self, key: str) -> torch.Tensor:
+        # Only the mapped view is cached (it costs no memory); a dtype conversion is redone at each
+        # read so that the converted copy is released with the weights after the forward.
         tensor = self._mapped.get(key)
-        if tensor is not None:
-            return tensor
         info = self.index[key]
-        if "safetensors_file" in info:
-            path = self._resolve(info["safetensors_file"])
-            handle = self._files.get(path)
-            if handle is None:
-                handle = self._files[path] = _SafetensorsFile(path)
-            tensor = handle.tensor(info.get("weight_name", key))
-            if "dtype" in info:
-                wanted = _dtype_from_name(info["dtype"])
-                if tensor.dtype != wanted:
-                    tensor = tensor.to(wanted)
-        else:
-            if self.save_folder is None:
-                raise ValueError(f"{key!r} is offloaded to a .dat file but the loader has no `save_folder`.")
-            tensor = load_offloaded_weight(os.path.join(self.save_folder, f"{key}.dat"), info)
-        self._mapped[key] = tensor
+        if tensor is None:
+            if "safetensors_file" in info:
+                path = self._resolve(info["safetensors_file"])
+                handle = self._files.get(path)
+                if handle is None:
+                    handle = self._files[path] = _SafetensorsFile(path)
+                tensor = handle.tensor(info.get("weight_name", key))
+            else:
+                if self.save_folder is None:
+                    raise ValueError(
+                        f"{key!r} is offloaded to a .dat file but the loader has no `save_folder`."
+                    )
+                tensor = load_offloaded_weight(os.path.join(self.save_folder, f"{key}.dat"), info)
+            self._mapped[key] = tensor
+        if "safetensors_file" in info and "dtype" in info:
+            wanted = _dtype_from_name(info["dtype"])
+            if tensor.dtype != wanted:
+                tensor = tensor.to(wanted)
         return tensor
 
     def __getitem__(self, key: str) -> torch.Tensor:
