@@ -27,6 +27,21 @@ def _transformer() -> nn.Module:
     return nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
 
 
+class _TiedLM(nn.Module):
+    """Token ids in, logits out; the output head shares the embedding's weight; batch norm buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(1000, 64)
+        self.body = nn.Sequential(nn.Linear(64, 64), nn.GELU())
+        self.norm = nn.BatchNorm1d(16)
+        self.head = nn.Linear(64, 1000, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.body(self.wte(ids))))
+
+
 def _peak_cpu_bytes(fn) -> int:
     """Return the peak of live bytes the CPU allocator handed out while ``fn`` ran.
 
@@ -50,8 +65,8 @@ def _peak_cpu_bytes(fn) -> int:
 
 @pytest.mark.parametrize(
     "make, sample",
-    [(_mlp, (64, 512)), (_transformer, (8, 64, 128))],
-    ids=["mlp", "transformer"],
+    [(_mlp, (64, 512)), (_transformer, (8, 64, 128)), (_TiedLM, torch.zeros(4, 16, dtype=torch.long))],
+    ids=["mlp", "transformer", "tied-lm"],
 )
 def test_training_estimate_matches_a_real_step(make, sample):
     torch.manual_seed(0)
@@ -66,7 +81,7 @@ def test_training_estimate_matches_a_real_step(make, sample):
         torch.manual_seed(0)
         m = make()
         opt = torch.optim.Adam(m.parameters(), foreach=False)
-        x = torch.randn(sample)
+        x = sample.clone() if isinstance(sample, torch.Tensor) else torch.randn(sample)
         for _ in range(2):
             opt.zero_grad(set_to_none=True)
             m(x).sum().backward()
@@ -219,5 +234,6 @@ def test_bad_arguments_raise():
     with pytest.raises(TypeError, match="needs a torch.nn.Module or a function"):
         MemoryEstimator("gpt2", machine=_machine())
     est = MemoryEstimator(model, sample_input={"input": (2, 512)}, machine=_machine())
+    assert est.estimates["float32"].activations_measured  # keyword inputs
     with pytest.raises(ValueError, match="batch_size must be a positive int"):
         est.batch_size = -1

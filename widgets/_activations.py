@@ -109,6 +109,17 @@ def normalize_sample_input(sample_input: Any) -> tuple[tuple, dict]:
     return (spec(sample_input, "(the only input)"),), {}
 
 
+def _describe(args_spec: tuple, kwargs_spec: dict) -> str:
+    """Return the sample input as shapes and dtypes, e.g. ``(4, 16) int64`` (not the tensors' values)."""
+
+    def one(spec: tuple) -> str:
+        shape, dtype = spec
+        return f"{shape}" + (f" {str(dtype).replace('torch.', '')}" if dtype is not None else "")
+
+    parts = [one(a) for a in args_spec] + [f"{k}={one(v)}" for k, v in kwargs_spec.items()]
+    return ", ".join(parts)
+
+
 def _is_spec(obj: Any) -> bool:
     return isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], tuple)
 
@@ -148,10 +159,9 @@ def trace_activations(
         model.train(training)  # dropout/batch-norm behave as in a real inference or training step
         mode = FakeTensorMode()
         with mode:
-            params = {
-                n: fake_like(p, p.requires_grad) for n, p in model.named_parameters(remove_duplicate=False)
-            }
-            buffers = {n: fake_like(b, False) for n, b in model.named_buffers(remove_duplicate=False)}
+            # One fake per distinct parameter: functional_call(tie_weights=True) re-ties the aliases.
+            params = {n: fake_like(p, p.requires_grad) for n, p in model.named_parameters()}
+            buffers = {n: fake_like(b, False) for n, b in model.named_buffers()}
             args = tree_map(make, args_spec, is_leaf=_is_spec)
             kwargs = tree_map(make, kwargs_spec, is_leaf=_is_spec)
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
@@ -177,7 +187,7 @@ def trace_activations(
         training_peak, grads, _ = run(training=True)
     except Exception as exc:
         raise RuntimeError(
-            f"Tracing {type(model).__name__} on sample_input {sample_input!r} failed with "
+            f"Tracing {type(model).__name__} on sample_input {_describe(args_spec, kwargs_spec)} failed with "
             f"{type(exc).__name__}: {exc}. Check that model(*sample_input) runs, or pass sample_input=None "
             "to estimate without measured activations."
         ) from exc
