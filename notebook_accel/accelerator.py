@@ -568,7 +568,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
 
         if self.flag_tensor is None:
             self.flag_tensor = torch.tensor(0, device=self.device)
-        flag = reduce(self.flag_tensor)
+        flag = reduce(self.flag_tensor, reduction="sum")
         if flag.item() >= 1:
             self.flag_tensor = torch.tensor(0, device=self.device)
             return True

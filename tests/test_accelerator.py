@@ -360,3 +360,87 @@ def test_json_lines_tracker(tmp_path) -> None:
 
     with pytest.raises(TypeError, match="must define the class attributes"):
         Broken()
+
+
+def _sync_worker() -> dict:
+    from notebook_accel import Accelerator, DistributedDataParallelKwargs
+    from notebook_accel.utils import GradientAccumulationPlugin
+
+    torch.set_num_threads(1)
+    acc = Accelerator(
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2),
+    )
+    model = acc.prepare(torch.nn.Linear(2, 1, bias=False))
+    x = torch.full((1, 2), float(acc.process_index + 1))
+    out = {"find_unused": model.find_unused_parameters}
+    with acc.no_sync(model):
+        model(x).sum().backward()
+    out["local_grad"] = model.module.weight.grad.clone()  # not averaged: differs by rank
+    model.zero_grad()
+    with acc.no_sync(model), acc.trigger_sync_in_backward(model):
+        model(x).sum().backward()
+    out["forced_grad"] = model.module.weight.grad.clone()  # averaged despite no_sync
+    model.zero_grad()
+    with acc.accumulate(model):  # step 1 of 2: accumulating, not synchronised
+        model(x).sum().backward()
+        out["clip_on_accumulating_step"] = acc.clip_grad_norm_(model.parameters(), 1.0)
+    out["accumulated_grad"] = model.module.weight.grad.clone()
+    with acc.accumulate(model):  # step 2 of 2: synchronised
+        model(x).sum().backward()
+        out["clip_norm"] = acc.clip_grad_norm_(model.parameters(), 100.0)
+    out["synced_grad"] = model.module.weight.grad.clone()
+    acc.set_trigger() if acc.process_index == 1 else None
+    out["trigger"] = acc.check_trigger()
+    out["trigger_reset"] = acc.check_trigger()
+    return out
+
+
+def test_no_sync_trigger_sync_and_accumulate_through_debug_launcher() -> None:
+    from notebook_accel import debug_launcher
+
+    r0, r1 = debug_launcher(_sync_worker, num_processes=2)
+    assert r0["find_unused"] is True
+    assert torch.equal(r0["local_grad"], torch.ones(1, 2)) and torch.equal(
+        r1["local_grad"], 2 * torch.ones(1, 2)
+    )
+    assert torch.equal(r0["forced_grad"], 1.5 * torch.ones(1, 2)) and torch.equal(
+        r1["forced_grad"], r0["forced_grad"]
+    )
+    assert r0["clip_on_accumulating_step"] is None
+    assert torch.equal(r0["accumulated_grad"], torch.ones(1, 2))
+    # synchronised mean of (local accumulated + new) over ranks: ((1+1) + (2+2)) / 2
+    assert torch.equal(r0["synced_grad"], 3 * torch.ones(1, 2)) and torch.equal(
+        r1["synced_grad"], r0["synced_grad"]
+    )
+    assert r0["clip_norm"] is not None
+    assert r0["trigger"] and r1["trigger"] and not r0["trigger_reset"]
+
+
+def _fsdp_worker() -> dict:
+    from notebook_accel import Accelerator, FullyShardedDataParallelPlugin
+
+    torch.set_num_threads(1)
+    acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    model, opt, loader = acc.prepare(model, opt, DataLoader(_data(), batch_size=BATCH))
+    for x, y in loader:
+        acc.backward(torch.nn.functional.mse_loss(model(x), y))
+        opt.step()
+        opt.zero_grad()
+    return {"type": type(model).__name__, "weights": acc.get_state_dict(model)}
+
+
+def test_fsdp_on_cpu_processes_matches_full_batch_training() -> None:
+    results = run_distributed(_fsdp_worker, nprocs=2, timeout=120)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for x, y in DataLoader(_data(), batch_size=2 * BATCH):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    for r in results:
+        assert r["type"] == "FullyShardedDataParallel"
+        for k, v in model.state_dict().items():
+            torch.testing.assert_close(r["weights"][k], v, rtol=1e-5, atol=1e-6)
