@@ -169,14 +169,14 @@ def remove_hook_from_submodules(module: nn.Module) -> None:
 
 
 def _find_align_hook(module: nn.Module) -> AlignDevicesHook | None:
-    """Return the AlignDevicesHook attached to ``module`` (directly or inside a SequentialHook)."""
+    """Return the AlignDevicesHook attached to ``module`` (in a SequentialHook: the offloading one first)."""
     hook = module.__dict__.get("_hf_hook")
     if isinstance(hook, AlignDevicesHook):
         return hook
     if isinstance(hook, SequentialHook):
-        for sub in hook.hooks:
-            if isinstance(sub, AlignDevicesHook):
-                return sub
+        found = [sub for sub in hook.hooks if isinstance(sub, AlignDevicesHook)]
+        offloading = [sub for sub in found if sub.offload]
+        return (offloading or found or [None])[0]
     return None
 
 

@@ -152,6 +152,21 @@ def test_cpu_offload_options(net: Net, ids) -> None:
     assert not _prefetchers(model)  # prefetch=False
 
 
+def test_cpu_offload_root_with_own_weights(tmp_path) -> None:
+    from notebook_accel.utils import has_offloaded_params
+
+    lin = nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    expected = lin(x)
+    disk_offload(lin, tmp_path)
+    assert has_offloaded_params(lin) and lin.weight.device.type == "meta"
+    assert len(_prefetchers(lin)) == 1
+    assert torch.allclose(lin(x), expected) and torch.allclose(lin(x), expected)
+    assert telemetry.weight_placement(lin)[""]["storage"] == "disk"
+    _unhook_and_check_threads(lin)
+    assert torch.allclose(lin(x), expected)
+
+
 def test_disk_offload_matches_plain_and_reuses_folder(net: Net, ids, tmp_path) -> None:
     expected = net(ids)
     model = disk_offload(copy.deepcopy(net), tmp_path)
