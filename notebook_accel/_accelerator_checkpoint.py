@@ -17,6 +17,7 @@ from torch.utils.hooks import RemovableHandle
 
 from . import checkpointing as _ckpt
 from .data_loader import skip_first_batches
+from .utils.enums import DistributedType
 
 __all__: list[str] = []
 
@@ -127,13 +128,17 @@ class _CheckpointMixin:
         self.wait_for_everyone()
         writer = self._is_writer()
         weights = [self.get_state_dict(model) for model in self._models]
+        optimizers = self._optimizers
+        if self.distributed_type == DistributedType.FSDP:
+            # Sharded optimizer state: every process takes part in gathering the full one.
+            optimizers = [_FullOptimizerState(self._models, opt, self.device) for opt in self._optimizers]
         with _ckpt.atomic_directory(target, self.state, writer) as tmp:
             for hook in self._save_model_state_pre_hook.values():
                 hook(self._models, weights, str(tmp))
             _ckpt.save_accelerator_state(
                 tmp,
                 weights,
-                self._optimizers,
+                optimizers,
                 self._schedulers,
                 self._dataloaders,
                 self.process_index,
@@ -168,12 +173,16 @@ class _CheckpointMixin:
                 "load_state needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)"
             )
         models = [self.unwrap_model(m) for m in self._models]
+        optimizers = self._optimizers
+        if self.distributed_type == DistributedType.FSDP:
+            models = [_FullModelState(m) for m in self._models]
+            optimizers = [_FullOptimizerState(self._models, opt, self.device) for opt in self._optimizers]
         for hook in self._load_model_state_pre_hook.values():
             hook(self._models, str(source))
         override = _ckpt.load_accelerator_state(
             source,
             models,
-            self._optimizers,
+            optimizers,
             self._schedulers,
             self._dataloaders,
             self.process_index,
@@ -189,3 +198,50 @@ class _CheckpointMixin:
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """Return ``dataloader`` resuming after its first ``num_batches`` batches (mid-epoch resume)."""
         return skip_first_batches(dataloader, num_batches=num_batches)
+
+
+def _full_options(device: torch.device, strict: bool = True) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=device.type != "cpu", strict=strict)
+
+
+class _FullModelState:
+    """Load a full (unsharded) state dict into an FSDP-wrapped model, on every process."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {}  # no tied aliases to account for: the full state dict names every tensor
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], strict: bool = True) -> Any:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        return set_model_state_dict(
+            self.model, state, options=_full_options(torch.device("cpu"), strict=strict)
+        )
+
+
+class _FullOptimizerState:
+    """Read and write the full optimizer state of a model sharded with FSDP."""
+
+    def __init__(self, models: list[torch.nn.Module], optimizer: Any, device: torch.device) -> None:
+        self.optimizer = getattr(optimizer, "optimizer", optimizer)
+        owned = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+        self.model = next((m for m in models if owned & {id(p) for p in m.parameters()}), None)
+        if self.model is None:
+            raise ValueError(
+                "save_state/load_state with FSDP: an optimizer's parameters belong to no prepared model"
+            )
+        self.device = device
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.model, self.optimizer, options=_full_options(self.device))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.model, self.optimizer, state, options=_full_options(self.device))

@@ -138,8 +138,11 @@ def save_accelerator_state(
     if is_writer:
         for i, state in enumerate(model_states):
             save_model_weights(state, output_dir / _model_file(i, safe_serialization), safe_serialization)
-        for i, optimizer in enumerate(optimizers):
-            _torch_save(optimizer.state_dict(), output_dir / f"{_indexed(OPTIMIZER_NAME, i)}.bin")
+    # Gathering a sharded optimizer state is collective: every process computes it.
+    optimizer_states = [optimizer.state_dict() for optimizer in optimizers]
+    if is_writer:
+        for i, state in enumerate(optimizer_states):
+            _torch_save(state, output_dir / f"{_indexed(OPTIMIZER_NAME, i)}.bin")
         for i, scheduler in enumerate(schedulers):
             _torch_save(scheduler.state_dict(), output_dir / f"{_indexed(SCHEDULER_NAME, i)}.bin")
         for i, dataloader in enumerate(dataloaders):

@@ -417,30 +417,50 @@ def test_no_sync_trigger_sync_and_accumulate_through_debug_launcher() -> None:
     assert r0["trigger"] and r1["trigger"] and not r0["trigger_reset"]
 
 
-def _fsdp_worker() -> dict:
+def _fsdp_worker(ckpt: str) -> dict:
     from notebook_accel import Accelerator, FullyShardedDataParallelPlugin
 
     torch.set_num_threads(1)
     acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
     model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     model, opt, loader = acc.prepare(model, opt, DataLoader(_data(), batch_size=BATCH))
-    for x, y in loader:
-        acc.backward(torch.nn.functional.mse_loss(model(x), y))
-        opt.step()
-        opt.zero_grad()
-    return {"type": type(model).__name__, "weights": acc.get_state_dict(model)}
+
+    def epoch() -> None:
+        for x, y in loader:
+            acc.backward(torch.nn.functional.mse_loss(model(x), y))
+            opt.step()
+            opt.zero_grad()
+
+    epoch()
+    trained = acc.get_state_dict(model)
+    acc.save_state(ckpt)
+    epoch()  # moves weights and momentum on
+    acc.load_state(ckpt)
+    restored = acc.get_state_dict(model)
+    epoch()  # continues from the restored momentum
+    return {
+        "type": type(model).__name__,
+        "weights": trained,
+        "restored": restored,
+        "continued": acc.get_state_dict(model),
+    }
 
 
-def test_fsdp_on_cpu_processes_matches_full_batch_training() -> None:
-    results = run_distributed(_fsdp_worker, nprocs=2, timeout=120)
+def test_fsdp_on_cpu_processes_matches_full_batch_training_and_checkpoints(tmp_path) -> None:
+    results = run_distributed(_fsdp_worker, nprocs=2, args=(str(tmp_path / "fsdp"),), timeout=120)
     model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    for x, y in DataLoader(_data(), batch_size=2 * BATCH):
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    snapshots = []
+    for _ in range(2):
+        for x, y in DataLoader(_data(), batch_size=2 * BATCH):
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        snapshots.append({k: v.clone() for k, v in model.state_dict().items()})
     for r in results:
         assert r["type"] == "FullyShardedDataParallel"
-        for k, v in model.state_dict().items():
+        for k, v in snapshots[0].items():
             torch.testing.assert_close(r["weights"][k], v, rtol=1e-5, atol=1e-6)
+            assert torch.equal(r["restored"][k], r["weights"][k])
+            torch.testing.assert_close(r["continued"][k], snapshots[1][k], rtol=1e-4, atol=1e-5)
