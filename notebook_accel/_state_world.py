@@ -146,6 +146,23 @@ def _adopt_group(flags: dict[str, Any]) -> ProcessWorld:
     )
 
 
+def _xla_world(flags: dict[str, Any]) -> ProcessWorld:
+    """Return the world of a torch_xla (TPU) process, as torch_xla's runtime reports it."""
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+
+    local = xr.local_ordinal() if hasattr(xr, "local_ordinal") else xm.get_local_ordinal()
+    return ProcessWorld(
+        distributed_type=DistributedType.XLA,
+        num_processes=xr.world_size(),
+        process_index=xr.global_ordinal(),
+        local_process_index=local,
+        device=xm.xla_device(),
+        backend="xla",
+        **flags,
+    )
+
+
 def resolve_world(cpu: bool = False, init_kwargs: Mapping[str, Any] | None = None) -> ProcessWorld:
     """Return this process's :class:`ProcessWorld`, initialising the default process group if needed.
 
@@ -158,6 +175,12 @@ def resolve_world(cpu: bool = False, init_kwargs: Mapping[str, Any] | None = Non
     kwargs = {k: v for k, v in dict(init_kwargs or {}).items() if v is not None}
     if dist.is_available() and dist.is_initialized():
         return _adopt_group(flags)
+    if not flags["use_cpu"]:
+        from .utils.imports import is_torch_xla_available
+
+        # On a TPU runtime torch_xla owns the process world (xmp.spawn sets it up, not torchrun).
+        if is_torch_xla_available(check_is_tpu=True):
+            return _xla_world(flags)
     world_size = _env_int("WORLD_SIZE", 1)
     if world_size < 1:
         raise ValueError(f"WORLD_SIZE={world_size} must be at least 1")

@@ -118,6 +118,18 @@ def _all_operations() -> dict:
     )
     out["pad_nested"] = (padded["x"][0].tolist(), padded["scalar"].tolist(), padded["same"].tolist())
     out["pad_then_gather"] = gather(pad_across_processes(torch.arange(rank + 1))).tolist()
+    # tensors that carry autograd history or are views still work (results are detached data)
+    weight = torch.full((2,), r + 1, requires_grad=True)
+    loss = weight * 2
+    leaf = torch.full((2,), r, requires_grad=True)
+    broadcast({"leaf": leaf, "other": torch.ones(1)}, from_process=1)
+    broadcast(leaf, from_process=0)
+    out["grad_leaf"] = leaf.tolist()
+    out["grad_inputs"] = (
+        gather(loss).tolist(),
+        reduce(loss).tolist(),
+        gather({"w": weight, "t": weight.t()})["w"].tolist(),
+    )
     with pytest.raises(TypeError, match="Unsupported type str passed to `gather`"):
         gather([torch.ones(1), "text"])
     out["object_collectives"] = len(calls) - 2  # the two gather_object calls above
@@ -151,6 +163,8 @@ def test_all_operations_in_two_processes():
         assert res["broadcast_object_list"] == ["from 1", {"rank": 1}]
         assert res["pad_nested"][1:] == (5.0, [1.0, 1.0])
         assert res["pad_then_gather"] == [0, 0, 0, 1]
+        assert res["grad_inputs"] == ([2.0, 2.0, 4.0, 4.0], [3.0, 3.0], [1.0, 1.0, 2.0, 2.0])
+        assert res["grad_leaf"] == [1.0, 1.0]
         assert res["object_collectives"] == 0  # no debug mode: no extra collective
     assert results[0]["pad"] == [[1.0, 1.0], [-1.0, -1.0]] and results[1]["pad"] == [[1.0, 1.0], [1.0, 1.0]]
     assert results[0]["pad_first"] == [[0.0, 1.0], [0.0, 1.0]] and results[1]["pad_first"] == [[1.0, 1.0]] * 2

@@ -381,3 +381,32 @@ def test_import_does_not_initialise_cuda():
     code = "import notebook_accel as a, torch; a.PartialState(); print(torch.cuda.is_initialized())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_init_process_group_kwargs_are_passed_through(monkeypatch):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from notebook_accel.utils import InitProcessGroupKwargs
+
+    calls = []
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: calls.append(kwargs))
+    env = {
+        "WORLD_SIZE": "4",
+        "RANK": "3",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    kwargs = InitProcessGroupKwargs(timeout=timedelta(seconds=77)).to_kwargs()
+    state = PartialState(cpu=True, **kwargs)
+    assert calls == [{"backend": "gloo", "timeout": timedelta(seconds=77), "rank": 3, "world_size": 4}]
+    assert state.distributed_type == DistributedType.MULTI_CPU and state.backend == "gloo"
+    assert (state.num_processes, state.process_index, state.local_process_index) == (4, 3, 1)
+    assert state.is_last_process and not state.is_main_process and not state.is_local_main_process
+    PartialState._reset_state()
+    PartialState(cpu=True, backend="gloo", init_method="tcp://127.0.0.1:1")
+    assert calls[-1]["init_method"] == "tcp://127.0.0.1:1" and calls[-1]["backend"] == "gloo"

@@ -208,6 +208,7 @@ def _verify(op: str, data: Any, world: dict[str, Any], sizes_must_match: bool = 
 
 
 def _gather_one(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
+    tensor = tensor.detach()  # collectives move data; autograd would reject the in-place receive
     if tensor.ndim == 0:
         tensor = tensor.reshape(1)
     tensor = tensor.contiguous()
@@ -224,7 +225,7 @@ def _gather_many(tensors: list[torch.Tensor], world_size: int) -> list[torch.Ten
         if len(idx) == 1:
             out[idx[0]] = _gather_one(tensors[idx[0]], world_size)
             continue
-        flat = torch.cat([tensors[i].reshape(-1) for i in idx])
+        flat = torch.cat([tensors[i].detach().reshape(-1) for i in idx])
         received = torch.empty(world_size * flat.numel(), dtype=dtype, device=device)
         _all_gather_into(_wire(received), _wire(flat))
         rows = received.view(world_size, flat.numel())
@@ -294,6 +295,7 @@ def _check_source(from_process: Any, world: dict[str, Any]) -> None:
 
 
 def _broadcast_into(tensor: torch.Tensor, src: int) -> None:
+    tensor = tensor.detach()  # shares storage: the caller's tensor is still updated in place
     if tensor.is_contiguous():
         dist.broadcast(_wire(tensor), src=src)
         return
@@ -330,7 +332,7 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
             _broadcast_into(tensors[idx[0]], from_process)
             continue
         if is_source:
-            flat = torch.cat([tensors[i].reshape(-1) for i in idx])
+            flat = torch.cat([tensors[i].detach().reshape(-1) for i in idx])
         else:
             flat = torch.empty(sum(tensors[i].numel() for i in idx), dtype=dtype, device=device)
         dist.broadcast(_wire(flat), src=from_process)
@@ -381,15 +383,16 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
         _verify("reduce", tensor, world)
     n = world["num_processes"]
     if isinstance(tensor, torch.Tensor) and not _is_xla(world):
+        tensor = tensor.detach()
         buffer = (
-            tensor.clone(memory_format=torch.contiguous_format)
-            if tensor.dtype != torch.bool
-            else tensor.long()
+            tensor.long()
+            if tensor.dtype == torch.bool
+            else tensor.clone(memory_format=torch.contiguous_format)
         )
         dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
         return _mean(buffer, n) if reduction == "mean" else buffer
     # Booleans are summed as counts (int64): the sum of True over processes, or its mean.
-    tensors = [t.long() if t.dtype == torch.bool else t for t in _leaves(tensor, "reduce")]
+    tensors = [t.long() if t.dtype == torch.bool else t.detach() for t in _leaves(tensor, "reduce")]
     if _is_xla(world):
         import torch_xla.core.xla_model as xm
 
