@@ -47,9 +47,11 @@ def test_disk_offloaded_model(tmp_path):
         mon._throttle.flush()
         assert "3 passes" in mon._w_status.value and "<table>" in mon._w_passes.value
         assert "disk: 3 modules" in mon._w_summary.value
+        assert mon._w_chart.value[:4] == b"\x89PNG"
         text = repr(mon)
         assert "3 passes" in text and "bytes moved" in text
-        assert "OffloadMonitor" in mon._repr_html_()
+        page = mon._repr_html_()
+        assert "OffloadMonitor" in page and "data:image/png;base64," in page
         mon._w_reset.click()
         assert mon.finished_passes() == [] and mon.module_totals == {}
         assert mon._w_status.value == "waiting for a forward pass"

@@ -63,6 +63,7 @@ class LaunchPanel(_Panel):
         self._unsubscribe = handle.subscribe(self._on_line)
         handle.add_done_callback(self._on_done)
         # Elapsed time and CPU% change without new lines: tick once a second while running.
+        self._ticking = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="notebook_accel-launch-panel", daemon=True)
         self._ticker.start()
 
@@ -74,13 +75,14 @@ class LaunchPanel(_Panel):
         self._throttle()
 
     def _on_done(self, _handle: Any) -> None:
+        self._ticking.set()
         self._throttle()
         # The saved notebook's static snapshot should show how the launch ended, not "running".
         self._update_snapshot()
 
     def _tick(self) -> None:
-        while not self.closed and not self.handle.done:
-            time.sleep(1.0)
+        # Ends as soon as the launch is done or the panel closed (the event is set), not a second later.
+        while not self._ticking.wait(1.0):
             self._throttle()
 
     @property
@@ -181,6 +183,7 @@ class LaunchPanel(_Panel):
     def close(self) -> None:
         """Stop receiving lines and updating the view (the launch itself keeps running)."""
         self.closed = True
+        self._ticking.set()
         self._unsubscribe()
         self._throttle.cancel()
 

@@ -85,6 +85,7 @@ class OffloadMonitor(_Panel):
             model.register_forward_hook(self._on_pass_end, always_call=True),
         ]
         self.closed = False
+        self._chart_throttle = _Throttle(self._draw_chart, 1.0)
 
     # -- recording ----------------------------------------------------------------------------
     def _open_pass(self) -> PassStats:
@@ -152,6 +153,7 @@ class OffloadMonitor(_Panel):
         for handle in self._handles:
             handle.remove()
         self._throttle.cancel()
+        self._chart_throttle.cancel()
         self.closed = True
 
     # -- summaries ----------------------------------------------------------------------------
@@ -203,6 +205,21 @@ class OffloadMonitor(_Panel):
 
     _PLACEMENT_HEADERS = ["module", "runs on", "weights in", "size", "loads", "bytes moved"]
 
+    def chart_png(self, last: int = 30) -> bytes:
+        """Return a PNG with one stacked bar per recent pass: milliseconds moving weights vs computing."""
+        from ._charts import stacked_bars_png
+
+        done = self.finished_passes()[-last:]
+        labels = [str(p.index) for p in done] or ["-"]
+        series = {
+            "moving": [p.move_seconds * 1000 for p in done] or [0.0],
+            "computing": [p.compute_seconds * 1000 for p in done] or [0.0],
+        }
+        colours = {"moving": "#d9534f", "computing": "#5cb85c"}
+        return stacked_bars_png(
+            labels, series, colours, "Forward passes: time moving vs computing", ylabel="ms"
+        )
+
     def _summary_html(self) -> str:
         badges = " ".join(
             _badge(
@@ -214,12 +231,14 @@ class OffloadMonitor(_Panel):
         return f"<b>OffloadMonitor</b> — {html.escape(type(self.model).__name__)} {badges}"
 
     def _html(self) -> str:
+        from ._charts import png_img_tag
+
+        done = bool(self.finished_passes())
         return "<br>".join(
             [
                 self._summary_html(),
-                _table(self._PASS_HEADERS, self._pass_rows())
-                if self.finished_passes()
-                else "no forward pass yet",
+                _table(self._PASS_HEADERS, self._pass_rows()) if done else "no forward pass yet",
+                png_img_tag(self.chart_png(), "time per pass") if done else "",
                 _table(self._PLACEMENT_HEADERS, self._placement_rows()[:200]),
             ]
         )
@@ -245,8 +264,14 @@ class OffloadMonitor(_Panel):
         self._w_reset = w.Button(description="Reset", icon="refresh")
         self._w_reset.on_click(lambda _b: self.reset())
         self._w_status = w.Label()
+        self._w_chart = w.Image(format="png")
         return w.VBox(
-            [w.HBox([self._w_summary, self._w_reset]), self._w_status, self._w_passes, self._w_placement]
+            [
+                w.HBox([self._w_summary, self._w_reset]),
+                self._w_status,
+                w.HBox([self._w_passes, self._w_chart]),
+                self._w_placement,
+            ]
         )
 
     def _refresh_widget(self) -> None:
@@ -256,12 +281,22 @@ class OffloadMonitor(_Panel):
             _table(self._PASS_HEADERS, self._pass_rows()) if done else "no forward pass yet"
         )
         self._w_placement.value = _table(self._PLACEMENT_HEADERS, self._placement_rows()[:200])
+        # The chart costs tens of ms to draw: at most once a second (the last state still gets
+        # drawn, by the throttle's trailing call), and at once after a reset.
+        if done:
+            self._chart_throttle()
+        else:
+            self._chart_throttle.flush()
         if done:
             moved = sum(p.move_seconds for p in done)
             wall = sum(p.wall_seconds for p in done) or 1e-12
             self._w_status.value = f"{len(done)} passes; {100 * moved / wall:.0f}% of the time moving weights"
         else:
             self._w_status.value = "waiting for a forward pass"
+
+    def _draw_chart(self) -> None:
+        if self._widget is not None and not self.closed:
+            self._w_chart.value = self.chart_png()
 
     def _update_view(self) -> None:
         if not self.closed:
