@@ -34,13 +34,14 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """GPT-2-like: embeddings, n blocks of 11 modules, final norm, lm_head tied to the token embedding."""
 
-    def __init__(self, n_blocks: int, d: int = 1024, vocab: int = 50257) -> None:
+    def __init__(self, n_blocks: int, d: int = 1024, vocab: int = 50257, tie: bool = True) -> None:
         super().__init__()
         self.wte = nn.Embedding(vocab, d)
         self.h = nn.ModuleList(Block(d) for _ in range(n_blocks))
         self.ln_f = nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
-        self.lm_head.weight = self.wte.weight
+        if tie:
+            self.lm_head.weight = self.wte.weight
 
 
 def gpt_meta(n_blocks: int, d: int = 1024) -> nn.Module:

@@ -361,6 +361,13 @@ def load_checkpoint_in_model(
             finally:
                 shard.close()
         if offload_index:
+            # A tied weight is stored once; hooks look weights up by each module's own names.
+            for group in tied:
+                source = next((name for name in group if name in offload_index), None)
+                for name in group if source is not None else ():
+                    if name not in offload_index and _is_disk(lookup(name)):
+                        offload_index[name] = offload_index[source]
+                        loaded.add(name)
             save_offload_index(offload_index, offload_folder)
         if spill_index:
             load_offloaded_weights(model, spill_index, spill_folder)
