@@ -44,6 +44,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.device_placement = device_placement
         self._is_overflow = False
         self._accelerate_step_called = False
+        if device_placement and self.optimizer.state:
+            # State created before prepare() (e.g. a resumed optimizer) follows the model to its device.
+            self.load_state_dict(self.optimizer.state_dict())
 
     # The torch.optim.Optimizer surface, read through to the wrapped optimizer.
     @property

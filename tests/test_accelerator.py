@@ -372,6 +372,9 @@ def _sync_worker() -> dict:
         gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2),
     )
     model = acc.prepare(torch.nn.Linear(2, 1, bias=False))
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    opt, sched = acc.prepare(opt, sched)
     x = torch.full((1, 2), float(acc.process_index + 1))
     out = {"find_unused": model.find_unused_parameters}
     with acc.no_sync(model):
@@ -389,7 +392,10 @@ def _sync_worker() -> dict:
     with acc.accumulate(model):  # step 2 of 2: synchronised
         model(x).sum().backward()
         out["clip_norm"] = acc.clip_grad_norm_(model.parameters(), 100.0)
-    out["synced_grad"] = model.module.weight.grad.clone()
+        out["synced_grad"] = model.module.weight.grad.clone()
+        opt.step()
+        sched.step()  # one optimizer step = one global batch = num_processes scheduler steps
+    out["lr"] = sched.get_last_lr()
     acc.set_trigger() if acc.process_index == 1 else None
     out["trigger"] = acc.check_trigger()
     out["trigger_reset"] = acc.check_trigger()
@@ -414,6 +420,7 @@ def test_no_sync_trigger_sync_and_accumulate_through_debug_launcher() -> None:
         r1["synced_grad"], r0["synced_grad"]
     )
     assert r0["clip_norm"] is not None
+    assert r0["lr"] == [0.25]
     assert r0["trigger"] and r1["trigger"] and not r0["trigger_reset"]
 
 
@@ -464,3 +471,40 @@ def test_fsdp_on_cpu_processes_matches_full_batch_training_and_checkpoints(tmp_p
             torch.testing.assert_close(r["weights"][k], v, rtol=1e-5, atol=1e-6)
             assert torch.equal(r["restored"][k], r["weights"][k])
             torch.testing.assert_close(r["continued"][k], snapshots[1][k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["tensorboard", "wandb", "comet_ml", "aim", "mlflow", "clearml", "dvclive"])
+def test_tracker_without_its_package_names_it(name: str, tmp_path) -> None:
+    import importlib.util
+
+    from notebook_accel import Accelerator
+    from notebook_accel.tracking import LOGGER_TYPE_TO_CLASS
+
+    if importlib.util.find_spec(name) is not None:
+        pytest.skip(f"{name} is installed here")
+    with pytest.raises(ImportError, match=f"pip install {name}"):
+        Accelerator(cpu=True, project_dir=tmp_path, log_with=name)
+    with pytest.raises(ImportError, match=f"requires `{name}`"):
+        LOGGER_TYPE_TO_CLASS[name]("run", logging_dir=tmp_path) if LOGGER_TYPE_TO_CLASS[
+            name
+        ].requires_logging_directory else LOGGER_TYPE_TO_CLASS[name]("run")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fp16_on_cuda_scales_and_returns_fp32() -> None:
+    from notebook_accel import Accelerator
+
+    acc = Accelerator(mixed_precision="fp16")
+    model, opt = acc.prepare(
+        torch.nn.Linear(8, 8), torch.optim.SGD(torch.nn.Linear(8, 8).parameters(), lr=0.1)
+    )
+    assert acc.device.type == "cuda" and next(model.parameters()).device.type == "cuda"
+    out = model(torch.randn(4, 8, device=acc.device))
+    assert out.dtype == torch.float32 and acc.scaler is not None
+    with acc.autocast():
+        assert (
+            torch.mm(torch.randn(2, 2, device="cuda"), torch.randn(2, 2, device="cuda")).dtype
+            == torch.float16
+        )
+    acc.backward(out.sum())
