@@ -105,7 +105,7 @@ class _DataLoaderStateMixin:
         if self._drop_last:
             return -1
         try:
-            length = len(getattr(self.dataset, "dataset", self.dataset))
+            length = len(_unsharded(self.dataset))
         except TypeError:
             return -1
         total = self.total_batch_size
@@ -151,7 +151,7 @@ class DataLoaderShard(_DataLoaderStateMixin, DataLoader):
     @property
     def total_dataset_length(self) -> int:
         """Return the length of the underlying (unsharded) dataset."""
-        return len(getattr(self.dataset, "dataset", self.dataset))
+        return len(_unsharded(self.dataset))
 
     def set_epoch(self, epoch: int) -> None:
         """Select ``epoch``'s shuffling in the sampler (or iterable dataset) behind this loader."""
@@ -203,6 +203,11 @@ class DataLoaderShard(_DataLoaderStateMixin, DataLoader):
 
 
 _END = object()
+
+
+def _unsharded(dataset: Any) -> Any:
+    # Only our own shard wrapper is looked through (a user's Subset also has a .dataset attribute).
+    return dataset.dataset if isinstance(dataset, IterableDatasetShard) else dataset
 
 
 class DataLoaderDispatcher(_DataLoaderStateMixin, DataLoader):

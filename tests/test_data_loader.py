@@ -122,6 +122,15 @@ def test_single_process_loader_flags_last_batch_and_skips() -> None:
     assert GradientState().active_dataloader is None
     skipped = skip_first_batches(loader, 2)
     assert [x.tolist() for (x,) in skipped] == [[8, 9]] and len(skipped) == 1
+    subset = prepare_data_loader(
+        DataLoader(torch.utils.data.Subset(list(range(100)), range(5)), batch_size=2)
+    )
+    assert [(b.tolist(), subset.remainder) for b in subset][-1] == (
+        [4],
+        1,
+    ) and subset.total_dataset_length == 5
+    workers = prepare_data_loader(DataLoader(list(range(10)), batch_size=4, num_workers=2))
+    assert [b.tolist() for b in workers] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]] and workers.num_workers == 2
     plain = skip_first_batches(DataLoader(list(range(6)), batch_size=2), 1)
     assert [b.tolist() for b in plain] == [[2, 3], [4, 5]]
     stream = skip_first_batches(DataLoader(_Stream(6), batch_size=2), 2)
@@ -151,6 +160,7 @@ def _loader_worker() -> dict:
     stream = acc.prepare(DataLoader(_Stream(11), batch_size=2))
     out["stream"] = [b.tolist() for b in stream]
     out["stream_type"] = type(stream).__name__
+    out["stream_skipped"] = [b.tolist() for b in skip_first_batches(stream, 1)]
     # iterable dataset sharded in place (dispatch_batches=False)
     acc.dataloader_config = DataLoaderConfiguration(dispatch_batches=False)
     sharded = acc.prepare(DataLoader(_Stream(11), batch_size=2))
@@ -172,5 +182,6 @@ def test_loaders_on_two_processes() -> None:
     assert r0["epochs"][0] != r0["epochs"][1]
     assert r0["stream_type"] == "DataLoaderDispatcher"
     assert r0["stream"] == [[0, 1], [4, 5], [8, 9]] and r1["stream"] == [[2, 3], [6, 7], [10, 8]]
+    assert r0["stream_skipped"] == [[4, 5], [8, 9]] and r1["stream_skipped"] == [[6, 7], [10, 8]]
     assert r0["sharded_metrics"] == list(range(11))
     assert r0["split"] == [[0, 1], [4, 5]] and r1["split"] == [[2, 3], [6, 7]]
