@@ -34,6 +34,65 @@ def _median_ms(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _peak_cpu_bytes(fn) -> int:  # noqa: ANN001
+    """Peak live bytes of the CPU allocator while ``fn`` runs (torch profiler memory events, in time order)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+        key=lambda e: e.start_ns(),
+    )
+    live = peak = 0
+    for event in events:
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def accuracy_rows(machine) -> list[tuple[str, int, int]]:  # noqa: ANN001
+    """Return (case, estimated bytes, measured bytes) of one training step with Adam on CPU."""
+    from notebook_accel.widgets import MemoryEstimator
+
+    nn = torch.nn
+    cases = {
+        "MLP 512-1024-1024-256, batch 64": (
+            lambda: nn.Sequential(
+                nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 256)
+            ),
+            (64, 512),
+        ),
+        "TransformerEncoder 2x(d128,ff512), 8x64": (
+            lambda: nn.TransformerEncoder(
+                nn.TransformerEncoderLayer(128, 4, 512, batch_first=True), 2, enable_nested_tensor=False
+            ),
+            (8, 64, 128),
+        ),
+        "TransformerEncoder 4x(d256,ff1024), 16x128": (
+            lambda: nn.TransformerEncoder(
+                nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True), 4, enable_nested_tensor=False
+            ),
+            (16, 128, 256),
+        ),
+    }
+    rows = []
+    for name, (make, shape) in cases.items():
+        est = MemoryEstimator(make(), dtypes=("float32",), sample_input=shape, machine=machine, foreach=False)
+
+        def step(make=make, shape=shape) -> None:  # noqa: ANN001
+            model = make()
+            opt = torch.optim.Adam(model.parameters(), foreach=False)
+            x = torch.randn(shape)
+            for _ in range(2):
+                opt.zero_grad(set_to_none=True)
+                model(x).sum().backward()
+                opt.step()
+
+        rows.append((name, est.estimates["float32"].training, _peak_cpu_bytes(step)))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
@@ -98,6 +157,15 @@ def main() -> None:
     print(f"{'case':<{width}}  median ms")
     for name, ms in rows:
         print(f"{name:<{width}}  {ms:9.1f}")
+
+    print("\nMemoryEstimator training estimate vs measured peak of real Adam steps (CPU allocator, profiler)")
+    acc = accuracy_rows(machine)
+    width = max(len(r[0]) for r in acc)
+    print(f"{'model':<{width}}  estimate MiB  measured MiB  error")
+    for name, estimate, measured in acc:
+        print(
+            f"{name:<{width}}  {estimate / 2**20:12.2f}  {measured / 2**20:12.2f}  {100 * (estimate - measured) / measured:+5.1f}%"
+        )
 
 
 if __name__ == "__main__":
