@@ -320,3 +320,46 @@ def test_broadcast_from_rank0_needs_process_group(tmp_path) -> None:
     checkpoint = save_checkpoint(tmp_path / "ckpt", _state(make_net()), "file-safetensors", "1GB")
     with pytest.raises(ValueError, match="initialised process group"):
         load_checkpoint_in_model(make_net(), checkpoint, broadcast_from_rank0=True)
+
+
+def _broadcast_worker(path: str) -> dict:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        torch.manual_seed(100 + dist.get_rank())  # ranks start from different weights
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        # only rank 0 reads the checkpoint: the path other ranks pass does not even exist
+        checkpoint = path if dist.get_rank() == 0 else path + ".not-there"
+        load_checkpoint_in_model(model, checkpoint, broadcast_from_rank0=True)
+        return {k: v.clone() for k, v in model.state_dict().items()}
+    finally:
+        dist.destroy_process_group()
+
+
+def test_broadcast_from_rank0_two_ranks(tmp_path) -> None:
+    from tests._dist import run_distributed
+
+    torch.manual_seed(0)
+    reference = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    path = str(tmp_path / "model.safetensors")
+    save_file(reference.state_dict(), path)
+    results = run_distributed(_broadcast_worker, nprocs=2, args=(path,))
+    for state in results:
+        for key, value in reference.state_dict().items():
+            torch.testing.assert_close(state[key], value)
+
+
+def test_get_state_dict_offloaded_model_reads_offloaded_weights() -> None:
+    from notebook_accel.big_modeling import cpu_offload
+    from notebook_accel.utils.modeling import get_state_dict_offloaded_model
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    reference = {k: v.clone() for k, v in model.state_dict().items()}
+    cpu_offload(model, execution_device="cpu")
+    assert model[0].weight.device.type == "meta"
+    state = get_state_dict_offloaded_model(model)
+    assert sorted(state) == sorted(reference)
+    for key, value in reference.items():
+        torch.testing.assert_close(state[key], value)

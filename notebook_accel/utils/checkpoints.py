@@ -420,7 +420,8 @@ def _progress(files: list[str]):
         return files
     from tqdm.auto import tqdm
 
-    return tqdm(files, desc="Loading checkpoint shards", unit="shard", leave=False)
+    # delay: quick loads (memory-mapped, page-cached) finish before a bar would be worth drawing.
+    return tqdm(files, desc="Loading checkpoint shards", unit="shard", leave=False, delay=0.5)
 
 
 def _load_broadcast(
