@@ -308,6 +308,12 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
             )
         if self.distributed_type == DistributedType.DEEPSPEED:
             return self._prepare_deepspeed(*args)
+        if self.distributed_type == DistributedType.MEGATRON_LM:
+            # Training without the tensor/pipeline parallelism the plugin asks for would be a silent fallback.
+            raise RuntimeError(
+                "MegatronLMPlugin is validated, but notebook_accel does not build Megatron-LM models: "
+                "train with DDP/FSDP here, or use Accelerate's Megatron-LM integration for this run"
+            )
         old_params = {}
         if self.distributed_type == DistributedType.FSDP:
             for obj in args:

@@ -128,8 +128,10 @@ def _metrics_worker() -> dict:
     }
 
 
-def test_gather_for_metrics_drops_padding_and_collectives() -> None:
-    results = run_distributed(_metrics_worker, nprocs=2)
+def test_gather_for_metrics_drops_padding_and_collectives_through_notebook_launcher() -> None:
+    from notebook_accel import notebook_launcher
+
+    results = notebook_launcher(_metrics_worker, num_processes=2, sinks=[], timeout=120)
     for rank, r in enumerate(results):
         assert torch.equal(r["gathered"], torch.arange(21, dtype=torch.float32) * 10)
         assert r["objects"] == [f"s{i}" for i in range(21)]
@@ -268,6 +270,7 @@ def test_find_executable_batch_size_around_accelerator() -> None:
     ("kwargs", "exc", "match"),
     [
         ({"mixed_precision": "fp32"}, ValueError, "fp32"),
+        ({"mixed_precision": "fp8"}, ImportError, "msamp|transformer_engine"),
         ({"gradient_accumulation_steps": 0}, ValueError, "gradient_accumulation_steps"),
         ({"log_with": "nope"}, ValueError, "not a known tracker"),
         ({"log_with": "wandb"}, ImportError, "pip install wandb"),
@@ -508,3 +511,13 @@ def test_fp16_on_cuda_scales_and_returns_fp32() -> None:
             == torch.float16
         )
     acc.backward(out.sum())
+
+
+def test_megatron_plugin_with_engine_present_refuses_to_fall_back(monkeypatch) -> None:
+    from notebook_accel import Accelerator
+    from notebook_accel.utils import MegatronLMPlugin, imports
+
+    monkeypatch.setattr(imports, "is_megatron_lm_available", lambda: True)
+    acc = Accelerator(cpu=True, megatron_lm_plugin=MegatronLMPlugin())
+    with pytest.raises(RuntimeError, match="does not build Megatron-LM models"):
+        acc.prepare(torch.nn.Linear(2, 2))
