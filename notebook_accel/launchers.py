@@ -13,11 +13,13 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from .launch.handle import LaunchHandle
 from .launch.output import LogDirSink, OutputLine, PrintSink, format_prefix
-from .launch.plan import LaunchPlan, resolve_plan
+from .launch.plan import LaunchPlan, check_cuda_not_initialised, resolve_plan
+from .launch.ports import DEFAULT_PORT, host_store
 
 __all__ = ["debug_launcher", "notebook_launcher"]
 
@@ -62,32 +64,6 @@ def _show_panel(handle: LaunchHandle) -> None:
             f"pip install 'notebook-accel[panels]' ({exc})"
         ) from exc
     LaunchPanel(handle).display()
-
-
-def _wait_interruptibly(handle: LaunchHandle, printer: PrintSink | None) -> None:
-    """Wait for the launch, printing its lines from this thread; on ^C stop the workers and re-raise."""
-    lines = printer._queue if printer is not None else None
-    if lines is not None:
-        handle.add_done_callback(lambda _: lines.put(None))
-
-    def wait() -> None:
-        if lines is None:
-            handle.wait()
-            return
-        while (line := lines.get()) is not None:
-            printer.write(line)
-        handle.wait()
-
-    try:
-        wait()
-    except KeyboardInterrupt:
-        handle.stop()
-        try:
-            wait()
-        except KeyboardInterrupt:  # a second ^C: no more grace
-            handle.kill()
-            wait()
-        raise
 
 
 def notebook_launcher(
@@ -191,6 +167,7 @@ def _launch(
         return [function(*args)]
     if plan.in_process:  # a handle needs a separate process, even for one rank
         plan = _with_workers(plan)
+    plan, stores = _host_stores(plan, explicit_port=str(use_port) != DEFAULT_PORT)
     run_id = _run_id(rdzv_id)
     out_sinks = _build_sinks(plan, sinks, log_line_prefix_template)
     log_sink = None
@@ -204,46 +181,59 @@ def _launch(
             for r in range(base, base + plan.num_processes)
         }
     _announce(out_sinks, plan.describe())
-    handle = LaunchHandle(
-        plan, function, args, sinks=out_sinks, timeout=timeout, run_id=run_id, log_files=log_files,
-        on_finish=log_sink.close if log_sink is not None else None,
-    )  # fmt: skip
-    printer = out_sinks[0] if block and sinks is None and isinstance(out_sinks[0], PrintSink) else None
-    if printer is not None:
-        printer.defer()  # before the first line can arrive
-    try:
-        handle._start()
-    except BaseException:
+
+    def release() -> None:
+        # Last references to the stores: their servers stop and the ports are free again.
+        stores.clear()
         if log_sink is not None:
             log_sink.close()
+
+    handle = LaunchHandle(
+        plan, function, args, sinks=out_sinks, timeout=timeout, run_id=run_id, log_files=log_files,
+        on_finish=release,
+    )  # fmt: skip
+    try:
+        handle._start(threaded=not block)
+    except BaseException:
+        release()
         raise
     if panel:
         try:
             _show_panel(handle)
         except BaseException:
             handle.kill()
-            handle.wait()
+            handle._supervise() if block else handle.wait()
             raise
     if not block:
         return handle
-    _wait_interruptibly(handle, printer)
+    handle._run_here()
     return handle.result()
 
 
 def _with_workers(plan: LaunchPlan) -> LaunchPlan:
-    from dataclasses import replace
-
-    from .launch.plan import check_cuda_not_initialised
-    from .launch.ports import resolve_port
-
     check_cuda_not_initialised(plan.start_method)
     dist_type = "MULTI_GPU" if plan.device_type == "cuda" else "MULTI_CPU"
-    return replace(
-        plan,
-        in_process=False,
-        distributed_type=dist_type,
-        master_port=resolve_port(plan.master_port, plan.master_addr),
-    )
+    return replace(plan, in_process=False, distributed_type=dist_type)
+
+
+def _host_stores(plan: LaunchPlan, explicit_port: bool) -> tuple[LaunchPlan, list]:
+    """Return the plan with the ports of the TCPStore(s) this process now hosts, and the stores.
+
+    The workers connect to them as clients (TORCHELASTIC_USE_AGENT_STORE, as under torchrun), so the
+    port is held from before the first fork to the end of the launch: nothing can take it meanwhile.
+    """
+    store = host_store(plan.master_port, fallback=not explicit_port)
+    stores = [store]
+    dry_run_port = None
+    if plan.debug:  # a separate store, so the dry run's keys never meet the real group's
+        try:
+            stores.append(host_store(0, fallback=True))
+        except BaseException:
+            stores.clear()
+            raise
+        dry_run_port = stores[1].port
+    env = {**plan.env, "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    return replace(plan, master_port=store.port, dry_run_port=dry_run_port, env=env), stores
 
 
 def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2) -> list[Any]:

@@ -39,10 +39,21 @@ def fd_count() -> int:
     return len(set(os.listdir("/proc/self/fd")) - _mp_helper_fds())
 
 
+def warm_up_store() -> None:
+    """Create and drop one TCPStore server: its first use opens a process-wide pipe pair for good."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5), wait_for_workers=False)
+    del store
+
+
 class Snapshot:
     """Children, open fds and threads before a launch, to compare after it."""
 
     def __init__(self) -> None:
+        warm_up_store()
         self.fds = fd_count()
         self.threads = {t.ident for t in threading.enumerate()}
 

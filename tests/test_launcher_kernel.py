@@ -47,6 +47,10 @@ class Kernel:
             elif kind == "status" and content["execution_state"] == "idle":
                 break
         reply = self.kc.get_shell_msg(timeout=timeout)
+        while (
+            reply["parent_header"].get("msg_id") != msg_id
+        ):  # e.g. wait_for_ready's extra kernel_info replies
+            reply = self.kc.get_shell_msg(timeout=timeout)
         return reply["content"]["status"], "".join(out), "".join(err), ename[0] if ename else None
 
     def close(self) -> None:
@@ -62,6 +66,10 @@ def kernel():
         import os, signal, time, psutil, torch, torch.distributed as dist
         from notebook_accel import notebook_launcher
         from notebook_accel.launch import LaunchError
+        from datetime import timedelta
+        # The first TCPStore server opens a process-wide pipe pair for good: not a per-launch leak.
+        _warm = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5), wait_for_workers=False)
+        del _warm
         def _leaks():
             kids = psutil.Process().children(recursive=True)
             return [c.pid for c in kids], len(os.listdir("/proc/self/fd"))
@@ -118,7 +126,7 @@ def test_failing_and_killed_ranks_in_a_kernel(kernel):
         notebook_launcher(bad, num_processes=2)
         """
     )
-    assert status == "error" and ename == "LaunchError"
+    assert status == "error" and ename == "LaunchError", (status, out, err)
     assert "rank 1" in err and "ZeroDivisionError: cell rank failed" in err and "in bad" in err
     status, out, err, ename = kernel.run(
         """

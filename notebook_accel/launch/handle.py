@@ -195,8 +195,8 @@ class LaunchHandle:
 
     # ------------------------------------------------------------------ starting
 
-    def _start(self) -> None:
-        """Start the workers and the supervising thread (called once by the launcher)."""
+    def _start(self, threaded: bool = True) -> None:
+        """Start the workers, and the supervising thread unless ``threaded`` is False."""
         plan = self.plan
         threads = max(
             1, int(os.environ.get("OMP_NUM_THREADS") or (os.cpu_count() or 1) // plan.num_processes)
@@ -241,10 +241,20 @@ class LaunchHandle:
                     os.close(fd)
                 r.fds.clear()
             raise
-        self._thread = threading.Thread(
-            target=self._supervise, name=f"notebook_accel-launch-{self.run_id}", daemon=True
-        )
-        self._thread.start()
+        if threaded:
+            self._thread = threading.Thread(
+                target=self._supervise, name=f"notebook_accel-launch-{self.run_id}", daemon=True
+            )
+            self._thread.start()
+
+    def _run_here(self) -> None:
+        """Supervise the launch in the calling thread until it is done (a blocking launch).
+
+        No extra thread to start or hand over to, and a blocking launch's output is printed by
+        the caller's own thread (in a kernel: the cell's). ^C stops the workers (a second ^C kills
+        them); KeyboardInterrupt is re-raised once they are all gone.
+        """
+        self._supervise(interruptible=True)
 
     # ------------------------------------------------------------------ supervising thread
 
@@ -275,8 +285,9 @@ class LaunchHandle:
             if r.proc is not None and not r.exited:
                 r.proc.signal_group(signum)
 
-    def _supervise(self) -> None:
+    def _supervise(self, interruptible: bool = False) -> None:
         sel = selectors.DefaultSelector()
+        interrupts = 0
         try:
             for r in self._ranks:
                 for fd in r.fds:
@@ -285,35 +296,49 @@ class LaunchHandle:
                 if r.proc.sentinel is not None:
                     sel.register(r.proc.sentinel, selectors.EVENT_READ, (r, "exit"))
             polling = any(r.proc.sentinel is None for r in self._ranks)
-            drain_deadline: float | None = None
+            self._drain_deadline: float | None = None
             while True:
-                now = time.monotonic()
-                if all(r.exited for r in self._ranks):
-                    if all(not r.fds for r in self._ranks):
+                try:
+                    if self._step(sel, polling):
                         break
-                    drain_deadline = drain_deadline or now + _DRAIN_SECONDS
-                    if now >= drain_deadline:
-                        break
-                for event, _ in sel.select(self._next_wakeup(now, polling, drain_deadline)):
-                    rank, kind = event.data
-                    if kind == "exit":
-                        sel.unregister(event.fd)
-                        self._on_exit(rank)
-                    else:
-                        self._read(sel, rank, event.fd, kind)
-                if polling or self._stop_started is not None:
-                    for r in self._ranks:
-                        if not r.exited and r.proc.poll() is not None:
-                            if r.proc.sentinel is not None:
-                                sel.unregister(r.proc.sentinel)
-                            self._on_exit(r)
-                self._tick()
+                except KeyboardInterrupt:
+                    if not interruptible:
+                        raise
+                    interrupts += 1
+                    self.stop() if interrupts == 1 else self.kill()
         except BaseException:
             logger.exception("launch supervisor crashed; killing the workers")
             self._signal_running(signal.SIGKILL)
             raise
         finally:
             self._finish(sel)
+        if interrupts:
+            raise KeyboardInterrupt
+
+    def _step(self, sel: selectors.BaseSelector, polling: bool) -> bool:
+        """Handle what is ready; return True when the launch is over."""
+        now = time.monotonic()
+        if all(r.exited for r in self._ranks):
+            if all(not r.fds for r in self._ranks):
+                return True
+            self._drain_deadline = self._drain_deadline or now + _DRAIN_SECONDS
+            if now >= self._drain_deadline:
+                return True
+        for event, _ in sel.select(self._next_wakeup(now, polling, self._drain_deadline)):
+            rank, kind = event.data
+            if kind == "exit":
+                sel.unregister(event.fd)
+                self._on_exit(rank)
+            elif event.fd in rank.fds:
+                self._read(sel, rank, event.fd, kind)
+        if polling or self._stop_started is not None:
+            for r in self._ranks:
+                if not r.exited and r.proc.poll() is not None:
+                    if r.proc.sentinel is not None and r.proc.sentinel in sel.get_map():
+                        sel.unregister(r.proc.sentinel)
+                    self._on_exit(r)
+        self._tick()
+        return False
 
     def _next_wakeup(self, now: float, polling: bool, drain_deadline: float | None) -> float | None:
         deadlines = [t for t, _ in self._stop_signals]

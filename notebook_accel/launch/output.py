@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import codecs
 import logging
-import queue
 import string
 import sys
 import time
@@ -104,7 +103,6 @@ class PrintSink:
         self._n = max(1, num_processes)
         self._node_rank = node_rank
         self._prefixes: dict[int, str] = {}
-        self._queue: queue.SimpleQueue | None = None
 
     def _prefix(self, rank: int) -> str:
         prefix = self._prefixes.get(rank)
@@ -118,24 +116,12 @@ class PrintSink:
         self._write(self.stdout, text + "\n")
 
     def __call__(self, line: OutputLine) -> None:
-        if self._queue is not None:
-            self._queue.put(line)
-        else:
-            self.write(line)
+        self.write(line)
 
     def write(self, line: OutputLine) -> None:
         """Print ``line`` now, from the calling thread."""
         stream = self.stderr if line.stream == "stderr" else self.stdout
         self._write(stream, f"{self._prefix(line.rank)}{line.text}\n")
-
-    def defer(self) -> queue.SimpleQueue:
-        """Queue lines instead of printing them; return the queue, for the waiting caller to print.
-
-        A blocking launch prints from the caller's own thread: in a kernel that is the cell's
-        thread, so output lands in the cell and ipykernel opens no per-thread pipe for it.
-        """
-        self._queue = queue.SimpleQueue()
-        return self._queue
 
     @staticmethod
     def _write(stream: IO[str], text: str) -> None:

@@ -226,13 +226,14 @@ def resolve_plan(
         dist_type = "NO"
     if not in_process:
         check_cuda_not_initialised(start_method)
+    # Single node: the launcher binds the port itself (ports.host_store) right before forking.
     # Multi-node: every node must agree on the port, so no silent fallback there.
-    port = resolve_port(use_port, master_addr, check=not in_process and num_nodes == 1)
-    dry_run_port = None
-    if debug and not in_process and num_nodes == 1:
-        from .ports import find_free_port
+    port = resolve_port(use_port, master_addr, check=False)
+    if not in_process and num_nodes == 1:
+        from .ports import _local_bind_addr
 
-        dry_run_port = find_free_port("127.0.0.1" if master_addr in ("localhost", "127.0.0.1") else "")
+        _local_bind_addr(master_addr)  # an unresolvable master_addr fails here, before any fork
+    dry_run_port = None
     return LaunchPlan(
         n, backend, device, dist_type, start_method, master_addr, port, mixed_precision, platform,
         num_nodes, node_rank, debug, dry_run_port, in_process, env,

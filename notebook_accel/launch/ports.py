@@ -1,11 +1,17 @@
-"""Choosing the rendezvous port: the default one when free, any free one otherwise."""
+"""The rendezvous port: the default one when free, any free one otherwise, held by the launcher.
+
+A single-node launch hosts the workers' TCPStore in the launching process itself (the workers are
+its clients, as under torchrun: TORCHELASTIC_USE_AGENT_STORE=True). The port is bound before the
+first fork and stays bound until the launch ends, so no other program can take it in between; with
+port 0 the kernel picks a free one, so a busy default port costs nothing.
+"""
 
 from __future__ import annotations
 
 import errno
 import socket
 
-__all__ = ["DEFAULT_PORT", "find_free_port", "port_is_free", "resolve_port"]
+__all__ = ["DEFAULT_PORT", "find_free_port", "host_store", "port_is_free", "resolve_port"]
 
 DEFAULT_PORT = "29500"
 
@@ -78,3 +84,31 @@ def resolve_port(use_port: str | int, master_addr: str, *, check: bool = True) -
         f"use_port={use_port!r} is already in use on {master_addr}; stop what listens there, pick another "
         f"port, or leave use_port at its default ({DEFAULT_PORT!r}) to get a free port automatically"
     )
+
+
+def host_store(use_port: str | int, *, fallback: bool, timeout_s: float = 1800.0):
+    """Return a TCPStore server listening on ``use_port`` (or, if taken and ``fallback``, a free port).
+
+    Raises RuntimeError naming the port when it is taken and ``fallback`` is False.
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    port = 0 if str(use_port) == "0" else resolve_port(use_port, "127.0.0.1", check=False)
+
+    def make(p: int):
+        return dist.TCPStore("0.0.0.0", p, None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
+
+    try:
+        return make(port)
+    except RuntimeError as exc:
+        if "EADDRINUSE" not in str(exc) and "in use" not in str(exc):
+            raise
+        if not fallback:
+            raise RuntimeError(
+                f"use_port={str(use_port)!r} is already in use on this machine; stop what listens there, pick "
+                f"another port, or leave use_port at its default ({DEFAULT_PORT!r}) to get a free port "
+                "automatically"
+            ) from None
+    return make(0)
