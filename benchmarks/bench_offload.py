@@ -1,8 +1,8 @@
 """Forward time of an offloaded model against the same model in plain memory, side by side with Accelerate.
 
 Model: 24 blocks of Linear(2048, 2048) + ReLU (403 MB in float32), batch 16. Figures are ratios
-to the plain model measured in the same process (medians of interleaved runs), so they compare
-across machines. Variants for notebook_accel:
+to the plain model in the same process: the median over repeats of variant/plain for two forwards
+run back to back, so they compare across machines and resist other load. Variants for notebook_accel:
 
 - ``disk_offload``: weights memory-mapped from the offload folder and used in place (zero copy);
   the prefetcher faults the next block's pages in;
@@ -96,18 +96,10 @@ def run(backend: str, blocks: int, width: int, batch: int, repeats: int) -> dict
     def sync() -> None:
         return None
 
-    results: dict[str, list[float]] = {"plain": []} | {name: [] for name in variants}
     for _ in range(2):  # warm-up: page cache, allocator, learnt order
         for model in [plain, *variants.values()]:
             timed(model, x, sync)
-    for _ in range(repeats):
-        results["plain"].append(timed(plain, x, sync))
-        for name, model in variants.items():
-            results[name].append(timed(model, x, sync))
-    base = statistics.median(results["plain"])
-    out = {"plain (ms)": base * 1000}
-    out.update({name: statistics.median(v) / base for name, v in results.items() if name != "plain"})
-
+    out = _paired_ratios(plain, variants, x, sync, repeats)
     if torch.cuda.is_available():
         out.update(run_cuda(lib, blocks, width, batch, repeats, tmp))
     for model in variants.values():
@@ -126,17 +118,34 @@ def run_cuda(lib, blocks: int, width: int, batch: int, repeats: int, tmp: str) -
         ),
     }
     sync = torch.cuda.synchronize
-    results: dict[str, list[float]] = {"plain": []} | {name: [] for name in variants}
     for _ in range(3):
         for model in [plain, *variants.values()]:
             timed(model, x, sync)
-    for _ in range(repeats):
-        results["plain"].append(timed(plain, x, sync))
+    out = _paired_ratios(plain, variants, x, sync, repeats)
+    out["cuda: plain on GPU (ms)"] = out.pop("plain (ms)")
+    return out
+
+
+def _paired_ratios(
+    plain: nn.Module, variants: dict[str, nn.Module], x: torch.Tensor, sync, repeats: int
+) -> dict:
+    """Return the plain time (ms) and, per variant, the median of variant/plain ratios of adjacent runs.
+
+    Each ratio compares two forwards run back to back (in alternating order), so load from other
+    processes on a shared machine, which drifts over seconds, mostly cancels out.
+    """
+    plain_times: list[float] = []
+    ratios: dict[str, list[float]] = {name: [] for name in variants}
+    for i in range(repeats):
         for name, model in variants.items():
-            results[name].append(timed(model, x, sync))
-    base = statistics.median(results["plain"])
-    out = {"cuda: plain on GPU (ms)": base * 1000}
-    out.update({name: statistics.median(v) / base for name, v in results.items() if name != "plain"})
+            if i % 2:
+                t_variant, t_plain = timed(model, x, sync), timed(plain, x, sync)
+            else:
+                t_plain, t_variant = timed(plain, x, sync), timed(model, x, sync)
+            plain_times.append(t_plain)
+            ratios[name].append(t_variant / t_plain)
+    out = {"plain (ms)": statistics.median(plain_times) * 1000}
+    out.update({name: statistics.median(values) for name, values in ratios.items()})
     return out
 
 

@@ -163,6 +163,11 @@ def test_cpu_offload_root_with_own_weights(tmp_path) -> None:
     assert len(_prefetchers(lin)) == 1
     assert torch.allclose(lin(x), expected) and torch.allclose(lin(x), expected)
     assert telemetry.weight_placement(lin)[""]["storage"] == "disk"
+    # Zero copy on the CPU: the weight used by the forward is the memory-mapped view itself.
+    hook = _find_align_hook(lin)
+    hook._load(lin)
+    assert lin.weight.data_ptr() == hook.weights_map.dataset._mapped["weight"].data_ptr()
+    hook._offload(lin)
     _unhook_and_check_threads(lin)
     assert torch.allclose(lin(x), expected)
 
