@@ -363,3 +363,27 @@ def test_get_state_dict_offloaded_model_reads_offloaded_weights() -> None:
     assert sorted(state) == sorted(reference)
     for key, value in reference.items():
         torch.testing.assert_close(state[key], value)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_safetensors_loads_straight_to_gpu(tmp_path) -> None:
+    original = make_net()
+    checkpoint = save_checkpoint(tmp_path / "ckpt", _state(original), "file-safetensors", "1GB")
+    loaded = load_state_dict(checkpoint, device_map={"": 0, "layers": "cpu", "norm": "disk"})
+    assert loaded["embed.weight"].device == torch.device("cuda", 0)
+    assert loaded["layers.0.0.weight"].device.type == "cpu" and "norm.weight" not in loaded
+    model = meta_net()
+    load_checkpoint_in_model(model, checkpoint, device_map={"": 0})
+    assert model.head.weight.device == torch.device("cuda", 0) and model.head.weight is model.embed.weight
+    torch.testing.assert_close(model(IDS.cuda()).cpu(), original(IDS))
+
+
+def test_failed_load_leaves_no_offload_files(tmp_path) -> None:
+    state = _state(make_net())
+    state["norm.weight"] = torch.zeros(3)  # wrong shape, in the last shard
+    checkpoint = save_checkpoint(tmp_path / "ckpt", state, "index-bin", "700B")
+    offload = tmp_path / "offload"
+    with pytest.raises(ValueError, match=r"'norm\.weight'"):
+        load_checkpoint_in_model(meta_net(), checkpoint, device_map={"": "disk"}, offload_folder=offload)
+    assert not offload.exists() or os.listdir(offload) == []

@@ -275,3 +275,11 @@ def test_linear_in_module_count_smoke() -> None:
     dm = infer_auto_device_map(model, max_memory={i: total // 4 + 1000 for i in range(4)} | {"cpu": total})
     covered(model, dm)
     assert set(dm.values()) <= {0, 1, 2, 3, "cpu"}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_get_max_memory_queries_gpus_when_present() -> None:
+    budget = get_max_memory()
+    assert list(budget)[: torch.cuda.device_count()] == list(range(torch.cuda.device_count()))
+    assert all(budget[i] > 0 for i in range(torch.cuda.device_count()))

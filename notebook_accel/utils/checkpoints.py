@@ -8,6 +8,7 @@ the checkpoint's own files (``{"safetensors_file", "weight_name", "dtype", "shap
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -371,6 +372,13 @@ def load_checkpoint_in_model(
             save_offload_index(offload_index, offload_folder)
         if spill_index:
             load_offloaded_weights(model, spill_index, spill_folder)
+    except BaseException:
+        # A failed load leaves no partial set of .dat files behind (each file itself is written atomically).
+        for name, info in offload_index.items():
+            if "safetensors_file" not in info:
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(os.fspath(offload_folder), f"{name}.dat"))
+        raise
     finally:
         if spill_folder is not None:
             shutil.rmtree(spill_folder, ignore_errors=True)
