@@ -205,3 +205,35 @@ def test_debug_mode_reports_every_rank_shapes():
         assert res["gather_ok"] == [0, 1]
     assert results[0]["pad_ok"] == [1.0, 0.0]
     assert results[0]["gather"] == results[1]["gather"]
+
+
+def _nccl_operations() -> dict:
+    state = PartialState()
+    rank = state.process_index
+    device = state.device
+    data = {"a": torch.full((2,), float(rank), device=device), "b": [torch.tensor([rank], device=device)]}
+    gathered = gather(data)
+    reduced = reduce(data["a"])
+    broadcast(data, from_process=1)
+    padded = pad_across_processes(torch.ones(rank + 1, device=device))
+    return {
+        "type": str(state.distributed_type),
+        "device": str(device),
+        "backend": state.backend,
+        "gathered": (gathered["a"].tolist(), gathered["b"][0].tolist()),
+        "reduced": reduced.tolist(),
+        "broadcast": data["a"].tolist(),
+        "padded": (padded.tolist(), padded.device.type),
+    }
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_operations_over_nccl():
+    results = run_distributed(_nccl_operations)
+    for rank, res in enumerate(results):
+        assert res["type"] == "MULTI_GPU" and res["device"] == f"cuda:{rank}" and res["backend"] == "nccl"
+        assert res["gathered"] == ([0.0, 0.0, 1.0, 1.0], [0, 1])
+        assert res["reduced"] == [0.5, 0.5] and res["broadcast"] == [1.0, 1.0]
+        assert res["padded"][1] == "cuda"
+    assert results[0]["padded"][0] == [1.0, 0.0]
