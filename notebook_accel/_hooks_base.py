@@ -18,6 +18,7 @@ class ModelHook:
     """
 
     no_grad = False
+    _is_stateful = False
 
     def init_hook(self, module: nn.Module) -> nn.Module:
         """Return the module, after whatever the hook does when attached to it."""

@@ -108,10 +108,12 @@ def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False)
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"add_hook_to_module needs a torch.nn.Module, got {type(module).__name__}")
-    if not all(hasattr(hook, m) for m in ("init_hook", "pre_forward", "post_forward", "detach_hook")):
+    if not all(
+        hasattr(hook, m) for m in ("init_hook", "pre_forward", "post_forward", "detach_hook", "no_grad")
+    ):
         raise TypeError(
-            f"add_hook_to_module needs a ModelHook (init_hook/pre_forward/post_forward/detach_hook), got "
-            f"{type(hook).__name__}"
+            "add_hook_to_module needs a ModelHook (init_hook/pre_forward/post_forward/detach_hook/no_grad): "
+            f"subclass notebook_accel.hooks.ModelHook, got {type(hook).__name__}"
         )
     if append and getattr(module, "_hf_hook", None) is not None:
         old_hook = module._hf_hook
