@@ -96,33 +96,12 @@ def wrap_ddp(model: torch.nn.Module, state: Any, ddp_handler: Any) -> torch.nn.M
 
 def wrap_fsdp(model: torch.nn.Module, state: Any, plugin: Any) -> torch.nn.Module:
     """Return ``model`` in torch's FullyShardedDataParallel configured by ``plugin``."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed import fsdp
 
-    if isinstance(model, FSDP):
-        return model
-    if state.device.type == "cpu" and not torch.distributed.is_initialized():
-        raise RuntimeError(
-            "FSDP needs an initialised process group: launch with notebook_launcher or torchrun"
-        )
-    kwargs: dict[str, Any] = {}
-    for name in (
-        "sharding_strategy",
-        "backward_prefetch",
-        "mixed_precision_policy",
-        "cpu_offload",
-        "ignored_modules",
-        "limit_all_gathers",
-        "use_orig_params",
-        "param_init_fn",
-        "sync_module_states",
-        "forward_prefetch",
-    ):
-        value = getattr(plugin, name, None)
-        if value is not None:
-            kwargs["mixed_precision" if name == "mixed_precision_policy" else name] = value
-    policy = getattr(plugin, "auto_wrap_policy", None)
-    if callable(policy):
-        kwargs["auto_wrap_policy"] = policy
+    if hasattr(model, "_fsdp_wrapped_module"):
+        return model  # already wrapped
+    plugin.set_auto_wrap_policy(model)  # a policy name becomes the callable FSDP needs
+    kwargs = {k: v for k, v in plugin.to_fsdp_kwargs().items() if v is not None}
     kwargs["device_id"] = state.device
     if state.device.type == "cpu" and kwargs.get("sync_module_states"):
         # torch's FSDP syncs module states only from GPU memory; on CPU (gloo) broadcast them first.
@@ -131,7 +110,7 @@ def wrap_fsdp(model: torch.nn.Module, state: Any, plugin: Any) -> torch.nn.Modul
                 torch.distributed.broadcast(tensor.data, src=0)
         kwargs["sync_module_states"] = False
     try:
-        return FSDP(model, **kwargs)
+        return fsdp.FullyShardedDataParallel(model, **kwargs)
     except (RuntimeError, ValueError, AssertionError) as exc:
         if state.device.type == "cpu":
             raise RuntimeError(

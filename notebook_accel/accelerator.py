@@ -358,6 +358,8 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
             if self.distributed_type in _model._DATA_PARALLEL_TYPES:
                 model = _model.wrap_ddp(model, self.state, self.ddp_handler)
             elif self.distributed_type == DistributedType.FSDP:
+                if self.native_amp:  # keeps a policy the user set on the plugin
+                    self.state.fsdp_plugin.set_mixed_precision(self.mixed_precision)
                 model = _model.wrap_fsdp(model, self.state, self.state.fsdp_plugin)
         dynamo = self.state.dynamo_plugin
         if (

@@ -521,3 +521,46 @@ def test_megatron_plugin_with_engine_present_refuses_to_fall_back(monkeypatch) -
     acc = Accelerator(cpu=True, megatron_lm_plugin=MegatronLMPlugin())
     with pytest.raises(RuntimeError, match="does not build Megatron-LM models"):
         acc.prepare(torch.nn.Linear(2, 2))
+
+
+def test_more_bad_arguments(monkeypatch, tmp_path) -> None:
+    from notebook_accel import Accelerator, DeepSpeedPlugin
+    from notebook_accel import _accelerator_model as model_prep
+    from notebook_accel.optimizer import AcceleratedOptimizer
+    from notebook_accel.scheduler import AcceleratedScheduler
+    from notebook_accel.tracking import JSONLinesTracker
+    from notebook_accel.utils import ProjectConfiguration
+
+    with pytest.raises(TypeError, match="dataloader_config must be a DataLoaderConfiguration"):
+        Accelerator(cpu=True, dataloader_config={"split_batches": True})
+    with pytest.raises(TypeError, match="fsdp_plugin must be a FullyShardedDataParallelPlugin"):
+        Accelerator(cpu=True, fsdp_plugin="full_shard")
+    with pytest.raises(TypeError, match="dynamo_plugin must be a TorchDynamoPlugin"):
+        Accelerator(cpu=True, dynamo_plugin="eager")
+    with pytest.raises(ValueError, match="deepspeed_plugin or deepspeed_plugins, not both"):
+        Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(), deepspeed_plugins={"a": DeepSpeedPlugin()})
+    acc = Accelerator(cpu=True, project_config=ProjectConfiguration(automatic_checkpoint_naming=True))
+    with pytest.raises(ValueError, match="automatic_checkpoint_naming needs a project_dir"):
+        acc.save_state()
+    with pytest.raises(TypeError, match="wraps a torch.optim.Optimizer"):
+        AcceleratedOptimizer("sgd")
+    with pytest.raises(TypeError, match="with a step\\(\\) method"):
+        AcceleratedScheduler("cosine", [])
+    with pytest.raises(ValueError, match="needs a logging directory"):
+        JSONLinesTracker("run", logging_dir=None)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no accelerator device")
+
+    import torch.distributed.fsdp
+
+    monkeypatch.setattr(torch.distributed.fsdp, "FullyShardedDataParallel", refuse)
+    from notebook_accel.utils import FullyShardedDataParallelPlugin
+
+    class _CpuState:
+        device = torch.device("cpu")
+
+    with pytest.raises(RuntimeError, match="FSDP needs CUDA here"):
+        model_prep.wrap_fsdp(
+            torch.nn.Linear(2, 2), _CpuState(), FullyShardedDataParallelPlugin(sync_module_states=False)
+        )

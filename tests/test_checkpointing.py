@@ -277,3 +277,30 @@ def test_save_model_single_and_sharded(tmp_path) -> None:
         acc.save_model(model, tmp_path / "file")
     acc.save({"a": torch.ones(2)}, tmp_path / "obj.pt")
     assert torch.equal(torch.load(tmp_path / "obj.pt")["a"], torch.ones(2))
+
+
+def test_missing_and_mismatched_checkpoint_files(tmp_path) -> None:
+    from notebook_accel.checkpointing import load_custom_state
+
+    acc, model, _ = _small_setup(tmp_path)
+    out = tmp_path / "s"
+    acc.save_state(out)
+    with pytest.raises(
+        FileNotFoundError, match="custom_checkpoint_0.pkl for registered object 0 \\(Counter\\)"
+    ):
+        load_custom_state(Counter(), out, 0)
+
+    class Wider(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(2, 3))
+            self.bias = torch.nn.Parameter(torch.zeros(2))
+            self.extra = torch.nn.Parameter(torch.zeros(1))
+
+    acc._models[0] = Wider()
+    with pytest.raises(RuntimeError, match="missing keys \\['extra'\\]"):
+        acc.load_state(out)
+    acc.load_state(out, strict=False)  # load_model_func_kwargs reach load_state_dict
+    (out / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="no weights for model 0"):
+        acc.load_state(out)

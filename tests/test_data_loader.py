@@ -136,6 +136,10 @@ def test_single_process_loader_flags_last_batch_and_skips() -> None:
     stream = skip_first_batches(DataLoader(_Stream(6), batch_size=2), 2)
     assert [b.tolist() for b in stream] == [[4, 5]] and len(stream) == 1
     assert list(SkipBatchSampler([[0], [1], [2]], 1)) == [[1], [2]]
+    with pytest.raises(TypeError, match="expects a DataLoader"):
+        skip_first_batches([1, 2], 1)
+    with pytest.raises(ValueError, match="got a batch of 3"):
+        list(BatchSamplerShard([[0, 1, 2]], 2, 0, split_batches=True))
     with pytest.raises(ValueError, match="num_batches must be >= 0"):
         skip_first_batches(loader, -1)
     with pytest.raises(TypeError, match="expects a torch.utils.data.DataLoader"):
