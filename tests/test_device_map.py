@@ -235,6 +235,9 @@ def test_clean_device_map_merges_only_uniform_prefixes() -> None:
     assert clean_device_map(dm) == {"a": 0, "b.x": 0, "b.y": 1, "c": 1}
     assert clean_device_map({"a.x": 0, "b": 0}) == {"": 0}
     assert clean_device_map({"a.x": 0}) == {"a.x": 0}
+    only_a = {"a.x": 0, "a.y": 0, "b.x": 1, "b.y": 1}
+    assert clean_device_map(only_a, module_name="a") == {"a": 0, "b.x": 1, "b.y": 1}
+    assert clean_device_map({"x.0": "cpu", "x.1": torch.device("cpu")}) == {"": "cpu"}
 
 
 def test_resolve_device_map_strategies() -> None:

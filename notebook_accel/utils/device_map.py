@@ -330,56 +330,63 @@ def infer_auto_device_map(
     ).device_map  # fmt: skip
 
 
+class _Trie:
+    """One dotted-name component of a device map: its own entry (if any) and what lies below."""
+
+    __slots__ = ("children", "has_value", "value", "devices", "count")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Trie] = {}
+        self.has_value = False
+        self.value: Device | None = None
+        self.devices: set[str] = set()  # distinct devices at and below this node
+        self.count = 0  # entries at and below this node
+
+    def summarize(self) -> None:
+        if self.has_value:
+            self.devices.add(_device_key(self.value))
+            self.count = 1
+        for child in self.children.values():
+            child.summarize()
+            self.devices |= child.devices
+            self.count += child.count
+
+    def keys(self, name: str) -> list[str]:
+        out = [name] if self.has_value else []
+        for part, child in self.children.items():
+            out.extend(child.keys(f"{name}.{part}" if name else part))
+        return out
+
+
 def clean_device_map(device_map: dict[str, Device], module_name: str = "") -> dict[str, Device]:
     """Return ``device_map`` (changed in place) with entries under one prefix merged when they share a device.
 
     Only prefixes with more than one entry are merged, as in Accelerate; entries keep their first position.
     """
     prefix = f"{module_name}." if module_name else ""
-    # A trie over the dotted names below ``module_name``: node -> [children, own value or sentinel].
-    missing = object()
-    root: list = [{}, missing]
-    keys = [k for k in device_map if k.startswith(prefix) or (module_name and k == module_name)]
-    for key in keys:
+    root = _Trie()
+    for key, value in device_map.items():
+        if key == module_name:
+            rest = ""
+        elif key.startswith(prefix):
+            rest = key[len(prefix) :]
+        else:
+            continue
         node = root
-        rest = key[len(prefix) :] if key != module_name else ""
         for part in rest.split(".") if rest else ():
-            node = node[0].setdefault(part, [{}, missing])
-        node[1] = device_map[key]
+            node = node.children.get(part) or node.children.setdefault(part, _Trie())
+        node.has_value, node.value = True, value
+    root.summarize()
 
     rename: dict[str, str] = {}
-
-    def summary(node: list) -> tuple[set, int]:
-        values: set = set()
-        count = 0
-        if node[1] is not missing:
-            values.add(_device_key(node[1]))
-            count = 1
-        for child in node[0].values():
-            v, c = summary(child)
-            values |= v
-            count += c
-        node.append((values, count))
-        return values, count
-
-    summary(root)
-
-    def assign(node: list, name: str) -> None:
-        values, count = node[2]
-        if len(values) == 1 and count > 1:
-            for key in _keys_under(node, name):
+    pending = [(root, module_name)]
+    while pending:  # top down: the highest uniform prefix wins
+        node, name = pending.pop()
+        if len(node.devices) == 1 and node.count > 1:
+            for key in node.keys(name):
                 rename[key] = name
-            return
-        for part, child in node[0].items():
-            assign(child, f"{name}.{part}" if name else part)
-
-    def _keys_under(node: list, name: str) -> list[str]:
-        out = [name] if node[1] is not missing else []
-        for part, child in node[0].items():
-            out.extend(_keys_under(child, f"{name}.{part}" if name else part))
-        return out
-
-    assign(root, module_name)
+            continue
+        pending.extend((child, f"{name}.{part}" if name else part) for part, child in node.children.items())
     if not rename:
         return device_map
     merged: dict[str, Device] = {}
