@@ -36,7 +36,8 @@ napoleon_google_docstring = True
 napoleon_numpy_docstring = True
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
-autodoc_default_options = {"members": True, "show-inheritance": True}
+# No "Bases:" line: the bases are often private helpers (``_ProcessControl``) that mean nothing to a user.
+autodoc_default_options = {"members": True}
 # Heavy optional engines are never needed to document their configuration classes.
 autodoc_mock_imports = ["deepspeed", "torch_xla", "bitsandbytes", "transformer_engine", "msamp", "megatron"]
 
@@ -50,3 +51,19 @@ suppress_warnings: list[str] = []
 html_theme = "alabaster"
 html_title = "notebook_accel"
 html_static_path: list[str] = []
+
+
+def _no_inline_attribute_type(app, what, name, obj, options, lines):  # noqa: ANN001, ARG001
+    """Keep napoleon from reading "text (cuda:0, ...)" in a property's first line as "type: description".
+
+    This code base's docstrings never use the inline "type: description" form for attributes; their
+    first line says what is returned and may hold a colon. A leading blank line makes napoleon see
+    no inline type.
+    """
+    if what in ("attribute", "property", "data") and lines and ":" in lines[0]:
+        lines.insert(0, "")
+
+
+def setup(app):  # noqa: ANN001, ANN201 - Sphinx's configuration entry point
+    # Before napoleon's own handler (priority 500).
+    app.connect("autodoc-process-docstring", _no_inline_attribute_type, priority=400)
