@@ -112,6 +112,14 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
         _model.check_engines(
             self.state, megatron_lm_plugin, self.state.mixed_precision, self.fp8_recipe_handler
         )
+        for name, given in (("fsdp_plugin", fsdp_plugin), ("megatron_lm_plugin", megatron_lm_plugin)):
+            if given is not None and getattr(self.state, name) is not given:
+                # The process state is shared; silently training without the plugin would mislead.
+                raise ValueError(
+                    f"{name} was given, but this process's AcceleratorState was already set up without it: "
+                    "call AcceleratorState._reset_state() (or restart the kernel) before this Accelerator"
+                )
+        self.dynamo_plugin = dynamo_plugin if dynamo_plugin is not None else self.state.dynamo_plugin
         self.gradient_state = GradientState(
             gradient_accumulation_plugin=setup.accumulation_plugin(
                 gradient_accumulation_plugin, gradient_accumulation_steps
@@ -361,7 +369,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
                 if self.native_amp:  # keeps a policy the user set on the plugin
                     self.state.fsdp_plugin.set_mixed_precision(self.mixed_precision)
                 model = _model.wrap_fsdp(model, self.state, self.state.fsdp_plugin)
-        dynamo = self.state.dynamo_plugin
+        dynamo = self.dynamo_plugin
         if (
             dynamo is not None
             and str(dynamo.backend.value).upper() != "NO"

@@ -564,3 +564,13 @@ def test_more_bad_arguments(monkeypatch, tmp_path) -> None:
         model_prep.wrap_fsdp(
             torch.nn.Linear(2, 2), _CpuState(), FullyShardedDataParallelPlugin(sync_module_states=False)
         )
+
+
+def test_plugins_given_to_a_later_accelerator_are_not_ignored() -> None:
+    from notebook_accel import Accelerator, FullyShardedDataParallelPlugin
+
+    Accelerator(cpu=True)
+    later = Accelerator(cpu=True, dynamo_backend="eager")  # per-Accelerator: honoured
+    assert isinstance(later.prepare(torch.nn.Linear(2, 2)), torch._dynamo.eval_frame.OptimizedModule)
+    with pytest.raises(ValueError, match="fsdp_plugin was given, but this process's AcceleratorState"):
+        Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
