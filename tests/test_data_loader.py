@@ -160,6 +160,12 @@ def _loader_worker() -> dict:
     torch.manual_seed(acc.process_index)  # different global seeds: the loader must still agree
     loader = acc.prepare(DataLoader(list(range(16)), batch_size=2, shuffle=True))
     out["epochs"] = [torch.cat(list(loader)).tolist() for _ in range(2)]
+    # rng_types=["torch"]: the global torch RNG is broadcast from rank 0 when an epoch starts
+    acc.rng_types = ["torch"]
+    synced = acc.prepare(DataLoader(list(range(4)), batch_size=2))
+    out["before_sync"] = torch.rand(2)
+    next(iter(synced))
+    out["after_sync"] = torch.rand(2)
     # iterable dataset: dispatched from rank 0 by default
     stream = acc.prepare(DataLoader(_Stream(11), batch_size=2))
     out["stream"] = [b.tolist() for b in stream]
@@ -184,6 +190,9 @@ def test_loaders_on_two_processes() -> None:
     for e in range(2):
         assert sorted(r0["epochs"][e] + r1["epochs"][e]) == list(range(16))
     assert r0["epochs"][0] != r0["epochs"][1]
+    assert not torch.equal(r0["before_sync"], r1["before_sync"]) and torch.equal(
+        r0["after_sync"], r1["after_sync"]
+    )
     assert r0["stream_type"] == "DataLoaderDispatcher"
     assert r0["stream"] == [[0, 1], [4, 5], [8, 9]] and r1["stream"] == [[2, 3], [6, 7], [10, 8]]
     assert r0["stream_skipped"] == [[4, 5], [8, 9]] and r1["stream_skipped"] == [[6, 7], [10, 8]]
