@@ -51,9 +51,12 @@ def wrap_forward_in_autocast(
 ) -> None:
     """Make ``model.forward`` run under autocast and return fp32 outputs.
 
-    The original bound forward is kept in ``model._original_forward`` and reachable through the
-    ``__wrapped__`` chain, which is how ``unwrap_model(keep_fp32_wrapper=False)`` removes it.
+    The original bound forward is kept in ``model._original_forward`` (how
+    ``unwrap_model(keep_fp32_wrapper=False)`` removes the wrapper). The wrapper is bound to the
+    model as a method, so ``copy.deepcopy(model)`` gives a copy whose forward runs the copy.
     """
+    import types
+
     from .utils.operations import convert_outputs_to_fp32
 
     if "_original_forward" in model.__dict__:
@@ -61,14 +64,26 @@ def wrap_forward_in_autocast(
     original = model.forward
     dtype = autocast_dtype(mixed_precision)
     kwargs = handler.to_kwargs() if handler is not None else {}
+    func = getattr(original, "__func__", None) if getattr(original, "__self__", None) is model else None
+
+    if func is not None:
+
+        @functools.wraps(func)
+        def forward_in_autocast(self: torch.nn.Module, *args: Any, **kw: Any) -> Any:
+            with torch.autocast(device_type=device.type, dtype=dtype, **kwargs):
+                return func(self, *args, **kw)
+
+        model._original_forward = original
+        model.forward = types.MethodType(convert_outputs_to_fp32(forward_in_autocast), model)
+        return
 
     @functools.wraps(original)
-    def forward_in_autocast(*args: Any, **kw: Any) -> Any:
+    def forward_in_autocast_plain(*args: Any, **kw: Any) -> Any:
         with torch.autocast(device_type=device.type, dtype=dtype, **kwargs):
             return original(*args, **kw)
 
     model._original_forward = original
-    model.forward = convert_outputs_to_fp32(forward_in_autocast)
+    model.forward = convert_outputs_to_fp32(forward_in_autocast_plain)
 
 
 def make_grad_scaler(device: torch.device, handler: Any) -> torch.amp.GradScaler:

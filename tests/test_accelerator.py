@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -231,6 +233,15 @@ def test_autocast_and_unwrap_fp32_wrapper() -> None:
         assert torch.nn.functional.linear(torch.randn(2, 4), torch.randn(4, 4)).dtype == torch.bfloat16
     with acc.autocast(autocast_handler=AutocastKwargs(enabled=False)):
         assert torch.nn.functional.linear(torch.randn(2, 4), torch.randn(4, 4)).dtype == torch.float32
+    twin = copy.deepcopy(model)  # the copy's forward runs the copy's weights, still under autocast
+    with torch.no_grad():
+        twin.weight.zero_()
+        twin.bias.zero_()
+    assert (
+        torch.equal(twin(torch.randn(2, 4)), torch.zeros(2, 4))
+        and twin(torch.randn(2, 4)).dtype == torch.float32
+    )
+    assert not torch.equal(model.weight, twin.weight)
     plain = acc.unwrap_model(model, keep_fp32_wrapper=False)
     assert "_original_forward" not in plain.__dict__ and "forward" not in plain.__dict__
 
