@@ -47,6 +47,13 @@ with init_empty_weights():
 def rss_now():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def rss_peak():
+    # VmHWM belongs to this process image; ru_maxrss would carry the parent's high-water mark across exec.
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 base = rss_now()
 offload = tempfile.mkdtemp(prefix="na-bench-offload-")
 t = time.perf_counter()
@@ -56,7 +63,7 @@ else:
     model = load_checkpoint_and_dispatch(model, ckpt, device_map="auto", max_memory={{"cpu": ckpt_bytes // 3}},
                                          no_split_module_classes=["Block"], offload_folder=offload)
 load = time.perf_counter() - t
-peak_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak_load = rss_peak()
 written = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(offload) for f in fs if f.endswith(".dat"))
 touch = None
 if case == "cpu":
@@ -66,7 +73,7 @@ if case == "cpu":
         for p in model.parameters():
             total += float(p.float().sum()) if p.dtype != torch.float32 else float(p.sum())
     touch = time.perf_counter() - t
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = rss_peak()
 shutil.rmtree(offload, ignore_errors=True)
 print("RESULT" + json.dumps({{"load": load, "touch": touch, "peak_load": peak_load, "peak": peak, "base": base,
                              "written": written}}))
