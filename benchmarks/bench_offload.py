@@ -7,7 +7,8 @@ run back to back, so they compare across machines and resist other load. Variant
 - ``disk_offload``: weights memory-mapped from the offload folder and used in place (zero copy);
   the prefetcher faults the next block's pages in;
 - ``disk_offload copy+prefetch``: the same, but each load copies the weights out of the mapping
-  (``zero_copy=False``), with the copy of block i+1 on the prefetch thread while block i computes;
+  (``zero_copy=False``), with the copy of block i+1 on the prefetch thread while block i computes
+  (``cpu_copies=True``: not the default on CPU, where it measures slower than copying in line);
 - ``disk_offload copy, no prefetch``: the copy done in the forward's thread (what Accelerate does);
 - ``dispatch half cpu / half disk``: ``dispatch_model`` with blocks 0-11 on the CPU, 12-23 on disk.
 
@@ -77,6 +78,8 @@ def run(backend: str, blocks: int, width: int, batch: int, repeats: int) -> dict
                 hook = _find_align_hook(module)
                 if hook is not None:
                     hook.zero_copy = False
+                    if hook._prefetcher is not None:
+                        hook._prefetcher.cpu_copies = True
             return model
 
         variants["disk_offload copy+prefetch"] = copying(
@@ -156,6 +159,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--backend", choices=["notebook_accel", "accelerate"], default="notebook_accel")
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object (used for the Accelerate run)"
@@ -163,6 +167,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.blocks, args.repeats = 8, 5
+    if args.threads:
+        torch.set_num_threads(args.threads)
     ours = run(args.backend, args.blocks, args.width, args.batch, args.repeats)
     if args.json:
         print(json.dumps(ours))
@@ -171,6 +177,8 @@ def main() -> None:
     if os.path.exists(ACCELERATE_PYTHON):
         cmd = [ACCELERATE_PYTHON, __file__, "--backend", "accelerate", "--json", "--blocks", str(args.blocks),
                "--width", str(args.width), "--batch", str(args.batch), "--repeats", str(args.repeats)]  # fmt: skip
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode == 0:
             theirs = json.loads(proc.stdout.strip().splitlines()[-1])

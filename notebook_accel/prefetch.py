@@ -20,7 +20,12 @@ What a background load does depends on the hook:
   compute stream waits on, so transfers overlap compute;
 - weights used in place (memory-mapped or in-memory CPU tensors on a CPU execution device) need no
   copy: the worker only faults their pages in (one read per 4 KiB page), so a cold page cache is
-  read from disk ahead of the compute instead of during it.
+  read from disk ahead of the compute instead of during it;
+- copies for a CPU execution device (``zero_copy=False``, dtype casts) are not made ahead unless
+  ``cpu_copies=True``: a background copy competes with the compute for cores and memory bandwidth
+  and was measured slower than copying in the forward's thread (1.44x-1.64x vs 1.17x-1.20x the
+  plain model in ``benchmarks/bench_offload.py`` on 2 cores, with 1 or 2 torch threads); the worker
+  then only faults the pages in. Using the weights in place (the default) beats both.
 """
 
 from __future__ import annotations
@@ -48,10 +53,12 @@ PAGES_READY = "pages-ready"
 class Prefetcher:
     """Background loader of the next offloaded blocks' weights (see the module docstring)."""
 
-    def __init__(self, depth: int = 1) -> None:
+    def __init__(self, depth: int = 1, cpu_copies: bool = False) -> None:
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"Prefetch depth must be an int >= 1, got {depth!r}")
         self.depth = depth
+        self.cpu_copies = cpu_copies
+        """Copy ahead for a CPU execution device too (off by default: it competes with the compute)."""
         self._hooks: list[Any] = []
         self._next: dict[int, Any] = {}
         self._last: Any = None
@@ -190,10 +197,11 @@ class Prefetcher:
         return stream
 
     def _work(self, hook: Any) -> tuple[list[torch.Tensor], Any] | None:
-        if not hook._needs_copy:
+        device = hook._device
+        on_cpu = device is None or device.type == "cpu"
+        if not hook._needs_copy or (on_cpu and not self.cpu_copies):
             hook._touch()
             return None
-        device = hook._device
         if device is not None and device.type == "cuda":
             stream = self._stream(device)
             with torch.cuda.stream(stream):
@@ -208,8 +216,11 @@ def _record_thread(threads: list[threading.Thread]) -> None:
     threads.append(threading.current_thread())
 
 
-def enable_prefetch(model: nn.Module, depth: int = 1) -> Prefetcher | None:
+def enable_prefetch(model: nn.Module, depth: int = 1, cpu_copies: bool = False) -> Prefetcher | None:
     """Return a :class:`Prefetcher` serving every offloading hook of ``model`` (None if there is none).
+
+    ``cpu_copies``: for a CPU execution device, whether weights that need a copy are copied ahead
+    on the worker (default False; see the module docstring).
 
     Hooks already served by another prefetcher are moved to the new one.
     """
@@ -222,7 +233,7 @@ def enable_prefetch(model: nn.Module, depth: int = 1) -> Prefetcher | None:
             hooks.append(hook)
     if not hooks:
         return None
-    prefetcher = Prefetcher(depth=depth)
+    prefetcher = Prefetcher(depth=depth, cpu_copies=cpu_copies)
     for hook in hooks:
         if hook._prefetcher is not None:
             hook._prefetcher.unregister(hook)

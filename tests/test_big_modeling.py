@@ -424,6 +424,7 @@ def test_prefetch_learns_order_and_copies_ahead(tmp_path) -> None:
     for hook in hooks:
         hook.zero_copy = False  # force real loads so the worker copies
     prefetcher = hooks[0]._prefetcher
+    prefetcher.cpu_copies = True  # copy ahead on the CPU too
     assert prefetcher.depth == 2 and prefetcher.hooks == hooks
     events: list = []
     with telemetry.subscribe(events.append):
@@ -431,6 +432,10 @@ def test_prefetch_learns_order_and_copies_ahead(tmp_path) -> None:
         assert torch.allclose(model(x), expected)
     assert prefetcher.hits >= 6
     assert any(e.kind == "load" and e.prefetched for e in events)
+    # By default (CPU) the worker only faults pages in; the forward's thread copies.
+    prefetcher.cpu_copies = False
+    assert torch.allclose(model(x), expected)
+    assert not any(isinstance(v, list) for v in [prefetcher.take(h) for h in hooks])
     assert len(prefetcher._pending) <= 2  # bounded: never more than `depth` blocks ahead
     prefetcher.close()
     prefetcher.close()
