@@ -525,6 +525,34 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
         finally:
             model.require_backward_grad_sync, model.require_forward_param_sync = saved
 
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Train on uneven per-process inputs: processes that run out of batches shadow the others' collectives.
+
+        Wraps ``torch.distributed.algorithms.Join`` over ``joinables`` (DDP models, ZeroRedundancyOptimizer);
+        ``even_batches`` temporarily overrides the prepared dataloaders' padding of the last round.
+        """
+        if not (self.use_distributed and self.distributed_type in _model._DATA_PARALLEL_TYPES):
+            yield
+            return
+        from torch.distributed.algorithms import Join
+
+        samplers = [
+            getattr(dl, "batch_sampler", None)
+            for dl in self._dataloaders
+            if hasattr(getattr(dl, "batch_sampler", None), "even_batches")
+        ]
+        saved = [sampler.even_batches for sampler in samplers]
+        if even_batches is not None:
+            for sampler in samplers:
+                sampler.even_batches = even_batches
+        try:
+            with Join(joinables):
+                yield
+        finally:
+            for sampler, value in zip(samplers, saved):
+                sampler.even_batches = value
+
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Divide the fp16-scaled gradients of ``optimizer`` (all prepared ones when None) by the scale."""
         if self.scaler is None:

@@ -410,6 +410,14 @@ def _sync_worker() -> dict:
         opt.step()
         sched.step()  # one optimizer step = one global batch = num_processes scheduler steps
     out["lr"] = sched.get_last_lr()
+    loader = acc.prepare(DataLoader(list(range(3)), batch_size=1))  # 3 batches: 2 for rank 0, 1 for rank 1
+    steps = 0
+    with acc.join_uneven_inputs([model], even_batches=False):
+        for batch in loader:
+            model(batch.float().view(1, 1).repeat(1, 2)).sum().backward()
+            steps += 1
+    out["uneven_steps"] = steps
+    out["even_batches_restored"] = loader.batch_sampler.even_batches
     acc.set_trigger() if acc.process_index == 1 else None
     out["trigger"] = acc.check_trigger()
     out["trigger_reset"] = acc.check_trigger()
@@ -435,6 +443,7 @@ def test_no_sync_trigger_sync_and_accumulate_through_debug_launcher() -> None:
     )
     assert r0["clip_norm"] is not None
     assert r0["lr"] == [0.25]
+    assert (r0["uneven_steps"], r1["uneven_steps"]) == (2, 1) and r0["even_batches_restored"] is True
     assert r0["trigger"] and r1["trigger"] and not r0["trigger_reset"]
 
 
