@@ -125,10 +125,10 @@ def set_module_tensor_to_device(
 
 def _rewrap(old: Any, data: torch.Tensor) -> torch.Tensor:
     """Return ``data`` wrapped like ``old`` (same Parameter subclass, requires_grad and extra attributes)."""
-    if isinstance(data, nn.Parameter) and type(data) is type(old):
-        return data
     if not isinstance(old, nn.Parameter):
         return data
+    if isinstance(data, nn.Parameter):
+        data = data.detach()  # a new Parameter object over the same memory, never the caller's own
     cls = type(old)
     requires_grad = old.requires_grad and (data.is_floating_point() or data.is_complex())
     try:
