@@ -286,3 +286,24 @@ def test_get_max_memory_queries_gpus_when_present() -> None:
     budget = get_max_memory()
     assert list(budget)[: torch.cuda.device_count()] == list(range(torch.cuda.device_count()))
     assert all(budget[i] > 0 for i in range(torch.cuda.device_count()))
+
+
+def test_cpu_budget_honours_cgroup_limit(monkeypatch) -> None:
+    import psutil
+
+    from notebook_accel.utils import device_memory
+
+    assert device_memory._available_cpu_memory() <= psutil.virtual_memory().available
+    monkeypatch.setattr(device_memory, "_cgroup_memory_left", lambda: 12345)
+    assert get_max_memory()["cpu"] == 12345
+
+
+def test_device_key_errors() -> None:
+    from notebook_accel.utils.device_memory import normalize_device_key
+
+    assert normalize_device_key("cuda") == 0 and normalize_device_key(torch.device("cuda:2")) == 2
+    assert normalize_device_key(" CPU ") == "cpu" and normalize_device_key("3") == 3
+    with pytest.raises(ValueError, match="GPU index -1 is negative"):
+        normalize_device_key(-1)
+    with pytest.raises(ValueError, match="True is not a device"):
+        normalize_device_key(True)
