@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -216,6 +217,10 @@ def _with_workers(plan: LaunchPlan) -> LaunchPlan:
     return replace(plan, in_process=False, distributed_type=dist_type)
 
 
+def _loopback(addr: str) -> bool:
+    return addr in ("localhost", "::1") or addr.startswith("127.")
+
+
 def _host_stores(plan: LaunchPlan, explicit_port: bool) -> tuple[LaunchPlan, list]:
     """Return the plan with the ports of the TCPStore(s) this process now hosts, and the stores.
 
@@ -233,6 +238,14 @@ def _host_stores(plan: LaunchPlan, explicit_port: bool) -> tuple[LaunchPlan, lis
             raise
         dry_run_port = stores[1].port
     env = {**plan.env, "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    if (
+        _loopback(plan.master_addr)
+        and sys.platform.startswith("linux")
+        and "GLOO_SOCKET_IFNAME" not in os.environ
+    ):
+        # Every peer is on this machine: gloo needs no host-name lookup (which in containers often
+        # resolves to an address the peers cannot reach) and connects over loopback.
+        env["GLOO_SOCKET_IFNAME"] = "lo"
     return replace(plan, master_port=store.port, dry_run_port=dry_run_port, env=env), stores
 
 

@@ -412,3 +412,36 @@ def test_colab_tpu_goes_through_torch_xla(monkeypatch):
     sys.modules["torch_xla.distributed"].xla_multiprocessing = xmp
     assert notebook_launcher(lambda x: x * 2, args=(21,), num_processes=2, sinks=[]) == [42, 42]
     assert calls == [(2, "fork")]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "platform_env", "num_processes", "expected"),
+    [
+        (4, {}, None, (4, "nccl", "cuda", "MULTI_GPU", False)),
+        (4, {}, 2, (2, "nccl", "cuda", "MULTI_GPU", False)),
+        (1, {"COLAB_GPU": "1"}, None, (1, "nccl", "cuda", "NO", True)),  # a single Colab GPU: in process
+        (0, {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, 2, (2, "gloo", "cpu", "MULTI_CPU", False)),
+        (0, {}, None, (1, "gloo", "cpu", "NO", True)),
+    ],
+)
+def test_plan_from_the_machine(monkeypatch, gpus, platform_env, num_processes, expected):
+    from notebook_accel.launch import plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "_cuda_device_count", lambda: gpus)
+    for key, value in platform_env.items():
+        monkeypatch.setenv(key, value)
+    plan = plan_mod.resolve_plan(num_processes)
+    assert (
+        plan.num_processes,
+        plan.backend,
+        plan.device_type,
+        plan.distributed_type,
+        plan.in_process,
+    ) == expected
+    assert plan.platform == {"COLAB_GPU": "colab", "KAGGLE_KERNEL_RUN_TYPE": "kaggle"}.get(
+        next(iter(platform_env), ""), "local"
+    )
+    assert ("ACCELERATE_USE_CPU" in plan.env) == (gpus == 0)
+    with pytest.raises(ValueError, match=r"num_processes=8 is more than the 4 visible CUDA device"):
+        monkeypatch.setattr(plan_mod, "_cuda_device_count", lambda: 4)
+        plan_mod.resolve_plan(8)

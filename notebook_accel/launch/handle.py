@@ -10,6 +10,7 @@ every descriptor it owns. States per rank: starting -> running -> succeeded | fa
 from __future__ import annotations
 
 import collections
+import gc
 import logging
 import os
 import pickle
@@ -202,6 +203,11 @@ class LaunchHandle:
             1, int(os.environ.get("OMP_NUM_THREADS") or (os.cpu_count() or 1) // plan.num_processes)
         )
         parent_fds: list[int] = []
+        freeze = plan.start_method == "fork"
+        if freeze:
+            # Objects that exist now move to the permanent generation for the forks: a worker's
+            # garbage collections then never touch (and copy-on-write) the kernel's heap.
+            gc.freeze()
         try:
             for r in self._ranks:
                 pipes = {name: os.pipe() for name in ("stdout", "stderr", "result")}
@@ -230,6 +236,8 @@ class LaunchHandle:
                 for stream in ("stdout", "stderr"):
                     r.splitters[stream] = LineSplitter(r.rank, stream, self._emit)
         except BaseException:
+            if freeze:
+                gc.unfreeze()
             # A failed start (or ^C while forking): take down what was started, release every fd.
             for r in self._ranks:
                 if r.proc is not None:
@@ -241,6 +249,8 @@ class LaunchHandle:
                     os.close(fd)
                 r.fds.clear()
             raise
+        if freeze:
+            gc.unfreeze()
         if threaded:
             self._thread = threading.Thread(
                 target=self._supervise, name=f"notebook_accel-launch-{self.run_id}", daemon=True
