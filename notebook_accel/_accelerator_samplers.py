@@ -136,16 +136,19 @@ class BatchSamplerShard(BatchSampler):
         first_indices: list[int] = []
         for batch in self.batch_sampler:
             batch = list(batch)
+            if len(round_) == n:
+                # The held round had a short batch that was not the last one (a sampler of varying
+                # batch sizes): nothing to pad, serve it as it is.
+                yield round_[i]
+                round_ = []
             if len(first_indices) < (self.batch_size or len(batch)) * n:
                 first_indices.extend(batch)
             round_.append(batch)
-            if len(round_) == n:
-                size = self.batch_size or len(round_[0])
-                if all(len(b) == size for b in round_):
-                    yield round_[i]
-                    round_ = []
-                else:
-                    break  # a short batch can only be the last one: finish below
+            if len(round_) == n and (
+                self.batch_size is None or all(len(b) == self.batch_size for b in round_)
+            ):
+                yield round_[i]
+                round_ = []
         if not round_ or self.drop_last:
             return
         if not self.even_batches:
@@ -156,7 +159,8 @@ class BatchSamplerShard(BatchSampler):
         # through the first samples, so every process runs the same number of full steps.
         size = self.batch_size or len(round_[0])
         filler = _Cycler(first_indices)
-        round_ = [b + filler.take(size - len(b)) for b in round_]
+        if self.batch_size is not None:  # batches of a fixed size: complete the short one
+            round_ = [b + filler.take(size - len(b)) for b in round_]
         while len(round_) < n:
             round_.append(filler.take(size))
         yield round_[i]

@@ -44,6 +44,14 @@ def test_batch_sampler_shard_takes_batches_in_turn_and_pads_last_round() -> None
     assert s0 == [[0, 1, 0]] and s1 == [[1, 0, 1]]
 
 
+def test_batch_sampler_shard_with_varying_batch_sizes() -> None:
+    batches = [[0], [1, 2, 3], [4, 5], [6], [7, 8, 9]]  # a bucketing sampler without batch_size
+    s0, s1 = (list(BatchSamplerShard(batches, 2, i)) for i in range(2))
+    assert s0 == [[0], [4, 5], [7, 8, 9]] and s1 == [[1, 2, 3], [6], [0, 1, 2]]  # as long as its partner
+    s0, s1 = (list(BatchSamplerShard(batches, 2, i, even_batches=False)) for i in range(2))
+    assert s0 == [[0], [4, 5], [7, 8, 9]] and s1 == [[1, 2, 3], [6]]
+
+
 def test_batch_sampler_shard_uneven_drop_last_and_split() -> None:
     s0, s1 = _shards(22, 3, even_batches=False)
     assert s0[-1] == [18, 19, 20] and s1[-1] == [21]
