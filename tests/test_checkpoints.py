@@ -227,12 +227,37 @@ def test_dtype_and_keep_in_fp32_modules(tmp_path) -> None:
     assert model.norm.num_batches_tracked.dtype == torch.int64  # integers are never cast
 
 
-def test_offload_state_dict_round_trip(tmp_path) -> None:
+def test_offload_state_dict_round_trip(tmp_path, monkeypatch) -> None:
     original = make_net()
+    # A legacy (non-zip) .bin cannot be memory-mapped, so its CPU weights are spilled to a temporary folder.
+    path = tmp_path / "legacy.bin"
+    torch.save(_state(original), path, _use_new_zipfile_serialization=False)
+    import tempfile
+
+    spills: list[str] = []
+    real_mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: spills.append(real_mkdtemp(**kw)) or spills[-1])
+    from notebook_accel.utils import offload
+
+    written: list[str] = []
+    real_offload_weight = offload.offload_weight
+    monkeypatch.setattr(
+        offload,
+        "offload_weight",
+        lambda w, n, *a, **k: written.append(n) or real_offload_weight(w, n, *a, **k),
+    )
+    model = meta_net()
+    load_checkpoint_in_model(model, path, device_map={"": "cpu"}, offload_state_dict=True)
+    torch.testing.assert_close(model(IDS), original(IDS))
+    assert "layers.0.0.weight" in written  # spilled, then read back
+    assert spills and not os.path.exists(spills[0])  # the temporary folder is gone
+    written.clear()
+    # memory-mapped checkpoints load the same with the flag on
     checkpoint = save_checkpoint(tmp_path / "ckpt", _state(original), "folder-bin", "700B")
     model = meta_net()
     load_checkpoint_in_model(model, checkpoint, device_map={"": "cpu"}, offload_state_dict=True)
     torch.testing.assert_close(model(IDS), original(IDS))
+    assert written == []  # memory-mapped: nothing to spill
 
 
 def test_strict_reports_missing_and_unexpected(tmp_path, caplog) -> None:

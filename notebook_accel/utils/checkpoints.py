@@ -73,6 +73,7 @@ class _Shard:
         self.path = path
         self.safetensors = path.endswith(".safetensors")
         self._handles: dict[str, Any] = {}
+        mapped = False
         if self.safetensors:
             handle = self._handle("cpu")
             metadata = handle.metadata() or {}
@@ -88,10 +89,10 @@ class _Shard:
             self.keys = list(handle.keys())
             self.state: dict[str, torch.Tensor] = {}
         else:
-            self.state = _torch_load(path)
+            self.state, mapped = _torch_load(path)
             self.keys = list(self.state)
         # Tensors from memory-mapped files cost no RAM until written: nothing to gain by spilling them to disk.
-        self.file_backed = self.safetensors or getattr(self, "_mmapped", False)
+        self.file_backed = self.safetensors or mapped
 
     def _handle(self, device: str):
         handle = self._handles.get(device)
@@ -116,8 +117,9 @@ class _Shard:
         self.state = {}
 
 
-def _torch_load(path: str) -> dict[str, torch.Tensor]:
-    """Return the state dict in a ``.bin``/``.pt`` file: memory-mapped when its format allows, weights only."""
+def _torch_load(path: str) -> tuple[dict[str, torch.Tensor], bool]:
+    """Return ``(state dict, memory-mapped?)`` for a ``.bin``/``.pt`` file, read with ``weights_only=True``."""
+    mapped = True
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except RuntimeError as err:
@@ -125,9 +127,10 @@ def _torch_load(path: str) -> dict[str, torch.Tensor]:
             raise
         # Legacy (pre-zipfile) checkpoints cannot be memory-mapped.
         state = torch.load(path, map_location="cpu", weights_only=True)
+        mapped = False
     if not isinstance(state, dict):
         raise ValueError(f"{path} holds a {type(state).__name__}, not a state dict of tensors.")
-    return state
+    return state, mapped
 
 
 def load_state_dict(
