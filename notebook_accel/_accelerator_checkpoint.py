@@ -96,9 +96,12 @@ class _CheckpointMixin:
         """Save models, optimizers, schedulers, samplers, scaler, RNG states and registered objects; return the folder.
 
         With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the folder is
-        ``project_dir/checkpoints/checkpoint_{iteration}`` and ``total_limit`` prunes the oldest.
+        ``project_dir/checkpoints/checkpoint_{iteration}`` and ``total_limit`` prunes the oldest
+        once the new one is complete.
         The folder appears only once complete (written under a temporary name, then renamed).
-        Pre-hooks receive the temporary folder as ``output_dir``.
+        Pre-hooks receive the temporary folder as ``output_dir``. ``save_model_func_kwargs`` are
+        accepted for compatibility (Accelerate hands them to DeepSpeed's saver); the DDP and FSDP
+        paths here have no use for them.
         """
         config = self.project_configuration
         if config.automatic_checkpoint_naming:
@@ -109,10 +112,6 @@ class _CheckpointMixin:
             root = Path(config.project_dir) / "checkpoints"
             if self._is_writer():
                 root.mkdir(parents=True, exist_ok=True)
-                folders = _ckpt.checkpoint_folders(config.project_dir)
-                if config.total_limit is not None and len(folders) + 1 > config.total_limit:
-                    for old in folders[: len(folders) + 1 - config.total_limit]:
-                        shutil.rmtree(old)
             target = root / f"checkpoint_{config.iteration}"
             if target.exists():
                 raise ValueError(
@@ -151,6 +150,11 @@ class _CheckpointMixin:
             if writer:
                 for i, obj in enumerate(self._custom_objects):
                     _ckpt.save_custom_state(obj, tmp, i)
+        if config.automatic_checkpoint_naming and config.total_limit is not None and writer:
+            # Pruned only once the new checkpoint is complete: a failed save never costs an old one.
+            folders = _ckpt.checkpoint_folders(config.project_dir)
+            for old in folders[: max(len(folders) - config.total_limit, 0)]:
+                shutil.rmtree(old)
         config.iteration += 1
         return str(target)
 
