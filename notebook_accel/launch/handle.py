@@ -9,6 +9,7 @@ every descriptor it owns. States per rank: starting -> running -> succeeded | fa
 
 from __future__ import annotations
 
+import atexit
 import collections
 import gc
 import logging
@@ -18,6 +19,7 @@ import selectors
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +34,7 @@ __all__ = ["LaunchHandle", "RankStatus"]
 
 logger = logging.getLogger(__name__)
 
+_LIVE: weakref.WeakSet[LaunchHandle] = weakref.WeakSet()  # running launches, stopped at interpreter exit
 _HISTORY = 200_000  # lines kept for late subscribers and .lines()
 _DRAIN_SECONDS = 2.0  # after the last exit, how long pipes held by stray descendants may stay open
 
@@ -224,6 +227,7 @@ class LaunchHandle:
                     function=self._function,
                     args=self._args,
                     close_fds=tuple(parent_fds),
+                    parent_pid=None if plan.start_method == "forkserver" else os.getpid(),
                 )
                 writes = [pipes[name][1] for name in ("stdout", "stderr", "result")]
                 try:
@@ -251,6 +255,7 @@ class LaunchHandle:
             raise
         if freeze:
             gc.unfreeze()
+        _LIVE.add(self)
         if threaded:
             self._thread = threading.Thread(
                 target=self._supervise, name=f"notebook_accel-launch-{self.run_id}", daemon=True
@@ -508,6 +513,7 @@ class LaunchHandle:
                     if f.exitcode is None:
                         f.exitcode = r.status.exitcode
         self._error = self._build_error()
+        _LIVE.discard(self)
         if self._on_finish is not None:
             try:
                 self._on_finish()
@@ -522,6 +528,12 @@ class LaunchHandle:
             except Exception:
                 logger.exception("done callback %r failed", fn)
 
+    def _kill_at_exit(self) -> None:
+        """SIGKILL the workers' process groups (interpreter exit with a launch still running)."""
+        for r in self._ranks:
+            if r.proc is not None and not r.exited:
+                r.proc.signal_group(signal.SIGKILL)
+
     def _build_error(self) -> LaunchError | None:
         if self._failures:
             summary = self._stop_reason if self._timed_out else None
@@ -532,3 +544,10 @@ class LaunchHandle:
                 [], f"launch {self._stop_reason or 'ended'}: rank(s) {unfinished} did not finish"
             )
         return None
+
+
+@atexit.register
+def _stop_live_launches() -> None:
+    # The kernel is shutting down with non-blocking launches still running: take them along.
+    for handle in list(_LIVE):
+        handle._kill_at_exit()

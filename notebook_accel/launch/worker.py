@@ -38,6 +38,8 @@ class WorkerSpec:
     """``cloudpickle.dumps((function, args))`` when the worker does not share memory with the parent."""
     close_fds: tuple[int, ...] = ()
     """Parent-side descriptors a forked child inherited and must close (other ranks' pipes)."""
+    parent_pid: int | None = None
+    """The launching process: the worker dies with it (Linux), so a killed kernel leaves no orphans."""
 
 
 def to_cpu(value: Any) -> Any:
@@ -68,6 +70,21 @@ def _redirect(out_fd: int, err_fd: int) -> None:
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(
         io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
     )
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent goes away (PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def _reset_state() -> None:
@@ -132,6 +149,8 @@ def worker_main(spec: WorkerSpec, out_fd: int, err_fd: int, result_fd: int) -> N
             os.setpgid(0, 0)
         except OSError:
             pass  # already a group leader (the parent may have done it first)
+        if spec.parent_pid is not None:
+            _die_with_parent(spec.parent_pid)
         for fd in spec.close_fds:
             try:
                 os.close(fd)
