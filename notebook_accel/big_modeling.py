@@ -8,11 +8,14 @@ or the checkpoint's own safetensors files) by ``AlignDevicesHook``s, and a backg
 The way back: ``remove_hook_from_submodules(model)`` (plus ``remove_hook_from_module(model)``)
 detaches every hook, joins the prefetch thread and materialises offloaded weights where they are
 stored (CPU tensors; memory-mapped CPU tensors for disk), so the model then runs without hooks.
+Until then, ``model.to(device)`` on a model dispatched with offloaded weights raises (and warns
+otherwise), as in Accelerate.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -241,6 +244,48 @@ def _retie(model: nn.Module, groups: list[list[str]]) -> None:
                 module._parameters[attr] = keep
 
 
+_GUARDED_METHODS = ("to", "cuda")
+
+
+def _guard_moves(model: nn.Module) -> None:
+    """Make ``model.to(device)`` / ``model.cuda()`` warn, and refuse while weights are offloaded.
+
+    The wrappers are instance attributes listed in ``model._hf_added_attributes``;
+    ``remove_hook_from_module(model)`` removes them.
+    """
+
+    def guard(name: str):
+        method = getattr(model, name)
+
+        @functools.wraps(method)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            moves = True
+            if name == "to":
+                try:
+                    moves = torch._C._nn._parse_to(*args, **kwargs)[0] is not None
+                except (TypeError, RuntimeError):
+                    moves = True
+            if moves:
+                offloaded = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+                if offloaded:
+                    raise RuntimeError(
+                        f"Cannot move a dispatched model whose weights are offloaded to the CPU or disk "
+                        f"({offloaded[0]!r} and {len(offloaded) - 1} more): remove its hooks first "
+                        "(remove_hook_from_submodules(model); remove_hook_from_module(model)), which "
+                        "materialises them, or dispatch it again with another device_map."
+                    )
+                logger.warning(
+                    "Moving a model dispatched with hooks: its hooks still move inputs to their devices."
+                )
+            return method(*args, **kwargs)
+
+        return wrapper
+
+    for name in _GUARDED_METHODS:
+        model.__dict__[name] = guard(name)
+    model.__dict__["_hf_added_attributes"] = list(_GUARDED_METHODS)
+
+
 def dispatch_model(
     model: nn.Module,
     device_map: dict,
@@ -335,6 +380,7 @@ def dispatch_model(
             "Some weights are offloaded to %s; they are loaded at each forward.", " and ".join(offloaded)
         )
     _attach_prefetch(model, prefetch)
+    _guard_moves(model)
     model.hf_device_map = dict(device_map)
     return model
 

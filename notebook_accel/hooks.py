@@ -153,6 +153,9 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
             module.__dict__.pop("forward", None)
         else:
             module.forward = old_forward
+    # Attributes dispatch_model added (the guarded ``to`` / ``cuda``).
+    for name in module.__dict__.pop("_hf_added_attributes", ()):
+        module.__dict__.pop(name, None)
     if recurse:
         for child in module.children():
             remove_hook_from_module(child, recurse=True)

@@ -237,10 +237,14 @@ def test_dispatch_model_cpu_and_disk(net: Net, ids, tmp_path) -> None:
         assert torch.allclose(model(ids), expected)
     prefetcher = model.stages[0][0].fc._hf_hook._prefetcher
     assert isinstance(prefetcher, Prefetcher) and prefetcher.hits > 0  # pages faulted in ahead
+    with pytest.raises(RuntimeError, match="offloaded to the CPU or disk .* remove its hooks first"):
+        model.to("cpu")
+    assert model.to(torch.float32) is model  # no device move: allowed
     _unhook_and_check_threads(model)
     assert prefetcher.closed and prefetcher._threads
     assert model.stages[0][1].fc.weight.device.type == "cpu"
     assert torch.allclose(model(ids), expected)
+    assert "to" not in model.__dict__ and model.to("cpu") is model
 
 
 def test_dispatch_model_whole_model_on_disk(net: Net, ids, tmp_path) -> None:
