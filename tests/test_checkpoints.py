@@ -412,3 +412,26 @@ def test_failed_load_leaves_no_offload_files(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"'norm\.weight'"):
         load_checkpoint_in_model(meta_net(), checkpoint, device_map={"": "disk"}, offload_folder=offload)
     assert not offload.exists() or os.listdir(offload) == []
+
+
+def test_disk_entries_with_dtype_still_point_into_safetensors(tmp_path) -> None:
+    original = make_net()
+    checkpoint = save_checkpoint(tmp_path / "ckpt", _state(original), "file-safetensors", "1GB")
+    offload = tmp_path / "offload"
+    model = meta_net()
+    load_checkpoint_in_model(
+        model,
+        checkpoint,
+        device_map={"": "cpu", "layers": "disk"},
+        offload_folder=offload,
+        dtype=torch.bfloat16,
+    )
+    assert sorted(os.listdir(offload)) == ["index.json"]
+    index = json.loads((offload / "index.json").read_text())
+    assert index["layers.0.0.weight"]["dtype"] == "bfloat16"
+    assert model.layers[0][0].weight.dtype == torch.bfloat16 and model.embed.weight.dtype == torch.bfloat16
+    from notebook_accel.utils import OffloadedWeightsLoader
+
+    value = OffloadedWeightsLoader(save_folder=offload)["layers.0.0.weight"]
+    assert value.dtype == torch.bfloat16
+    torch.testing.assert_close(value, original.layers[0][0].weight.to(torch.bfloat16))
