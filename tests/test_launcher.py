@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -445,3 +446,37 @@ def test_plan_from_the_machine(monkeypatch, gpus, platform_env, num_processes, e
     with pytest.raises(ValueError, match=r"num_processes=8 is more than the 4 visible CUDA device"):
         monkeypatch.setattr(plan_mod, "_cuda_device_count", lambda: 4)
         plan_mod.resolve_plan(8)
+
+
+@pytest.mark.parametrize("how", ["exit", "sigkill"])
+def test_workers_do_not_outlive_a_dead_launching_process(how):
+    import psutil
+
+    code = textwrap.dedent(
+        """
+        import sys, time
+        from notebook_accel import notebook_launcher
+        def f():
+            time.sleep(60)
+        handle = notebook_launcher(f, num_processes=2, block=False, sinks=[])
+        print(handle.pids, flush=True)
+        time.sleep(0 if sys.argv[1] == "exit" else 60)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, how], stdout=subprocess.PIPE, text=True)
+    pids = eval(proc.stdout.readline())
+    if how == "sigkill":
+        proc.kill()
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    deadline = time.monotonic() + 10
+
+    def alive(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in pids), f"workers {pids} outlived their launcher ({how})"
