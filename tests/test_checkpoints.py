@@ -435,3 +435,15 @@ def test_disk_entries_with_dtype_still_point_into_safetensors(tmp_path) -> None:
     value = OffloadedWeightsLoader(save_folder=offload)["layers.0.0.weight"]
     assert value.dtype == torch.bfloat16
     torch.testing.assert_close(value, original.layers[0][0].weight.to(torch.bfloat16))
+
+
+def test_without_device_map_existing_parameters_keep_identity(tmp_path) -> None:
+    original = make_net()
+    checkpoint = save_checkpoint(tmp_path / "ckpt", _state(original), "file-safetensors", "1GB")
+    model = make_net(seed=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = [id(p) for p in model.parameters()]
+    load_checkpoint_in_model(model, checkpoint)
+    assert [id(p) for p in model.parameters()] == before
+    assert optimizer.param_groups[0]["params"][0] is model.embed.weight
+    torch.testing.assert_close(model(IDS), original(IDS))

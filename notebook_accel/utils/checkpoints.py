@@ -357,6 +357,8 @@ def load_checkpoint_in_model(
                         final = new_dtype or value.dtype
                         offload_weight(value.to(final), key, spill_folder, index=spill_index)
                         set_module_tensor_to_device(model, key, "meta", dtype=final)
+                    elif device_map is None and new_dtype is None and _copy_in_place(model, key, value):
+                        pass  # an existing (non-meta) tensor keeps its identity, so optimizers stay valid
                     else:
                         set_module_tensor_to_device(
                             model, key, "cpu" if _is_disk(device) else device, value=value, dtype=new_dtype
@@ -388,6 +390,19 @@ def load_checkpoint_in_model(
 
     retie_parameters(model, tied)
     _report_keys(model, expected, loaded, unexpected, tied, strict)
+
+
+def _copy_in_place(model: nn.Module, key: str, value: torch.Tensor) -> bool:
+    """Copy ``value`` into the model's existing tensor ``key`` (as ``load_state_dict`` does); False if it is meta."""
+    module_name, _, leaf = key.rpartition(".")
+    owner = model.get_submodule(module_name) if module_name else model
+    current = owner._parameters.get(leaf) if leaf in owner._parameters else owner._buffers.get(leaf)
+    if current is None or current.device.type == "meta":
+        return False
+    _check_shape(model, key, value)
+    with torch.no_grad():
+        current.copy_(value)
+    return True
 
 
 def _check_shape(model: nn.Module, key: str, value: torch.Tensor) -> None:
