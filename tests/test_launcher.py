@@ -480,3 +480,22 @@ def test_workers_do_not_outlive_a_dead_launching_process(how):
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(alive(pid) for pid in pids), f"workers {pids} outlived their launcher ({how})"
+
+
+def test_launch_error_root_cause_first_and_traceback_cap():
+    from notebook_accel.launch.errors import RankFailure, order_failures
+
+    lost_peer = RankFailure(
+        0, 10, "RuntimeError", "Connection closed by peer [127.0.0.1]:1", "tb0", 1, None, 1.00
+    )
+    killed = RankFailure(3, 13, "Signal", "killed by SIGKILL", "", -9, "SIGKILL", 1.05)
+    others = [
+        RankFailure(r, 20 + r, "ValueError", f"v{r}", f"Traceback\nValueError: v{r}", 1, None, 2.0 + r)
+        for r in (4, 5, 6)
+    ]
+    ordered = order_failures([others[0], lost_peer, killed, *others[1:]])
+    assert [f.rank for f in ordered] == [3, 0, 4, 5, 6]  # the death, not the peer that lost it, comes first
+    text = str(LaunchError(ordered))
+    assert text.startswith("rank 3 (pid 13) Signal: killed by SIGKILL")
+    assert "4 other rank(s) also failed" in text and "(2 more traceback(s) hidden" in text
+    assert LaunchError(ordered).root_cause is killed and str(LaunchError([], "stopped")) == "stopped"
