@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ._module_tree import build_tree
+from .imports import cuda_device_count
 from .sizes import convert_file_size_to_int
 
 __all__ = ["get_balanced_memory", "get_max_memory", "normalize_device_key", "order_devices"]
@@ -88,9 +89,9 @@ def get_max_memory(
     """
     if max_memory is None:
         budget: dict[Union[int, str], int] = {}
-        # device_count() is NVML-based and does not initialise CUDA; mem_get_info does, so only call it for
-        # GPUs that exist (the user is about to run on them).
-        for index in range(torch.cuda.device_count()):
+        # cuda_device_count() does not initialise CUDA; mem_get_info does, so it only runs for GPUs that
+        # exist (the user is about to run on them).
+        for index in range(cuda_device_count()):
             try:
                 budget[index] = torch.cuda.mem_get_info(index)[0]
             except RuntimeError as err:  # pragma: no cover - depends on the driver
@@ -113,7 +114,7 @@ def get_max_memory(
             raise type(err)(f"max_memory[{key!r}]: {err}") from None
     gpus = [k for k in parsed if isinstance(k, int)]
     if gpus:
-        available = torch.cuda.device_count()
+        available = cuda_device_count()
         missing = [k for k in gpus if k >= available]
         if missing and available > 0:
             logger.warning("max_memory names GPUs %s but only %d are visible.", missing, available)
