@@ -2,6 +2,13 @@
 
 sizes: byte accounting; device_memory: budgets; device_map: planning and checks; tied_params: shared weights;
 tensors: moving one tensor; checkpoints: reading and sharding checkpoints.
+
+Beyond Accelerate's names: ``plan_device_map`` returns a ``DeviceMapPlan`` (the map plus per-device bytes,
+reserved room and, with ``verbose``, the decisions; it renders as an HTML table in a notebook);
+``resolve_device_map`` turns "auto" / "balanced" / "balanced_low_0" / "sequential" / a single device into a
+checked dict; ``find_checkpoint_files`` resolves the four checkpoint forms. For "disk" entries of a safetensors
+checkpoint, ``load_checkpoint_in_model`` writes only ``<offload_folder>/index.json`` with entries
+``{"safetensors_file", "weight_name", "dtype", "shape"}`` that the offload weights map reads in place.
 """
 
 from __future__ import annotations
