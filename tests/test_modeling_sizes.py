@@ -236,3 +236,17 @@ def test_id_tensor_storage() -> None:
     assert id_tensor_storage(base)[1] != id_tensor_storage(torch.zeros(10))[1]
     device, ptr, nbytes = id_tensor_storage(torch.empty(4, device="meta"))
     assert device.type == "meta" and nbytes == 16
+
+
+def test_get_mixed_precision_context_manager(monkeypatch) -> None:
+    import contextlib
+
+    from notebook_accel.utils import get_mixed_precision_context_manager
+
+    assert isinstance(get_mixed_precision_context_manager(native_amp=False), contextlib.nullcontext)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    ctx = get_mixed_precision_context_manager(native_amp=True, autocast_kwargs={"cache_enabled": False})
+    assert isinstance(ctx, torch.autocast)
+    with ctx:
+        out = nn.Linear(4, 4)(torch.randn(2, 4))
+    assert out.dtype == torch.bfloat16
