@@ -11,7 +11,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from .ports import resolve_port
+from .ports import check_master_addr, parse_port
 
 __all__ = [
     "CUDA_INITIALISING_MODULES",
@@ -228,11 +228,8 @@ def resolve_plan(
         check_cuda_not_initialised(start_method)
     # Single node: the launcher binds the port itself (ports.host_store) right before forking.
     # Multi-node: every node must agree on the port, so no silent fallback there.
-    port = resolve_port(use_port, master_addr, check=False)
-    if not in_process and num_nodes == 1:
-        from .ports import _local_bind_addr
-
-        _local_bind_addr(master_addr)  # an unresolvable master_addr fails here, before any fork
+    port = parse_port(use_port)
+    check_master_addr(master_addr)
     dry_run_port = None
     return LaunchPlan(
         n, backend, device, dist_type, start_method, master_addr, port, mixed_precision, platform,
