@@ -307,3 +307,9 @@ def test_device_key_errors() -> None:
         normalize_device_key(-1)
     with pytest.raises(ValueError, match="True is not a device"):
         normalize_device_key(True)
+
+
+def test_model_larger_than_every_budget_including_disk() -> None:
+    model = meta_lm(n=4, tie=False)
+    with pytest.raises(ValueError, match="does not fit on any device of max_memory.*raise the budgets"):
+        infer_auto_device_map(model, max_memory={"cpu": 1000, "disk": 1000}, no_split_module_classes=["Block"])
