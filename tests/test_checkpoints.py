@@ -447,3 +447,28 @@ def test_without_device_map_existing_parameters_keep_identity(tmp_path) -> None:
     assert [id(p) for p in model.parameters()] == before
     assert optimizer.param_groups[0]["params"][0] is model.embed.weight
     torch.testing.assert_close(model(IDS), original(IDS))
+
+
+def test_rare_errors(tmp_path) -> None:
+    not_a_dict = tmp_path / "list.bin"
+    torch.save([torch.zeros(2)], not_a_dict)
+    with pytest.raises(ValueError, match="holds a list, not a state dict"):
+        load_state_dict(not_a_dict)
+
+    class WithCache(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.register_buffer("cache", torch.zeros(2), persistent=False)
+
+    path = tmp_path / "cache.safetensors"
+    save_file({"lin.weight": torch.ones(2, 2), "lin.bias": torch.ones(2), "cache": torch.ones(2)}, str(path))
+    with pytest.raises(ValueError, match="cache has no device in the device_map"):
+        load_checkpoint_in_model(WithCache(), path, device_map={"lin": "cpu"})
+
+    from notebook_accel.utils.modeling import get_state_dict_offloaded_model
+
+    with torch.device("meta"):
+        empty = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="weight is on the meta device and has no offloaded copy"):
+        get_state_dict_offloaded_model(empty)

@@ -250,3 +250,8 @@ def test_get_mixed_precision_context_manager(monkeypatch) -> None:
     with ctx:
         out = nn.Linear(4, 4)(torch.randn(2, 4))
     assert out.dtype == torch.bfloat16
+
+
+def test_convert_file_size_rejects_bool() -> None:
+    with pytest.raises(TypeError, match="not True"):
+        convert_file_size_to_int(True)
