@@ -37,6 +37,27 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _static_html(nb) -> str:  # noqa: ANN001 - a NotebookNode
+    """Return the notebook as self-contained HTML, panels shown as their static snapshots.
+
+    With widget state, nbconvert renders widgets with JavaScript fetched from a CDN; without it, it
+    falls back to each output's ``text/html`` (the panels' snapshot), which needs nothing from outside.
+    """
+    import copy
+
+    from nbconvert import HTMLExporter
+
+    static = copy.deepcopy(nb)
+    static.metadata.pop("widgets", None)
+    for cell in static.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if "text/html" in data:
+                data.pop("application/vnd.jupyter.widget-view+json", None)
+    body, _ = HTMLExporter().from_notebook_node(static)
+    return body
+
+
 def main(argv: list[str] | None = None) -> int:
     """Return the process exit status: 0 when every cell ran, 1 on a cell error, 2 on bad arguments."""
     args = _parse_args(argv)
@@ -44,7 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
-    from nbconvert import HTMLExporter
 
     notebook_path = args.notebook.resolve()
     if not notebook_path.is_file():
@@ -76,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Save what ran even on failure: the executed notebook is the best record of what went wrong.
     _write_atomic(executed_path, nbformat.writes(nb))
-    body, _ = HTMLExporter().from_notebook_node(nb)
-    _write_atomic(html_path, body)
+    _write_atomic(html_path, _static_html(nb))
     print(f"executed notebook: {executed_path}")
     print(f"HTML copy:         {html_path}")
     if failure is not None:

@@ -83,14 +83,30 @@ def _run_runner(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+_PANEL_CELL = """
+from IPython.display import display
+print('second cell', x + 1)
+# What a panel's display() emits: the live widget plus its static HTML snapshot.
+display({
+    "application/vnd.jupyter.widget-view+json": {"model_id": "0" * 32, "version_major": 2, "version_minor": 0},
+    "text/html": "<b>panel snapshot</b>",
+    "text/plain": "Panel(...)",
+}, raw=True)
+"""
+
+
 def test_runner_writes_executed_notebook_and_html(tmp_path: Path) -> None:
-    notebook = _tiny_notebook(tmp_path, "print('second cell', x + 1)")
+    notebook = _tiny_notebook(tmp_path, _PANEL_CELL)
     out = tmp_path / "out"
     proc = _run_runner("--notebook", str(notebook), "--output-dir", str(out))
     assert proc.returncode == 0, proc.stderr
     executed = nbformat.read(out / "tiny.executed.ipynb", as_version=4)
     assert executed.cells[1].outputs[0].text == "second cell 43\n"
-    assert "second cell 43" in (out / "tiny.html").read_text(encoding="utf-8")
+    html = (out / "tiny.html").read_text(encoding="utf-8")
+    assert "second cell 43" in html
+    # The HTML copy is self-contained: panels appear as their snapshot, not as a widget needing a CDN.
+    assert "<b>panel snapshot</b>" in html
+    assert 'type="application/vnd.jupyter.widget-view+json"' not in html
     assert str(out / "tiny.executed.ipynb") in proc.stdout and str(out / "tiny.html") in proc.stdout
 
 
