@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         nb,
         timeout=args.timeout,
         kernel_name="python3",
+        # Nothing to save in the kernel once the last cell ran; a graceful shutdown can hang on a
+        # loaded machine and leave the kernel behind, an immediate one cannot.
+        shutdown_kernel="immediate",
         resources={"metadata": {"path": str(notebook_path.parent)}},
     )
     started = time.perf_counter()
