@@ -113,6 +113,34 @@ def _attach_prefetch(model: nn.Module, prefetch: bool | int) -> None:
         enable_prefetch(model, depth=1 if prefetch is True else int(prefetch))
 
 
+def _offload_whole_model(
+    model: nn.Module,
+    execution_device: torch.device | None,
+    weights_map: Any,
+    offload_buffers: bool,
+    preload_module_classes: list[str] | None,
+    prefetch: bool | int,
+) -> nn.Module:
+    """Return ``model`` hooked to load every weight from ``weights_map`` at its module's forward.
+
+    Shared by :func:`cpu_offload` and :func:`disk_offload`; ``execution_device`` defaults to the
+    device of the model's first parameter.
+    """
+    if execution_device is None:
+        execution_device = _first_device(model)
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    attach_align_device_hook(
+        model,
+        execution_device=execution_device,
+        offload=True,
+        offload_buffers=offload_buffers,
+        weights_map=weights_map,
+        preload_module_classes=preload_module_classes,
+    )
+    _attach_prefetch(model, prefetch)
+    return model
+
+
 def cpu_offload(
     model: nn.Module,
     execution_device: torch.device | None = None,
@@ -126,21 +154,11 @@ def cpu_offload(
 
     ``execution_device`` defaults to the device of the model's first parameter.
     """
-    if execution_device is None:
-        execution_device = _first_device(model)
     if state_dict is None:
         state_dict = {name: t.detach().to("cpu") for name, t in model.state_dict().items()}
-    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
-    attach_align_device_hook(
-        model,
-        execution_device=execution_device,
-        offload=True,
-        offload_buffers=offload_buffers,
-        weights_map=state_dict,
-        preload_module_classes=preload_module_classes,
+    return _offload_whole_model(
+        model, execution_device, state_dict, offload_buffers, preload_module_classes, prefetch
     )
-    _attach_prefetch(model, prefetch)
-    return model
 
 
 def cpu_offload_with_hook(
@@ -200,20 +218,10 @@ def disk_offload(
         state_dict = model.state_dict()
         _check_no_meta(state_dict, os.fspath(offload_dir))
         offload_state_dict(offload_dir, state_dict)
-    if execution_device is None:
-        execution_device = _first_device(model)
     weights_map = OffloadedWeightsLoader(save_folder=offload_dir)
-    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
-    attach_align_device_hook(
-        model,
-        execution_device=execution_device,
-        offload=True,
-        offload_buffers=offload_buffers,
-        weights_map=weights_map,
-        preload_module_classes=preload_module_classes,
+    return _offload_whole_model(
+        model, execution_device, weights_map, offload_buffers, preload_module_classes, prefetch
     )
-    _attach_prefetch(model, prefetch)
-    return model
 
 
 def _device_key(device: Any) -> Any:
@@ -221,6 +229,11 @@ def _device_key(device: Any) -> Any:
     if isinstance(device, torch.device):
         return str(device)
     return device
+
+
+def _modules_on(device_map: dict, key: str) -> list[str]:
+    """Return the names ``device_map`` sends to ``key`` ("cpu" or "disk"), in map order."""
+    return [name for name, d in device_map.items() if _device_key(d) == key]
 
 
 def _tied_groups(model: nn.Module) -> list[list[str]]:
@@ -320,7 +333,7 @@ def dispatch_model(
 
     check_device_map(model, device_map)
     values = {_device_key(d) for d in device_map.values()}
-    disk_modules = [name for name, d in device_map.items() if _device_key(d) == "disk"]
+    disk_modules = _modules_on(device_map, "disk")
     if disk_modules and offload_dir is None and offload_index is None:
         raise ValueError(
             f"The device_map sends {disk_modules[:5]} to 'disk' but no offload folder was given: pass "
@@ -340,7 +353,7 @@ def dispatch_model(
     main_key = _device_key(main_device)
     offloaded_to = ("disk",) if main_key in ("cpu", "mps") else ("cpu", "disk")
     if main_key != "cpu":
-        cpu_modules = [name for name, d in device_map.items() if _device_key(d) == "cpu"]
+        cpu_modules = _modules_on(device_map, "cpu")
         if state_dict is None and cpu_modules:
             state_dict = extract_submodules_state_dict(model.state_dict(), cpu_modules)
     if disk_modules and offload_index is None and not _has_index(offload_dir):
@@ -429,9 +442,9 @@ def load_checkpoint_and_dispatch(
         raise TypeError(
             f"device_map must be a dict, one of {list(DEVICE_MAP_STRINGS)} or None, got {type(device_map).__name__}"
         )
-    has_disk = device_map is not None and any(_device_key(d) == "disk" for d in device_map.values())
+    disk = _modules_on(device_map, "disk") if device_map is not None else []
+    has_disk = bool(disk)
     if has_disk and offload_folder is None:
-        disk = [name for name, d in device_map.items() if _device_key(d) == "disk"]
         raise ValueError(
             f"The device_map sends {disk[:5]} to 'disk' but no offload folder was given: pass "
             "`offload_folder` (where the offloaded weights go, or the index pointing at the checkpoint)."
