@@ -361,6 +361,18 @@ def attach_align_device_hook_on_blocks(
     A block kept on its device gets one hook placing all its weights (``place_submodules``); an
     offloaded block gets a hook per submodule with weights (see :func:`attach_align_device_hook`).
     """
+    # An offloaded block, whatever form ``execution_device`` / ``offload`` take: only its device varies.
+    attach_offloaded = functools.partial(
+        attach_align_device_hook,
+        module,
+        offload=True,
+        weights_map=weights_map,
+        offload_buffers=offload_buffers,
+        module_name=module_name,
+        skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes,
+        tied_params_map=tied_params_map,
+    )
     if not isinstance(execution_device, Mapping) and not isinstance(offload, Mapping):
         if not offload:
             hook = AlignDevicesHook(
@@ -373,17 +385,7 @@ def attach_align_device_hook_on_blocks(
             )
             add_hook_to_module(module, hook)
         else:
-            attach_align_device_hook(
-                module,
-                execution_device=execution_device,
-                offload=True,
-                weights_map=weights_map,
-                offload_buffers=offload_buffers,
-                module_name=module_name,
-                skip_keys=skip_keys,
-                preload_module_classes=preload_module_classes,
-                tied_params_map=tied_params_map,
-            )
+            attach_offloaded(execution_device=execution_device)
         return
     if not isinstance(execution_device, Mapping):
         execution_device = dict.fromkeys(offload, execution_device)
@@ -405,17 +407,7 @@ def attach_align_device_hook_on_blocks(
             module, execution_device[module_name], skip_keys=skip_keys, tied_params_map=tied_params_map
         )
     elif module_name in execution_device and module_name in offload:
-        attach_align_device_hook(
-            module,
-            execution_device=execution_device[module_name],
-            offload=True,
-            weights_map=weights_map,
-            offload_buffers=offload_buffers,
-            module_name=module_name,
-            skip_keys=skip_keys,
-            preload_module_classes=preload_module_classes,
-            tied_params_map=tied_params_map,
-        )
+        attach_offloaded(execution_device=execution_device[module_name])
         if "_hf_hook" not in module.__dict__:
             hook = AlignDevicesHook(
                 execution_device=execution_device[module_name],
