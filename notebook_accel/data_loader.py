@@ -70,10 +70,19 @@ _LOADER_DEFAULTS: dict[str, Any] = {
 
 
 class _DataLoaderStateMixin:
-    """Book-keeping shared by the prepared loaders: end-of-data flag, remainder, GradientState."""
+    """Book-keeping shared by the prepared loaders: epoch, end-of-data flag, remainder, GradientState."""
 
     end_of_dataloader: bool = False
     remainder: int = -1
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select ``epoch``'s shuffling in the sampler (or iterable dataset) behind this loader."""
+        self.iteration = epoch
+        sampler = find_sampler(self)
+        if sampler is not None and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        elif hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
 
     def _begin(self) -> None:
         from .state import GradientState
@@ -152,15 +161,6 @@ class DataLoaderShard(_DataLoaderStateMixin, DataLoader):
     def total_dataset_length(self) -> int:
         """Return the length of the underlying (unsharded) dataset."""
         return len(_unsharded(self.dataset))
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select ``epoch``'s shuffling in the sampler (or iterable dataset) behind this loader."""
-        self.iteration = epoch
-        sampler = find_sampler(self)
-        if sampler is not None and hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-        elif hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
         if self.rng_types:
@@ -247,14 +247,6 @@ class DataLoaderDispatcher(_DataLoaderStateMixin, DataLoader):
         if self.batch_size is None:
             return None
         return self.batch_size if self.split_batches else self.batch_size * self.num_processes
-
-    def set_epoch(self, epoch: int) -> None:
-        self.iteration = epoch
-        sampler = find_sampler(self)
-        if sampler is not None and hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-        elif hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(epoch)
 
     def _read_global_batch(self, iterator: Iterator[Any]) -> Any:
         """On the main process, concatenate the next ``num_processes`` loader batches (or one)."""
@@ -481,20 +473,50 @@ def prepare_data_loader(
                 split_batches=split_batches,
             )
             batch_size = (batch_size or 1) // num_processes if split_batches else batch_size
-        loader = DataLoaderShard(
-            dataset,
-            device=device,
-            rng_types=_usable_rng_types(rng_types, synchronized_generator),
-            synchronized_generator=synchronized_generator,
-            _drop_last=drop_last,
-            _non_blocking=non_blocking,
-            _total_batch_size=total_batch_size,
-            batch_size=batch_size,
-            drop_last=drop_last,
-            **kwargs,
+        loader_args = {"batch_size": batch_size, "drop_last": drop_last}
+    else:
+        batch_sampler, synchronized_generator = _shard_batch_sampler(
+            dataloader,
+            num_processes,
+            process_index,
+            split_batches,
+            even_batches,
+            use_seedable_sampler,
+            data_seed,
+            rng_types,
         )
-        return loader
+        if synchronized_generator is not None:
+            kwargs.pop("generator", None)
+        loader_args = {"batch_sampler": batch_sampler}
+    return DataLoaderShard(
+        dataset,
+        device=device,
+        rng_types=_usable_rng_types(rng_types, synchronized_generator),
+        synchronized_generator=synchronized_generator,
+        _drop_last=drop_last,
+        _non_blocking=non_blocking,
+        _total_batch_size=total_batch_size,
+        **loader_args,
+        **kwargs,
+    )
 
+
+def _shard_batch_sampler(
+    dataloader: DataLoader,
+    num_processes: int,
+    process_index: int,
+    split_batches: bool,
+    even_batches: bool,
+    use_seedable_sampler: bool,
+    data_seed: int | None,
+    rng_types: list[str],
+) -> tuple[Any, torch.Generator | None]:
+    """Return ``(batch_sampler, synchronized_generator)`` for this process's share of a map-style loader.
+
+    A ``RandomSampler`` becomes a :class:`SeedableRandomSampler` (``use_seedable_sampler``) or gets a
+    generator synchronised from process 0 (then ``"generator"`` is appended to ``rng_types``).
+    """
+    synchronized_generator = None
     sampler = dataloader.sampler
     batch_sampler = dataloader.batch_sampler
     if isinstance(sampler, RandomSampler) and not isinstance(sampler, SeedableRandomSampler):
@@ -529,18 +551,7 @@ def prepare_data_loader(
             split_batches=split_batches,
             even_batches=even_batches,
         )
-    kwargs.pop("generator", None) if synchronized_generator is not None else None
-    return DataLoaderShard(
-        dataset,
-        device=device,
-        rng_types=_usable_rng_types(rng_types, synchronized_generator),
-        synchronized_generator=synchronized_generator,
-        _drop_last=drop_last,
-        _non_blocking=non_blocking,
-        _total_batch_size=total_batch_size,
-        batch_sampler=batch_sampler,
-        **kwargs,
-    )
+    return batch_sampler, synchronized_generator
 
 
 def _usable_rng_types(rng_types: list[str], generator: torch.Generator | None) -> list[str] | None:
