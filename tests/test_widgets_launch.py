@@ -95,6 +95,42 @@ def test_stop_button_stops_every_worker():
     panel.close()
 
 
+def test_panel_of_a_finished_launch_and_of_a_running_one():
+    handle = notebook_launcher(_talk, (2, None), num_processes=2, block=False, sinks=[])
+    running = LaunchPanel(handle, interval=0.05)  # built while the workers run
+    assert handle.wait(30)
+    # Built after the end: add_done_callback and subscribe call back at once, inside __init__.
+    finished = LaunchPanel(handle, interval=0.05)
+    assert finished.state == "succeeded"
+    assert finished.lines(1) == ["step 0 loss 1.000", "step 1 loss 0.500"]
+    finished._ticker.join(5)
+    assert not finished._ticker.is_alive()
+    assert finished.widget is not None
+    assert finished._w_stop.disabled and finished._w_state.description == "succeeded"
+    _wait_for(lambda: running.lines(1) == finished.lines(1))
+    assert running.widget is not None
+    _wait_for(lambda: running._w_stop.disabled)
+    assert running._w_state.description == "succeeded"
+    running.close()
+    finished.close()
+
+
+def test_stop_button_is_disabled_as_soon_as_the_launch_ends():
+    handle = notebook_launcher(_forever, num_processes=2, block=False, sinks=[])
+    # A one-hour throttle: only the done callback itself can update the controls in this test.
+    panel = LaunchPanel(handle, interval=3600)
+    assert panel.widget is not None
+    _wait_for(lambda: len(panel.merged_lines()) == 2)
+    panel._throttle.flush()
+    assert not panel._w_stop.disabled and panel._w_stop.button_style == "danger"
+    panel.stop()
+    assert handle.wait(20)
+    _wait_for(lambda: panel._w_stop.disabled, timeout=5)
+    assert panel._w_state.description == "stopped" and panel._w_state.button_style == "warning"
+    assert panel._w_stop.button_style == "" and panel._w_stop.tooltip == "launch stopped"
+    panel.close()
+
+
 def test_notebook_launcher_panel_true(capsys):
     handle = notebook_launcher(_talk, (1, None), num_processes=2, block=False, panel=True, sinks=[])
     assert handle.result(timeout=30) == [0, 1]

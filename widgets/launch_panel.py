@@ -60,12 +60,17 @@ class LaunchPanel(_Panel):
         self._procs: dict[int, Any] = {}
         self.closed = False
         self._throttle = _Throttle(self._update_view, interval, defer=True)
-        self._unsubscribe = handle.subscribe(self._on_line)
-        handle.add_done_callback(self._on_done)
+        # Serialises view updates: the final state pushed by _on_done must not be overwritten by a
+        # throttled refresh that read the state just before the launch ended.
+        self._view_lock = threading.RLock()
         # Elapsed time and CPU% change without new lines: tick once a second while running.
         self._ticking = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="notebook_accel-launch-panel", daemon=True)
-        self._ticker.start()
+        # Every attribute exists before the callbacks are registered: a finished handle calls
+        # _on_done (and replays its lines into _on_line) at once, from inside these calls.
+        self._unsubscribe = handle.subscribe(self._on_line)
+        handle.add_done_callback(self._on_done)
+        self._ticker.start()  # returns at once when the launch is already done
 
     # -- model ----------------------------------------------------------------------------------
     def _on_line(self, line: Any) -> None:
@@ -76,7 +81,13 @@ class LaunchPanel(_Panel):
 
     def _on_done(self, _handle: Any) -> None:
         self._ticking.set()
-        self._throttle()
+        # The view shows the end at once, not after the throttle's delay (every line was delivered
+        # before the handle became done). Even a closed panel greys out its Stop button: one left
+        # enabled would suggest the launch still runs.
+        if self.closed:
+            self._show_final_controls()
+        else:
+            self._throttle.flush()
         # The saved notebook's static snapshot should show how the launch ended, not "running".
         self._update_snapshot()
 
@@ -258,11 +269,27 @@ class LaunchPanel(_Panel):
         self._w_tabs.titles = ["all ranks"] + [f"rank {r}" for r in self.ranks]
         return w.VBox([w.HBox([self._w_state, self._w_stop]), self._w_status, self._w_error, self._w_tabs])
 
-    def _refresh_widget(self) -> None:
-        state = self.state
+    def _set_controls(self, state: str, done: bool) -> None:
         self._w_state.description = state
         self._w_state.button_style = _STATE_STYLE.get(state, "")
-        self._w_stop.disabled = self.handle.done
+        self._w_stop.disabled = done
+        # Once the launch ended the Stop button is greyed out and says how it ended.
+        self._w_stop.button_style = "" if done else "danger"
+        self._w_stop.tooltip = f"launch {state}" if done else "stop every worker"
+
+    def _show_final_controls(self) -> None:
+        if self._widget is None:
+            return
+        with self._view_lock:
+            self._set_controls(self.state, True)
+
+    def _refresh_widget(self) -> None:
+        with self._view_lock:
+            self._refresh_widget_locked()
+
+    def _refresh_widget_locked(self) -> None:
+        done = self.handle.done
+        self._set_controls(self.state, done)
         self._w_status.value = self._status_html()
         self._w_error.value = self._error_html()
         for rank, out in self._w_rank_out.items():
