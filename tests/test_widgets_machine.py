@@ -78,3 +78,61 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+class _FakeNvml:
+    """Four GPUs; physical GPU i has (i + 1) GiB total, i + 1 bytes free, compute capability (7 + i, 5)."""
+
+    def __init__(self, count: int = 4) -> None:
+        self.count = count
+        self.initialised = 0
+
+    def nvmlInit_v2(self):
+        self.initialised += 1
+        return 0
+
+    def nvmlShutdown(self):
+        self.initialised -= 1
+        return 0
+
+    def nvmlDeviceGetCount_v2(self, ref):
+        ref._obj.value = self.count
+        return 0
+
+    def nvmlDeviceGetHandleByIndex_v2(self, index, ref):
+        if index.value >= self.count:
+            return 1
+        ref._obj.value = 100 + index.value
+        return 0
+
+    def nvmlDeviceGetMemoryInfo(self, handle, ref):
+        ref._obj.total, ref._obj.free = (handle.value - 99) * 2**30, handle.value - 99
+        return 0
+
+    def nvmlDeviceGetName(self, handle, buf, size):
+        buf.value = f"Fake {handle.value - 100}".encode()
+        return 0
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle, major, minor):
+        major._obj.value, minor._obj.value = 7 + handle.value - 100, 5
+        return 0
+
+
+def test_gpus_are_read_through_the_cores_nvml_query_in_torch_order(monkeypatch):
+    import ctypes
+
+    from notebook_accel.widgets._machine import GpuInfo, _nvml_gpus
+
+    from notebook_accel.utils.imports import _nvml_compute_capability
+
+    fake = _FakeNvml()
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert [g.name for g in _nvml_gpus()] == ["Fake 0", "Fake 1", "Fake 2", "Fake 3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 0,9")  # out-of-range entries are dropped
+    assert _nvml_gpus() == [GpuInfo(0, "Fake 2", 3 * 2**30, 3), GpuInfo(1, "Fake 0", 2**30, 1)]
+    assert _nvml_compute_capability(0) == (9, 5) and _nvml_compute_capability(1) == (7, 5)
+    assert _nvml_compute_capability(2) is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1234")  # UUIDs: NVML indices unknown, caller falls back
+    assert _nvml_gpus() is None and _nvml_compute_capability(0) is None
+    assert fake.initialised == 0, "NVML must be shut down after every query"

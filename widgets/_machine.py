@@ -7,7 +7,6 @@ A kernel that will later fork workers stays fork-safe after showing a panel.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -84,43 +83,14 @@ def _cgroup_memory(root: str = "/sys/fs/cgroup") -> tuple[int | None, int | None
     return None, None
 
 
-class _NvmlMemory(ctypes.Structure):
-    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
-
-
 def _nvml_gpus() -> list[GpuInfo] | None:
-    """Return the visible GPUs' memory through NVML, or None when NVML is unusable."""
-    try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
+    """Return the visible GPUs' memory through NVML (the core's fork-safe query), or None when NVML is unusable."""
+    from notebook_accel.utils.imports import _nvml_gpu_memory
+
+    found = _nvml_gpu_memory()
+    if found is None:
         return None
-    if nvml.nvmlInit_v2() != 0:
-        return None
-    try:
-        count = ctypes.c_uint()
-        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
-            return None
-        physical = list(range(count.value))
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if visible is not None:
-            wanted = [v.strip() for v in visible.split(",") if v.strip()]
-            if not all(v.isdigit() for v in wanted):  # UUIDs / MIG names: let torch answer
-                return None
-            physical = [int(v) for v in wanted if int(v) < count.value]
-        gpus = []
-        for index, phys in enumerate(physical):
-            handle = ctypes.c_void_p()
-            if nvml.nvmlDeviceGetHandleByIndex_v2(phys, ctypes.byref(handle)) != 0:
-                return None
-            mem = _NvmlMemory()
-            if nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)) != 0:
-                return None
-            name = ctypes.create_string_buffer(96)
-            nvml.nvmlDeviceGetName(handle, name, 96)
-            gpus.append(GpuInfo(index, name.value.decode(errors="replace"), int(mem.total), int(mem.free)))
-        return gpus
-    finally:
-        nvml.nvmlShutdown()
+    return [GpuInfo(index, name, total, free) for index, (name, total, free) in enumerate(found)]
 
 
 def _gpus() -> tuple[GpuInfo, ...]:

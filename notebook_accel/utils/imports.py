@@ -7,6 +7,7 @@ kernel stays safe to fork after asking.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import importlib.metadata
@@ -14,6 +15,7 @@ import importlib.util
 import logging
 import operator
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -106,30 +108,91 @@ def is_cuda_available() -> bool:
     return cuda_device_count() > 0
 
 
-def _nvml_compute_capability(index: int = 0) -> tuple[int, int] | None:
-    """Return ``(major, minor)`` of CUDA device ``index`` through NVML, or None when NVML fails."""
+def _nvml_visible_indices(count: int) -> list[int] | None:
+    """Return the NVML indices of the GPUs torch sees, in torch's order, or None for UUID/MIG names.
+
+    ``count`` is the number of physical GPUs NVML reports; ``CUDA_VISIBLE_DEVICES`` entries beyond
+    it are dropped, as torch drops them.
+    """
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        first = visible.split(",")[index].strip()
-        if not first.isdigit():  # UUIDs / MIG names: let the caller fall back
-            return None
-        index = int(first)
+    if visible is None:
+        return list(range(count))
+    wanted = [v.strip() for v in visible.split(",") if v.strip()]
+    if not all(v.isdigit() for v in wanted):  # UUIDs / MIG names: let the caller fall back
+        return None
+    return [int(v) for v in wanted if int(v) < count]
+
+
+@contextlib.contextmanager
+def _nvml_devices() -> Iterator[tuple[ctypes.CDLL, list[int]] | None]:
+    """Yield ``(nvml, indices)``: NVML and the NVML indices of the GPUs torch sees (None if NVML can't answer).
+
+    NVML is the driver's management library: asking it creates no CUDA context, so the process
+    stays safe to fork. It is shut down when the block ends.
+    """
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError:
-        return None
+        yield None
+        return
     if nvml.nvmlInit_v2() != 0:
-        return None
+        yield None
+        return
     try:
-        handle = ctypes.c_void_p()
-        if nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)) != 0:
+        count = ctypes.c_uint()
+        indices = None
+        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0:
+            indices = _nvml_visible_indices(count.value)
+        yield None if indices is None else (nvml, indices)
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _nvml_handle(nvml: ctypes.CDLL, index: int) -> ctypes.c_void_p | None:
+    """Return NVML's handle of physical GPU ``index`` (inside :func:`_nvml_devices`), or None."""
+    handle = ctypes.c_void_p()
+    if nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)) != 0:
+        return None
+    return handle
+
+
+class _NvmlMemory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def _nvml_gpu_memory() -> list[tuple[str, int, int]] | None:
+    """Return ``(name, total, free)`` bytes per GPU torch sees, read through NVML, or None when NVML fails."""
+    with _nvml_devices() as found:
+        if found is None:
+            return None
+        nvml, indices = found
+        gpus = []
+        for physical in indices:
+            handle = _nvml_handle(nvml, physical)
+            if handle is None:
+                return None
+            mem = _NvmlMemory()
+            if nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)) != 0:
+                return None
+            name = ctypes.create_string_buffer(96)
+            nvml.nvmlDeviceGetName(handle, name, 96)
+            gpus.append((name.value.decode(errors="replace"), int(mem.total), int(mem.free)))
+        return gpus
+
+
+def _nvml_compute_capability(index: int = 0) -> tuple[int, int] | None:
+    """Return ``(major, minor)`` of CUDA device ``index`` through NVML, or None when NVML fails."""
+    with _nvml_devices() as found:
+        if found is None or index >= len(found[1]):
+            return None
+        nvml, indices = found
+        handle = _nvml_handle(nvml, indices[index])
+        if handle is None:
             return None
         major, minor = ctypes.c_int(), ctypes.c_int()
         if nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0:
             return None
         return major.value, minor.value
-    finally:
-        nvml.nvmlShutdown()
 
 
 def is_bf16_available(ignore_tpu: bool = False) -> bool:
