@@ -125,16 +125,16 @@ def _flags(cpu: bool) -> dict[str, Any]:
     }
 
 
-def _adopt_group(flags: dict[str, Any]) -> ProcessWorld:
-    """Return the world of a process group that someone else (user code, torchrun) initialised."""
-    import torch.distributed as dist
-
-    backend = str(dist.get_backend())
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+def _local_rank(rank: int) -> int:
+    """Return LOCAL_RANK, else ``rank`` modulo LOCAL_WORLD_SIZE, else ``rank`` (one process per node)."""
     local_world = _env_int("LOCAL_WORLD_SIZE")
-    local_rank = _env_int("LOCAL_RANK", rank % local_world if local_world else rank)
-    device = _multi_device(flags["use_cpu"], backend, local_rank)
-    logger.debug("adopting the initialised %s process group (rank %d of %d)", backend, rank, world_size)
+    return _env_int("LOCAL_RANK", rank % local_world if local_world else rank)
+
+
+def _multi_world(
+    flags: dict[str, Any], device: torch.device, backend: str, rank: int, world_size: int, local_rank: int
+) -> ProcessWorld:
+    """Return the world of one rank of a multi-process run (its distributed type follows ``device``)."""
     return ProcessWorld(
         distributed_type=_MULTI_TYPES.get(device.type, DistributedType.MULTI_CPU),
         num_processes=world_size,
@@ -144,6 +144,18 @@ def _adopt_group(flags: dict[str, Any]) -> ProcessWorld:
         backend=backend,
         **flags,
     )
+
+
+def _adopt_group(flags: dict[str, Any]) -> ProcessWorld:
+    """Return the world of a process group that someone else (user code, torchrun) initialised."""
+    import torch.distributed as dist
+
+    backend = str(dist.get_backend())
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    local_rank = _local_rank(rank)
+    device = _multi_device(flags["use_cpu"], backend, local_rank)
+    logger.debug("adopting the initialised %s process group (rank %d of %d)", backend, rank, world_size)
+    return _multi_world(flags, device, backend, rank, world_size, local_rank)
 
 
 def _xla_world(flags: dict[str, Any]) -> ProcessWorld:
@@ -209,8 +221,7 @@ def resolve_world(cpu: bool = False, init_kwargs: Mapping[str, Any] | None = Non
                 f"WORLD_SIZE={world_size} but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: set MASTER_ADDR and MASTER_PORT "
                 "(torchrun and notebook_launcher do), pass init_method=..., or unset WORLD_SIZE"
             )
-    local_world = _env_int("LOCAL_WORLD_SIZE")
-    local_rank = _env_int("LOCAL_RANK", rank % local_world if local_world else rank)
+    local_rank = _local_rank(rank)
     backend = kwargs.pop("backend", None)
     device = _multi_device(flags["use_cpu"], backend, local_rank)
     if backend is None:
@@ -222,12 +233,4 @@ def resolve_world(cpu: bool = False, init_kwargs: Mapping[str, Any] | None = Non
     kwargs.setdefault("world_size", world_size)
     logger.debug("init_process_group(backend=%r, rank=%d, world_size=%d)", backend, rank, world_size)
     dist.init_process_group(backend=backend, **kwargs)
-    return ProcessWorld(
-        distributed_type=_MULTI_TYPES.get(device.type, DistributedType.MULTI_CPU),
-        num_processes=world_size,
-        process_index=rank,
-        local_process_index=local_rank,
-        device=device,
-        backend=backend,
-        **flags,
-    )
+    return _multi_world(flags, device, backend, rank, world_size, local_rank)
