@@ -36,9 +36,15 @@ def _run_id(rdzv_id: str) -> str:
 
 
 def _build_sinks(
-    plan: LaunchPlan, sinks: Sequence[Callable[[OutputLine], None]] | None, template: str | None
+    plan: LaunchPlan,
+    sinks: Sequence[Callable[[OutputLine], None]] | None,
+    template: str | None,
+    panel: bool = False,
 ) -> list[Callable[[OutputLine], None]]:
     if sinks is None:
+        if panel:
+            # The panel shows every line; printing them too would fill whichever cell runs meanwhile.
+            return []
         return [
             PrintSink(prefix_template=template, num_processes=plan.num_processes, node_rank=plan.node_rank)
         ]
@@ -109,12 +115,15 @@ def notebook_launcher(
         log_line_prefix_template: prefix of each output line, e.g. "[{rank}]: " (``${rank}``,
             ``{local_rank}``, ``{role_name}`` work too); default "[rank N] ".
         block: False returns a ``LaunchHandle`` at once (status, live output, wait/result/stop).
-        panel: show the live launch panel (``notebook_accel.widgets.LaunchPanel``).
+        panel: show the live launch panel (``notebook_accel.widgets.LaunchPanel``). With the
+            default ``sinks=None`` the lines then show in the panel only, not printed in the cell.
         start_method: "fork" (default; CUDA must not be initialised in the caller), "spawn" or
             "forkserver" (the function and its arguments are sent by value with cloudpickle).
         log_dir: also write ``<log_dir>/<run_id>/rank_<N>/stdout.log`` and ``stderr.log``.
         sinks: callables receiving every ``OutputLine``; None prints to the calling cell with a
-            rank prefix, [] prints nothing.
+            rank prefix (nothing when ``panel=True``), [] prints nothing. An explicit list is used
+            as given, with or without a panel (``[notebook_accel.launch.PrintSink()]`` prints
+            next to a panel).
         timeout: seconds after which the workers are stopped and LaunchError is raised.
 
     Raises:
@@ -170,7 +179,7 @@ def _launch(
         plan = _with_workers(plan)
     plan, stores = _host_stores(plan, explicit_port=str(use_port) != DEFAULT_PORT)
     run_id = _run_id(rdzv_id)
-    out_sinks = _build_sinks(plan, sinks, log_line_prefix_template)
+    out_sinks = _build_sinks(plan, sinks, log_line_prefix_template, panel=panel)
     log_sink = None
     log_files: dict[int, dict[str, str]] = {}
     if log_dir is not None:

@@ -389,6 +389,27 @@ def test_panel_option(monkeypatch):
         notebook_launcher(_allreduce_rank, num_processes=2, sinks=[], panel=True)
 
 
+def test_panel_true_prints_no_worker_lines_unless_sinks_say_so(capsys):
+    # The real panel: outside a kernel its display() prints a text summary, never the lines.
+    pytest.importorskip("ipywidgets")
+    from notebook_accel.launch import PrintSink
+
+    results = notebook_launcher(_allreduce_rank, num_processes=2, panel=True)
+    assert [r["rank"] for r in results] == [0, 1]
+    out = capsys.readouterr().out
+    assert "LaunchPanel(" in out
+    assert not [line for line in out.splitlines() if line.startswith("[rank ")], out
+    # An explicit sinks list is honoured with a panel too.
+    collect = Collect()
+    notebook_launcher(_allreduce_rank, num_processes=2, panel=True, sinks=[PrintSink(), collect])
+    out = capsys.readouterr().out
+    assert "[rank 0] rank 0 of 2 sum 3.0" in out and "[rank 1] rank 1 of 2 sum 3.0" in out
+    assert sorted(collect.texts()) == ["rank 0 of 2 sum 3.0", "rank 1 of 2 sum 3.0"]
+    for thread in threading.enumerate():  # the panels' tickers end with their launch
+        if thread.name == "notebook_accel-launch-panel":
+            thread.join(5)
+
+
 def test_colab_tpu_goes_through_torch_xla(monkeypatch):
     monkeypatch.setenv("COLAB_TPU_ADDR", "10.0.0.2:8470")
     monkeypatch.setitem(sys.modules, "torch_xla", None)
