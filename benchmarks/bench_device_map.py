@@ -13,35 +13,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-ACCELERATE_PYTHON = os.environ.get("ACCELERATE_PYTHON", "/work/.venv-accelerate/bin/python")
+from _worker import ACCELERATE_PYTHON, run_worker, worker_source
 
-# Run as "worker <impl> <json cases>": time one implementation in this process, print JSON.
-_WORKER = r"""
-import json, statistics, sys, time
-sys.path.insert(0, {here!r})
-import torch
-torch.set_num_threads(1)
+_WORKER = worker_source(
+    ".utils",
+    "infer_auto_device_map, compute_module_sizes",
+    r"""
+import json, statistics, time
 from _models import gpt_meta, leaves_meta
-impl = sys.argv[1]
-if impl == "accelerate":
-    from accelerate.utils import infer_auto_device_map, compute_module_sizes
-else:
-    sys.path.insert(0, {root!r})
-    from notebook_accel.utils import infer_auto_device_map, compute_module_sizes
-import logging, warnings
-logging.disable(logging.WARNING); warnings.simplefilter("ignore")
-out = {{}}
+out = {}
 for case in json.loads(sys.argv[2]):
     kind, n, repeat = case
     model = gpt_meta(n) if kind == "gpt" else leaves_meta(n)
     total = compute_module_sizes(model)[""]
-    budget = {{i: total // 4 + total // 50 for i in range(4)}}
+    budget = {i: total // 4 + total // 50 for i in range(4)}
     budget["cpu"] = total
     no_split = ["Block"] if kind == "gpt" else None
     times = []
@@ -49,24 +37,15 @@ for case in json.loads(sys.argv[2]):
         t = time.perf_counter()
         dm = infer_auto_device_map(model, max_memory=dict(budget), no_split_module_classes=no_split)
         times.append(time.perf_counter() - t)
-    out[f"{{kind}}-{{n}}"] = {{"seconds": min(times), "median": statistics.median(times), "map": {{k: str(v) for k, v in dm.items()}},
-                            "modules": sum(1 for _ in model.modules())}}
+    out[f"{kind}-{n}"] = {"seconds": min(times), "median": statistics.median(times), "map": {k: str(v) for k, v in dm.items()},
+                            "modules": sum(1 for _ in model.modules())}
 print("RESULT" + json.dumps(out))
-"""
+""",
+)
 
 
 def _run(python: str, impl: str, cases: list) -> dict:
-    code = _WORKER.format(here=HERE, root=ROOT)
-    proc = subprocess.run(
-        [python, "-c", code, impl, json.dumps(cases)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"{impl} benchmark failed:\n{proc.stderr[-3000:]}")
-    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
-    return json.loads(line[len("RESULT") :])
+    return run_worker(python, _WORKER, impl, json.dumps(cases))
 
 
 def main() -> None:

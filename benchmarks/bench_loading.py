@@ -19,29 +19,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-ACCELERATE_PYTHON = os.environ.get("ACCELERATE_PYTHON", "/work/.venv-accelerate/bin/python")
+from _worker import ACCELERATE_PYTHON, HERE, WorkerFailed, run_worker, worker_source
 
-_WORKER = r"""
-import json, os, resource, shutil, sys, tempfile, time
-sys.path.insert(0, {here!r})
-import torch
-torch.set_num_threads(1)
+_WORKER = worker_source(
+    "",
+    "init_empty_weights, load_checkpoint_and_dispatch",
+    r"""
+import json, os, resource, shutil, tempfile, time
 from _models import GPT
 impl, case, ckpt, n_blocks, d, vocab, ckpt_bytes = sys.argv[1:8]
 n_blocks, d, vocab, ckpt_bytes = int(n_blocks), int(d), int(vocab), int(ckpt_bytes)
-if impl == "accelerate":
-    from accelerate import init_empty_weights, load_checkpoint_and_dispatch
-else:
-    sys.path.insert(0, {root!r})
-    from notebook_accel import init_empty_weights, load_checkpoint_and_dispatch
-import logging, warnings
-logging.disable(logging.WARNING); warnings.simplefilter("ignore")
 with init_empty_weights():
     model = GPT(n_blocks, d, vocab, tie=False)
 def rss_now():
@@ -58,9 +48,9 @@ base = rss_now()
 offload = tempfile.mkdtemp(prefix="na-bench-offload-")
 t = time.perf_counter()
 if case == "cpu":
-    model = load_checkpoint_and_dispatch(model, ckpt, device_map={{"": "cpu"}})
+    model = load_checkpoint_and_dispatch(model, ckpt, device_map={"": "cpu"})
 else:
-    model = load_checkpoint_and_dispatch(model, ckpt, device_map="auto", max_memory={{"cpu": ckpt_bytes // 3}},
+    model = load_checkpoint_and_dispatch(model, ckpt, device_map="auto", max_memory={"cpu": ckpt_bytes // 3},
                                          no_split_module_classes=["Block"], offload_folder=offload)
 load = time.perf_counter() - t
 peak_load = rss_peak()
@@ -75,9 +65,10 @@ if case == "cpu":
     touch = time.perf_counter() - t
 peak = rss_peak()
 shutil.rmtree(offload, ignore_errors=True)
-print("RESULT" + json.dumps({{"load": load, "touch": touch, "peak_load": peak_load, "peak": peak, "base": base,
-                             "written": written}}))
-"""
+print("RESULT" + json.dumps({"load": load, "touch": touch, "peak_load": peak_load, "peak": peak, "base": base,
+                             "written": written}))
+""",
+)
 
 
 def _make_checkpoint(size_mb: int) -> tuple[str, int, tuple[int, int, int]]:
@@ -124,17 +115,11 @@ def _make_checkpoint(size_mb: int) -> tuple[str, int, tuple[int, int, int]]:
 
 
 def _run(python: str, impl: str, case: str, ckpt: str, shape: tuple[int, int, int], nbytes: int) -> dict:
-    code = _WORKER.format(here=HERE, root=ROOT)
-    args = [python, "-c", code, impl, case, ckpt, *map(str, shape), str(nbytes)]
-    proc = subprocess.run(
-        args, capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    )
-    if proc.returncode != 0:
-        return {
-            "error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"rc={proc.returncode}"
-        }
-    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
-    return json.loads(line[len("RESULT") :])
+    try:
+        return run_worker(python, _WORKER, impl, case, ckpt, *map(str, shape), str(nbytes))
+    except WorkerFailed as exc:
+        stderr = exc.stderr.strip()
+        return {"error": stderr.splitlines()[-1] if stderr else f"rc={exc.returncode}"}
 
 
 def main() -> None:

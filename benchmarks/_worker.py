@@ -1,0 +1,65 @@
+"""Subprocess plumbing shared by the benchmarks that time notebook_accel against Accelerate.
+
+Each implementation runs in a fresh interpreter (``python -c <worker> <impl> ...``): torch on one
+thread, ``_models`` importable, the measured names imported from ``accelerate`` or ``notebook_accel``
+as ``argv[1]`` says, logging and warnings muted. The worker prints one ``RESULT<json>`` line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+ACCELERATE_PYTHON = os.environ.get("ACCELERATE_PYTHON", "/work/.venv-accelerate/bin/python")
+
+_PRELUDE = """\
+import sys
+sys.path.insert(0, {here!r})
+import torch
+torch.set_num_threads(1)
+if sys.argv[1] == "accelerate":
+    from accelerate{module} import {names}
+else:
+    sys.path.insert(0, {root!r})
+    from notebook_accel{module} import {names}
+import logging, warnings
+logging.disable(logging.WARNING); warnings.simplefilter("ignore")
+"""
+
+
+class WorkerFailed(RuntimeError):
+    """A benchmark worker exited non-zero; ``returncode`` and ``stderr`` say how."""
+
+    def __init__(self, impl: str, returncode: int, stderr: str) -> None:
+        super().__init__(f"{impl} benchmark failed:\n{stderr[-3000:]}")
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+def worker_source(module: str, names: str, body: str) -> str:
+    """Return a worker's source: the prelude importing ``names`` from ``<package><module>``, then ``body``.
+
+    ``module`` is ``""`` or a dotted suffix such as ``".utils"``; ``body`` is plain Python (not a
+    format string) that reads its arguments from ``sys.argv[1:]`` and prints ``RESULT<json>``.
+    """
+    return _PRELUDE.format(here=HERE, root=ROOT, module=module, names=names) + body
+
+
+def run_worker(python: str, code: str, impl: str, *args: str) -> dict:
+    """Return the JSON a worker printed on its ``RESULT`` line; raise :class:`WorkerFailed` if it failed.
+
+    CUDA is hidden from the worker: both implementations are measured on the CPU.
+    """
+    proc = subprocess.run(
+        [python, "-c", code, impl, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    if proc.returncode != 0:
+        raise WorkerFailed(impl, proc.returncode, proc.stderr)
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
+    return json.loads(line[len("RESULT") :])
