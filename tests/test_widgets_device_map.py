@@ -80,12 +80,12 @@ def test_controls_recompute(gpt):
     before = dict(ex.device_map)
     assert ex.widget is not None
     # Slider and text are linked; moving the slider recomputes the map.
-    ex._w_sliders[0].value = 0.5 / 1024  # 0.5 MiB
-    assert ex._w_texts[0].value == pytest.approx(0.5 / 1024)
+    ex._w_sliders[0].value = 0.5  # MiB: the model is under 1 GiB
+    assert ex._w_texts[0].value == pytest.approx(0.5)
     assert ex.max_memory[0] == MiB // 2
     assert ex.device_map != before
     assert ex.usage()[0]["weights"] <= MiB // 2 and ex.usage()[0]["free"] == 0
-    ex._w_texts[1].value = 4 / 1024  # typing into the text box moves the slider too
+    ex._w_texts[1].value = 4  # typing into the text box moves the slider too
     assert ex.max_memory[1] == 4 * MiB
     assert ex.device_map == resolve_device_map(
         gpt, "sequential", {0: MiB // 2, 1: 4 * MiB, "cpu": 2 * MiB}, ["Block"]
@@ -105,6 +105,53 @@ def test_controls_recompute(gpt):
     assert ex._w_timing.value.startswith("map computed in")
     assert ex._w_chart.value[:4] == b"\x89PNG"
     assert ex.last_compute_seconds > 0
+
+
+def test_slider_unit_and_step_follow_the_model_size(gpt):
+    ex = _explorer(gpt, strategy="sequential")  # about 7 MiB, budgets of 2 MiB
+    assert ex.slider_unit == ("MiB", MiB)
+    top, step = ex.slider_range()
+    size_mib = compute_module_sizes(gpt)[""] / MiB
+    assert top == pytest.approx(1.2 * size_mib) and step == pytest.approx(top / 200) and step < 0.1
+    assert ex.widget is not None
+    slider = ex._w_sliders[0]
+    assert slider.description == "0 (MiB)" and slider.value == pytest.approx(2.0)
+    assert slider.max == pytest.approx(top) and slider.step == pytest.approx(step)
+    # One step moves the budget by a fraction of a layer, and the map follows.
+    slider.value = 2.0 - 10 * step
+    assert ex.max_memory[0] == round((2.0 - 10 * step) * MiB)
+    assert ex.device_map == resolve_device_map(
+        gpt, "sequential", {0: ex.max_memory[0], 1: 2 * MiB, "cpu": 2 * MiB}, ["Block"]
+    )
+    # set_budget() stays in GiB and moves the slider, extending it past its end.
+    ex.set_budget(1, 3 / 1024)
+    assert ex.max_memory[1] == 3 * MiB and ex._w_sliders[1].value == pytest.approx(3.0)
+    ex.set_budget("cpu", 64 / 1024)
+    assert ex._w_sliders["cpu"].value == pytest.approx(64.0) and ex._w_sliders["cpu"].max >= 64
+    assert ex.max_memory["cpu"] == 64 * MiB
+    with torch.device("meta"):
+        big = TinyGPT(n=24, d=2048, vocab=32000)  # about 5 GiB in float32
+    ex = _explorer(big, max_memory={0: "2GiB", "cpu": "8GiB"})
+    assert ex.slider_unit == ("GiB", GiB)
+    top, step = ex.slider_range()
+    assert top == pytest.approx(16.0) and step == pytest.approx(0.08)
+    assert ex.widget is not None and ex._w_sliders["cpu"].description == "cpu (GiB)"
+    ex._w_sliders[0].value = 1.5
+    assert ex.max_memory[0] == int(1.5 * GiB)
+
+
+def test_dtype_dropdown_labels_as_stored(gpt):
+    ex = _explorer(gpt)
+    assert ex.widget is not None
+    assert ex._w_dtype.label == "as stored" and ex.dtype is None
+    assert ex._w_dtype.options[0] == ("as stored", "as stored")
+    ex._w_dtype.value = "bfloat16"
+    assert ex.dtype == "bfloat16" and ex._w_dtype.label == "bfloat16"
+    ex._w_dtype.label = "as stored"
+    assert ex.dtype is None and ex.sizes()[""] == compute_module_sizes(gpt)[""]
+    ex.dtype = "float16"  # set from code: the dropdown follows
+    assert ex._w_dtype.label == "float16"
+    assert _explorer(gpt, dtype="int8").widget is not None
 
 
 def test_to_code_round_trips(gpt):

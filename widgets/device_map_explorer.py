@@ -17,7 +17,10 @@ __all__ = ["DeviceMapExplorer"]
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 DTYPES = (None, "float32", "float16", "bfloat16", "int8")
+_AS_STORED = "as stored"  # the dtype dropdown's value for None (ipywidgets shows a None value blank)
 _GIB = 1024**3
+_MIB = 1024**2
+_SLIDER_STEPS = 200  # positions along a budget slider
 _DEVICE_STYLES = ("success", "info", "warning", "danger")
 
 
@@ -42,7 +45,7 @@ class DeviceMapExplorer(_Panel):
             model = MyModel(config)
         ex = DeviceMapExplorer(model, max_memory={0: "10GiB", "cpu": "30GiB"})
         ex.display()                   # sliders per device, bars, module tree with device badges
-        ex.set_budget(0, 6.0)          # GiB; the map is recomputed at once
+        ex.set_budget(0, 6.0)          # GiB; the map is recomputed at once, the slider follows
         print(ex.to_code())            # device_map = {...} and max_memory = {...} to paste
 
     Every change recomputes ``device_map`` with the core's ``infer_auto_device_map`` ("auto" and
@@ -183,13 +186,42 @@ class DeviceMapExplorer(_Panel):
         self._changed()
 
     def set_budget(self, device: int | str, gib: float) -> None:
-        """Set ``device``'s budget to ``gib`` GiB and recompute the map."""
+        """Set ``device``'s budget to ``gib`` GiB (``8 / 1024`` is 8 MiB) and recompute the map."""
         if device not in self.max_memory:
             raise ValueError(f"Unknown device {device!r}: this explorer budgets {list(self.max_memory)}")
         if gib < 0:
             raise ValueError(f"Budget for {device!r} must be >= 0 GiB, got {gib}")
-        self.max_memory[device] = int(gib * _GIB)
+        self._set_budget_bytes(device, round(gib * _GIB))
+
+    def _set_budget_bytes(self, device: int | str, nbytes: int) -> None:
+        self.max_memory[device] = int(nbytes)
         self._changed()
+
+    @property
+    def slider_unit(self) -> tuple[str, int]:
+        """Return the budget sliders' unit as ``(name, bytes)``: MiB for a model under 1 GiB, else GiB.
+
+        A GiB slider cannot set a budget between the layers of a model of a few MiB.
+        """
+        return ("MiB", _MIB) if self._stored_size() < _GIB else ("GiB", _GIB)
+
+    def _stored_size(self) -> int:
+        # The size as stored, not for the current dtype: the unit stays the same when the dtype changes.
+        if None not in self._sizes_cache:
+            from notebook_accel.utils.sizes import compute_module_sizes
+
+            self._sizes_cache[None] = dict(compute_module_sizes(self.model))
+        return self._sizes_cache[None][""]
+
+    def slider_range(self) -> tuple[float, float]:
+        """Return ``(max, step)`` of the budget sliders, in ``slider_unit``.
+
+        The max leaves room to double the largest budget or hold the whole model; the step is
+        1/200 of it, fine enough to move one layer of the model at a time.
+        """
+        unit = self.slider_unit[1]
+        top = max(2 * max(self.max_memory.values()), int(self._stored_size() * 1.2), unit) / unit
+        return top, top / _SLIDER_STEPS
 
     def _changed(self) -> None:
         self.recompute()
@@ -323,12 +355,15 @@ class DeviceMapExplorer(_Panel):
         from ._charts import stacked_bars_png
 
         usage = self.usage()
+        name, unit = self.slider_unit
         labels = [str(d) for d in usage]
-        series = {k: [u[k] / _GIB for u in usage.values()] for k in ("weights", "reserved", "free")}
+        series = {k: [u[k] / unit for u in usage.values()] for k in ("weights", "reserved", "free")}
         colours = {"weights": "#337ab7", "reserved": "#f0ad4e", "free": "#dddddd"}
         # The balanced strategies lower the GPUs' budgets; the dashed line is the budget the user set.
-        limits = [self.max_memory[d] / _GIB if d in self.max_memory else None for d in usage]
-        return stacked_bars_png(labels, series, colours, f"Device map ({self._strategy})", limits=limits)
+        limits = [self.max_memory[d] / unit if d in self.max_memory else None for d in usage]
+        return stacked_bars_png(
+            labels, series, colours, f"Device map ({self._strategy})", ylabel=name, limits=limits
+        )
 
     def _tree_html(self) -> str:
         rows = []
@@ -395,28 +430,31 @@ class DeviceMapExplorer(_Panel):
         self._w_sliders: dict[int | str, Any] = {}
         self._w_texts: dict[int | str, Any] = {}
         rows = []
-        top = max(2 * max(self.max_memory.values()), int(self.sizes()[""] * 1.2), _GIB) / _GIB
+        # Unit and step are fixed when the view is built (from the model's size then).
+        self._w_unit = self.slider_unit
+        name, unit = self._w_unit
+        top, step = self.slider_range()
         for device, budget in self.max_memory.items():
             slider = w.FloatSlider(
-                value=budget / _GIB,
+                value=budget / unit,
                 min=0.0,
-                max=round(top, 2),
-                step=0.01,
-                description=f"{device} (GiB)",
+                max=top,
+                step=step,
+                description=f"{device} ({name})",
                 continuous_update=False,
                 readout=False,
             )
-            text = w.FloatText(value=budget / _GIB, step=top / 1000, layout=w.Layout(width="7em"))
+            text = w.FloatText(value=budget / unit, step=step, layout=w.Layout(width="7em"))
             w.link((slider, "value"), (text, "value"))
             slider.observe(self._on_budget(device), names="value")
             self._w_sliders[device], self._w_texts[device] = slider, text
             rows.append(w.HBox([slider, text]))
         self._w_dtype = w.Dropdown(
-            options=[("as stored", None)] + [(d, d) for d in DTYPES if d],
-            value=self._dtype,
+            options=[(_AS_STORED, _AS_STORED)] + [(d, d) for d in DTYPES if d],
+            value=self._dtype or _AS_STORED,
             description="dtype",
         )
-        self._w_dtype.observe(lambda c: setattr(self, "dtype", c["new"]), names="value")
+        self._w_dtype.observe(self._on_dtype, names="value")
         self._w_strategy = w.ToggleButtons(
             options=list(STRATEGIES), value=self._strategy, description="strategy"
         )
@@ -449,12 +487,27 @@ class DeviceMapExplorer(_Panel):
 
     def _on_budget(self, device: int | str):  # noqa: ANN202
         def handler(change: dict) -> None:
-            if int(change["new"] * _GIB) != self.max_memory.get(device):
-                self.set_budget(device, max(0.0, float(change["new"])))
+            nbytes = round(max(0.0, float(change["new"])) * self._w_unit[1])
+            if nbytes != self.max_memory.get(device):
+                self._set_budget_bytes(device, nbytes)
 
         return handler
 
+    def _on_dtype(self, change: dict) -> None:
+        dtype = None if change["new"] == _AS_STORED else change["new"]
+        if dtype != self._dtype:  # not when refresh() shows a dtype set from code
+            self.dtype = dtype
+
     def _refresh_widget(self) -> None:
+        unit = self._w_unit[1]
+        for device, slider in self._w_sliders.items():
+            # set_budget() from code moves the slider too; a budget past the end extends it first
+            # (a clamped value would come back through the handler as a smaller budget).
+            budget = self.max_memory[device]
+            if round(slider.value * unit) != budget:
+                slider.max = max(slider.max, budget / unit)
+                slider.value = budget / unit
+        self._w_dtype.value = self._dtype or _AS_STORED
         self._w_chart.value = self.chart_png()
         self._w_usage.value = _table(self._USAGE_HEADERS, self._usage_rows())
         self._w_extras.value = self._extras_html()
