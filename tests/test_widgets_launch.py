@@ -131,6 +131,18 @@ def test_stop_button_is_disabled_as_soon_as_the_launch_ends():
     panel.close()
 
 
+def test_closed_panel_still_greys_out_its_stop_button():
+    handle = notebook_launcher(_forever, num_processes=2, block=False, sinks=[])
+    panel = LaunchPanel(handle, interval=0.05)
+    assert panel.widget is not None
+    _wait_for(lambda: len(panel.merged_lines()) == 2)
+    panel.close()  # no more view updates...
+    handle.stop()
+    assert handle.wait(20)
+    _wait_for(lambda: panel._w_stop.disabled, timeout=5)  # ...but the end still shows
+    assert panel._w_state.description == "stopped"
+
+
 def test_notebook_launcher_panel_true(capsys):
     handle = notebook_launcher(_talk, (1, None), num_processes=2, block=False, panel=True, sinks=[])
     assert handle.result(timeout=30) == [0, 1]
