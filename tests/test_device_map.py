@@ -223,6 +223,9 @@ def test_check_device_map_errors() -> None:
     model = meta_lm()
     with pytest.raises(ValueError, match=r"names 'blocks\.0\.fc3'.*Closest names: 'blocks\.0\.fc[12]'"):
         check_device_map(model, {"": 0, "blocks.0.fc3": 1})
+    # Too short for a fuzzy match: the names at the same level are offered instead.
+    with pytest.raises(ValueError, match=r"names 'x'.*Closest names: 'head', 'embed', 'final', 'blocks'"):
+        check_device_map(model, {"": 0, "x": 1})
     with pytest.raises(ValueError, match=r"does not give any device.*positions.*blocks\.1\.fc1\.weight"):
         check_device_map(model, {"embed": 0, "blocks.0": 0, "head": 0})
     with pytest.raises(TypeError, match="must be a dict"):
@@ -312,4 +315,6 @@ def test_device_key_errors() -> None:
 def test_model_larger_than_every_budget_including_disk() -> None:
     model = meta_lm(n=4, tie=False)
     with pytest.raises(ValueError, match="does not fit on any device of max_memory.*raise the budgets"):
-        infer_auto_device_map(model, max_memory={"cpu": 1000, "disk": 1000}, no_split_module_classes=["Block"])
+        infer_auto_device_map(
+            model, max_memory={"cpu": 1000, "disk": 1000}, no_split_module_classes=["Block"]
+        )

@@ -424,6 +424,14 @@ def check_device_map(model: nn.Module, device_map: dict[str, Device]) -> None:
     for key in device_map:
         if key != "" and key not in names:
             close = difflib.get_close_matches(key, sorted(names), n=3, cutoff=0.5)
+            if not close:
+                # Short names ("O" for "0") share too few characters for difflib: offer the names that
+                # stand at the same level as the unknown one instead.
+                parent = key.rpartition(".")[0]
+                close = sorted(
+                    (n for n in names if n and n.rpartition(".")[0] == parent),
+                    key=lambda n: (len(n), n),
+                )[:8]
             hint = f" Closest names: {', '.join(repr(c) for c in close)}." if close else ""
             raise ValueError(
                 f"device_map names {key!r}, which is not a module, parameter or buffer of the model.{hint}"
