@@ -35,7 +35,12 @@ def parse_api_md(text: str) -> dict[str, list[str]]:
     """Return {name: [module paths]} from API.md's tables."""
     names: dict[str, list[str]] = {}
     for line in text.splitlines():
-        if not line.startswith("|") or line.startswith("| ---") or line.startswith("| name") or line.startswith("| group"):
+        if (
+            not line.startswith("|")
+            or line.startswith("| ---")
+            or line.startswith("| name")
+            or line.startswith("| group")
+        ):
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) < 2:
@@ -125,7 +130,9 @@ def parse_signatures(seeds: Path) -> dict[str, list[str]]:
             current = None
     for f in sorted(seeds.glob("00[01]_*.txt")):
         text = f.read_text(encoding="utf-8")
-        for m in re.finditer(r"<name>(?:class )?(accelerate\.[A-Za-z0-9_.]+)</name>.*?<parameters>(\[.*?\])</parameters>", text):
+        for m in re.finditer(
+            r"<name>(?:class )?(accelerate\.[A-Za-z0-9_.]+)</name>.*?<parameters>(\[.*?\])</parameters>", text
+        ):
             sigs[m.group(1)] = [p["name"] for p in json.loads(m.group(2))]
         for m in re.finditer(r"^([a-z_]+)(accelerate\.[A-Za-z0-9_.]+)https://\S+?(\[\{.*\}\])$", text, re.M):
             sigs[m.group(2)] = [p["name"] for p in json.loads(m.group(3))]

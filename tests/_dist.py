@@ -33,14 +33,20 @@ def reset_state_singletons() -> None:
         from notebook_accel import state
     except ImportError:
         return
-    for cls_name, kwargs in (("AcceleratorState", {"reset_partial_state": True}), ("GradientState", {}), ("PartialState", {})):
+    for cls_name, kwargs in (
+        ("AcceleratorState", {"reset_partial_state": True}),
+        ("GradientState", {}),
+        ("PartialState", {}),
+    ):
         cls = getattr(state, cls_name, None)
         reset = getattr(cls, "_reset_state", None)
         if reset is not None:
             reset(**kwargs)
 
 
-def _child(fn: Callable, rank: int, nprocs: int, port: int, args: Sequence, env: Mapping[str, str], conn) -> None:
+def _child(
+    fn: Callable, rank: int, nprocs: int, port: int, args: Sequence, env: Mapping[str, str], conn
+) -> None:
     os.environ.update(
         {
             "RANK": str(rank),
@@ -90,7 +96,9 @@ def run_distributed(
     procs, conns = [], []
     for rank in range(nprocs):
         parent_conn, child_conn = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_child, args=(fn, rank, nprocs, port, args, env or {}, child_conn), daemon=True)
+        p = ctx.Process(
+            target=_child, args=(fn, rank, nprocs, port, args, env or {}, child_conn), daemon=True
+        )
         p.start()
         child_conn.close()
         procs.append(p)
@@ -125,7 +133,10 @@ def run_distributed(
         c.close()
     if errors:
         rank = min(errors)
-        raise AssertionError(f"rank {rank} failed:\n{errors[rank]}" + "".join(f"\n(rank {r} also failed)" for r in errors if r != rank))
+        raise AssertionError(
+            f"rank {rank} failed:\n{errors[rank]}"
+            + "".join(f"\n(rank {r} also failed)" for r in errors if r != rank)
+        )
     if pending:
         raise AssertionError(f"ranks {sorted(pending)} did not finish within {timeout} s")
     return results
