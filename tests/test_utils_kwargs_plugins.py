@@ -68,6 +68,7 @@ def test_grad_scaler_kwargs_build_a_scaler() -> None:
         (lambda: DistributedDataParallelKwargs(comm_wrapper="fp16"), ValueError, "wraps a PowerSGD hook"),
         (lambda: DistributedDataParallelKwargs(bucket_cap_mb=0), ValueError, "bucket_cap_mb must be > 0"),
         (lambda: GradScalerKwargs(init_scale=0), ValueError, "init_scale must be > 0"),
+        (lambda: GradScalerKwargs(init_scale="x"), TypeError, r"init_scale must be a number, got 'x'"),
         (lambda: GradScalerKwargs(growth_factor=1.0), ValueError, r"growth_factor must be > 1\.0"),
         (lambda: GradScalerKwargs(backoff_factor=1.5), ValueError, r"backoff_factor must be in \(0, 1\)"),
         (lambda: GradScalerKwargs(growth_interval=0), ValueError, "growth_interval must be a positive int"),

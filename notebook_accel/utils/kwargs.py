@@ -149,6 +149,10 @@ class GradScalerKwargs(KwargsHandler):
     enabled: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("init_scale", "growth_factor", "backoff_factor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"GradScalerKwargs: {name} must be a number, got {value!r}")
         if not self.init_scale > 0:
             raise ValueError(f"GradScalerKwargs: init_scale must be > 0, got {self.init_scale!r}")
         if not self.growth_factor > 1.0:
