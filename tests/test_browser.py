@@ -15,7 +15,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -62,11 +61,7 @@ if _SKIP:
 
 from playwright.sync_api import Page, sync_playwright  # noqa: E402
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests._dist import free_port  # noqa: E402
 
 
 def _wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout: float = 90) -> None:
@@ -101,7 +96,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     apputils = base / "settings" / "@jupyterlab" / "apputils-extension"
     apputils.mkdir(parents=True)
     (apputils / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER")}
     env.update(
         JUPYTER_CONFIG_DIR=str(base / "config"),

@@ -30,7 +30,6 @@ def _resolve(qualified: str):
     parts = qualified.split(".")[1:]
     if parts[:3] == ["commands", "config", "default"]:
         parts = ["utils", *parts[3:]]
-    modules = ["notebook_accel"]
     for i in range(len(parts), 0, -1):
         mod_name = ".".join(["notebook_accel", *parts[: i - 1]])
         try:
@@ -43,7 +42,7 @@ def _resolve(qualified: str):
             return obj
         except AttributeError:
             continue
-    raise AssertionError(f"{qualified} does not resolve under {modules}")
+    raise AssertionError(f"{qualified} does not resolve under notebook_accel")
 
 
 def _param_names(obj) -> list[str]:
