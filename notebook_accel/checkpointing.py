@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .utils.other import _atomic_write
+
 __all__ = [
     "atomic_directory",
     "load_accelerator_state",
@@ -52,9 +54,7 @@ def _model_file(index: int, safe_serialization: bool) -> str:
 
 def _torch_save(obj: Any, path: Path) -> None:
     """Write ``obj`` with torch.save to a temporary name, then rename it into place."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    _atomic_write(os.fspath(path), lambda tmp: torch.save(obj, tmp))
 
 
 def _torch_load(path: Path, map_location: Any = None) -> Any:
@@ -282,9 +282,8 @@ def save_model_weights(
     if safe_serialization:
         from safetensors.torch import save_file
 
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        save_file(_dedupe_for_safetensors(state), str(tmp), metadata={"format": "pt"})
-        os.replace(tmp, path)
+        tensors = _dedupe_for_safetensors(state)
+        _atomic_write(os.fspath(path), lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     else:
         _torch_save(state, path)
 
@@ -310,9 +309,8 @@ def save_sharded_weights(
     if index is None:
         index_path.unlink(missing_ok=True)
     else:
-        tmp = index_path.with_name(f".{index_name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, index_path)
+        text = json.dumps(index, indent=2, sort_keys=True) + "\n"
+        _atomic_write(os.fspath(index_path), lambda tmp: Path(tmp).write_text(text))
         written.append(index_path)
     return written
 
