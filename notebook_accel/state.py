@@ -362,17 +362,9 @@ class AcceleratorState(_ProcessControl):
             )
         if name is None:
             name = next(iter(plugins))
-        chosen = self.get_deepspeed_plugin(name)
+        self.get_deepspeed_plugin(name)  # an unknown name raises before any flag changes
         for key, plugin in plugins.items():
-            if key != name:
-                if hasattr(plugin, "_unselect"):
-                    plugin._unselect()
-                else:
-                    plugin.selected = False
-        if hasattr(chosen, "select"):
-            chosen.select(_from_accelerator_state=True)
-        else:
-            chosen.selected = True
+            plugin.selected = key == name
 
     def destroy_process_group(self, group: Any = None) -> None:
         """Destroy ``group`` (the default one when None); under a fork launcher the default group is left alone.
