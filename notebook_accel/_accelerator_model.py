@@ -166,10 +166,6 @@ def _compile_regions(model: torch.nn.Module, kwargs: dict[str, Any]) -> torch.nn
     return torch.compile(model, **kwargs)
 
 
-def is_compiled_module(model: Any) -> bool:
-    return hasattr(torch, "_dynamo") and isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
-
-
 def check_engines(state: Any, megatron_lm_plugin: Any, mixed_precision: str, fp8_handler: Any) -> None:
     """Raise ImportError naming the engine a plugin or precision needs when it is not installed."""
     from .utils import imports

@@ -27,6 +27,7 @@ from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState
 from .tracking import GeneralTracker, filter_trackers
 from .utils.enums import DistributedType, PrecisionType
+from .utils.other import _is_compiled_module
 
 __all__ = ["Accelerator"]
 
@@ -373,7 +374,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
         if (
             dynamo is not None
             and str(dynamo.backend.value).upper() != "NO"
-            and not _model.is_compiled_module(model)
+            and not _is_compiled_module(model)
         ):
             model = _model.compile_model(model, dynamo)
         self._models[-1] = model
