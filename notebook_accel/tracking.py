@@ -106,10 +106,13 @@ class JSONLinesTracker(GeneralTracker):
         self.run = self.path.open("a", encoding="utf-8")
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        target = self.directory / "config.json"
-        tmp = target.with_name(".config.json.tmp")
-        tmp.write_text(json.dumps(values, indent=2, sort_keys=True, default=repr) + "\n", encoding="utf-8")
-        os.replace(tmp, target)
+        from .utils.other import _atomic_write
+
+        text = json.dumps(values, indent=2, sort_keys=True, default=repr) + "\n"
+        _atomic_write(
+            os.fspath(self.directory / "config.json"),
+            lambda tmp: Path(tmp).write_text(text, encoding="utf-8"),
+        )
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         record = {"step": step, "time": time.time(), **{k: _plain(v) for k, v in values.items()}}
