@@ -367,8 +367,6 @@ def _loader_kwargs(dataloader: DataLoader) -> dict[str, Any]:
     for name in _LOADER_KWARGS:
         if hasattr(dataloader, name):
             value = getattr(dataloader, name)
-            if name == "multiprocessing_context" and value is not None:
-                value = dataloader.multiprocessing_context
             if value != _LOADER_DEFAULTS[name]:
                 out[name] = value
     if out.get("num_workers", 0) == 0:
