@@ -469,6 +469,19 @@ def test_plan_from_the_machine(monkeypatch, gpus, platform_env, num_processes, e
         plan_mod.resolve_plan(8)
 
 
+def test_plan_reads_debug_mode_as_a_flag(monkeypatch):
+    from notebook_accel.launch import plan as plan_mod
+
+    monkeypatch.setenv("ACCELERATE_DEBUG_MODE", "yes")
+    assert plan_mod.resolve_plan(2, force_cpu=True).debug is True
+    monkeypatch.setenv("ACCELERATE_DEBUG_MODE", "off")
+    assert plan_mod.resolve_plan(2, force_cpu=True).debug is False
+    # The workers would reject it too (PartialState reads the same flag): fail before forking.
+    monkeypatch.setenv("ACCELERATE_DEBUG_MODE", "maybe")
+    with pytest.raises(ValueError, match=r"ACCELERATE_DEBUG_MODE='maybe' is not a flag"):
+        plan_mod.resolve_plan(2, force_cpu=True)
+
+
 @pytest.mark.parametrize("how", ["exit", "sigkill"])
 def test_workers_do_not_outlive_a_dead_launching_process(how):
     import psutil

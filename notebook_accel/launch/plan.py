@@ -11,6 +11,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from ..utils.environment import parse_flag_from_env
 from .ports import check_master_addr, parse_port
 
 __all__ = [
@@ -49,10 +50,6 @@ CUDA_INITIALISING_MODULES = (
 )
 
 
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "y", "on", "t")
-
-
 def detect_platform() -> str:
     """Return ``"colab"``, ``"kaggle"`` or ``"local"`` from the environment of this process."""
     if "google.colab" in sys.modules or any(k.startswith("COLAB_") for k in os.environ):
@@ -69,12 +66,9 @@ def _tpu_present() -> bool:
 
 
 def _cuda_device_count() -> int:
-    try:
-        from notebook_accel.utils.imports import cuda_device_count
-    except ImportError:  # the utils module is written concurrently; same NVML-based query
-        import torch
+    # Imported here: it imports torch, which the launcher leaves out of its own import.
+    from ..utils.imports import cuda_device_count
 
-        return torch.cuda.device_count()
     return cuda_device_count()
 
 
@@ -196,7 +190,7 @@ def resolve_plan(
     if num_processes is not None and (not isinstance(num_processes, int) or num_processes < 1):
         raise ValueError(f"num_processes={num_processes!r} must be a positive integer or None")
     platform = detect_platform()
-    debug = _truthy(os.environ.get("ACCELERATE_DEBUG_MODE"))
+    debug = parse_flag_from_env("ACCELERATE_DEBUG_MODE")
     env = {"ACCELERATE_MIXED_PRECISION": mixed_precision, "ACCELERATE_FORK_LAUNCHED": "1"}
     if debug:
         env["ACCELERATE_DEBUG_MODE"] = "1"
@@ -204,14 +198,14 @@ def resolve_plan(
     if not force_cpu and platform in ("colab", "kaggle") and _tpu_present():
         n = num_processes or 8
         return LaunchPlan(
-            n, "xla", "tpu", "XLA", start_method, master_addr, int(str(use_port)), mixed_precision, platform,
+            n, "xla", "tpu", "XLA", start_method, master_addr, parse_port(use_port), mixed_precision, platform,
             num_nodes, node_rank, debug, None, False, env,
         )  # fmt: skip
 
     gpus = 0 if force_cpu else _cuda_device_count()
     if gpus > 0:
         n = num_processes if num_processes is not None else gpus
-        if n > gpus * max(1, num_nodes) and num_nodes == 1:
+        if num_nodes == 1 and n > gpus:
             raise ValueError(
                 f"num_processes={n} is more than the {gpus} visible CUDA device(s); use at most {gpus}, "
                 "or launch on CPU with debug_launcher"
@@ -230,8 +224,7 @@ def resolve_plan(
     # Multi-node: every node must agree on the port, so no silent fallback there.
     port = parse_port(use_port)
     check_master_addr(master_addr)
-    dry_run_port = None
     return LaunchPlan(
         n, backend, device, dist_type, start_method, master_addr, port, mixed_precision, platform,
-        num_nodes, node_rank, debug, dry_run_port, in_process, env,
+        num_nodes, node_rank, debug, None, in_process, env,
     )  # fmt: skip
