@@ -29,9 +29,10 @@ def project_configuration(project_dir: Any, project_config: Any) -> Any:
 
 def dataloader_configuration(dataloader_config: Any, split_batches: Any) -> Any:
     """Return the DataLoaderConfiguration, honouring the ``split_batches`` shortcut."""
+    from .accelerator import _split_batches
     from .utils.configs import DataLoaderConfiguration
 
-    given = not type(split_batches).__name__ == "_FromDataLoaderConfig"
+    given = split_batches is not _split_batches
     if dataloader_config is None:
         dataloader_config = DataLoaderConfiguration()
     elif not isinstance(dataloader_config, DataLoaderConfiguration):
@@ -94,20 +95,15 @@ def check_precision(mixed_precision: Any) -> str:
 def deepspeed_plugin(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:
     """Return the DeepSpeed plugin(s) from the argument(s) or ``ACCELERATE_USE_DEEPSPEED``."""
     from .utils.environment import parse_flag_from_env
+    from .utils.plugins import DeepSpeedPlugin
 
     if deepspeed_plugin is not None and deepspeed_plugins is not None:
         raise ValueError("pass deepspeed_plugin or deepspeed_plugins, not both")
     plugin = deepspeed_plugins if deepspeed_plugins is not None else deepspeed_plugin
     if plugin is None and parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"):
-        from .utils.plugins import DeepSpeedPlugin
-
         plugin = DeepSpeedPlugin()
-    if plugin is not None:
-        from .utils.plugins import DeepSpeedPlugin
-
-        plugin.require_deepspeed() if isinstance(
-            plugin, DeepSpeedPlugin
-        ) else DeepSpeedPlugin.require_deepspeed()
+    if plugin is not None:  # one plugin or a dict of named ones: deepspeed is needed either way
+        DeepSpeedPlugin.require_deepspeed()
     return plugin
 
 
