@@ -134,6 +134,12 @@ def dynamo_plugin(dynamo_backend: Any, plugin: Any) -> Any:
     return plugin
 
 
+def check_accumulation_steps(steps: Any) -> None:
+    """Raise ValueError unless ``steps`` is an int >= 1 (a valid ``gradient_accumulation_steps``)."""
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"gradient_accumulation_steps must be an int >= 1, got {steps!r}")
+
+
 def accumulation_plugin(plugin: Any, steps: int) -> Any:
     """Return the GradientAccumulationPlugin from the plugin or ``gradient_accumulation_steps``."""
     from .utils.plugins import GradientAccumulationPlugin
@@ -147,8 +153,7 @@ def accumulation_plugin(plugin: Any, steps: int) -> Any:
         if plugin.num_steps is None:
             plugin.num_steps = 1
         return plugin
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"gradient_accumulation_steps must be an int >= 1, got {steps!r}")
+    check_accumulation_steps(steps)
     env = os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
     if steps == 1 and env:
         steps = int(env)

@@ -245,8 +245,9 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, steps: int) -> None:
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-            raise ValueError(f"gradient_accumulation_steps must be an int >= 1, got {steps!r}")
+        from ._accelerator_setup import check_accumulation_steps
+
+        check_accumulation_steps(steps)
         self.gradient_state.plugin_kwargs.update({"num_steps": steps})
 
     @property
