@@ -245,9 +245,7 @@ class LaunchHandle:
             # A failed start (or ^C while forking): take down what was started, release every fd.
             for r in self._ranks:
                 if r.proc is not None:
-                    r.proc.signal_group(signal.SIGKILL)
-                    while r.proc.poll() is None:
-                        time.sleep(0.01)
+                    r.proc.kill_and_reap()
                     r.proc.close()
                 for fd in r.fds:
                     os.close(fd)
@@ -496,9 +494,7 @@ class LaunchHandle:
             r.fds.clear()
             if r.proc is not None:
                 if not r.exited:  # only after a supervisor crash
-                    r.proc.signal_group(signal.SIGKILL)
-                    while r.proc.poll() is None:
-                        time.sleep(0.01)
+                    r.proc.kill_and_reap()
                     r.exited = True
                 r.proc.close()
             for splitter in r.splitters.values():

@@ -14,6 +14,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 from .worker import WorkerSpec, worker_main
@@ -64,14 +65,18 @@ class WorkerProcess:
         try:
             os.killpg(self.pid, signum)
             return
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             pass  # not (yet) a group leader
-        except PermissionError:
-            pass
         try:
             os.kill(self.pid, signum)
         except ProcessLookupError:
             pass
+
+    def kill_and_reap(self) -> None:
+        """SIGKILL the worker's group and return once the worker itself has ended."""
+        self.signal_group(signal.SIGKILL)
+        while self.poll() is None:
+            time.sleep(0.01)
 
     def kill_leftovers(self) -> None:
         """SIGKILL whatever the worker started that still lives in its group (before reaping it)."""
@@ -109,11 +114,16 @@ def _fork(spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerProcess
     return WorkerProcess(pid)
 
 
-def _spawn(spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerProcess:
+def _by_value(spec: WorkerSpec) -> WorkerSpec:
+    """Return ``spec`` with the function and its arguments cloudpickled (a fresh interpreter runs them)."""
     import cloudpickle
 
     payload = cloudpickle.dumps((spec.function, spec.args))
-    spec = replace(spec, function=None, args=(), payload=payload, close_fds=())
+    return replace(spec, function=None, args=(), payload=payload, close_fds=())
+
+
+def _spawn(spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerProcess:
+    spec = _by_value(spec)
     header = pickle.dumps((list(sys.path), os.getcwd(), res_w, spec))
     popen = subprocess.Popen(
         [sys.executable, "-c", "from notebook_accel.launch.procs import _spawned_main; _spawned_main()"],
@@ -151,11 +161,8 @@ def _forkserver(spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerP
     import multiprocessing as mp
     from multiprocessing.connection import Connection
 
-    import cloudpickle
-
     ctx = mp.get_context("forkserver")
-    payload = cloudpickle.dumps((spec.function, spec.args))
-    spec = replace(spec, function=None, args=(), payload=payload, close_fds=())
+    spec = _by_value(spec)
     conns = [Connection(os.dup(fd), readable=False) for fd in (out_w, err_w, res_w)]
     proc = ctx.Process(target=_forkserver_entry, args=(spec, *conns), daemon=False)
     try:
