@@ -691,11 +691,12 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
             if self.state.deepspeed_plugin.is_zero3:
                 return model._zero3_consolidated_16bit_state_dict()
         if self.distributed_type == DistributedType.FSDP:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+            from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+            from ._accelerator_checkpoint import _full_options
 
             # Every process takes part in gathering the full (unsharded) weights.
-            options = StateDictOptions(full_state_dict=True, cpu_offload=self.device.type != "cpu")
-            return get_model_state_dict(model, options=options)
+            return get_model_state_dict(model, options=_full_options(self.device))
         if unwrap:
             model = self.unwrap_model(model)
         return model.state_dict()
