@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from notebook_accel import utils
-from notebook_accel.utils import clear_environment, patch_environment, write_basic_config
+from notebook_accel.utils import PrecisionType, clear_environment, patch_environment, write_basic_config
 from notebook_accel.utils.environment import get_int_from_env, parse_flag_from_env, str_to_bool
 
 # ------------------------------------------------------------------------------- patch / clear
@@ -103,9 +103,14 @@ def test_write_basic_config_default_location_honours_hf_home(tmp_path) -> None:
 
 
 def test_write_basic_config_rejects_bad_precision(tmp_path) -> None:
-    with pytest.raises(ValueError, match=r"mixed_precision='fp12' is not valid.*'bf16'"):
+    with pytest.raises(
+        ValueError, match=r"Unknown mixed_precision 'fp12': choose one of 'no', 'fp16', 'bf16', 'fp8'"
+    ):
         write_basic_config(mixed_precision="fp12", save_location=str(tmp_path / "c.yaml"))
     assert not (tmp_path / "c.yaml").exists()
+    # The PrecisionType enum is accepted and written as its value.
+    path = write_basic_config(mixed_precision=PrecisionType.FP16, save_location=str(tmp_path / "d.yaml"))
+    assert "mixed_precision: fp16\n" in path.read_text()
 
 
 # ------------------------------------------------------------------------------- environment checks

@@ -9,13 +9,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .._state_world import check_mixed_precision
 from .imports import cuda_device_count, is_mps_available, is_npu_available, is_xpu_available
 
 __all__ = ["default_config_file", "write_basic_config"]
 
 logger = logging.getLogger(__name__)
-
-_MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
 
 
 def _default_config_path() -> str:
@@ -103,11 +102,7 @@ def write_basic_config(mixed_precision="no", save_location: str = default_config
     "fp8". A path ending in ``.json`` is written as JSON, anything else as YAML. An existing file is
     never overwritten.
     """
-    mixed_precision = str(mixed_precision).lower()
-    if mixed_precision not in _MIXED_PRECISION:
-        raise ValueError(
-            f"mixed_precision={mixed_precision!r} is not valid; choose one of {list(_MIXED_PRECISION)}"
-        )
+    mixed_precision = check_mixed_precision(mixed_precision)
     if save_location == default_config_file:
         save_location = _default_config_path()
     path = Path(save_location).expanduser()
