@@ -56,15 +56,12 @@ class GeneralTracker:
     main_process_only: bool = True
 
     def __init__(self, _blank: bool = False) -> None:
-        if not _blank:
-            missing = [
-                attr for attr in ("name", "requires_logging_directory") if not hasattr(type(self), attr)
-            ]
-            if missing or not type(self).name:
-                raise TypeError(
-                    f"{type(self).__name__} must define the class attributes name, requires_logging_directory "
-                    "and main_process_only"
-                )
+        # The base class supplies defaults for every attribute; an empty name means a subclass set none.
+        if not _blank and not type(self).name:
+            raise TypeError(
+                f"{type(self).__name__} must define the class attributes name, requires_logging_directory "
+                "and main_process_only"
+            )
         self._blank = _blank
 
     @property
@@ -408,18 +405,14 @@ _PACKAGES = {
 }
 
 
-def _installed(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
-
-
 def filter_trackers(log_with: Any, logging_dir: str | os.PathLike | None = None) -> list[Any]:
     """Return the trackers ``log_with`` asks for: names (validated, installed) and tracker objects.
 
     Raises ValueError for an unknown name (listing the valid ones) or for a tracker that needs
     a logging directory when none is set, ImportError for a named service that is not installed.
     """
+    from .utils.imports import is_package_available as _installed
+
     if log_with is None:
         return []
     items = log_with if isinstance(log_with, (list, tuple)) else [log_with]
