@@ -21,7 +21,6 @@ _AS_STORED = "as stored"  # the dtype dropdown's value for None (ipywidgets show
 _GIB = 1024**3
 _MIB = 1024**2
 _SLIDER_STEPS = 200  # positions along a budget slider
-_DEVICE_STYLES = ("success", "info", "warning", "danger")
 
 
 def _device_order(device: Any) -> tuple[int, str]:
