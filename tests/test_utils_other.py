@@ -169,8 +169,21 @@ def test_wait_for_everyone_is_a_barrier(tmp_path) -> None:
     assert run_distributed(_barrier_worker, nprocs=2, args=(str(tmp_path),)) == [True, True]
 
 
-def test_wait_for_everyone_single_process() -> None:
+def test_wait_for_everyone_single_process(monkeypatch) -> None:
+    import torch.distributed as dist
+
+    from notebook_accel.state import PartialState
+
+    def no_barrier(*args, **kwargs):
+        raise AssertionError("a single process must not enter a barrier")
+
+    monkeypatch.setattr(dist, "barrier", no_barrier)
+    assert wait_for_everyone() is None
+    assert PartialState().initialized  # it went through the process state
+    calls = []
+    monkeypatch.setattr(PartialState, "wait_for_everyone", lambda self: calls.append(self.num_processes))
     wait_for_everyone()
+    assert calls == [1]
 
 
 # ---------------------------------------------------------------------------------------------- helpers
