@@ -111,10 +111,9 @@ class LaunchPanel(_Panel):
         """Return the launch's overall state: "running", "succeeded", "failed" or "stopped"."""
         if not self.handle.done:
             return "running"
-        if self.handle.error is not None:
-            states = {s.state for s in self.handle.status()}
-            return "failed" if "failed" in states or "stopped" not in states else "stopped"
         states = {s.state for s in self.handle.status()}
+        if self.handle.error is not None:
+            return "failed" if "failed" in states or "stopped" not in states else "stopped"
         return "stopped" if "stopped" in states else "succeeded"
 
     def _usage(self, pid: int | None, state: str) -> tuple[float | None, int | None]:
