@@ -70,6 +70,13 @@ def _move(obj: Any, device: torch.device, skip_keys: Any = None, non_blocking: b
     return obj
 
 
+def _copy_to(value: torch.Tensor, device: torch.device, non_blocking: bool, pin: bool) -> torch.Tensor:
+    """Return a copy of ``value`` on ``device`` (through pinned memory for CPU -> CUDA with ``pin``)."""
+    if pin and value.device.type == "cpu" and device.type == "cuda":
+        value = value.pin_memory()
+    return value.to(device, non_blocking=non_blocking)
+
+
 def _find_tensor_device(obj: Any) -> torch.device | None:
     if isinstance(obj, torch.Tensor):
         return obj.device
@@ -330,15 +337,11 @@ class AlignDevicesHook(ModelHook):
                     per_device = tied[ptr]
                     moved = per_device.get(device)
                     if moved is None:
-                        if pin and value.device.type == "cpu" and device.type == "cuda":
-                            value = value.pin_memory()
-                        moved = per_device[device] = value.to(device, non_blocking=non_blocking)
+                        moved = per_device[device] = _copy_to(value, device, non_blocking, pin)
                         self._tied_added.append((ptr, device))
                     value = moved
                 else:
-                    if pin and value.device.type == "cpu" and device.type == "cuda":
-                        value = value.pin_memory()
-                    value = value.to(device, non_blocking=non_blocking)
+                    value = _copy_to(value, device, non_blocking, pin)
             elif not self.zero_copy:
                 value = value.clone()
             values.append(value)
