@@ -99,6 +99,32 @@ def test_other_errors_propagate_without_retry() -> None:
     assert tried == [8]
 
 
+def test_failed_attempt_is_freed_before_the_caches_are_cleared(monkeypatch) -> None:
+    import weakref
+
+    attempts: list[weakref.ref] = []
+    alive_at_clear: list[list[bool]] = []
+    clear = memory_module.clear_device_cache
+
+    def spy(garbage_collection: bool = False) -> None:
+        clear(garbage_collection)
+        alive_at_clear.append([ref() is not None for ref in attempts])
+
+    monkeypatch.setattr(memory_module, "clear_device_cache", spy)
+
+    @find_executable_batch_size(starting_batch_size=4)
+    def train(batch_size):
+        activations = torch.empty(16)
+        attempts.append(weakref.ref(activations))
+        if batch_size > 1:
+            raise RuntimeError("CUDA out of memory.")
+        return batch_size
+
+    assert train() == 1
+    # One clear before the first attempt, then one per retry, each after the failed attempt let go.
+    assert alive_at_clear == [[], [False], [False, False]]
+
+
 def test_passing_batch_size_is_refused() -> None:
     @find_executable_batch_size(starting_batch_size=8)
     def train(batch_size, model):

@@ -131,10 +131,10 @@ def find_executable_batch_size(function: Callable = None, starting_batch_size: i
             except Exception as exc:
                 if not should_reduce_batch_size(exc):
                     raise
-                logger.info("out of memory at batch_size=%d, retrying with %d", batch_size, batch_size // 2)
-                # Drop the failed attempt's frames (they hold tensors) before freeing the caches.
-                del exc
-                clear_device_cache(garbage_collection=True)
-                batch_size //= 2
+            # Freed only here, after the except block: inside it the exception being handled still
+            # holds the failed attempt's frames, and with them its tensors.
+            logger.info("out of memory at batch_size=%d, retrying with %d", batch_size, batch_size // 2)
+            clear_device_cache(garbage_collection=True)
+            batch_size //= 2
 
     return decorator
