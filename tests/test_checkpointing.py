@@ -304,3 +304,14 @@ def test_missing_and_mismatched_checkpoint_files(tmp_path) -> None:
     (out / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="no weights for model 0"):
         acc.load_state(out)
+
+
+def test_failed_file_write_leaves_neither_file_nor_temporary(tmp_path) -> None:
+    from notebook_accel.checkpointing import save_model_weights
+
+    target = tmp_path / "pytorch_model.bin"
+    target.write_bytes(b"previous")
+    with pytest.raises(Exception, match="pickle|lambda"):
+        save_model_weights({"w": torch.ones(2), "bad": lambda: 0}, target, safe_serialization=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["pytorch_model.bin"]
+    assert target.read_bytes() == b"previous"
