@@ -40,6 +40,7 @@ from .utils.offload import (
     extract_submodules_state_dict,
     offload_state_dict,
 )
+from .utils.tied_params import find_tied_parameters
 
 __all__ = [
     "init_empty_weights",
@@ -236,13 +237,6 @@ def _modules_on(device_map: dict, key: str) -> list[str]:
     return [name for name, d in device_map.items() if _device_key(d) == key]
 
 
-def _tied_groups(model: nn.Module) -> list[list[str]]:
-    by_id: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        by_id.setdefault(id(param), []).append(name)
-    return [names for names in by_id.values() if len(names) > 1]
-
-
 def _retie(model: nn.Module, groups: list[list[str]]) -> None:
     """Make every parameter of a tied group the same object again (after hooks moved them)."""
     for names in groups:
@@ -372,7 +366,7 @@ def dispatch_model(
         weights_map = OffloadedWeightsLoader(
             state_dict=state_dict, save_folder=save_folder, index=offload_index
         )
-    groups = _tied_groups(model)
+    groups = find_tied_parameters(model)
     tied_params_map: dict[int, dict] = {}
     for names in groups:
         tied_params_map[model.get_parameter(names[0]).data_ptr()] = {}
