@@ -14,22 +14,11 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import sys
 from typing import Any
 
+from .utils.environment import _process_index
+
 __all__ = ["MultiProcessAdapter", "get_logger"]
-
-
-def _rank() -> int:
-    state_module = sys.modules.get("notebook_accel.state")
-    state_cls = getattr(state_module, "PartialState", None) if state_module is not None else None
-    if state_cls is not None and getattr(state_cls, "_shared_state", None):
-        return state_cls().process_index
-    raw = os.environ.get("RANK", "0")
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable RANK={raw!r} is not an integer") from None
 
 
 class MultiProcessAdapter(logging.LoggerAdapter):
@@ -55,7 +44,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
             return
         if not self.isEnabledFor(level):
             return
-        if not main_process_only or _rank() == 0:
+        if not main_process_only or _process_index() == 0:
             self._emit(level, msg, args, kwargs)
 
     def _emit(self, level: int, msg: Any, args: tuple, kwargs: dict) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -61,6 +62,21 @@ def get_int_from_env(env_keys: Iterable[str], default: int) -> int:
         if value >= 0:
             return value
     return default
+
+
+def _process_index() -> int:
+    """Return this process's global rank: from PartialState once it exists, else from ``RANK`` (0 if unset).
+
+    Never builds the state (logging and seeding must work before it exists), and never imports it.
+    """
+    state_cls = getattr(sys.modules.get("notebook_accel.state"), "PartialState", None)
+    if state_cls is not None and state_cls._shared_state:
+        return state_cls().process_index
+    raw = os.environ.get("RANK", "0")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable RANK={raw!r} is not an integer") from None
 
 
 @contextmanager

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random as _py_random
 import sys
 from collections.abc import Iterable
@@ -11,21 +10,9 @@ import numpy as np
 import torch
 
 from .enums import RNGType
+from .environment import _process_index
 
 __all__ = ["set_seed", "synchronize_rng_state", "synchronize_rng_states"]
-
-
-def _process_index() -> int:
-    """Return this process's global rank: from the state when it is initialised, else from ``RANK``."""
-    state_module = sys.modules.get("notebook_accel.state")
-    if state_module is not None:
-        state_cls = getattr(state_module, "PartialState", None)
-        if state_cls is not None and getattr(state_cls, "_shared_state", None):
-            return state_cls().process_index
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        raise ValueError(f"environment variable RANK={os.environ['RANK']!r} is not an integer") from None
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
