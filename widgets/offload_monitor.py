@@ -109,7 +109,6 @@ class OffloadMonitor(_Panel):
             self._current.wall_seconds = time.perf_counter() - self._started
             self._current.finished = True
             self._current = None
-        self.placement = self._placement()
         self._throttle()
 
     def _on_event(self, event: Any) -> None:
@@ -299,5 +298,7 @@ class OffloadMonitor(_Panel):
             self._w_chart.value = self.chart_png()
 
     def _update_view(self) -> None:
+        # Re-read the placement here, throttled, rather than walking the model after every pass.
         if not self.closed:
+            self.placement = self._placement()
             self.refresh()
