@@ -35,17 +35,6 @@ def autocast_dtype(mixed_precision: str) -> torch.dtype | None:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(str(mixed_precision))
 
 
-def autocast_context(device: torch.device, mixed_precision: str, autocast_handler: Any = None) -> Any:
-    """Return the ``torch.autocast`` context of ``mixed_precision`` on ``device`` (a null context for "no")."""
-    import contextlib
-
-    dtype = autocast_dtype(mixed_precision)
-    if dtype is None:
-        return contextlib.nullcontext()
-    kwargs = autocast_handler.to_kwargs() if autocast_handler is not None else {}
-    return torch.autocast(device_type=device.type, dtype=dtype, **kwargs)
-
-
 def wrap_forward_in_autocast(
     model: torch.nn.Module, device: torch.device, mixed_precision: str, handler: Any
 ) -> None:

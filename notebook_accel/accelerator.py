@@ -599,9 +599,10 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
     @contextlib.contextmanager
     def autocast(self, autocast_handler: Any = None) -> Iterator[None]:
         """Run the block under the mixed-precision autocast (a no-op for mixed_precision="no")."""
+        from .utils.modeling import get_mixed_precision_context_manager
+
         handler = autocast_handler if autocast_handler is not None else self.autocast_handler
-        precision = self.mixed_precision if self.native_amp else "no"
-        with _model.autocast_context(self.device, precision, handler):
+        with get_mixed_precision_context_manager(self.native_amp, handler):
             yield
 
     def set_trigger(self) -> None:
