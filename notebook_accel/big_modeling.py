@@ -34,6 +34,7 @@ from .hooks import (
     attach_layerwise_casting_hooks,
 )
 from .prefetch import enable_prefetch
+from .utils.environment import parse_flag_from_env
 from .utils.offload import (
     INDEX_NAME,
     OffloadedWeightsLoader,
@@ -58,10 +59,6 @@ logger = logging.getLogger(__name__)
 DEVICE_MAP_STRINGS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on", "y")
-
-
 @contextlib.contextmanager
 def init_empty_weights(include_buffers: bool | None = None) -> Iterator[None]:
     """Yield a context in which new modules get their parameters on the meta device (no memory used).
@@ -77,7 +74,7 @@ def init_empty_weights(include_buffers: bool | None = None) -> Iterator[None]:
 def init_on_device(device: torch.device | str, include_buffers: bool | None = None) -> Iterator[None]:
     """Yield a context in which new modules get their parameters (and optionally buffers) on ``device``."""
     if include_buffers is None:
-        include_buffers = _env_flag("ACCELERATE_INIT_INCLUDE_BUFFERS")
+        include_buffers = parse_flag_from_env("ACCELERATE_INIT_INCLUDE_BUFFERS")
     device = torch.device(device)
     if include_buffers:
         # Every tensor factory call allocates on ``device``: buffers and parameters alike.

@@ -113,6 +113,10 @@ def test_init_empty_weights_env_default(monkeypatch) -> None:
     with init_empty_weights():
         model = nn.BatchNorm1d(4)
     assert model.running_mean.device.type == "meta"
+    monkeypatch.setenv("ACCELERATE_INIT_INCLUDE_BUFFERS", "maybe")
+    with pytest.raises(ValueError, match="ACCELERATE_INIT_INCLUDE_BUFFERS='maybe' is not a flag"):
+        with init_empty_weights():
+            pass
 
 
 def test_init_on_device_keeps_requires_grad() -> None:
