@@ -76,17 +76,29 @@ def test_two_processes_form_a_gloo_group_and_return_values(capsys):
 
 
 def test_partial_state_in_workers_sees_the_group():
-    state_mod = pytest.importorskip("notebook_accel.state")
+    from notebook_accel import state as state_mod
+
+    # Singletons built in the kernel before the launch: the forked workers must not inherit them.
+    assert state_mod.AcceleratorState().num_processes == 1
+    state_mod.GradientState()
 
     def fn():
         state = state_mod.PartialState()
         t = torch.ones(1)
         dist.all_reduce(t)
-        return state.num_processes, state.process_index, str(state.distributed_type), t.item()
+        inherited = state_mod.AcceleratorState._shared_state or state_mod.GradientState._shared_state
+        return (
+            state.num_processes,
+            state.process_index,
+            str(state.distributed_type),
+            t.item(),
+            bool(inherited),
+        )
 
     results = notebook_launcher(fn, num_processes=2, sinks=[])
     assert [r[:2] for r in results] == [(2, 0), (2, 1)]
-    assert all("MULTI_CPU" in r[2] and r[3] == 2.0 for r in results)
+    assert all("MULTI_CPU" in r[2] and r[3] == 2.0 and not r[4] for r in results)
+    assert state_mod.PartialState().num_processes == 1  # the kernel's own state is untouched
 
 
 def test_closure_args_env_contract_and_fd_level_output():

@@ -92,14 +92,8 @@ def _reset_state() -> None:
     state = sys.modules.get("notebook_accel.state")
     if state is None:
         return  # never imported, nothing inherited
-    for name, kwargs in (
-        ("AcceleratorState", {"reset_partial_state": True}),
-        ("GradientState", {}),
-        ("PartialState", {}),
-    ):
-        cls = getattr(state, name, None)
-        if cls is not None and hasattr(cls, "_reset_state"):
-            cls._reset_state(**kwargs)
+    state.AcceleratorState._reset_state(reset_partial_state=True)
+    state.GradientState._reset_state()
 
 
 def _dry_run(spec: WorkerSpec) -> None:
