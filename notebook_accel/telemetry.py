@@ -122,13 +122,6 @@ def emit(event: HookEvent) -> None:
             logger.exception("telemetry subscriber %r raised on %s", callback, event)
 
 
-def _device_str(device: Any) -> str:
-    if device is None:
-        return "cpu"
-    text = str(device)
-    return "cuda:0" if text == "cuda" else text
-
-
 def weight_placement(model: Any) -> dict[str, dict]:
     """Return, for every module with own parameters/buffers, where it runs and where its weights live.
 
@@ -138,6 +131,7 @@ def weight_placement(model: Any) -> dict[str, dict]:
     themselves (``"meta"`` for an empty model). ``execution_device`` is the hook's execution
     device, or None for a module without a device hook.
     """
+    from ._hooks_align import _device_str
     from .hooks import AlignDevicesHook, _find_align_hook
 
     result: dict[str, dict] = {}
@@ -163,8 +157,8 @@ def weight_placement(model: Any) -> dict[str, dict]:
                 storage, size = _device_str(tensor.device), tensor.numel() * tensor.element_size()
             by_storage[storage] = by_storage.get(storage, 0) + size
         exec_device = None
-        if owner is not None and owner.execution_device is not None:
-            exec_device = _device_str(owner.execution_device)
+        if owner is not None and owner._device is not None:
+            exec_device = _device_str(owner._device)
         # A module's storage is where most of its bytes are (e.g. weights on disk, small buffers on the CPU).
         storage = max(by_storage, key=by_storage.__getitem__)
         result[name] = {

@@ -84,3 +84,5 @@ def test_weight_placement() -> None:
     assert placement["2"]["execution_device"] == "cpu"
     assert placement["empty"]["storage"] == "meta"
     assert "" not in placement  # the Sequential has no own tensors
+    model[2]._hf_hook.execution_device = 0  # a GPU index reads as the events name it
+    assert weight_placement(model)["2"]["execution_device"] == "cuda:0"
