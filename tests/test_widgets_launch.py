@@ -146,6 +146,8 @@ def test_closed_panel_still_greys_out_its_stop_button():
 def test_notebook_launcher_panel_true(capsys):
     handle = notebook_launcher(_talk, (1, None), num_processes=2, block=False, panel=True, sinks=[])
     assert handle.result(timeout=30) == [0, 1]
+    # Outside a kernel the panel shows as its text summary: proof that panel=True made one.
+    assert "LaunchPanel(" in capsys.readouterr().out
 
 
 def test_bad_arguments_raise():
