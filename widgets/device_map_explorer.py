@@ -206,11 +206,7 @@ class DeviceMapExplorer(_Panel):
 
     def _stored_size(self) -> int:
         # The size as stored, not for the current dtype: the unit stays the same when the dtype changes.
-        if None not in self._sizes_cache:
-            from notebook_accel.utils.sizes import compute_module_sizes
-
-            self._sizes_cache[None] = dict(compute_module_sizes(self.model))
-        return self._sizes_cache[None][""]
+        return self._sizes_for(None)[""]
 
     def slider_range(self) -> tuple[float, float]:
         """Return ``(max, step)`` of the budget sliders, in ``slider_unit``.
@@ -229,11 +225,14 @@ class DeviceMapExplorer(_Panel):
     # -- computation ------------------------------------------------------------------------
     def sizes(self) -> dict[str, int]:
         """Return the module sizes (bytes, ``""`` = whole model) for the current dtype (cached)."""
-        if self._dtype not in self._sizes_cache:
+        return self._sizes_for(self._dtype)
+
+    def _sizes_for(self, dtype: str | None) -> dict[str, int]:
+        if dtype not in self._sizes_cache:
             from notebook_accel.utils.sizes import compute_module_sizes
 
-            self._sizes_cache[self._dtype] = dict(compute_module_sizes(self.model, dtype=self._dtype))
-        return self._sizes_cache[self._dtype]
+            self._sizes_cache[dtype] = dict(compute_module_sizes(self.model, dtype=dtype))
+        return self._sizes_cache[dtype]
 
     def recompute(self) -> None:
         """Recompute ``plan`` / ``device_map`` (and ``effective_max_memory``) for the current controls."""
