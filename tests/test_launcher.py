@@ -545,3 +545,17 @@ def test_launch_error_root_cause_first_and_traceback_cap():
     assert text.startswith("rank 3 (pid 13) Signal: killed by SIGKILL")
     assert "4 other rank(s) also failed" in text and "(2 more traceback(s) hidden" in text
     assert LaunchError(ordered).root_cause is killed and str(LaunchError([], "stopped")) == "stopped"
+
+
+def test_line_splitter_cuts_lines_across_chunks():
+    from notebook_accel.launch.output import LineSplitter
+
+    lines: list[str] = []
+    splitter = LineSplitter(3, "stderr", lambda line: lines.append((line.rank, line.stream, line.text)))
+    # A \r\n cut between two reads is one line end; a lone \r (progress bar redraw) ends a line too,
+    # repeated \r make no empty lines, empty \n lines are kept, and a UTF-8 character cut in two is whole.
+    for chunk in (b"one\r", b"\ntwo\n\n 10%\r 20%\r\r", b"caf\xc3", b"\xa9\nlast"):
+        splitter.feed(chunk)
+    assert [text for *_, text in lines] == ["one", "two", "", " 10%", " 20%", "café"]
+    splitter.close()
+    assert lines[-1] == (3, "stderr", "last")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import logging
+import re
 import string
 import sys
 import time
@@ -21,6 +22,8 @@ from typing import IO
 __all__ = ["LineSplitter", "LogDirSink", "OutputLine", "PrintSink", "format_prefix"]
 
 logger = logging.getLogger(__name__)
+
+_LINE_END = re.compile(r"(\n|\r)")
 
 
 @dataclass(frozen=True)
@@ -45,18 +48,17 @@ class LineSplitter:
 
     def feed(self, data: bytes) -> None:
         """Emit every complete line in ``data`` (plus what was pending)."""
-        text = self._pending + self._decoder.decode(data)
-        text = text.replace("\r\n", "\n")
-        start = 0
+        text = (self._pending + self._decoder.decode(data)).replace("\r\n", "\n")
+        # A final \r stays pending: the next chunk may start with the \n of a \r\n.
+        held = "\r" if text.endswith("\r") else ""
+        parts = _LINE_END.split(text[: len(text) - len(held)])
         now = time.time()
-        for i, ch in enumerate(text):
-            if ch == "\n" or (ch == "\r" and i + 1 < len(text)):
-                piece = text[start:i]
-                start = i + 1
-                if ch == "\r" and not piece:
-                    continue
+        # parts = [line, separator, line, separator, ..., rest]
+        for i in range(0, len(parts) - 1, 2):
+            piece = parts[i]
+            if piece or parts[i + 1] == "\n":  # an empty \r-ended piece is a redraw, not a line
                 self._emit(OutputLine(self.rank, self.stream, piece, now))
-        self._pending = text[start:]
+        self._pending = parts[-1] + held
 
     def close(self) -> None:
         """Emit what is left without a final newline."""
