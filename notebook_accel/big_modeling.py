@@ -41,7 +41,6 @@ from .utils.offload import (
     extract_submodules_state_dict,
     offload_state_dict,
 )
-from .utils.tied_params import find_tied_parameters
 
 __all__ = [
     "init_empty_weights",
@@ -320,7 +319,7 @@ def dispatch_model(
         raise ValueError(
             "dispatch_model got an empty device_map: map at least '' (the whole model) to a device."
         )
-    from .utils.modeling import check_device_map
+    from .utils.modeling import check_device_map, find_tied_parameters
 
     check_device_map(model, device_map)
     values = {_device_key(d) for d in device_map.values()}
