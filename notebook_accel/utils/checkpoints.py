@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from .device_map import _device_lookup
 from .sizes import _as_dtype, convert_file_size_to_int
 from .tensors import set_module_tensor_to_device
 from .tied_params import check_tied_parameters_on_same_device, find_tied_parameters, retie_parameters
@@ -34,33 +35,6 @@ _SAFE_FORMATS = ("pt", "tf", "flax", "mlx", "numpy")
 
 def _is_disk(device: Device) -> bool:
     return isinstance(device, str) and device == "disk"
-
-
-def _device_lookup(device_map: dict[str, Device]):
-    """Return a function giving the device of a tensor name (longest matching module prefix), memoised per call."""
-    memo: dict[str, Device | None] = {}
-
-    def lookup(name: str) -> Device | None:
-        probe = name
-        trail = []
-        while True:
-            if probe in memo:
-                found = memo[probe]
-                break
-            if probe in device_map:
-                found = device_map[probe]
-                break
-            trail.append(probe)
-            cut = probe.rfind(".")
-            if cut == -1:
-                found = device_map.get("")
-                break
-            probe = probe[:cut]
-        for seen in trail:
-            memo[seen] = found
-        return found
-
-    return lookup
 
 
 # ---------------------------------------------------------------------------------------------- reading files

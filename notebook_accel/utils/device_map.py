@@ -403,6 +403,33 @@ def _device_key(device: Device) -> str:
     return str(device.index if isinstance(device, torch.device) and device.type == "cuda" else device)
 
 
+def _device_lookup(device_map: dict[str, Device]):
+    """Return a function giving the device of a tensor name (longest matching module prefix), memoised per call."""
+    memo: dict[str, Device | None] = {}
+
+    def lookup(name: str) -> Device | None:
+        probe = name
+        trail = []
+        while True:
+            if probe in memo:
+                found = memo[probe]
+                break
+            if probe in device_map:
+                found = device_map[probe]
+                break
+            trail.append(probe)
+            cut = probe.rfind(".")
+            if cut == -1:
+                found = device_map.get("")
+                break
+            probe = probe[:cut]
+        for seen in trail:
+            memo[seen] = found
+        return found
+
+    return lookup
+
+
 def _model_names(model: nn.Module) -> tuple[set[str], list[str]]:
     """Return every module/tensor name of ``model`` and its state-dict keys."""
     names = {name for name, _ in model.named_modules(remove_duplicate=False)}

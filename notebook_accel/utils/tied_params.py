@@ -8,6 +8,8 @@ from typing import Union
 import torch
 from torch import nn
 
+from .device_map import _device_lookup
+
 __all__ = ["check_tied_parameters_on_same_device", "find_tied_parameters", "retie_parameters"]
 
 logger = logging.getLogger(__name__)
@@ -56,26 +58,14 @@ def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
                 setattr(module, leaf, source)
 
 
-def _lookup(
-    device_map: dict[str, Union[int, str, torch.device]], name: str
-) -> Union[int, str, torch.device, None]:
-    probe = name
-    while True:
-        if probe in device_map:
-            return device_map[probe]
-        cut = probe.rfind(".")
-        if cut == -1:
-            return device_map.get("")
-        probe = probe[:cut]
-
-
 def check_tied_parameters_on_same_device(
     tied_params: list[list[str]], device_map: dict[str, Union[int, str, torch.device]]
 ) -> bool:
     """Return True when each tied group lands on one device under ``device_map``; warn (and return False) if not."""
     ok = True
+    lookup = _device_lookup(device_map)
     for group in tied_params:
-        devices = {name: _lookup(device_map, name) for name in group}
+        devices = {name: lookup(name) for name in group}
         if len({str(d) for d in devices.values()}) > 1:
             ok = False
             logger.warning(
