@@ -173,17 +173,12 @@ class LaunchPanel(_Panel):
         error = self.handle.error
         if error is None:
             return ""
-        failures = getattr(error, "failures", None)
-        if not failures:
+        root = error.root_cause
+        if root is None:
             return str(error)
-        root = failures[0]
-        head = (
-            root.headline()
-            if hasattr(root, "headline")
-            else f"rank {root.rank}: {root.exc_type}: {root.message}"
-        )
-        others = f"\n(+{len(failures) - 1} other rank(s) failed after it)" if len(failures) > 1 else ""
-        return f"{head}\n{root.traceback}".rstrip() + others
+        more = len(error.failures) - 1
+        others = f"\n(+{more} other rank(s) failed after it)" if more else ""
+        return f"{root.headline()}\n{root.traceback}".rstrip() + others
 
     def stop(self) -> None:
         """Stop every worker of the launch (``handle.stop()``; safe to call twice)."""
