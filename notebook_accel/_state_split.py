@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from .utils._ops_structure import _rebuild_mapping
+
 __all__ = ["share_bounds", "take_share"]
 
 
@@ -23,14 +25,18 @@ def share_bounds(length: int, num_processes: int, process_index: int) -> tuple[i
     return start, end, base + (1 if extra else 0)
 
 
+def _cannot_split(inputs: Any) -> TypeError:
+    return TypeError(
+        f"split_between_processes cannot split a {type(inputs).__name__}: pass a list, tuple, "
+        "torch.Tensor, numpy array, datasets.Dataset or a dict of those"
+    )
+
+
 def _length(inputs: Any) -> int:
     try:
         return len(inputs)
     except TypeError:
-        raise TypeError(
-            f"split_between_processes cannot split a {type(inputs).__name__}: pass a list, tuple, "
-            "torch.Tensor, numpy array, datasets.Dataset or a dict of those"
-        ) from None
+        raise _cannot_split(inputs) from None
 
 
 def _slice(inputs: Any, start: int, end: int, padded: int | None) -> Any:
@@ -56,10 +62,7 @@ def _slice(inputs: Any, start: int, end: int, padded: int | None) -> Any:
             part = np.concatenate([part, np.repeat(last, pad, axis=0)])
         return part
     if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
-        raise TypeError(
-            f"split_between_processes cannot split a {type(inputs).__name__}: pass a list, tuple, "
-            "torch.Tensor, numpy array, datasets.Dataset or a dict of those"
-        )
+        raise _cannot_split(inputs)
     part = inputs[start:end]
     if pad > 0:
         last = inputs[end - 1] if end > start else inputs[-1]
@@ -78,26 +81,16 @@ def take_share(inputs: Any, num_processes: int, process_index: int, apply_paddin
                 f"split_between_processes needs every value of the dict to have the same length, got {lengths}"
             )
         length = next(iter(lengths.values()), 0)
-        if apply_padding and length == 0:
-            raise ValueError(
-                "split_between_processes cannot pad empty inputs: there is no last element to repeat"
-            )
-        start, end, padded = share_bounds(length, num_processes, process_index)
-        items = {
-            key: _slice(value, start, end, padded if apply_padding else None) for key, value in inputs.items()
-        }
-        return items if type(inputs) is dict else _rebuild(inputs, items)
-    length = _length(inputs)
-    start, end, padded = share_bounds(length, num_processes, process_index)
+    else:
+        length = _length(inputs)
     if apply_padding and length == 0:
         raise ValueError(
             "split_between_processes cannot pad empty inputs: there is no last element to repeat"
         )
-    return _slice(inputs, start, end, padded if apply_padding else None)
-
-
-def _rebuild(original: Mapping, items: dict) -> Any:
-    try:
-        return type(original)(items)
-    except TypeError:
-        return items
+    start, end, padded = share_bounds(length, num_processes, process_index)
+    pad_to = padded if apply_padding else None
+    if isinstance(inputs, Mapping):
+        return _rebuild_mapping(
+            inputs, {key: _slice(value, start, end, pad_to) for key, value in inputs.items()}
+        )
+    return _slice(inputs, start, end, pad_to)

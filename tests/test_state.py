@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import types
 
 import numpy as np
@@ -214,6 +215,13 @@ def test_split_shares():
     assert take_share(arr, 2, 1, True).tolist() == [3, 4, 4]
     d = take_share({"a": [1, 2, 3], "b": torch.tensor([4, 5, 6])}, 2, 1, True)
     assert d["a"] == [3, 3] and d["b"].tolist() == [6, 6]
+    # The mapping keeps its type, also one whose constructor is not dict-like.
+    ordered = take_share(collections.OrderedDict(a=[1, 2, 3]), 2, 0)
+    assert type(ordered) is collections.OrderedDict and ordered["a"] == [1, 2]
+    grouped = take_share(collections.defaultdict(list, a=[1, 2, 3]), 2, 1)
+    assert (
+        type(grouped) is collections.defaultdict and grouped["a"] == [3] and grouped.default_factory is list
+    )
     assert share_bounds(7, 3, 0) == (0, 3, 3) and share_bounds(7, 3, 2) == (5, 7, 3)
 
 
