@@ -63,3 +63,19 @@ def run_worker(python: str, code: str, impl: str, *args: str) -> dict:
         raise WorkerFailed(impl, proc.returncode, proc.stderr)
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
     return json.loads(line[len("RESULT") :])
+
+
+def run_script_as_accelerate(script: str, *args: str) -> dict:
+    """Return the JSON ``script --backend accelerate --json *args`` printed under Accelerate's Python.
+
+    For the benchmarks that re-run themselves with ``--backend accelerate``: ``{}`` when that
+    Python is missing, or when the run failed (the last line of its stderr is printed).
+    """
+    if not os.path.exists(ACCELERATE_PYTHON):
+        return {}
+    cmd = [ACCELERATE_PYTHON, script, "--backend", "accelerate", "--json", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"(Accelerate run failed: {proc.stderr.strip().splitlines()[-1:]})")
+        return {}
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import time
 import timeit
 
 import torch
+from _worker import run_script_as_accelerate
 from torch import nn
-
-ACCELERATE_PYTHON = os.environ.get("ACCELERATE_PYTHON", "/work/.venv-accelerate/bin/python")
 
 
 def run(backend: str, n_modules: int, number: int, repeat: int) -> dict[str, float]:
@@ -117,24 +114,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(ours))
         return
-    theirs: dict[str, float] = {}
-    if os.path.exists(ACCELERATE_PYTHON):
-        cmd = [
-            ACCELERATE_PYTHON,
-            __file__,
-            "--backend",
-            "accelerate",
-            "--json",
-            "--modules",
-            str(args.modules),
-        ]
-        if args.quick:
-            cmd.append("--quick")
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode == 0:
-            theirs = json.loads(proc.stdout.strip().splitlines()[-1])
-        else:
-            print(f"(Accelerate run failed: {proc.stderr.strip().splitlines()[-1:]})")
+    quick = ["--quick"] if args.quick else []
+    theirs = run_script_as_accelerate(__file__, "--modules", str(args.modules), *quick)
     print(f"{args.modules} hooked nn.Identity modules; overhead per hooked call, microseconds")
     print(f"{'variant':40s} {'notebook_accel':>15s} {'Accelerate':>11s}")
     for name, value in ours.items():

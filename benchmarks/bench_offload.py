@@ -27,14 +27,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 
 import torch
+from _worker import run_script_as_accelerate
 from torch import nn
-
-ACCELERATE_PYTHON = os.environ.get("ACCELERATE_PYTHON", "/work/.venv-accelerate/bin/python")
 
 
 def build(blocks: int, width: int) -> nn.Module:
@@ -173,17 +171,9 @@ def main() -> None:
     if args.json:
         print(json.dumps(ours))
         return
-    theirs: dict[str, float] = {}
-    if os.path.exists(ACCELERATE_PYTHON):
-        cmd = [ACCELERATE_PYTHON, __file__, "--backend", "accelerate", "--json", "--blocks", str(args.blocks),
-               "--width", str(args.width), "--batch", str(args.batch), "--repeats", str(args.repeats)]  # fmt: skip
-        if args.threads:
-            cmd += ["--threads", str(args.threads)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode == 0:
-            theirs = json.loads(proc.stdout.strip().splitlines()[-1])
-        else:
-            print(f"(Accelerate run failed: {proc.stderr.strip().splitlines()[-1:]})")
+    extra = ["--threads", str(args.threads)] if args.threads else []
+    theirs = run_script_as_accelerate(__file__, "--blocks", str(args.blocks), "--width", str(args.width),
+                                      "--batch", str(args.batch), "--repeats", str(args.repeats), *extra)  # fmt: skip
     print(
         f"{args.blocks} x Linear({args.width}) + ReLU, batch {args.batch}, torch threads {torch.get_num_threads()}"
     )
