@@ -53,9 +53,12 @@ def test_offload_weight_errors(tmp_path) -> None:
 def test_loaded_weight_is_memory_mapped_copy_on_write(tmp_path) -> None:
     index = offload_weight(torch.zeros(1024), "w", tmp_path)
     loaded = load_offloaded_weight(tmp_path / "w.dat", index["w"])
+    with open(tmp_path / "w.dat", "r+b") as f:  # rewrite the file under the mapping
+        f.write(torch.ones(1024).numpy().tobytes())
+    assert torch.equal(loaded, torch.ones(1024))  # mapped, not read: the file's new bytes show through
     loaded += 1  # private pages: the file is untouched
     again = load_offloaded_weight(tmp_path / "w.dat", index["w"])
-    assert torch.equal(again, torch.zeros(1024))
+    assert torch.equal(again, torch.ones(1024)) and torch.equal(loaded, torch.full((1024,), 2.0))
 
 
 def test_save_offload_index_merges(tmp_path) -> None:
