@@ -559,3 +559,20 @@ def test_line_splitter_cuts_lines_across_chunks():
     assert [text for *_, text in lines] == ["one", "two", "", " 10%", " 20%", "café"]
     splitter.close()
     assert lines[-1] == (3, "stderr", "last")
+
+
+def test_results_are_detached_cpu_copies_in_the_same_containers():
+    import collections
+
+    from notebook_accel.launch.worker import to_cpu
+
+    Pair = collections.namedtuple("Pair", "tensor label")
+    weight = torch.ones(2, requires_grad=True)
+    value = {"out": [Pair(weight * 2, "x")], "n": 3, "meta": collections.OrderedDict(t=torch.zeros(1))}
+    moved = to_cpu(value)
+    pair = moved["out"][0]
+    assert isinstance(pair, Pair) and pair.label == "x" and moved["n"] == 3
+    assert (
+        not pair.tensor.requires_grad and pair.tensor.grad_fn is None and pair.tensor.tolist() == [2.0, 2.0]
+    )
+    assert type(moved["meta"]) is collections.OrderedDict and moved["meta"]["t"].device.type == "cpu"

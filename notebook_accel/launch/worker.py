@@ -44,16 +44,11 @@ class WorkerSpec:
 
 def to_cpu(value: Any) -> Any:
     """Return ``value`` with every tensor inside (lists, tuples, dicts) moved to the CPU."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor):
-        return value.detach().cpu() if value.device.type != "cpu" else value.detach()
-    if isinstance(value, dict):
-        return type(value)((k, to_cpu(v)) for k, v in value.items())
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
-        return type(value)(*(to_cpu(v) for v in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(to_cpu(v) for v in value)
-    return value
+    if "torch" not in sys.modules:
+        return value  # no tensor without torch (and the launcher's own import stays torch-free)
+    from ..utils._ops_structure import recursively_apply
+
+    return recursively_apply(lambda tensor: tensor.detach().cpu(), value)
 
 
 def _redirect(out_fd: int, err_fd: int) -> None:
