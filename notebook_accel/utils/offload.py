@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .tensors import set_module_tensor_to_device
+
 __all__ = [
     "offload_weight",
     "load_offloaded_weight",
@@ -194,33 +196,13 @@ def offload_state_dict(save_dir: str | os.PathLike, state_dict: dict[str, torch.
         raise
 
 
-def _set_tensor(model: nn.Module, name: str, value: torch.Tensor) -> None:
-    module_name, _, attr = name.rpartition(".")
-    module = model.get_submodule(module_name) if module_name else model
-    if attr in module._parameters:
-        old = module._parameters[attr]
-        if old is not None and old.shape != value.shape:
-            raise ValueError(
-                f"Shape mismatch for {name!r}: the model has {tuple(old.shape)}, got {tuple(value.shape)}"
-            )
-        if old is not None and old.dtype != value.dtype and value.is_floating_point():
-            value = value.to(old.dtype)
-        requires_grad = old.requires_grad if old is not None else False
-        cls = type(old) if isinstance(old, nn.Parameter) else nn.Parameter
-        module._parameters[attr] = cls(value, requires_grad=requires_grad)
-    elif attr in module._buffers:
-        module._buffers[attr] = value
-    else:
-        raise ValueError(f"{type(model).__name__} has no parameter or buffer named {name!r}")
-
-
 def load_offloaded_weights(model: nn.Module, index: dict, offload_folder: str | os.PathLike) -> None:
     """Load the weights listed in ``index`` from ``offload_folder`` into ``model`` (on the CPU); return nothing."""
     if not index:
         return
     loader = OffloadedWeightsLoader(save_folder=offload_folder, index=index)
     for name in index:
-        _set_tensor(model, name, loader[name])
+        set_module_tensor_to_device(model, name, "cpu", value=loader[name])
 
 
 class _SafetensorsFile:
@@ -431,7 +413,7 @@ def align_module_device(module: nn.Module, execution_device: Any = None) -> Iter
         try:
             for name, param in originals.items():
                 if param is not None:
-                    _set_tensor(module, name, param.data.to(execution_device))
+                    set_module_tensor_to_device(module, name, execution_device, value=param.data)
             yield
         finally:
             module._parameters.update(originals)
