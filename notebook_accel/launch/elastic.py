@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from .errors import LaunchError, RankFailure, signal_name
+from .errors import LaunchError, RankFailure, order_failures, signal_name
 from .plan import LaunchPlan
 from .worker import _reset_state, to_cpu
 
@@ -101,7 +101,6 @@ def launch_elastic(
     endpoint = rdzv_endpoint or f"{plan.master_addr}:{plan.master_port}"
     if rdzv_backend == "static":
         conf["rank"] = plan.node_rank
-        endpoint = rdzv_endpoint or f"{plan.master_addr}:{plan.master_port}"
     elif not rdzv_endpoint:
         raise ValueError(
             f"rdzv_backend={rdzv_backend!r} needs rdzv_endpoint='host:port' (the same on every node)"
@@ -128,9 +127,10 @@ def launch_elastic(
         try:
             values = elastic_launch(config, entrypoint=_elastic_entry)(function, args, plan.env, threads)
         except ChildFailedError as exc:
-            failures = [_failure_of(rank, f) for rank, f in sorted(exc.failures.items())]
-            failures.sort(key=lambda f: f.time)
-            raise LaunchError(failures) from None
+            # Root cause first, by the same rule as single-node launches (collateral failures last).
+            raise LaunchError(
+                order_failures([_failure_of(rank, f) for rank, f in sorted(exc.failures.items())])
+            ) from None
     finally:
         if own_dir:
             shutil.rmtree(base, ignore_errors=True)
