@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from .._state_world import check_mixed_precision
 from .imports import cuda_device_count, is_mps_available, is_npu_available, is_xpu_available
+from .other import _atomic_write
 
 __all__ = ["default_config_file", "write_basic_config"]
 
@@ -115,14 +115,5 @@ def write_basic_config(mixed_precision="no", save_location: str = default_config
         return False
     config = _basic_config(mixed_precision, use_xpu)
     text = json.dumps(config, indent=2) + "\n" if path.suffix == ".json" else _to_yaml(config)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    _atomic_write(str(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return path
