@@ -164,8 +164,10 @@ def test_find_and_retie_parameters() -> None:
 def test_check_tied_parameters_on_same_device(caplog) -> None:
     groups = [["embed.weight", "head.weight"]]
     assert check_tied_parameters_on_same_device(groups, {"embed": 0, "head": 0})
+    assert check_tied_parameters_on_same_device(groups, {"": "cpu", "embed.weight": "cpu"})  # prefixes
     with caplog.at_level("WARNING"):
         assert not check_tied_parameters_on_same_device(groups, {"embed": 0, "head": "cpu"})
+        assert not check_tied_parameters_on_same_device(groups, {"": 0, "head": "cpu"})
     assert "Tied parameters are on different devices" in caplog.text
 
 
