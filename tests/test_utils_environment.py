@@ -184,3 +184,13 @@ def test_device_queries_never_initialise_cuda() -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     count, available = out.stdout.split()
     assert int(count) == torch.cuda.device_count() and available == str(torch.cuda.device_count() > 0)
+
+
+@pytest.mark.parametrize(("gpus", "expected"), [(4, ("MULTI_GPU", 4, False)), (1, ("NO", 1, False))])
+def test_write_basic_config_describes_the_gpus(tmp_path, monkeypatch, gpus, expected) -> None:
+    from notebook_accel.utils import config_file
+
+    monkeypatch.setattr(config_file, "cuda_device_count", lambda: gpus)
+    path = write_basic_config(save_location=str(tmp_path / "cfg.json"))
+    config = json.loads(path.read_text())
+    assert (config["distributed_type"], config["num_processes"], config["use_cpu"]) == expected

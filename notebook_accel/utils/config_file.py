@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .._state_world import check_mixed_precision
 from .imports import cuda_device_count, is_mps_available, is_npu_available, is_xpu_available
 from .other import _atomic_write
@@ -54,29 +56,17 @@ def _to_yaml(config: dict[str, Any]) -> str:
 
 def _basic_config(mixed_precision: str, use_xpu: bool) -> dict[str, Any]:
     config: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "debug": False}
-    num_gpus = cuda_device_count()
-    if num_gpus > 0:
+    count, kind = cuda_device_count(), "GPU"
+    if count == 0 and use_xpu and is_xpu_available():
+        count, kind = torch.xpu.device_count(), "XPU"
+    elif count == 0 and is_npu_available():
+        count, kind = torch.npu.device_count(), "NPU"
+    if count > 0:
         config.update(
-            distributed_type="MULTI_GPU" if num_gpus > 1 else "NO", num_processes=num_gpus, use_cpu=False
+            distributed_type=f"MULTI_{kind}" if count > 1 else "NO", num_processes=count, use_cpu=False
         )
-    elif use_xpu and is_xpu_available():
-        import torch
-
-        num_xpus = torch.xpu.device_count()
-        config.update(
-            distributed_type="MULTI_XPU" if num_xpus > 1 else "NO", num_processes=num_xpus, use_cpu=False
-        )
-    elif is_npu_available():
-        import torch
-
-        num_npus = torch.npu.device_count()
-        config.update(
-            distributed_type="MULTI_NPU" if num_npus > 1 else "NO", num_processes=num_npus, use_cpu=False
-        )
-    elif is_mps_available():
-        config.update(distributed_type="NO", num_processes=1, use_cpu=False)
-    else:
-        config.update(distributed_type="NO", num_processes=1, use_cpu=True)
+    else:  # one process: on the Apple GPU (MPS) where there is one, else on the CPU
+        config.update(distributed_type="NO", num_processes=1, use_cpu=not is_mps_available())
     config.update(
         downcast_bf16="no",
         enable_cpu_affinity=False,
