@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.metadata
 import io
 import os
 import subprocess
@@ -276,6 +277,17 @@ def test_load_and_quantize_model_needs_bitsandbytes_and_cuda(monkeypatch) -> Non
     monkeypatch.setattr(imports, "is_cuda_available", lambda: False)
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         load_and_quantize_model(_Net(), config)
+    # Too old a bitsandbytes for the mode (pre-releases of the minimum count as older).
+    monkeypatch.setattr(imports, "is_cuda_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "bitsandbytes", types.ModuleType("bitsandbytes"))
+    versions = {"bitsandbytes": "0.39.0.dev0"}
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: versions[name])
+    four = BnbQuantizationConfig(load_in_4bit=True)
+    with pytest.raises(ImportError, match=r"4bit quantization needs bitsandbytes>=0.39.0, found 0.39.0.dev0"):
+        bnb_module._require_bnb(four)
+    assert bnb_module._require_bnb(config) is sys.modules["bitsandbytes"]  # 8-bit needs only 0.37.2
+    versions["bitsandbytes"] = "0.43.1+cu121"
+    assert bnb_module._require_bnb(four) is sys.modules["bitsandbytes"]
 
 
 def test_replace_with_bnb_layers_respects_skip_and_fp32() -> None:

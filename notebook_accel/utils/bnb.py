@@ -18,14 +18,6 @@ logger = logging.getLogger(__name__)
 _MIN_BNB = {"8bit": "0.37.2", "4bit": "0.39.0"}
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split("+")[0].split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
 def _require_bnb(config: BnbQuantizationConfig) -> Any:
     """Return the imported ``bitsandbytes``; raise ImportError / RuntimeError naming what is missing."""
     from .imports import is_bnb_available, is_cuda_available
@@ -42,10 +34,12 @@ def _require_bnb(config: BnbQuantizationConfig) -> Any:
     import importlib.metadata
 
     import bitsandbytes as bnb
+    from torch.torch_version import TorchVersion
 
     kind = "8bit" if config.load_in_8bit else "4bit"
     installed = importlib.metadata.version("bitsandbytes")
-    if _version_tuple(installed) < _version_tuple(_MIN_BNB[kind]):
+    # TorchVersion: torch's PEP 440 comparison (as in is_torch_version), "0.45.0.dev0" < "0.45.0".
+    if TorchVersion(installed) < _MIN_BNB[kind]:
         raise ImportError(
             f"{kind} quantization needs bitsandbytes>={_MIN_BNB[kind]}, found {installed}: pip install -U bitsandbytes"
         )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-import os
 import subprocess
 import sys
 
@@ -13,13 +12,6 @@ __all__ = ["install_xla"]
 logger = logging.getLogger(__name__)
 
 _LIBTPU_INDEX = "https://storage.googleapis.com/libtpu-releases/index.html"
-
-
-def _in_colab() -> bool:
-    """Return whether this kernel runs in Google Colaboratory."""
-    if "google.colab" in sys.modules:
-        return True
-    return any(key.startswith("COLAB_") for key in os.environ)
 
 
 def _pip(*args: str) -> None:
@@ -34,7 +26,9 @@ def install_xla(upgrade: bool = False) -> None:
     With ``upgrade`` torch itself is upgraded first. Outside Colab this raises RuntimeError: install
     torch_xla yourself there (it must match your torch version).
     """
-    if not _in_colab():
+    from ..launch.plan import detect_platform  # the launcher's platform check: one notion of "Colab"
+
+    if detect_platform() != "colab":
         raise RuntimeError(
             "install_xla only installs in Google Colab. Elsewhere install the torch_xla release matching "
             "your torch yourself, e.g. `pip install 'torch_xla[tpu]~=<torch major.minor>.0' -f "
