@@ -189,7 +189,8 @@ class _ProcessControl:
 
 def _check_index(name: str, value: Any) -> None:
     if value is None:
-        raise ValueError(f"{name} is required: use @state.on_process({name}=0) with the index to run on")
+        method = "on_process" if name == "process_index" else "on_local_process"
+        raise ValueError(f"{name} is required: use @state.{method}({name}=0) with the index to run on")
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be a non-negative int, got {value!r}")
 

@@ -182,7 +182,10 @@ def test_process_control_in_one_process(capsys):
     ("call", "match"),
     [
         (lambda s: s.on_process(lambda: None), "process_index is required"),
-        (lambda s: s.on_local_process(lambda: None), "local_process_index is required"),
+        (
+            lambda s: s.on_local_process(lambda: None),
+            r"local_process_index is required: use @state.on_local_process\(local_process_index=0\)",
+        ),
         (lambda s: s.on_process(process_index=-1), "process_index must be a non-negative int, got -1"),
         (lambda s: s.on_local_process(local_process_index="0"), "must be a non-negative int, got '0'"),
     ],
