@@ -45,6 +45,21 @@ def test_main_process_only_uses_env_rank_without_state() -> None:
     assert [r.getMessage() for r in records] == ["shown on rank 1", "rank 0 args"]
 
 
+def test_an_existing_state_decides_the_rank_over_the_environment() -> None:
+    from notebook_accel.state import PartialState
+
+    _, records = _capture("na.test.state_rank")
+    adapter = get_logger("na.test.state_rank", log_level="INFO")
+    assert PartialState().process_index == 0
+    with patch_environment(RANK="1"):  # e.g. left over in the kernel's environment
+        adapter.info("main process per the state")
+    assert [r.getMessage() for r in records] == ["main process per the state"]
+    with patch_environment(RANK="one"):
+        PartialState._reset_state()
+        with pytest.raises(ValueError, match=r"environment variable RANK='one' is not an integer"):
+            adapter.info("no state: RANK is read")
+
+
 def test_caller_location_is_the_user_line() -> None:
     _, records = _capture("na.test.caller")
     adapter = get_logger("na.test.caller", log_level="INFO")
