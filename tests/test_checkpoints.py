@@ -215,7 +215,7 @@ def test_device_map_with_disk_from_bin_writes_dat_files(tmp_path) -> None:
     assert (
         model.layers[2][0].weight.dtype == torch.float16 and model.layers[2][0].weight.device.type == "meta"
     )
-    assert not any(name.startswith(".tmp") for name in os.listdir(offload))
+    assert not any(name.startswith(".") for name in os.listdir(offload))
 
 
 def test_dtype_and_keep_in_fp32_modules(tmp_path) -> None:

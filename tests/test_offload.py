@@ -33,7 +33,7 @@ def test_offload_weight_round_trip(tmp_path, dtype, shape) -> None:
     assert index == {"a.b": {"dtype": str(dtype).replace("torch.", ""), "shape": list(shape)}}
     loaded = load_offloaded_weight(tmp_path / "a.b.dat", index["a.b"])
     assert loaded.dtype == dtype and loaded.shape == weight.shape and torch.equal(loaded, weight)
-    assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".")]
 
 
 def test_offload_weight_errors(tmp_path) -> None:

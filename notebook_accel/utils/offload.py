@@ -18,13 +18,13 @@ import json
 import logging
 import os
 import struct
-import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+from .other import _atomic_write
 from .tensors import set_module_tensor_to_device
 
 __all__ = [
@@ -76,17 +76,13 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def _atomic_write_bytes(path: str, tensor: torch.Tensor) -> None:
     """Write ``tensor``'s raw bytes to ``path`` through a temporary file and a rename."""
-    folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".dat", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
             if tensor.numel():
                 f.write(tensor.reshape(-1).view(torch.uint8).numpy())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+
+    _atomic_write(path, write)
 
 
 def offload_weight(
@@ -165,15 +161,12 @@ def save_offload_index(index: dict, offload_folder: str | os.PathLike) -> None:
         with open(path, encoding="utf-8") as f:
             current = json.load(f)
     current.update(index)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=os.fspath(offload_folder))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
             json.dump(current, f, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+
+    _atomic_write(path, write)
 
 
 def offload_state_dict(save_dir: str | os.PathLike, state_dict: dict[str, torch.Tensor]) -> None:
