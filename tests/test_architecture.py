@@ -1,0 +1,582 @@
+"""The package's shape, checked from the source (AST only, nothing is imported).
+
+What is enforced (docs/architecture.md explains why):
+
+- no import cycle among our own modules (imports inside functions and under ``TYPE_CHECKING``
+  count: they are how cycles hide);
+- imports point downwards (the direction rules in ``_ALLOWED`` below);
+- imports of our own modules sit at the top of the file, never inside a function (the one lazy
+  ``panel=True`` import of the widgets is the exception);
+- the headless core never imports ipywidgets, matplotlib or IPython when a module is imported;
+- no function longer than 80 lines;
+- no private sibling mixin files (``_accelerator_*.py``, ``_state_*.py``, ``_hooks_*.py``).
+
+``KNOWN_VIOLATIONS`` lists what today's code still breaks, each with the area that owns the fix.
+It may only shrink: the test fails on a violation that is not listed, and on a listed one that no
+longer exists (whoever fixes it deletes its line).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# (folder on disk, dotted name it is installed as); widgets/ is installed as notebook_accel.widgets.
+SOURCE_ROOTS = ((ROOT / "notebook_accel", "notebook_accel"), (ROOT / "widgets", "notebook_accel.widgets"))
+MAX_FUNCTION_LINES = 80
+GUI_LIBRARIES = ("ipywidgets", "matplotlib", "IPython")
+MIXIN_PREFIXES = ("_accelerator_", "_state_", "_hooks_")
+# The one import of the widgets from the core: LaunchPanel, built only when panel=True.
+LAZY_PANEL_IMPORT = ("notebook_accel.launchers", "notebook_accel.widgets")
+
+# Areas, from the bottom up. A module belongs to the first area whose prefix matches its name.
+_AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("lazy", ("notebook_accel._lazy",)),
+    ("utils", ("notebook_accel.utils",)),
+    ("state", ("notebook_accel.state", "notebook_accel._state_")),
+    ("launch", ("notebook_accel.launch",)),
+    # The telemetry bus is the hooks' events module; prefetching serves the offloading hooks.
+    (
+        "hooks",
+        (
+            "notebook_accel.hooks",
+            "notebook_accel._hooks_",
+            "notebook_accel.telemetry",
+            "notebook_accel.prefetch",
+        ),
+    ),
+    ("big_modeling", ("notebook_accel.big_modeling",)),
+    ("accelerator", ("notebook_accel.accelerator", "notebook_accel._accelerator_")),
+    ("launchers", ("notebook_accel.launchers",)),
+    ("widgets", ("notebook_accel.widgets",)),
+)
+_EVERYTHING = frozenset(name for name, _ in _AREAS) | {"training", "facade"}
+# Which areas each area may import. Areas not listed ("training": data_loader, optimizer, scheduler,
+# checkpointing, tracking, logging) may import utils, state and each other.
+_ALLOWED: dict[str, frozenset[str]] = {
+    "lazy": frozenset(),
+    "utils": frozenset({"lazy", "utils"}),
+    "state": frozenset({"lazy", "utils", "state"}),
+    "launch": frozenset({"lazy", "utils", "launch"}),
+    "hooks": frozenset({"lazy", "utils", "hooks"}),
+    "big_modeling": frozenset({"lazy", "utils", "state", "hooks", "big_modeling"}),
+    "training": frozenset({"lazy", "utils", "state", "training"}),
+    "accelerator": _EVERYTHING - {"hooks", "big_modeling", "launch", "launchers", "widgets", "facade"},
+    "launchers": frozenset({"lazy", "utils", "state", "launch", "launchers"}),
+    "widgets": _EVERYTHING - {"facade"},
+    "facade": _EVERYTHING - {"widgets"},
+}
+# The documented exception: two utils modules read the process state (rank, world size).
+_UTILS_READING_STATE = frozenset({"notebook_accel.utils.operations", "notebook_accel.utils.other"})
+
+# violation -> engineer/area that owns the fix ("lead": not assigned). May only shrink: delete the line
+# of what you fix (the test fails until you do).
+KNOWN_VIOLATIONS: dict[str, str] = {
+    "import cycle: notebook_accel._accelerator_setup <-> notebook_accel.accelerator": "struct-core",
+    "import cycle: notebook_accel._hooks_align <-> notebook_accel.hooks <-> notebook_accel.telemetry <-> notebook_accel.utils.offload <-> notebook_accel.utils.tensors": "struct-hooks",
+    "import cycle: notebook_accel._state_gradient <-> notebook_accel.state": "struct-core",
+    "in-function import: notebook_accel._accelerator_checkpoint._CheckpointMixin.save -> notebook_accel.utils.other": "struct-core",
+    "in-function import: notebook_accel._accelerator_model.check_engines -> notebook_accel.utils.imports": "struct-core",
+    "in-function import: notebook_accel._accelerator_model.check_engines -> notebook_accel.utils.kwargs": "struct-core",
+    "in-function import: notebook_accel._accelerator_model.wrap_forward_in_autocast -> notebook_accel.utils.operations": "struct-core",
+    "in-function import: notebook_accel._accelerator_setup.accumulation_plugin -> notebook_accel.utils.plugins": "struct-core",
+    "in-function import: notebook_accel._accelerator_setup.check_precision -> notebook_accel.utils.enums": "struct-core",
+    "in-function import: notebook_accel._accelerator_setup.dataloader_configuration -> notebook_accel.accelerator": "struct-core",
+    "in-function import: notebook_accel._accelerator_setup.dataloader_configuration -> notebook_accel.utils.configs": "struct-core",
+    "in-function import: notebook_accel._accelerator_setup.deepspeed_plugin -> notebook_accel.utils.environment": "struct-core",
+    "in-function import: notebook_accel._accelerator_setup.deepspeed_plugin -> notebook_accel.utils.plugins": "struct-core",
+    "in-function import: notebook_accel._accelerator_setup.dynamo_plugin -> notebook_accel.utils.plugins": "struct-core",
+    "in-function import: notebook_accel._accelerator_setup.fsdp_plugin -> notebook_accel.utils.environment": "struct-core",
+    "in-function import: notebook_accel._accelerator_setup.fsdp_plugin -> notebook_accel.utils.plugins": "struct-core",
+    "in-function import: notebook_accel._accelerator_setup.project_configuration -> notebook_accel.utils.configs": "struct-core",
+    "in-function import: notebook_accel._accelerator_setup.sort_kwargs_handlers -> notebook_accel.utils.kwargs": "struct-core",
+    "in-function import: notebook_accel._state_gradient._xla_mark_step -> notebook_accel.state": "struct-core",
+    "in-function import: notebook_accel._state_world._default_device -> notebook_accel.utils.imports": "struct-core",
+    "in-function import: notebook_accel._state_world._multi_device -> notebook_accel.utils.imports": "struct-core",
+    "in-function import: notebook_accel._state_world.resolve_world -> notebook_accel.utils.imports": "struct-core",
+    "in-function import: notebook_accel.accelerator.Accelerator.__init__ -> notebook_accel._accelerator_setup": "struct-core",
+    "in-function import: notebook_accel.accelerator.Accelerator.autocast -> notebook_accel.utils.modeling": "struct-core",
+    "in-function import: notebook_accel.accelerator.Accelerator.check_trigger -> notebook_accel.utils.operations": "struct-core",
+    "in-function import: notebook_accel.accelerator.Accelerator.free_memory -> notebook_accel.utils.memory": "struct-core",
+    "in-function import: notebook_accel.accelerator.Accelerator.gather -> notebook_accel.utils.operations": "struct-core",
+    "in-function import: notebook_accel.accelerator.Accelerator.gather_for_metrics -> notebook_accel.utils.operations": "struct-core",
+    "in-function import: notebook_accel.accelerator.Accelerator.get_state_dict -> notebook_accel._accelerator_checkpoint": "struct-core",
+    "in-function import: notebook_accel.accelerator.Accelerator.gradient_accumulation_steps -> notebook_accel._accelerator_setup": "struct-core",
+    "in-function import: notebook_accel.accelerator.Accelerator.pad_across_processes -> notebook_accel.utils.operations": "struct-core",
+    "in-function import: notebook_accel.accelerator.Accelerator.reduce -> notebook_accel.utils.operations": "struct-core",
+    "in-function import: notebook_accel.accelerator.Accelerator.unwrap_model -> notebook_accel.utils.other": "struct-core",
+    "in-function import: notebook_accel.big_modeling.dispatch_model -> notebook_accel.utils.modeling": "struct-hooks",
+    "in-function import: notebook_accel.big_modeling.load_checkpoint_and_dispatch -> notebook_accel.utils.modeling": "struct-hooks",
+    "in-function import: notebook_accel.checkpointing._load_sampler_state -> notebook_accel.data_loader": "struct-core",
+    "in-function import: notebook_accel.checkpointing._model_file -> notebook_accel.utils.constants": "struct-core",
+    "in-function import: notebook_accel.checkpointing._sampler_state -> notebook_accel.data_loader": "struct-core",
+    "in-function import: notebook_accel.checkpointing.load_accelerator_state -> notebook_accel.utils.constants": "struct-core",
+    "in-function import: notebook_accel.checkpointing.save_accelerator_state -> notebook_accel.utils.constants": "struct-core",
+    "in-function import: notebook_accel.checkpointing.save_sharded_weights -> notebook_accel.utils.constants": "struct-core",
+    "in-function import: notebook_accel.checkpointing.save_sharded_weights -> notebook_accel.utils.modeling": "struct-core",
+    "in-function import: notebook_accel.data_loader.DataLoaderDispatcher.__init__ -> notebook_accel.state": "goldens",
+    "in-function import: notebook_accel.data_loader.DataLoaderDispatcher.__iter__ -> notebook_accel.utils.operations": "goldens",
+    "in-function import: notebook_accel.data_loader.DataLoaderDispatcher._read_global_batch -> notebook_accel.utils.operations": "goldens",
+    "in-function import: notebook_accel.data_loader.DataLoaderShard.__iter__ -> notebook_accel.utils.random": "goldens",
+    "in-function import: notebook_accel.data_loader.DataLoaderShard._place -> notebook_accel.utils.operations": "goldens",
+    "in-function import: notebook_accel.data_loader._DataLoaderStateMixin._begin -> notebook_accel.state": "goldens",
+    "in-function import: notebook_accel.data_loader._pad_batch -> notebook_accel.utils.operations": "goldens",
+    "in-function import: notebook_accel.data_loader._shared_seed -> notebook_accel.utils.operations": "goldens",
+    "in-function import: notebook_accel.data_loader._to_cpu -> notebook_accel.utils.operations": "goldens",
+    "in-function import: notebook_accel.data_loader.prepare_data_loader -> notebook_accel.state": "goldens",
+    "in-function import: notebook_accel.hooks.attach_align_device_hook -> notebook_accel.utils.offload": "struct-hooks",
+    "in-function import: notebook_accel.launch.plan._cuda_device_count -> notebook_accel.utils.imports": "reliability",
+    "in-function import: notebook_accel.launch.worker.to_cpu -> notebook_accel.utils._ops_structure": "reliability",
+    "in-function import: notebook_accel.launchers._launch -> notebook_accel.launch.elastic": "reliability",
+    "in-function import: notebook_accel.launchers._launch -> notebook_accel.launch.xla": "reliability",
+    "in-function import: notebook_accel.logging.MultiProcessAdapter.log -> notebook_accel.state": "struct-core",
+    "in-function import: notebook_accel.optimizer.AcceleratedOptimizer.__init__ -> notebook_accel.state": "struct-core",
+    "in-function import: notebook_accel.optimizer.AcceleratedOptimizer.load_state_dict -> notebook_accel.utils.operations": "struct-core",
+    "in-function import: notebook_accel.prefetch.enable_prefetch -> notebook_accel.hooks": "struct-hooks",
+    "in-function import: notebook_accel.scheduler.AcceleratedScheduler.__init__ -> notebook_accel.state": "struct-core",
+    "in-function import: notebook_accel.scheduler.AcceleratedScheduler.step -> notebook_accel.state": "struct-core",
+    "in-function import: notebook_accel.state.PartialState.default_device -> notebook_accel._state_world": "struct-core",
+    "in-function import: notebook_accel.state.PartialState.use_ipex -> notebook_accel.utils.imports": "struct-core",
+    "in-function import: notebook_accel.state._default_dynamo_plugin -> notebook_accel.utils.plugins": "struct-core",
+    "in-function import: notebook_accel.telemetry.weight_placement -> notebook_accel._hooks_align": "struct-hooks",
+    "in-function import: notebook_accel.telemetry.weight_placement -> notebook_accel.hooks": "struct-hooks",
+    "in-function import: notebook_accel.tracking.JSONLinesTracker.store_init_configuration -> notebook_accel.utils.other": "struct-core",
+    "in-function import: notebook_accel.tracking.filter_trackers -> notebook_accel.utils.imports": "struct-core",
+    "in-function import: notebook_accel.utils.bnb._default_skip_modules -> notebook_accel.utils": "struct-hooks",
+    "in-function import: notebook_accel.utils.bnb._quantized_device_map -> notebook_accel.utils": "struct-hooks",
+    "in-function import: notebook_accel.utils.bnb._require_bnb -> notebook_accel.utils.imports": "struct-hooks",
+    "in-function import: notebook_accel.utils.bnb.load_and_quantize_model -> notebook_accel.big_modeling": "struct-hooks",
+    "in-function import: notebook_accel.utils.bnb.load_and_quantize_model -> notebook_accel.utils": "struct-hooks",
+    "in-function import: notebook_accel.utils.checkpoints.load_checkpoint_in_model -> notebook_accel.utils.device_map": "struct-hooks",
+    "in-function import: notebook_accel.utils.checkpoints.load_checkpoint_in_model -> notebook_accel.utils.offload": "struct-hooks",
+    "in-function import: notebook_accel.utils.configs.DataLoaderConfiguration.__post_init__ -> notebook_accel.utils.imports": "lead",
+    "in-function import: notebook_accel.utils.deepspeed_plugin.DeepSpeedPlugin.require_deepspeed -> notebook_accel.utils.imports": "lead",
+    "in-function import: notebook_accel.utils.kwargs.FP8RecipeKwargs.check_engine -> notebook_accel.utils.imports": "lead",
+    "in-function import: notebook_accel.utils.modeling.get_mixed_precision_context_manager -> notebook_accel.state": "struct-core",
+    "in-function import: notebook_accel.utils.offload.align_module_device -> notebook_accel.hooks": "struct-hooks",
+    "in-function import: notebook_accel.utils.offload.has_offloaded_params -> notebook_accel.hooks": "struct-hooks",
+    "in-function import: notebook_accel.utils.operations._world -> notebook_accel.state": "surface",
+    "in-function import: notebook_accel.utils.other._state -> notebook_accel.state": "struct-core",
+    "in-function import: notebook_accel.utils.plugins.MegatronLMPlugin.require_megatron -> notebook_accel.utils.imports": "lead",
+    "in-function import: notebook_accel.utils.tensors.get_state_dict_offloaded_model -> notebook_accel.utils.offload": "struct-hooks",
+    "in-function import: notebook_accel.utils.tensors.set_module_tensor_to_device -> notebook_accel.utils.sizes": "struct-hooks",
+    "in-function import: notebook_accel.utils.torch_xla.install_xla -> notebook_accel.launch.plan": "reliability",
+    "in-function import: notebook_accel.widgets._machine._gpus -> notebook_accel.utils.imports": "dashboard",
+    "in-function import: notebook_accel.widgets._machine._nvml_gpus -> notebook_accel.utils.imports": "dashboard",
+    "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer.__init__ -> notebook_accel.utils.tied_params": "dashboard",
+    "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer._build_widget -> notebook_accel.widgets._base": "dashboard",
+    "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer._check_max_memory -> notebook_accel.utils.sizes": "dashboard",
+    "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer._html -> notebook_accel.widgets._charts": "dashboard",
+    "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer._sizes_for -> notebook_accel.utils.sizes": "dashboard",
+    "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer.chart_png -> notebook_accel.widgets._charts": "dashboard",
+    "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer.recompute -> notebook_accel.utils.device_map": "dashboard",
+    "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer.recompute -> notebook_accel.utils.device_memory": "dashboard",
+    "in-function import: notebook_accel.widgets.launch_panel.LaunchPanel._build_widget -> notebook_accel.widgets._base": "dashboard",
+    "in-function import: notebook_accel.widgets.memory_estimator.MemoryEstimator.__init__ -> notebook_accel.big_modeling": "dashboard",
+    "in-function import: notebook_accel.widgets.memory_estimator.MemoryEstimator._build_widget -> notebook_accel.widgets._base": "dashboard",
+    "in-function import: notebook_accel.widgets.memory_estimator.MemoryEstimator._html -> notebook_accel.widgets._charts": "dashboard",
+    "in-function import: notebook_accel.widgets.memory_estimator.MemoryEstimator.chart_png -> notebook_accel.widgets._charts": "dashboard",
+    "in-function import: notebook_accel.widgets.memory_estimator.MemoryEstimator.estimate -> notebook_accel.utils.sizes": "dashboard",
+    "in-function import: notebook_accel.widgets.offload_monitor.OffloadMonitor.__init__ -> notebook_accel.telemetry": "dashboard",
+    "in-function import: notebook_accel.widgets.offload_monitor.OffloadMonitor._build_widget -> notebook_accel.widgets._base": "dashboard",
+    "in-function import: notebook_accel.widgets.offload_monitor.OffloadMonitor._html -> notebook_accel.widgets._charts": "dashboard",
+    "in-function import: notebook_accel.widgets.offload_monitor.OffloadMonitor._placement -> notebook_accel.telemetry": "dashboard",
+    "in-function import: notebook_accel.widgets.offload_monitor.OffloadMonitor.chart_png -> notebook_accel.widgets._charts": "dashboard",
+    "long function: notebook_accel.accelerator.Accelerator.__init__": "struct-core",
+    "long function: notebook_accel.big_modeling.dispatch_model": "struct-hooks",
+    "long function: notebook_accel.data_loader.prepare_data_loader": "goldens",
+    "long function: notebook_accel.hooks.attach_align_device_hook_on_blocks": "struct-hooks",
+    "long function: notebook_accel.utils._module_tree.build_tree": "struct-hooks",
+    "long function: notebook_accel.utils.checkpoints.load_checkpoint_in_model": "struct-hooks",
+    "long function: notebook_accel.utils.device_map.plan_device_map": "struct-hooks",
+    "private mixin file: notebook_accel/_accelerator_checkpoint.py": "struct-core",
+    "private mixin file: notebook_accel/_accelerator_model.py": "struct-core",
+    "private mixin file: notebook_accel/_accelerator_samplers.py": "struct-core",
+    "private mixin file: notebook_accel/_accelerator_setup.py": "struct-core",
+    "private mixin file: notebook_accel/_accelerator_tracking.py": "struct-core",
+    "private mixin file: notebook_accel/_hooks_align.py": "struct-hooks",
+    "private mixin file: notebook_accel/_hooks_base.py": "struct-hooks",
+    "private mixin file: notebook_accel/_state_gradient.py": "struct-core",
+    "private mixin file: notebook_accel/_state_split.py": "struct-core",
+    "private mixin file: notebook_accel/_state_world.py": "struct-core",
+    "upward import: notebook_accel.data_loader -> notebook_accel._accelerator_samplers (training may not import accelerator)": "struct-core",
+    "upward import: notebook_accel.utils.bnb -> notebook_accel.big_modeling (utils may not import big_modeling)": "struct-hooks",
+    "upward import: notebook_accel.utils.config_file -> notebook_accel._state_world (utils may not import state)": "struct-core",
+    "upward import: notebook_accel.utils.modeling -> notebook_accel.state (utils may not import state)": "struct-core",
+    "upward import: notebook_accel.utils.offload -> notebook_accel.hooks (utils may not import hooks)": "struct-hooks",
+    "upward import: notebook_accel.utils.torch_xla -> notebook_accel.launch.plan (utils may not import launch)": "reliability",
+}
+
+
+def area_of(module: str) -> str:
+    """Return the area (layer) a module of ours belongs to."""
+    if module == "notebook_accel":
+        return "facade"
+    for area, prefixes in _AREAS:
+        for prefix in prefixes:
+            # "_state_" names a family of files; "notebook_accel.state" a module or a package.
+            if (
+                module.startswith(prefix)
+                if prefix.endswith("_")
+                else module == prefix or module.startswith(prefix + ".")
+            ):
+                return area
+    return "training"
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import of one of our modules: who, what, where."""
+
+    source: str
+    target: str
+    function: str | None  # qualified name of the enclosing function, None at module/class level
+    line: int
+
+
+@dataclass
+class Scan:
+    """Everything the checks need, read once from the source files."""
+
+    modules: dict[str, Path] = field(default_factory=dict)
+    imports: list[Import] = field(default_factory=list)
+    gui_imports: list[tuple[str, str, int]] = field(default_factory=list)
+    long_functions: list[tuple[str, int]] = field(default_factory=list)
+    mixin_files: list[str] = field(default_factory=list)
+
+
+def _module_name(path: Path, folder: Path, dotted: str) -> str:
+    parts = list(path.relative_to(folder).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([dotted, *parts])
+
+
+def discover(roots=SOURCE_ROOTS) -> dict[str, Path]:
+    """Return dotted module name -> file for every .py file under the source roots."""
+    found: dict[str, Path] = {}
+    for folder, dotted in roots:
+        for path in sorted(folder.rglob("*.py")):
+            found[_module_name(path, folder, dotted)] = path
+    return found
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _own(name: str, modules: dict[str, Path]) -> str | None:
+    """Return the longest prefix of ``name`` that is one of our modules, or None."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in modules:
+            return candidate
+        parts.pop()
+    return None
+
+
+class _Visitor(ast.NodeVisitor):
+    def __init__(self, module: str, is_package: bool, scan: Scan) -> None:
+        self.module, self.is_package, self.scan = module, is_package, scan
+        self.scope: list[str] = []
+        self.functions: list[str] = []
+        self.type_checking = 0
+
+    def _enter(self, node, is_function: bool) -> None:
+        self.scope.append(node.name)
+        if is_function:
+            qualname = ".".join(self.scope)
+            self.functions.append(qualname)
+            length = node.end_lineno - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                self.scan.long_functions.append((f"{self.module}.{qualname}", length))
+        self.generic_visit(node)
+        if is_function:
+            self.functions.pop()
+        self.scope.pop()
+
+    def visit_FunctionDef(self, node):  # noqa: N802 - ast API
+        self._enter(node, True)
+
+    visit_AsyncFunctionDef = visit_FunctionDef  # noqa: N815
+
+    def visit_ClassDef(self, node):  # noqa: N802
+        self._enter(node, False)
+
+    def visit_If(self, node):  # noqa: N802
+        test = node.test
+        guarded = (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+            isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+        )
+        self.type_checking += guarded
+        for child in node.body:
+            self.visit(child)
+        self.type_checking -= guarded
+        for child in node.orelse:
+            self.visit(child)
+
+    def _record(self, name: str, line: int) -> None:
+        function = self.functions[-1] if self.functions else None
+        top = name.split(".")[0]
+        if top in GUI_LIBRARIES and function is None and not self.type_checking:
+            if not self.module.startswith("notebook_accel.widgets"):
+                self.scan.gui_imports.append((self.module, top, line))
+        target = _own(name, self.scan.modules)
+        if target is not None and target != self.module:
+            self.scan.imports.append(Import(self.module, target, function, line))
+
+    def visit_Import(self, node):  # noqa: N802
+        for alias in node.names:
+            self._record(alias.name, node.lineno)
+
+    def visit_ImportFrom(self, node):  # noqa: N802
+        base = _resolve(self.module, self.is_package, node)
+        for alias in node.names:
+            # `from pkg import sub` imports the submodule when there is one, else a name of pkg.
+            full = f"{base}.{alias.name}"
+            self._record(full if full in self.scan.modules else base, node.lineno)
+
+
+def scan(roots=SOURCE_ROOTS) -> Scan:
+    """Return the imports, long functions and mixin files of every module under ``roots``."""
+    result = Scan(modules=discover(roots))
+    top = roots[0][0].parent
+    for module, path in result.modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        _Visitor(module, path.name == "__init__.py", result).visit(tree)
+        package = module.rsplit(".", 1)[0]
+        if package == "notebook_accel" and path.name.startswith(MIXIN_PREFIXES):
+            result.mixin_files.append(path.relative_to(top).as_posix())
+    return result
+
+
+def cycles(imports: list[Import]) -> list[list[str]]:
+    """Return the strongly connected groups (>1 module) of the import graph, each sorted (Tarjan)."""
+    graph: dict[str, set[str]] = {}
+    for imp in imports:
+        graph.setdefault(imp.source, set()).add(imp.target)
+        graph.setdefault(imp.target, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(groups)
+
+
+def _upward(imp: Import) -> str | None:
+    source_area, target_area = area_of(imp.source), area_of(imp.target)
+    if target_area in _ALLOWED[source_area]:
+        return None
+    if source_area == "utils" and target_area == "state" and imp.source in _UTILS_READING_STATE:
+        return None
+    if (imp.source, imp.target) == LAZY_PANEL_IMPORT or (
+        imp.source == LAZY_PANEL_IMPORT[0] and imp.target.startswith(LAZY_PANEL_IMPORT[1] + ".")
+    ):
+        return None
+    return f"upward import: {imp.source} -> {imp.target} ({source_area} may not import {target_area})"
+
+
+def violations(result: Scan) -> dict[str, dict[str, str]]:
+    """Return {kind: {violation: detail}} for every rule this module enforces."""
+    found: dict[str, dict[str, str]] = {
+        "cycles": {},
+        "upward imports": {},
+        "in-function imports": {},
+        "gui imports": {},
+        "long functions": {},
+        "mixin files": {},
+    }
+    for group in cycles(result.imports):
+        found["cycles"][f"import cycle: {' <-> '.join(group)}"] = ""
+    for imp in result.imports:
+        message = _upward(imp)
+        if message:
+            found["upward imports"].setdefault(message, f"line {imp.line}")
+        lazy_panel = imp.source == LAZY_PANEL_IMPORT[0] and imp.target.startswith(LAZY_PANEL_IMPORT[1])
+        if imp.function is not None and not lazy_panel:
+            key = f"in-function import: {imp.source}.{imp.function} -> {imp.target}"
+            found["in-function imports"].setdefault(key, f"line {imp.line}")
+    for module, library, line in result.gui_imports:
+        found["gui imports"][f"gui import at module level: {module} -> {library}"] = f"line {line}"
+    for name, length in result.long_functions:
+        found["long functions"][f"long function: {name}"] = f"{length} lines"
+    for path in result.mixin_files:
+        found["mixin files"][f"private mixin file: {path}"] = ""
+    return found
+
+
+def _flat(found: dict[str, dict[str, str]]) -> dict[str, str]:
+    return {key: detail for group in found.values() for key, detail in group.items()}
+
+
+def summary(found: dict[str, dict[str, str]]) -> str:
+    """Return one line counting the violations of each kind."""
+    return " / ".join(f"{kind}: {len(group)}" for kind, group in found.items())
+
+
+def check(found: dict[str, dict[str, str]], known: dict[str, str]) -> list[str]:
+    """Return the problems: violations not in ``known`` and entries of ``known`` that are fixed."""
+    flat = _flat(found)
+    problems = [
+        f"NEW  {key} ({flat[key]})" if flat[key] else f"NEW  {key}" for key in flat if key not in known
+    ]
+    problems += [
+        f"FIXED (delete it from KNOWN_VIOLATIONS) {key}  [{owner}]"
+        for key, owner in known.items()
+        if key not in flat
+    ]
+    return sorted(problems)
+
+
+def test_architecture_rules() -> None:
+    found = violations(scan())
+    print("architecture:", summary(found))
+    problems = check(found, KNOWN_VIOLATIONS)
+    assert not problems, "architecture rules:\n" + "\n".join(problems)
+
+
+def test_known_violations_name_an_owner() -> None:
+    owners = {
+        "struct-core",
+        "struct-hooks",
+        "reliability",
+        "surface",
+        "goldens",
+        "dashboard",
+        "engines",
+        "lead",
+    }
+    assert {owner for owner in KNOWN_VIOLATIONS.values()} <= owners
+
+
+# --- the checker itself, on a small made-up package ---------------------------------------------
+
+
+def _write(folder: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = folder / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def _found(tmp_path: Path, files: dict[str, str]) -> dict[str, str]:
+    base = {"notebook_accel/__init__.py": "", "notebook_accel/utils/__init__.py": ""}
+    _write(tmp_path, {**base, **files})
+    return _flat(violations(scan(((tmp_path / "notebook_accel", "notebook_accel"),))))
+
+
+def test_checker_sees_a_cycle_closed_inside_a_function(tmp_path: Path) -> None:
+    found = _found(
+        tmp_path,
+        {
+            "notebook_accel/utils/a.py": "from . import b\n",
+            "notebook_accel/utils/b.py": "def f():\n    from .a import x\n",
+        },
+    )
+    assert "import cycle: notebook_accel.utils.a <-> notebook_accel.utils.b" in found
+    assert "in-function import: notebook_accel.utils.b.f -> notebook_accel.utils.a" in found
+
+
+def test_checker_sees_upward_imports(tmp_path: Path) -> None:
+    found = _found(
+        tmp_path,
+        {
+            "notebook_accel/state.py": "",
+            "notebook_accel/accelerator.py": "from .hooks import h\n",
+            "notebook_accel/hooks.py": "from notebook_accel.state import s\n",
+            "notebook_accel/utils/operations.py": "from ..state import s\n",
+            "notebook_accel/utils/memory.py": "from ..state import s\n",
+        },
+    )
+    assert (
+        "upward import: notebook_accel.accelerator -> notebook_accel.hooks (accelerator may not import hooks)"
+        in found
+    )
+    assert "upward import: notebook_accel.hooks -> notebook_accel.state (hooks may not import state)" in found
+    assert (
+        "upward import: notebook_accel.utils.memory -> notebook_accel.state (utils may not import state)"
+        in found
+    )
+    # operations may read the state.
+    assert not any(key.startswith("upward import: notebook_accel.utils.operations") for key in found)
+
+
+def test_checker_sees_long_functions_gui_imports_and_mixins(tmp_path: Path) -> None:
+    # 1 line of `def` + the body: 81 lines is one too many, 80 is the most allowed.
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    short = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES - 1))
+    found = _found(
+        tmp_path,
+        {
+            "notebook_accel/utils/long.py": f"def too_long():\n{body}\n\ndef fits():\n{short}\n",
+            "notebook_accel/_state_bits.py": "import ipywidgets\n\ndef f():\n    import matplotlib\n",
+        },
+    )
+    assert found["long function: notebook_accel.utils.long.too_long"] == f"{MAX_FUNCTION_LINES + 1} lines"
+    assert "long function: notebook_accel.utils.long.fits" not in found
+    assert "gui import at module level: notebook_accel._state_bits -> ipywidgets" in found
+    assert not any("matplotlib" in key for key in found)
+    assert "private mixin file: notebook_accel/_state_bits.py" in found
+
+
+def test_checker_reports_new_and_fixed_entries() -> None:
+    found = {"cycles": {"import cycle: a <-> b": ""}, "long functions": {}}
+    problems = check(found, {"long function: gone": "lead"})
+    assert problems == [
+        "FIXED (delete it from KNOWN_VIOLATIONS) long function: gone  [lead]",
+        "NEW  import cycle: a <-> b",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("module", "area"),
+    [
+        ("notebook_accel.utils.operations", "utils"),
+        ("notebook_accel.state.world", "state"),
+        ("notebook_accel._state_gradient", "state"),
+        ("notebook_accel.launchers", "launchers"),
+        ("notebook_accel.launch.plan", "launch"),
+        ("notebook_accel.telemetry", "hooks"),
+        ("notebook_accel.prefetch", "hooks"),
+        ("notebook_accel.accelerator.core", "accelerator"),
+        ("notebook_accel.data_loader", "training"),
+        ("notebook_accel", "facade"),
+    ],
+)
+def test_area_of(module: str, area: str) -> None:
+    assert area_of(module) == area
