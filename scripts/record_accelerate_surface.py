@@ -171,7 +171,7 @@ def _describe(obj: Any) -> dict[str, Any]:
             entry["fields"] = [f.name for f in dataclasses.fields(obj)]
         entry["methods"] = _class_methods(obj)
         return entry
-    if callable(obj) and (inspect.isfunction(obj) or inspect.isbuiltin(obj) or hasattr(obj, "__wrapped__")):
+    if callable(obj) and _is_function(obj):
         return {
             "kind": "function",
             "origin": f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', '?')}",
@@ -210,17 +210,22 @@ def _top_level_assignments(module: types.ModuleType) -> set[str]:
 
 def _is_value(obj: Any) -> bool:
     """Return True for a constant, a container, or an instance of an accelerate class (not a type alias)."""
-    if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj):
+    if inspect.isclass(obj) or _is_function(obj):
         return True  # judged by origin elsewhere
     if _json_value(obj)[0] or isinstance(obj, (dict, list, tuple, set, frozenset)):
         return True
     return str(type(obj).__module__).startswith("accelerate")
 
 
+def _is_function(obj: Any) -> bool:
+    """Return True for a function, including one wrapped by a decorator (``functools.cache``)."""
+    return inspect.isfunction(obj) or inspect.isbuiltin(obj) or inspect.isfunction(inspect.unwrap(obj))
+
+
 def _is_accelerate_object(obj: Any) -> bool:
     if inspect.ismodule(obj):
         return False
-    if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj):
+    if inspect.isclass(obj) or _is_function(obj):
         return str(getattr(obj, "__module__", "") or "").startswith("accelerate")
     return False
 
@@ -255,7 +260,7 @@ def record() -> dict[str, Any]:
                 continue
             if not (_is_accelerate_object(obj) or ((name, id(obj)) in assigned and _is_value(obj))):
                 continue
-            if (inspect.isclass(obj) or inspect.isfunction(obj)) and not _is_accelerate_object(obj):
+            if (inspect.isclass(obj) or _is_function(obj)) and not _is_accelerate_object(obj):
                 continue  # a type alias or a third-party class bound to a new name
             names[name] = _describe(obj)
             defined = getattr(obj, "__module__", None) == mod_name and not isinstance(obj, enum.Enum)
