@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
 
-from ._accelerator_samplers import (
+from .samplers import (
     BatchSamplerShard,
     IterableDatasetShard,
     SeedableRandomSampler,

@@ -545,7 +545,7 @@ def test_megatron_plugin_with_engine_present_refuses_to_fall_back(monkeypatch) -
 
 def test_more_bad_arguments(monkeypatch, tmp_path) -> None:
     from notebook_accel import Accelerator, DeepSpeedPlugin
-    from notebook_accel import _accelerator_model as model_prep
+    from notebook_accel.accelerator import wrapping as model_prep
     from notebook_accel.optimizer import AcceleratedOptimizer
     from notebook_accel.scheduler import AcceleratedScheduler
     from notebook_accel.tracking import JSONLinesTracker

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from notebook_accel import AcceleratorState, DistributedType, PartialState
-from notebook_accel._state_split import share_bounds, take_share
 from notebook_accel.state import GradientState
+from notebook_accel.state.split import share_bounds, take_share
 from notebook_accel.utils import (
     DeepSpeedPlugin,
     FullyShardedDataParallelPlugin,

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .utils._ops_structure import _rebuild_mapping
+from ..utils._ops_structure import _rebuild_mapping
 
 __all__ = ["share_bounds", "take_share"]
 

@@ -14,7 +14,7 @@ __all__: list[str] = []
 
 def project_configuration(project_dir: Any, project_config: Any) -> Any:
     """Return the ProjectConfiguration, with ``project_dir`` applied when given."""
-    from .utils.configs import ProjectConfiguration
+    from ..utils.configs import ProjectConfiguration
 
     if project_config is None:
         project_config = ProjectConfiguration(
@@ -29,8 +29,8 @@ def project_configuration(project_dir: Any, project_config: Any) -> Any:
 
 def dataloader_configuration(dataloader_config: Any, split_batches: Any) -> Any:
     """Return the DataLoaderConfiguration, honouring the ``split_batches`` shortcut."""
-    from .accelerator import _split_batches
-    from .utils.configs import DataLoaderConfiguration
+    from ..utils.configs import DataLoaderConfiguration
+    from .core import _split_batches
 
     given = split_batches is not _split_batches
     if dataloader_config is None:
@@ -62,7 +62,7 @@ _HANDLER_SLOTS = {
 
 def sort_kwargs_handlers(kwargs_handlers: list[Any] | None) -> dict[str, Any]:
     """Return ``{"ddp"|"scaler"|"init"|"autocast"|"fp8": handler}``; one handler of each kind at most."""
-    from .utils import kwargs as kw
+    from ..utils import kwargs as kw
 
     out: dict[str, Any] = {}
     for handler in kwargs_handlers or []:
@@ -84,7 +84,7 @@ def sort_kwargs_handlers(kwargs_handlers: list[Any] | None) -> dict[str, Any]:
 
 def check_precision(mixed_precision: Any) -> str:
     """Return the mixed precision mode lower-cased, or raise ValueError listing the valid ones."""
-    from .utils.enums import PrecisionType
+    from ..utils.enums import PrecisionType
 
     value = str(getattr(mixed_precision, "value", mixed_precision)).lower()
     if value not in PrecisionType.list():
@@ -94,8 +94,8 @@ def check_precision(mixed_precision: Any) -> str:
 
 def deepspeed_plugin(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:
     """Return the DeepSpeed plugin(s) from the argument(s) or ``ACCELERATE_USE_DEEPSPEED``."""
-    from .utils.environment import parse_flag_from_env
-    from .utils.plugins import DeepSpeedPlugin
+    from ..utils.environment import parse_flag_from_env
+    from ..utils.plugins import DeepSpeedPlugin
 
     if deepspeed_plugin is not None and deepspeed_plugins is not None:
         raise ValueError("pass deepspeed_plugin or deepspeed_plugins, not both")
@@ -109,8 +109,8 @@ def deepspeed_plugin(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:
 
 def fsdp_plugin(fsdp_plugin: Any) -> Any:
     """Return the FSDP plugin from the argument or ``ACCELERATE_USE_FSDP``."""
-    from .utils.environment import parse_flag_from_env
-    from .utils.plugins import FullyShardedDataParallelPlugin
+    from ..utils.environment import parse_flag_from_env
+    from ..utils.plugins import FullyShardedDataParallelPlugin
 
     if fsdp_plugin is None and parse_flag_from_env("ACCELERATE_USE_FSDP"):
         fsdp_plugin = FullyShardedDataParallelPlugin()
@@ -123,7 +123,7 @@ def fsdp_plugin(fsdp_plugin: Any) -> Any:
 
 def dynamo_plugin(dynamo_backend: Any, plugin: Any) -> Any:
     """Return the TorchDynamoPlugin for ``dynamo_backend`` or ``plugin`` (None: from the environment)."""
-    from .utils.plugins import TorchDynamoPlugin
+    from ..utils.plugins import TorchDynamoPlugin
 
     if dynamo_backend is not None and plugin is not None:
         raise ValueError("pass dynamo_backend or dynamo_plugin, not both")
@@ -142,7 +142,7 @@ def check_accumulation_steps(steps: Any) -> None:
 
 def accumulation_plugin(plugin: Any, steps: int) -> Any:
     """Return the GradientAccumulationPlugin from the plugin or ``gradient_accumulation_steps``."""
-    from .utils.plugins import GradientAccumulationPlugin
+    from ..utils.plugins import GradientAccumulationPlugin
 
     if plugin is not None:
         if steps != 1:

@@ -3,7 +3,7 @@
 It resolves the user's flags once (constructor) into the state singletons and handler objects,
 then prepares models, optimizers, dataloaders and schedulers for the process it runs in, and
 provides the loop's verbs (backward, accumulate, autocast, gather_for_metrics, save_state, ...).
-Model wrapping lives in ``_accelerator_model``, checkpoint files in ``checkpointing``, data
+Model wrapping lives in ``.wrapping``, checkpoint files in ``checkpointing``, data
 sharding in ``data_loader``, trackers in ``tracking``.
 """
 
@@ -18,16 +18,16 @@ from typing import Any
 
 import torch
 
-from . import _accelerator_model as _model
-from ._accelerator_checkpoint import _CheckpointMixin
-from ._accelerator_tracking import _TrackingMixin
-from .data_loader import prepare_data_loader
-from .optimizer import AcceleratedOptimizer
-from .scheduler import AcceleratedScheduler
-from .state import AcceleratorState, GradientState
-from .tracking import GeneralTracker, filter_trackers
-from .utils.enums import DistributedType, PrecisionType
-from .utils.other import _is_compiled_module
+from ..data_loader import prepare_data_loader
+from ..optimizer import AcceleratedOptimizer
+from ..scheduler import AcceleratedScheduler
+from ..state import AcceleratorState, GradientState
+from ..tracking import GeneralTracker, filter_trackers
+from ..utils.enums import DistributedType, PrecisionType
+from ..utils.other import _is_compiled_module
+from . import wrapping as _model
+from .checkpoint import _CheckpointMixin
+from .tracking import _TrackingMixin
 
 __all__ = ["Accelerator"]
 
@@ -83,7 +83,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
         deepspeed_plugins: Any = None,
         parallelism_config: Any = None,
     ) -> None:
-        from . import _accelerator_setup as setup
+        from . import flags as setup
 
         self.project_configuration = setup.project_configuration(project_dir, project_config)
         self.dataloader_config = setup.dataloader_configuration(dataloader_config, split_batches)
@@ -245,7 +245,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, steps: int) -> None:
-        from ._accelerator_setup import check_accumulation_steps
+        from .flags import check_accumulation_steps
 
         check_accumulation_steps(steps)
         self.gradient_state.plugin_kwargs.update({"num_steps": steps})
@@ -599,7 +599,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
     @contextlib.contextmanager
     def autocast(self, autocast_handler: Any = None) -> Iterator[None]:
         """Run the block under the mixed-precision autocast (a no-op for mixed_precision="no")."""
-        from .utils.modeling import get_mixed_precision_context_manager
+        from ..utils.modeling import get_mixed_precision_context_manager
 
         handler = autocast_handler if autocast_handler is not None else self.autocast_handler
         with get_mixed_precision_context_manager(self.native_amp, handler):
@@ -611,7 +611,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
 
     def check_trigger(self) -> bool:
         """Return whether any process called ``set_trigger`` since the last check (and reset it)."""
-        from .utils.operations import reduce
+        from ..utils.operations import reduce
 
         if self.flag_tensor is None:
             self.flag_tensor = torch.tensor(0, device=self.device)
@@ -624,7 +624,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
     # ------------------------------------------------------------------ collectives
     def gather(self, tensor: Any) -> Any:
         """Return ``tensor`` (or nested structure) concatenated over all processes."""
-        from .utils.operations import gather
+        from ..utils.operations import gather
 
         return gather(tensor)
 
@@ -635,7 +635,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
         samples are kept, so the gathered predictions number exactly ``len(dataset)``.
         Non-tensor data (or ``use_gather_object=True``) goes through ``gather_object``.
         """
-        from .utils.operations import gather, gather_object, recursively_apply
+        from ..utils.operations import gather, gather_object, recursively_apply
 
         if not use_gather_object:
             use_gather_object = not _only_tensors(input_data)
@@ -650,7 +650,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Return ``tensor`` reduced ("sum", "mean" or "none") over all processes, times ``scale``."""
-        from .utils.operations import reduce
+        from ..utils.operations import reduce
 
         return reduce(tensor, reduction=reduction, scale=scale)
 
@@ -658,7 +658,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
         self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
     ) -> Any:
         """Return ``tensor`` padded along ``dim`` to the largest size over processes."""
-        from .utils.operations import pad_across_processes
+        from ..utils.operations import pad_across_processes
 
         return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
@@ -667,13 +667,13 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
         self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
     ) -> torch.nn.Module:
         """Return ``model`` without its DDP/FSDP/DeepSpeed wrapper (and fp32/compile wrappers when asked)."""
-        from .utils.other import extract_model_from_parallel
+        from ..utils.other import extract_model_from_parallel
 
         return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
 
     def free_memory(self, *objects: Any) -> Any:
         """Forget the prepared objects, release ``objects`` and the device cache; return the released list."""
-        from .utils.memory import release_memory
+        from ..utils.memory import release_memory
 
         self._schedulers, self._optimizers, self._models, self._dataloaders = [], [], [], []
         self.deepspeed_engine_wrapped = None
@@ -694,7 +694,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
         if self.distributed_type == DistributedType.FSDP:
             from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-            from ._accelerator_checkpoint import _full_options
+            from .checkpoint import _full_options
 
             # Every process takes part in gathering the full (unsharded) weights.
             return get_model_state_dict(model, options=_full_options(self.device))

@@ -2,7 +2,7 @@
 
 Every instance of one of these classes shares the same attributes (a class-level dict, the "Borg"
 pattern), so ``PartialState()`` anywhere in a process sees what the first call set up. The first
-``PartialState()`` reads the torchrun environment contract (see ``_state_world``) and initialises the
+``PartialState()`` reads the torchrun environment contract (see ``notebook_accel.state.world``) and initialises the
 default process group when ``WORLD_SIZE > 1``; ``_reset_state()`` forgets everything (tests, a relaunch
 in the same kernel).
 """
@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
-from ._state_split import take_share
-from ._state_world import check_mixed_precision, resolve_world
-from .utils.enums import DistributedType
-from .utils.environment import parse_flag_from_env
+from ..utils.enums import DistributedType
+from ..utils.environment import parse_flag_from_env
+from .split import take_share
+from .world import check_mixed_precision, resolve_world
 
-__all__ = ["AcceleratorState", "GradientState", "PartialState"]
+__all__ = ["AcceleratorState", "PartialState"]
 
 logger = logging.getLogger(__name__)
 
@@ -236,14 +236,14 @@ class PartialState(_ProcessControl):
     @property
     def default_device(self) -> torch.device:
         """Return the device a single process would use here (cuda:0, mps or cpu)."""
-        from ._state_world import _default_device
+        from .world import _default_device
 
         return _default_device(self.use_cpu)
 
     @property
     def use_ipex(self) -> bool:
         """Return whether Intel Extension for PyTorch is requested (ACCELERATE_USE_IPEX) and installed."""
-        from .utils.imports import is_ipex_available
+        from ..utils.imports import is_ipex_available
 
         return parse_flag_from_env("ACCELERATE_USE_IPEX") and is_ipex_available()
 
@@ -396,7 +396,7 @@ class AcceleratorState(_ProcessControl):
 def _default_dynamo_plugin() -> Any:
     """Return ``TorchDynamoPlugin()`` built from the environment, or None where plugins are unavailable."""
     try:
-        from .utils.plugins import TorchDynamoPlugin
+        from ..utils.plugins import TorchDynamoPlugin
     except ImportError:
         return None
     return TorchDynamoPlugin()
@@ -410,6 +410,3 @@ def _as_deepspeed_plugins(deepspeed_plugin: Any) -> dict[str, Any]:
             raise ValueError("deepspeed_plugin is an empty dict: give at least one name -> DeepSpeedPlugin")
         return dict(deepspeed_plugin)
     return {"default": deepspeed_plugin}
-
-
-from ._state_gradient import GradientState  # noqa: E402  (re-exported; it depends on nothing above)

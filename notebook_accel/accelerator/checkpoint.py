@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from . import checkpointing as _ckpt
-from .data_loader import skip_first_batches
-from .utils.enums import DistributedType
+from .. import checkpointing as _ckpt
+from ..data_loader import skip_first_batches
+from ..utils.enums import DistributedType
 
 __all__: list[str] = []
 
@@ -27,7 +27,7 @@ class _CheckpointMixin:
 
     def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
         """Save ``obj`` to ``f`` once per machine (see ``utils.save``)."""
-        from .utils.other import save
+        from ..utils.other import save
 
         save(
             obj,

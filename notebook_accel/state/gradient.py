@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .utils.environment import parse_flag_from_env
+from ..utils.environment import parse_flag_from_env
 
 __all__ = ["GradientState"]
 
@@ -165,7 +165,7 @@ def _xla_mark_step() -> None:
 
     if "torch_xla" not in sys.modules:
         return
-    from .state import PartialState
+    from .process import PartialState
 
     if PartialState().distributed_type == "XLA":
         import torch_xla.core.xla_model as xm

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .utils.enums import DistributedType
+from ..utils.enums import DistributedType
 
 __all__: list[str] = []
 
@@ -46,7 +46,7 @@ def wrap_forward_in_autocast(
     """
     import types
 
-    from .utils.operations import convert_outputs_to_fp32
+    from ..utils.operations import convert_outputs_to_fp32
 
     if "_original_forward" in model.__dict__:
         return  # prepared twice: one wrapper is enough
@@ -157,7 +157,7 @@ def _compile_regions(model: torch.nn.Module, kwargs: dict[str, Any]) -> torch.nn
 
 def check_engines(state: Any, megatron_lm_plugin: Any, mixed_precision: str, fp8_handler: Any) -> None:
     """Raise ImportError naming the engine a plugin or precision needs when it is not installed."""
-    from .utils import imports
+    from ..utils import imports
 
     if state.distributed_type == DistributedType.DEEPSPEED and not imports.is_deepspeed_available():
         raise ImportError("Accelerator(deepspeed_plugin=...) requires `deepspeed`: pip install deepspeed")
@@ -167,7 +167,7 @@ def check_engines(state: Any, megatron_lm_plugin: Any, mixed_precision: str, fp8
         )
     if mixed_precision == "fp8":
         if fp8_handler is None:
-            from .utils.kwargs import FP8RecipeKwargs
+            from ..utils.kwargs import FP8RecipeKwargs
 
             fp8_handler = FP8RecipeKwargs()
         fp8_handler.check_engine()

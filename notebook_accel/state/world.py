@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from .utils.enums import DistributedType
-from .utils.environment import parse_flag_from_env
+from ..utils.enums import DistributedType
+from ..utils.environment import parse_flag_from_env
 
 __all__ = ["MIXED_PRECISION_CHOICES", "ProcessWorld", "check_mixed_precision", "resolve_world"]
 
@@ -78,7 +78,7 @@ def _env_int(name: str, default: int | None = None) -> int | None:
 
 def _default_device(cpu: bool) -> torch.device:
     """Return the single-process device: cuda:0, else mps, else cpu (CUDA is only counted, never initialised)."""
-    from .utils.imports import is_cuda_available, is_mps_available
+    from ..utils.imports import is_cuda_available, is_mps_available
 
     if cpu:
         return torch.device("cpu")
@@ -91,7 +91,7 @@ def _default_device(cpu: bool) -> torch.device:
 
 def _multi_device(cpu: bool, backend: str | None, local_rank: int) -> torch.device:
     """Return the device of rank ``local_rank`` on this node for a multi-process run."""
-    from .utils.imports import cuda_device_count
+    from ..utils.imports import cuda_device_count
 
     wants_cpu = cpu or (backend is not None and "nccl" not in backend)
     if wants_cpu:
@@ -188,7 +188,7 @@ def resolve_world(cpu: bool = False, init_kwargs: Mapping[str, Any] | None = Non
     if dist.is_available() and dist.is_initialized():
         return _adopt_group(flags)
     if not flags["use_cpu"]:
-        from .utils.imports import is_torch_xla_available
+        from ..utils.imports import is_torch_xla_available
 
         # On a TPU runtime torch_xla owns the process world (xmp.spawn sets it up, not torchrun).
         if is_torch_xla_available(check_is_tpu=True):

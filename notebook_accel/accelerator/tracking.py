@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .tracking import GeneralTracker, start_trackers
+from ..tracking import GeneralTracker, start_trackers
 
 __all__: list[str] = []
 
