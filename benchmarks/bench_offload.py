@@ -69,11 +69,11 @@ def run(backend: str, blocks: int, width: int, batch: int, repeats: int) -> dict
         build(blocks, width), half, offload_dir=os.path.join(tmp, "half")
     )
     if backend == "notebook_accel":
-        from notebook_accel.hooks import _find_align_hook
+        from notebook_accel.hooks.offloaded import find_align_hook
 
         def copying(model: nn.Module) -> nn.Module:
             for module in model.modules():
-                hook = _find_align_hook(module)
+                hook = find_align_hook(module)
                 if hook is not None:
                     hook.zero_copy = False
                     if hook._prefetcher is not None:

@@ -33,7 +33,9 @@ from .hooks import (
     attach_align_device_hook_on_blocks,
     attach_layerwise_casting_hooks,
 )
-from .prefetch import enable_prefetch
+from .hooks.prefetch import enable_prefetch
+from .utils.checkpoints import load_checkpoint_in_model
+from .utils.device_map import check_device_map, resolve_device_map
 from .utils.environment import parse_flag_from_env
 from .utils.offload import (
     INDEX_NAME,
@@ -41,6 +43,7 @@ from .utils.offload import (
     extract_submodules_state_dict,
     offload_state_dict,
 )
+from .utils.tied_params import find_tied_parameters
 
 __all__ = [
     "init_empty_weights",
@@ -319,8 +322,6 @@ def dispatch_model(
         raise ValueError(
             "dispatch_model got an empty device_map: map at least '' (the whole model) to a device."
         )
-    from .utils.modeling import check_device_map, find_tied_parameters
-
     check_device_map(model, device_map)
     values = {_device_key(d) for d in device_map.values()}
     disk_modules = _modules_on(device_map, "disk")
@@ -413,8 +414,6 @@ def load_checkpoint_and_dispatch(
     (computed from ``max_memory`` / ``no_split_module_classes`` / ``dtype``). Weights mapped to
     "disk" need ``offload_folder``; from a safetensors checkpoint they are read in place (no copy).
     """
-    from .utils.modeling import load_checkpoint_in_model, resolve_device_map
-
     if isinstance(device_map, str):
         if device_map not in DEVICE_MAP_STRINGS:
             raise ValueError(

@@ -2,168 +2,21 @@
 
 Hooks report, per module, weight loads (bytes, seconds, whether the prefetcher had them ready),
 offloads and forward spans as :class:`HookEvent` objects. A listener subscribes with
-:func:`subscribe`; the offload panel is one such listener.
+:func:`subscribe`; the offload panel is one such listener. With no subscriber the hooks build no
+event and read no clock, so telemetry costs nothing measurable when unused.
 
-With no subscriber the hooks build no event and read no clock: they test the module-level flag
-``_ACTIVE`` (one global lookup) and move on, so telemetry costs nothing measurable when unused
-(see ``benchmarks/bench_hooks.py``).
+:func:`weight_placement` answers "where do each module's weights live and where does it run" for
+a model at any moment, from its hooks and tensors.
 
-:func:`weight_placement` answers "where does each module's weights live and where does it run"
-for a model at any moment, from its hooks and tensors.
+This module is the public face: the bus is :mod:`notebook_accel.hooks.events`,
+``weight_placement`` lives in :mod:`notebook_accel.hooks.offloaded`.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from .hooks.events import EVENT_KINDS as EVENT_KINDS  # the event kinds, for listeners
+from .hooks.events import HookEvent, Subscription, has_subscribers, subscribe
+from .hooks.events import emit as emit  # internal: what the hooks call; tests emit events through it
+from .hooks.offloaded import weight_placement
 
 __all__ = ["HookEvent", "Subscription", "subscribe", "has_subscribers", "weight_placement"]
-
-logger = logging.getLogger(__name__)
-
-EVENT_KINDS = ("load", "offload", "forward")
-
-# Read by the hooks on every call: a plain module global so the check is one dict lookup.
-_ACTIVE = False
-_LOCK = threading.Lock()
-_CALLBACKS: dict[int, Callable[[HookEvent], None]] = {}
-_NEXT_ID = 0
-
-
-@dataclass(frozen=True)
-class HookEvent:
-    """One thing a hook did to one module."""
-
-    kind: str
-    """``"load"`` (weights brought to the execution device), ``"offload"`` (weights released) or
-    ``"forward"`` (the module's forward span, hook work included)."""
-    module: str
-    """Qualified module name (``""`` for the root model)."""
-    device: str
-    """Where the weights were moved to, or where the forward ran."""
-    source: str
-    """Where the weights came from: ``"cpu"``, ``"disk"``, ``"cuda:0"``..."""
-    nbytes: int
-    """Bytes of the tensors concerned."""
-    seconds: float
-    """Duration of the event in the calling thread."""
-    time: float
-    """``time.perf_counter()`` at the end of the event."""
-    prefetched: bool = False
-    """True when a load was served by the background prefetcher."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in EVENT_KINDS:
-            raise ValueError(f"HookEvent kind {self.kind!r} is not one of {EVENT_KINDS}")
-
-
-class Subscription:
-    """Handle returned by :func:`subscribe`; ``close()`` (or leaving the ``with`` block) unsubscribes."""
-
-    def __init__(self, key: int, callback: Callable[[HookEvent], None]) -> None:
-        self._key = key
-        self.callback = callback
-
-    @property
-    def closed(self) -> bool:
-        """Return whether this subscription no longer receives events."""
-        return self._key not in _CALLBACKS
-
-    def close(self) -> None:
-        """Stop receiving events; calling it again does nothing."""
-        global _ACTIVE
-        with _LOCK:
-            _CALLBACKS.pop(self._key, None)
-            _ACTIVE = bool(_CALLBACKS)
-
-    def __enter__(self) -> Subscription:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        state = "closed" if self.closed else "open"
-        return f"Subscription({getattr(self.callback, '__qualname__', self.callback)!r}, {state})"
-
-
-def subscribe(callback: Callable[[HookEvent], None]) -> Subscription:
-    """Return a :class:`Subscription` through which ``callback`` receives every :class:`HookEvent`.
-
-    The callback runs in the thread that produced the event (the forward's thread, or the
-    prefetcher's thread for background loads); it should be quick. An exception it raises is
-    logged and swallowed: a broken listener never breaks a forward pass.
-    """
-    global _ACTIVE, _NEXT_ID
-    if not callable(callback):
-        raise TypeError(f"subscribe() needs a callable taking a HookEvent, got {type(callback).__name__}")
-    with _LOCK:
-        key = _NEXT_ID
-        _NEXT_ID += 1
-        _CALLBACKS[key] = callback
-        _ACTIVE = True
-    return Subscription(key, callback)
-
-
-def has_subscribers() -> bool:
-    """Return True when at least one subscription is open (hooks build events only then)."""
-    return _ACTIVE
-
-
-def emit(event: HookEvent) -> None:
-    """Deliver ``event`` to every subscriber (internal: called by the hooks)."""
-    for callback in list(_CALLBACKS.values()):
-        try:
-            callback(event)
-        except Exception:  # a listener must not break the model's forward
-            logger.exception("telemetry subscriber %r raised on %s", callback, event)
-
-
-def weight_placement(model: Any) -> dict[str, dict]:
-    """Return, for every module with own parameters/buffers, where it runs and where its weights live.
-
-    Each value is ``{"execution_device": str | None, "storage": str, "nbytes": int}``. ``storage``
-    is ``"disk"`` for weights read from offload files or a checkpoint on disk, the device of the
-    offload copy (``"cpu"``...) for other offloaded weights, otherwise the device of the tensors
-    themselves (``"meta"`` for an empty model). ``execution_device`` is the hook's execution
-    device, or None for a module without a device hook.
-    """
-    from ._hooks_align import _device_str
-    from .hooks import AlignDevicesHook, _find_align_hook
-
-    result: dict[str, dict] = {}
-    # Stack of (prefix, hook) for ancestors whose hook manages their submodules' weights.
-    inherited: list[tuple[str, AlignDevicesHook]] = []
-    for name, module in model.named_modules():
-        while inherited and not (inherited[-1][0] == "" or name.startswith(inherited[-1][0] + ".")):
-            inherited.pop()
-        hook = _find_align_hook(module)
-        owner = hook
-        if owner is None and inherited:
-            owner = inherited[-1][1]
-        if hook is not None and hook.place_submodules:
-            inherited.append((name, hook))
-        tensors = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
-        if not tensors:
-            continue
-        by_storage: dict[str, int] = {}
-        for tname, tensor in tensors:
-            if owner is not None:
-                storage, size = owner._storage_of(module, tname, tensor)
-            else:
-                storage, size = _device_str(tensor.device), tensor.numel() * tensor.element_size()
-            by_storage[storage] = by_storage.get(storage, 0) + size
-        exec_device = None
-        if owner is not None and owner._device is not None:
-            exec_device = _device_str(owner._device)
-        # A module's storage is where most of its bytes are (e.g. weights on disk, small buffers on the CPU).
-        storage = max(by_storage, key=by_storage.__getitem__)
-        result[name] = {
-            "execution_device": exec_device,
-            "storage": storage,
-            "nbytes": sum(by_storage.values()),
-        }
-    return result

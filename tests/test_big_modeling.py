@@ -23,10 +23,10 @@ from notebook_accel.big_modeling import (
 from notebook_accel.hooks import (
     AlignDevicesHook,
     UserCpuOffloadHook,
-    _find_align_hook,
     remove_hook_from_module,
     remove_hook_from_submodules,
 )
+from notebook_accel.hooks.offloaded import find_align_hook
 from notebook_accel.prefetch import THREAD_NAME_PREFIX, Prefetcher, enable_prefetch
 from notebook_accel.utils.device_map import check_device_map
 
@@ -63,7 +63,7 @@ class Net(nn.Module):
 def _prefetchers(model: nn.Module) -> list[Prefetcher]:
     found = []
     for module in model.modules():
-        hook = _find_align_hook(module)
+        hook = find_align_hook(module)
         if hook is not None and hook._prefetcher is not None and hook._prefetcher not in found:
             found.append(hook._prefetcher)
     return found
@@ -151,7 +151,7 @@ def test_cpu_offload_options(net: Net, ids) -> None:
         prefetch=False,
     )
     assert model.bn.running_mean.device.type == "meta"
-    assert _find_align_hook(model.stages[0][0]).place_submodules
+    assert find_align_hook(model.stages[0][0]).place_submodules
     assert not hasattr(model.stages[0][0].fc, "_hf_hook")
     assert torch.allclose(model(ids), expected)
     assert not _prefetchers(model)  # prefetch=False
@@ -169,7 +169,7 @@ def test_cpu_offload_root_with_own_weights(tmp_path) -> None:
     assert torch.allclose(lin(x), expected) and torch.allclose(lin(x), expected)
     assert telemetry.weight_placement(lin)[""]["storage"] == "disk"
     # Zero copy on the CPU: the weight used by the forward is the memory-mapped view itself.
-    hook = _find_align_hook(lin)
+    hook = find_align_hook(lin)
     hook._load(lin)
     assert lin.weight.data_ptr() == hook.weights_map.dataset._mapped["weight"].data_ptr()
     hook._offload(lin)
@@ -399,7 +399,7 @@ def test_load_checkpoint_and_dispatch_options(net: Net, ids, checkpoint, tmp_pat
         offload_state_dict=False,
         prefetch=False,
     )
-    hook = _find_align_hook(model.stages[0][0].fc)
+    hook = find_align_hook(model.stages[0][0].fc)
     hook._load(model.stages[0][0].fc)
     assert model.stages[0][0].fc.weight.dtype == torch.float16
     hook._offload(model.stages[0][0].fc)

@@ -237,12 +237,12 @@ def test_offload_state_dict_round_trip(tmp_path, monkeypatch) -> None:
     spills: list[str] = []
     real_mkdtemp = tempfile.mkdtemp
     monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: spills.append(real_mkdtemp(**kw)) or spills[-1])
-    from notebook_accel.utils import offload
+    from notebook_accel.utils import checkpoints
 
     written: list[str] = []
-    real_offload_weight = offload.offload_weight
+    real_offload_weight = checkpoints.offload_weight
     monkeypatch.setattr(
-        offload,
+        checkpoints,
         "offload_weight",
         lambda w, n, *a, **k: written.append(n) or real_offload_weight(w, n, *a, **k),
     )

@@ -185,7 +185,7 @@ def test_align_devices_hook_execution_device_and_io(model: Model) -> None:
     x = torch.randn(2, 3)
     expected = model(x)
     hook = AlignDevicesHook(execution_device="meta", io_same_device=True, place_submodules=True)
-    with pytest.raises(ValueError, match="'disk' is not an execution device"):
+    with pytest.raises(ValueError, match="'disk' is not a device a tensor can live on or compute on"):
         AlignDevicesHook(execution_device="disk")
     add_hook_to_module(model, hook)
     assert all(p.device.type == "meta" for p in model.parameters())

@@ -11,12 +11,11 @@ from safetensors.torch import save_file
 from torch import nn
 
 from notebook_accel.hooks import AlignDevicesHook, add_hook_to_module
+from notebook_accel.utils import align_module_device, has_offloaded_params
 from notebook_accel.utils.offload import (
     OffloadedWeightsLoader,
     PrefixedDataset,
-    align_module_device,
     extract_submodules_state_dict,
-    has_offloaded_params,
     load_offloaded_weight,
     load_offloaded_weights,
     offload_state_dict,

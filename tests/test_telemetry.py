@@ -45,7 +45,7 @@ def test_broken_subscriber_does_not_break_forward(caplog) -> None:
 
     lin = nn.Linear(2, 2)
     add_hook_to_module(lin, AlignDevicesHook("cpu", offload=True))
-    with subscribe(broken), caplog.at_level(logging.ERROR, logger="notebook_accel.telemetry"):
+    with subscribe(broken), caplog.at_level(logging.ERROR, logger="notebook_accel.hooks.events"):
         lin(torch.randn(1, 2))
     assert "listener bug" in caplog.text
 

@@ -156,7 +156,6 @@ _add(
     "get_mixed_precision_context_manager",
     "check_tied_parameters_on_same_device",
     "clean_device_map",
-    "get_state_dict_offloaded_model",
 )
 # offload
 _add(
@@ -169,9 +168,10 @@ _add(
     "OffloadedWeightsLoader",
     "PrefixedDataset",
     "extract_submodules_state_dict",
-    "has_offloaded_params",
-    "align_module_device",
 )
+# helpers reading a hooked module's offloaded weights: they live with the hooks (a table entry is
+# resolved at first use, so utils imports nothing from the hooks package)
+_add("..hooks.offloaded", "has_offloaded_params", "align_module_device", "get_state_dict_offloaded_model")
 # parallel and misc
 _add(".other", "extract_model_from_parallel", "save", "wait_for_everyone", "merge_dicts", "get_pretty_name")
 # random

@@ -9,6 +9,7 @@ the checkpoint's own files (``{"safetensors_file", "weight_name", "dtype", "shap
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -20,7 +21,8 @@ import torch
 from torch import nn
 
 from .constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
-from .device_map import _device_lookup
+from .device_map import _device_lookup, check_device_map
+from .offload import load_offloaded_weights, offload_weight, save_offload_index
 from .sizes import _as_dtype, convert_file_size_to_int
 from .tensors import set_module_tensor_to_device
 from .tied_params import check_tied_parameters_on_same_device, find_tied_parameters, retie_parameters
@@ -261,11 +263,7 @@ def load_checkpoint_in_model(
     Tied parameters are tied again afterwards. Without ``device_map`` weights load where the model's tensors
     are (meta tensors to the CPU).
     """
-    from .offload import load_offloaded_weights, offload_weight, save_offload_index
-
     if offload_8bit_bnb:
-        import importlib.util
-
         if importlib.util.find_spec("bitsandbytes") is None:
             raise ImportError("offload_8bit_bnb=True needs `bitsandbytes`: pip install bitsandbytes")
     target_dtype = None if dtype is None else _as_dtype(dtype)
@@ -275,8 +273,6 @@ def load_checkpoint_in_model(
 
     tied = find_tied_parameters(model)
     if device_map is not None:
-        from .device_map import check_device_map
-
         check_device_map(model, device_map)
         check_tied_parameters_on_same_device(tied, device_map)
         if offload_folder is None and any(_is_disk(d) for d in device_map.values()):

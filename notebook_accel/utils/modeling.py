@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from .._lazy import attach
 from .checkpoints import find_checkpoint_files, load_checkpoint_in_model, load_state_dict, shard_checkpoint
 from .device_map import (
     DeviceMapPlan,
@@ -35,7 +36,7 @@ from .sizes import (
     get_max_layer_size,
     named_module_tensors,
 )
-from .tensors import get_state_dict_offloaded_model, id_tensor_storage, set_module_tensor_to_device
+from .tensors import id_tensor_storage, set_module_tensor_to_device
 from .tied_params import check_tied_parameters_on_same_device, find_tied_parameters, retie_parameters
 
 __all__ = [
@@ -54,7 +55,6 @@ __all__ = [
     "get_max_layer_size",
     "get_max_memory",
     "get_mixed_precision_context_manager",
-    "get_state_dict_offloaded_model",
     "id_tensor_storage",
     "infer_auto_device_map",
     "load_checkpoint_in_model",
@@ -66,6 +66,15 @@ __all__ = [
     "set_module_tensor_to_device",
     "shard_checkpoint",
 ]
+
+# Accelerate documents these in utils.modeling; they read hooks, so they live in the hooks package and
+# are resolved at first use (a lazy table entry, not an import: utils stays below hooks).
+_FROM_HOOKS = dict.fromkeys(
+    ("align_module_device", "get_state_dict_offloaded_model", "has_offloaded_params"),
+    "notebook_accel.hooks.offloaded",
+)
+__all__ += sorted(_FROM_HOOKS)
+__getattr__, __dir__ = attach(__name__, _FROM_HOOKS)
 
 
 def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwargs: Any = None):

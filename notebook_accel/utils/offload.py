@@ -1,4 +1,7 @@
-"""Offloaded weights: write them to disk, map them back lazily, and align a module for a moment.
+"""Offloaded weights: write them to disk and map them back lazily (the weights maps the offload hooks read).
+
+The helpers that read a hooked module's offloaded weights (``has_offloaded_params``,
+``align_module_device``) live with the hooks, in :mod:`notebook_accel.hooks.offloaded`.
 
 Two on-disk forms are read, both memory-mapped (``torch.from_file``, copy-on-write, no file
 descriptor kept): the offload folder's raw ``<name>.dat`` files described by ``index.json``
@@ -22,8 +25,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from torch import nn
 
+from .devices import device_label
 from .other import _atomic_write
 from .tensors import set_module_tensor_to_device
 
@@ -36,8 +41,7 @@ __all__ = [
     "OffloadedWeightsLoader",
     "PrefixedDataset",
     "extract_submodules_state_dict",
-    "has_offloaded_params",
-    "align_module_device",
+    "weights_source",
 ]
 
 logger = logging.getLogger(__name__)
@@ -219,8 +223,6 @@ class _SafetensorsFile:
         start, _ = info["data_offsets"]
         view = None if dtype is None else _view(self.raw, self.data_start + start, dtype, info["shape"])
         if view is None:  # exotic dtype or misaligned tensor: let safetensors read it
-            from safetensors import safe_open
-
             with safe_open(self.path, framework="pt") as f:
                 view = f.get_tensor(key)
         return view
@@ -308,8 +310,7 @@ class OffloadedWeightsLoader(Mapping):
     def source(self, key: str) -> str:
         """Return where ``key`` is stored: ``"disk"`` or the device of the in-memory tensor."""
         if key in self.state_dict:
-            device = self.state_dict[key].device
-            return "cuda:0" if str(device) == "cuda" else str(device)
+            return device_label(self.state_dict[key].device)
         return "disk"
 
     def __iter__(self) -> Iterator[str]:
@@ -348,19 +349,18 @@ class PrefixedDataset(Mapping):
 
     def source(self, key: str) -> str:
         """Return where ``key`` is stored (see :meth:`OffloadedWeightsLoader.source`)."""
-        return _source_of(self.dataset, f"{self.prefix}{key}")
+        return weights_source(self.dataset, f"{self.prefix}{key}")
 
 
-def _source_of(weights_map: Any, key: str) -> str:
+def weights_source(weights_map: Any, key: str) -> str:
     """Return ``"disk"`` or the device string of ``weights_map[key]``'s storage."""
     source = getattr(weights_map, "source", None)
     if source is not None:
         return source(key)
     try:
-        device = str(weights_map[key].device)
+        return device_label(weights_map[key].device)
     except (KeyError, AttributeError):
         return "unknown"
-    return "cuda:0" if device == "cuda" else device
 
 
 def extract_submodules_state_dict(state_dict: dict[str, torch.Tensor], submodule_names: list[str]) -> dict:
@@ -370,45 +370,3 @@ def extract_submodules_state_dict(state_dict: dict[str, torch.Tensor], submodule
         prefix = f"{name}." if name else ""
         result.update({k: v for k, v in state_dict.items() if k == name or k.startswith(prefix)})
     return result
-
-
-def has_offloaded_params(module: nn.Module) -> bool:
-    """Return True when ``module`` has an AlignDevicesHook with offloading enabled."""
-    from ..hooks import _find_align_hook
-
-    hook = _find_align_hook(module)
-    return hook is not None and bool(hook.offload)
-
-
-@contextlib.contextmanager
-def align_module_device(module: nn.Module, execution_device: Any = None) -> Iterator[None]:
-    """Yield with ``module``'s own parameters on its execution device (or ``execution_device``).
-
-    For an offloaded module the weights are loaded for the duration of the block and released
-    after; otherwise, with ``execution_device`` given, the parameters are moved there and back.
-    """
-    from ..hooks import _find_align_hook
-
-    hook = _find_align_hook(module)
-    if hook is not None and hook.offload:
-        original = hook.execution_device
-        if execution_device is not None:
-            hook.execution_device = execution_device
-        try:
-            hook._load(module)
-            yield
-        finally:
-            hook._offload(module)
-            hook.execution_device = original
-    elif execution_device is not None:
-        # Keep the original parameters: putting them back is exact (and works from the meta device).
-        originals = dict(module._parameters)
-        try:
-            for name, param in originals.items():
-                if param is not None:
-                    set_module_tensor_to_device(module, name, execution_device, value=param.data)
-            yield
-        finally:
-            module._parameters.update(originals)
-    else:
-        yield

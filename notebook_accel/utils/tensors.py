@@ -1,4 +1,6 @@
-"""Putting one parameter or buffer of a module on a device, and storage identity of tensors."""
+"""Putting one parameter or buffer of a module on a device, and storage identity of tensors.
+
+(Reading a hooked model's offloaded state dict back is ``notebook_accel.hooks.offloaded``'s job.)"""
 
 from __future__ import annotations
 
@@ -7,20 +9,12 @@ from typing import Any, Union
 import torch
 from torch import nn
 
-__all__ = ["get_state_dict_offloaded_model", "id_tensor_storage", "set_module_tensor_to_device"]
+from .devices import torch_device
+from .sizes import _as_dtype
+
+__all__ = ["id_tensor_storage", "set_module_tensor_to_device"]
 
 _NOT_CAST_PREFIXES = ("torch.uint", "torch.int", "torch.bool")
-
-
-def _as_device(device: Union[int, str, torch.device]) -> torch.device:
-    if isinstance(device, int) and not isinstance(device, bool):
-        return torch.device("cuda", device)
-    if isinstance(device, str) and device == "disk":
-        raise ValueError(
-            "'disk' is not a device a tensor can live on: offload it with offload_weight / disk_offload, or pick "
-            "'cpu', 'meta' or a GPU index."
-        )
-    return torch.device(device)
 
 
 def _resolve(module: nn.Module, tensor_name: str) -> tuple[nn.Module, str]:
@@ -64,7 +58,7 @@ def set_module_tensor_to_device(
     tensor) reuses a tied tensor already materialised on ``device`` instead of copying it again.
     """
     owner, leaf = _resolve(module, tensor_name)
-    target = _as_device(device)
+    target = torch_device(device)
     is_buffer = leaf in owner._buffers
     old = owner._buffers[leaf] if is_buffer else owner._parameters[leaf]
 
@@ -94,12 +88,8 @@ def set_module_tensor_to_device(
             if value.is_floating_point() and value.dtype != old.dtype:
                 value = value.to(old.dtype)
         elif not str(value.dtype).startswith(_NOT_CAST_PREFIXES):
-            from .sizes import _as_dtype
-
             value = value.to(_as_dtype(dtype))
     elif dtype is not None and old.is_floating_point():
-        from .sizes import _as_dtype
-
         old = old.to(_as_dtype(dtype))
 
     with torch.no_grad():
@@ -155,31 +145,3 @@ def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
         return tensor.device, storage.data_ptr(), storage.nbytes()
     except (NotImplementedError, RuntimeError):
         return tensor.device, 0, tensor.numel() * tensor.element_size()
-
-
-def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Return the full state dict of ``model`` on the CPU, reading offloaded (hooked) weights back from their maps."""
-    from .offload import align_module_device, has_offloaded_params
-
-    state: dict[str, torch.Tensor] = {}
-    for name, sub in model.named_modules():
-        own = list(sub._parameters.items()) + [
-            (k, v) for k, v in sub._buffers.items() if k not in sub._non_persistent_buffers_set
-        ]
-        if not any(t is not None for _, t in own):
-            continue
-        prefix = f"{name}." if name else ""
-        if has_offloaded_params(sub):
-            with align_module_device(sub, torch.device("cpu")):
-                for key, tensor in sub.state_dict(keep_vars=False).items():
-                    if "." not in key:
-                        state[prefix + key] = tensor.detach().clone()
-        else:
-            for key, tensor in own:
-                if tensor is not None:
-                    if tensor.device.type == "meta":
-                        raise ValueError(
-                            f"{prefix + key} is on the meta device and has no offloaded copy to read."
-                        )
-                    state[prefix + key] = tensor.detach().to("cpu")
-    return state

@@ -1,8 +1,9 @@
-"""AlignDevicesHook: inputs and weights on the execution device for the forward, offloaded after.
+"""Hooks that place weights: AlignDevicesHook (inputs and weights on the execution device for the
+forward, offloaded after), LayerwiseCastingHook, and the whole-model CpuOffload with its user handle.
 
-Kept apart from ``hooks.py`` (the hook protocol and the attach helpers) because it carries the
-offload machinery: the per-tensor "slots" resolved once at ``init_hook``, the load/offload fast
-path, the tie-aware fetch, telemetry and the hand-off to the prefetcher.
+AlignDevicesHook carries the offload machinery: the per-tensor "slots" resolved once at
+``init_hook``, the load/offload fast path, the tie-aware fetch, telemetry (one flag test when no
+one listens) and the hand-off to the prefetcher.
 """
 
 from __future__ import annotations
@@ -14,29 +15,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import telemetry
-from ._hooks_base import ModelHook
-from .utils.offload import _source_of
+from ..utils.devices import device_label, torch_device
+from ..utils.offload import weights_source
+from . import events
+from .base import ModelHook, remove_hook_from_module
+
+__all__ = ["AlignDevicesHook", "CpuOffload", "LayerwiseCastingHook", "UserCpuOffloadHook"]
 
 _META = torch.device("meta")
 _CPU = torch.device("cpu")
 
 
-def _as_device(device: Any) -> torch.device | None:
-    """Return ``device`` as a ``torch.device`` (an int means that CUDA index)."""
-    if device is None or isinstance(device, torch.device):
-        return device
-    if isinstance(device, int):
-        return torch.device("cuda", device)
-    if device == "disk":
-        raise ValueError("'disk' is not an execution device: weights on disk run on 'cpu' or a GPU")
-    return torch.device(device)
-
-
-def _device_str(device: torch.device | None) -> str:
-    if device is None:
-        return "cpu"
-    return "cuda:0" if device.type == "cuda" and device.index is None else str(device)
+def _exec_label(device: torch.device | None) -> str:
+    """Return the label of a hook's execution device (a hook without one runs where its weights are: the CPU)."""
+    return "cpu" if device is None else device_label(device)
 
 
 def _move(obj: Any, device: torch.device, skip_keys: Any = None, non_blocking: bool = False) -> Any:
@@ -215,7 +207,7 @@ class AlignDevicesHook(ModelHook):
 
     @execution_device.setter
     def execution_device(self, value: Any) -> None:
-        self._device = _as_device(value)
+        self._device = None if value is None else torch_device(value)
         self._execution_device = value
 
     def __repr__(self) -> str:
@@ -244,7 +236,7 @@ class AlignDevicesHook(ModelHook):
                 "weights_map/state_dict holding every offloaded parameter (names relative to the module)."
             )
         self._slots = [_Slot(module, name, t, is_param) for name, t, is_param in tensors]
-        self._sources = {s.name: _source_of(self.weights_map, s.name) for s in self._slots}
+        self._sources = {s.name: weights_source(self.weights_map, s.name) for s in self._slots}
         for slot in self._slots:
             slot.release()
         self._loaded = False
@@ -256,7 +248,7 @@ class AlignDevicesHook(ModelHook):
         return module
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
-        if telemetry._ACTIVE:
+        if events._ACTIVE:
             self._t_forward = time.perf_counter()
         if self.io_same_device:
             self.input_device = _find_tensor_device([args, kwargs])
@@ -275,14 +267,14 @@ class AlignDevicesHook(ModelHook):
             self._offload(module)
         if self.io_same_device and self.input_device is not None:
             output = _move(output, self.input_device, self.skip_keys)
-        if telemetry._ACTIVE and self._t_forward:
+        if events._ACTIVE and self._t_forward:
             now = time.perf_counter()
-            telemetry.emit(
-                telemetry.HookEvent(
+            events.emit(
+                events.HookEvent(
                     "forward",
                     self.module_name,
-                    _device_str(self._device),
-                    _device_str(self._device),
+                    _exec_label(self._device),
+                    _exec_label(self._device),
                     sum(s.nbytes for s in self._slots),
                     now - self._t_forward,
                     now,
@@ -360,7 +352,7 @@ class AlignDevicesHook(ModelHook):
     def _load(self, module: nn.Module) -> None:
         if self._loaded:
             return
-        active = telemetry._ACTIVE
+        active = events._ACTIVE
         t0 = time.perf_counter() if active else 0.0
         values = None
         prefetcher = self._prefetcher
@@ -381,7 +373,7 @@ class AlignDevicesHook(ModelHook):
     def _offload(self, module: nn.Module) -> None:
         if not self._loaded:
             return
-        active = telemetry._ACTIVE
+        active = events._ACTIVE
         t0 = time.perf_counter() if active else 0.0
         for slot in self._slots:
             slot.release()
@@ -399,10 +391,10 @@ class AlignDevicesHook(ModelHook):
         for slot in self._slots:
             source = self._sources.get(slot.name, "cpu")
             by_source[source] = by_source.get(source, 0) + slot.nbytes
-        device = _device_str(self._device)
+        device = _exec_label(self._device)
         for source, nbytes in by_source.items():
-            telemetry.emit(
-                telemetry.HookEvent(kind, self.module_name, device, source, nbytes, seconds, now, prefetched)
+            events.emit(
+                events.HookEvent(kind, self.module_name, device, source, nbytes, seconds, now, prefetched)
             )
 
     def _storage_of(self, module: nn.Module, name: str, tensor: torch.Tensor) -> tuple[str, int]:
@@ -411,4 +403,80 @@ class AlignDevicesHook(ModelHook):
         for slot in self._slots:
             if slot.module is module and slot.attr == name:
                 return self._sources.get(slot.name, "cpu"), nbytes
-        return _device_str(tensor.device), nbytes
+        return device_label(tensor.device), nbytes
+
+
+class LayerwiseCastingHook(ModelHook):
+    """Keep a module's weights in ``storage_dtype`` and cast them to ``compute_dtype`` for each forward."""
+
+    _is_stateful = False
+
+    def __init__(self, storage_dtype: torch.dtype, compute_dtype: torch.dtype, non_blocking: bool) -> None:
+        for label, dtype in (("storage_dtype", storage_dtype), ("compute_dtype", compute_dtype)):
+            if not isinstance(dtype, torch.dtype):
+                raise TypeError(f"LayerwiseCastingHook {label} must be a torch.dtype, got {dtype!r}")
+        self.storage_dtype = storage_dtype
+        self.compute_dtype = compute_dtype
+        self.non_blocking = non_blocking
+
+    def init_hook(self, module: nn.Module) -> nn.Module:
+        return module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
+
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+        module.to(dtype=self.compute_dtype, non_blocking=self.non_blocking)
+        return args, kwargs
+
+    def post_forward(self, module: nn.Module, output: Any) -> Any:
+        module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
+        return output
+
+
+def _default_execution_device() -> torch.device:
+    """Return MPS if available, else GPU 0 if there is one, else the CPU (without initialising CUDA)."""
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    if torch.cuda.device_count() > 0:
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+class CpuOffload(ModelHook):
+    """Move a whole model to ``execution_device`` at its forward; it stays there until offloaded again.
+
+    With ``prev_module_hook`` (a :class:`UserCpuOffloadHook`), that previous model is offloaded to
+    the CPU just before this one runs.
+    """
+
+    def __init__(
+        self, execution_device: Any = None, prev_module_hook: UserCpuOffloadHook | None = None
+    ) -> None:
+        self.prev_module_hook = prev_module_hook
+        if execution_device is None:
+            self.execution_device = _default_execution_device()
+        else:
+            self.execution_device = torch_device(execution_device)
+
+    def init_hook(self, module: nn.Module) -> nn.Module:
+        return module.to("cpu")
+
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+        if self.prev_module_hook is not None:
+            self.prev_module_hook.offload()
+        module.to(self.execution_device)
+        return _move(args, self.execution_device), _move(kwargs, self.execution_device)
+
+
+class UserCpuOffloadHook:
+    """Handle returned by ``cpu_offload_with_hook``: ``offload()`` sends the model back to the CPU, ``remove()`` unhooks it."""
+
+    def __init__(self, model: nn.Module, hook: ModelHook) -> None:
+        self.model = model
+        self.hook = hook
+
+    def offload(self) -> None:
+        """Move the model back to the CPU (it returns to the execution device at its next forward)."""
+        self.hook.init_hook(self.model)
+
+    def remove(self) -> None:
+        """Detach the hook from the model; the model stays where it is."""
+        remove_hook_from_module(self.model)

@@ -1,0 +1,49 @@
+"""Forward hooks that see args and kwargs, and the device hooks that run big models.
+
+The package, bottom up (each module imports only those above it in this list, and ``utils``):
+
+- ``events``: the telemetry bus (a leaf; published as ``notebook_accel.telemetry``);
+- ``base``: the hook protocol (:class:`ModelHook`, :class:`SequentialHook`) and putting a hook on a
+  module or taking it off (:func:`add_hook_to_module`, :func:`remove_hook_from_module`);
+- ``align``: hooks that place weights (:class:`AlignDevicesHook`, :class:`LayerwiseCastingHook`,
+  :class:`CpuOffload` and its :class:`UserCpuOffloadHook` handle);
+- ``offloaded``: questions about offloaded weights (``has_offloaded_params``,
+  ``align_module_device``, ``get_state_dict_offloaded_model``, ``weight_placement``);
+- ``prefetch``: the background loader of the next offloaded block;
+- ``attach``: hooking a whole model (``attach_*``).
+
+``big_modeling`` (``cpu_offload``, ``dispatch_model``...) builds on this package.
+"""
+
+from __future__ import annotations
+
+from .align import AlignDevicesHook, CpuOffload, LayerwiseCastingHook, UserCpuOffloadHook
+from .attach import (
+    attach_align_device_hook,
+    attach_align_device_hook_on_blocks,
+    attach_execution_device_hook,
+    attach_layerwise_casting_hooks,
+)
+from .base import (
+    ModelHook,
+    SequentialHook,
+    add_hook_to_module,
+    remove_hook_from_module,
+    remove_hook_from_submodules,
+)
+
+__all__ = [
+    "ModelHook",
+    "SequentialHook",
+    "AlignDevicesHook",
+    "LayerwiseCastingHook",
+    "UserCpuOffloadHook",
+    "CpuOffload",
+    "add_hook_to_module",
+    "remove_hook_from_module",
+    "remove_hook_from_submodules",
+    "attach_execution_device_hook",
+    "attach_align_device_hook",
+    "attach_align_device_hook_on_blocks",
+    "attach_layerwise_casting_hooks",
+]
