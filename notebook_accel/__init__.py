@@ -41,6 +41,9 @@ _TABLE: dict[str, str] = {
     "FullyShardedDataParallelPlugin": ".utils",
     "find_executable_batch_size": ".utils",
     "synchronize_rng_states": ".utils",
+    # libraries that import `accelerate` by name run on us
+    "install_as_accelerate": ".utils._accelerate_alias",
+    "uninstall_as_accelerate": ".utils._accelerate_alias",
 }
 
 __all__ = sorted(_TABLE) + ["__version__"]

@@ -11,6 +11,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from ..utils._accelerate_alias import alias_worker_env
 from ..utils.environment import parse_flag_from_env
 from .ports import check_master_addr, parse_port
 
@@ -148,6 +149,7 @@ class LaunchPlan:
             "GROUP_RANK": str(self.node_rank),
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
+            **alias_worker_env(),
             **self.env,
         }
 

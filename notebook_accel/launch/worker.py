@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..utils._accelerate_alias import reinstall_from_env
+
 __all__ = ["WorkerSpec", "to_cpu", "worker_main"]
 
 
@@ -152,6 +154,8 @@ def worker_main(spec: WorkerSpec, out_fd: int, err_fd: int, result_fd: int) -> N
         os.environ.update(spec.env)
         message: tuple
         try:
+            # Before unpickling: a spawned worker's function may refer to `accelerate` modules.
+            reinstall_from_env()
             function, args = (
                 (spec.function, spec.args) if spec.payload is None else pickle.loads(spec.payload)
             )
