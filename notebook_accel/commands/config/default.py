@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from ...utils import imports as _imports
 from ...utils.config_file import write_basic_config
 from .config_args import ClusterConfig, default_json_config_file
 from .config_utils import SubcommandHelpFormatter
@@ -22,6 +23,16 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 description = "Create a default config file for Accelerate with only a few flags set."
+
+# Accelerate's module re-exports the device probes it uses (is_xpu_available, is_npu_available, ...);
+# they are served from utils.imports, the one home of those probes.
+_PROBES = ("hpu", "mlu", "musa", "neuron", "npu", "sdaa", "xpu")
+
+
+def __getattr__(name: str):
+    if name.startswith("is_") and name.endswith("_available") and name[3:-10] in _PROBES:
+        return getattr(_imports, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def default_command_parser(parser, parents):
