@@ -179,6 +179,64 @@ _add(".random", "set_seed", "synchronize_rng_state", "synchronize_rng_states")
 # XLA and quantization
 _add(".torch_xla", "install_xla")
 _add(".bnb", "load_and_quantize_model")
+# Accelerate 1.15 names (issue 12)
+_add(
+    ".constants",
+    "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION",
+    "PROFILE_PATTERN_NAME",
+    "TORCH_DISTRIBUTED_OPERATION_TYPES",
+    "TORCH_LAUNCH_PARAMS",
+    "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION",
+)
+_add(".enums", "CustomDtype", "DDPCommunicationHookType")
+_add(
+    ".imports",
+    "deepspeed_required",
+    "is_fp16_available",
+    "is_fp8_available",
+    "is_habana_gaudi1",
+    "is_hpu_available",
+    "is_mlu_available",
+    "is_musa_available",
+    "is_neuron_available",
+    "is_rocm_available",
+    "is_sdaa_available",
+    "is_weights_only_available",
+    "is_xccl_available",
+    "torchao_required",
+)
+_add(".operations", "TensorInformation", "is_torch_tensor")
+_add(
+    ".package_checks",
+    "is_4bit_bnb_available",
+    "is_8bit_bnb_available",
+    "is_amdsmi_available",
+    "is_bitsandbytes_multi_backend_available",
+    "is_boto3_available",
+    "is_datasets_available",
+    "is_import_timer_available",
+    "is_lomo_available",
+    "is_matplotlib_available",
+    "is_pandas_available",
+    "is_peft_available",
+    "is_pippy_available",
+    "is_pynvml_available",
+    "is_pytest_available",
+    "is_rich_available",
+    "is_sagemaker_available",
+    "is_schedulefree_available",
+    "is_swanlab_available",
+    "is_timm_available",
+    "is_torchao_available",
+    "is_torchdata_available",
+    "is_torchdata_stateful_dataloader_available",
+    "is_torchvision_available",
+    "is_trackio_available",
+    "is_transformer_engine_mxfp8_available",
+    "is_transformers_available",
+    "is_triton_available",
+)
+_add(".versions", "compare_versions")
 
 __all__ = sorted(_TABLE)
 __getattr__, __dir__ = attach(__name__, _TABLE)

@@ -11,8 +11,12 @@ import enum
 __all__ = [
     "BaseEnum",
     "ComputeEnvironment",
+    "CustomDtype",
+    "DDPCommunicationHookType",
     "DistributedType",
     "DynamoBackend",
+    "EnumWithContains",
+    "FP8BackendType",
     "LoggerType",
     "PrecisionType",
     "RNGType",
@@ -20,7 +24,7 @@ __all__ = [
 ]
 
 
-class _ContainsValue(enum.EnumMeta):
+class EnumWithContains(enum.EnumMeta):
     """Metaclass letting ``"fp16" in PrecisionType`` test values as well as members."""
 
     def __contains__(cls, item: object) -> bool:
@@ -29,7 +33,7 @@ class _ContainsValue(enum.EnumMeta):
         return any(item == member.value for member in cls)
 
 
-class BaseEnum(str, enum.Enum, metaclass=_ContainsValue):
+class BaseEnum(str, enum.Enum, metaclass=EnumWithContains):
     """String enum whose ``str()`` is its value."""
 
     def __str__(self) -> str:
@@ -65,6 +69,7 @@ class DistributedType(BaseEnum):
     MULTI_MUSA = "MULTI_MUSA"
     MULTI_HPU = "MULTI_HPU"
     MULTI_XPU = "MULTI_XPU"
+    MULTI_NEURON = "MULTI_NEURON"
     DEEPSPEED = "DEEPSPEED"
     FSDP = "FSDP"
     TP = "TP"
@@ -101,6 +106,7 @@ class DynamoBackend(BaseEnum):
     IPEX = "IPEX"
     TVM = "TVM"
     HPU_BACKEND = "HPU_BACKEND"
+    NEURON = "NEURON"
 
 
 class LoggerType(BaseEnum):
@@ -139,4 +145,32 @@ class RNGType(BaseEnum):
     HPU = "hpu"
     XLA = "xla"
     XPU = "xpu"
+    NEURON = "neuron"
     GENERATOR = "generator"
+
+
+class CustomDtype(enum.Enum):
+    """Sub-byte and fp8 weight types ``infer_auto_device_map`` can size (``dtype_byte_size`` knows them)."""
+
+    FP8 = "fp8"
+    INT4 = "int4"
+    INT2 = "int2"
+
+
+class DDPCommunicationHookType(BaseEnum):
+    """A DDP communication hook: none, fp16/bf16 gradient compression, or (batched) PowerSGD."""
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+
+class FP8BackendType(str, enum.Enum, metaclass=EnumWithContains):
+    """The library behind fp8 training: ``TE`` (TransformerEngine), ``MSAMP``, ``AO`` (torchao) or ``NO``."""
+
+    NO = "NO"
+    TE = "TE"
+    MSAMP = "MSAMP"
+    AO = "AO"

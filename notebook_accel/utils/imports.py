@@ -10,87 +10,140 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import importlib
 import importlib.metadata
-import importlib.util
 import logging
-import operator
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
-from .environment import parse_flag_from_env
+from .environment import parse_flag_from_env, patch_environment, str_to_bool
+from .package_checks import (
+    is_4bit_bnb_available,
+    is_8bit_bnb_available,
+    is_aim_available,
+    is_amdsmi_available,
+    is_bitsandbytes_multi_backend_available,
+    is_bnb_available,
+    is_boto3_available,
+    is_clearml_available,
+    is_comet_ml_available,
+    is_datasets_available,
+    is_deepspeed_available,
+    is_dvclive_available,
+    is_import_timer_available,
+    is_ipython_available,
+    is_lomo_available,
+    is_matplotlib_available,
+    is_megatron_lm_available,
+    is_mlflow_available,
+    is_msamp_available,
+    is_numpy_available,
+    is_package_available,
+    is_pandas_available,
+    is_peft_available,
+    is_pippy_available,
+    is_pynvml_available,
+    is_pytest_available,
+    is_rich_available,
+    is_safetensors_available,
+    is_sagemaker_available,
+    is_schedulefree_available,
+    is_swanlab_available,
+    is_tensorboard_available,
+    is_timm_available,
+    is_torchao_available,
+    is_torchdata_available,
+    is_torchdata_stateful_dataloader_available,
+    is_torchvision_available,
+    is_tqdm_available,
+    is_trackio_available,
+    is_transformer_engine_available,
+    is_transformer_engine_mxfp8_available,
+    is_transformers_available,
+    is_triton_available,
+    is_wandb_available,
+)
+from .versions import compare_versions, is_torch_version
 
 __all__ = [
+    "USE_TORCH_XLA",
+    "compare_versions",
     "cuda_device_count",
+    "deepspeed_required",
+    "is_4bit_bnb_available",
+    "is_8bit_bnb_available",
     "is_aim_available",
+    "is_amdsmi_available",
     "is_bf16_available",
+    "is_bitsandbytes_multi_backend_available",
     "is_bnb_available",
+    "is_boto3_available",
     "is_clearml_available",
     "is_comet_ml_available",
     "is_cuda_available",
+    "is_datasets_available",
     "is_deepspeed_available",
     "is_dvclive_available",
+    "is_fp16_available",
+    "is_fp8_available",
+    "is_habana_gaudi1",
+    "is_hpu_available",
+    "is_import_timer_available",
     "is_ipex_available",
     "is_ipython_available",
+    "is_lomo_available",
+    "is_matplotlib_available",
     "is_megatron_lm_available",
     "is_mlflow_available",
+    "is_mlu_available",
     "is_mps_available",
     "is_msamp_available",
+    "is_musa_available",
+    "is_neuron_available",
     "is_npu_available",
+    "is_numpy_available",
     "is_package_available",
+    "is_pandas_available",
+    "is_peft_available",
+    "is_pippy_available",
+    "is_pynvml_available",
+    "is_pytest_available",
+    "is_rich_available",
+    "is_rocm_available",
     "is_safetensors_available",
+    "is_sagemaker_available",
+    "is_schedulefree_available",
+    "is_sdaa_available",
+    "is_swanlab_available",
     "is_tensorboard_available",
+    "is_timm_available",
+    "is_torch_distributed_available",
     "is_torch_version",
     "is_torch_xla_available",
+    "is_torchao_available",
+    "is_torchdata_available",
+    "is_torchdata_stateful_dataloader_available",
+    "is_torchvision_available",
     "is_tpu_available",
     "is_tqdm_available",
+    "is_trackio_available",
     "is_transformer_engine_available",
+    "is_transformer_engine_mxfp8_available",
+    "is_transformers_available",
+    "is_triton_available",
     "is_wandb_available",
+    "is_weights_only_available",
+    "is_xccl_available",
     "is_xpu_available",
+    "parse_flag_from_env",
+    "patch_environment",
+    "str_to_bool",
+    "torchao_required",
 ]
 
 logger = logging.getLogger(__name__)
-
-_OPERATIONS = {
-    ">": operator.gt,
-    ">=": operator.ge,
-    "==": operator.eq,
-    "!=": operator.ne,
-    "<=": operator.le,
-    "<": operator.lt,
-}
-
-
-@functools.cache
-def is_package_available(name: str, distribution: str | None = None) -> bool:
-    """Return True when module ``name`` can be imported (and ``distribution`` is installed, if given)."""
-    try:
-        if importlib.util.find_spec(name) is None:
-            return False
-    except (ImportError, ValueError):
-        # find_spec raises for a dotted name whose parent is missing, or a half-installed module.
-        return False
-    if distribution is not None:
-        try:
-            importlib.metadata.version(distribution)
-        except importlib.metadata.PackageNotFoundError:
-            return False
-    return True
-
-
-def is_torch_version(operation: str, version: str) -> bool:
-    """Return whether the installed torch version compares to ``version`` with ``operation``.
-
-    ``operation`` is one of ``>``, ``>=``, ``==``, ``!=``, ``<=``, ``<``; ``version`` like ``"2.1.0"``.
-    """
-    if operation not in _OPERATIONS:
-        raise ValueError(f"operation {operation!r} is not a comparison: use one of {list(_OPERATIONS)}")
-    from torch.torch_version import TorchVersion
-
-    # TorchVersion compares PEP 440 style against plain strings ("2.13.0+cpu" >= "2.1").
-    return _OPERATIONS[operation](TorchVersion(torch.__version__), version)
-
 
 # ---------------------------------------------------------------------------------------------
 # devices
@@ -215,10 +268,13 @@ def is_bf16_available(ignore_tpu: bool = False) -> bool:
     return True
 
 
-def is_mps_available() -> bool:
-    """Return whether Apple's MPS backend is built and usable."""
+def is_mps_available(min_version: str = "1.12") -> bool:
+    """Return whether Apple's MPS backend is built and usable with torch ``min_version`` or newer."""
     return (
-        hasattr(torch.backends, "mps") and torch.backends.mps.is_available() and torch.backends.mps.is_built()
+        is_torch_version(">=", min_version)
+        and hasattr(torch.backends, "mps")
+        and torch.backends.mps.is_available()
+        and torch.backends.mps.is_built()
     )
 
 
@@ -310,80 +366,129 @@ def is_xpu_available(check_device: bool = False) -> bool:
     return torch.xpu.is_available()
 
 
-# ---------------------------------------------------------------------------------------------
-# optional packages
+# Accelerate reads this once at import: ``USE_TORCH_XLA=0`` hides torch_xla from every check.
+USE_TORCH_XLA = parse_flag_from_env("USE_TORCH_XLA", default=True)
 
 
-def is_safetensors_available() -> bool:
-    """Return whether ``safetensors`` is installed."""
-    return is_package_available("safetensors")
+def _vendor_device(module: str, attribute: str, check_device: bool) -> bool:
+    """Return whether vendor plugin ``module`` is installed and ``torch.<attribute>`` reports a device."""
+    if not is_package_available(module):
+        return False
+    importlib.import_module(module)  # registers torch.<attribute>
+    backend = getattr(torch, attribute, None)
+    if backend is None:
+        return False
+    if check_device:
+        try:
+            backend.device_count()
+        except RuntimeError:
+            return False
+    return bool(backend.is_available())
 
 
-def is_tqdm_available() -> bool:
-    """Return whether ``tqdm`` is installed."""
-    return is_package_available("tqdm")
+def is_mlu_available(check_device: bool = False) -> bool:
+    """Return whether a Cambricon MLU is usable (``torch_mlu`` installed, ``torch.mlu`` has a device)."""
+    return _vendor_device("torch_mlu", "mlu", check_device)
 
 
-def is_ipython_available() -> bool:
-    """Return whether ``IPython`` is installed."""
-    return is_package_available("IPython")
+def is_musa_available(check_device: bool = False) -> bool:
+    """Return whether a Moore Threads MUSA device is usable (``torch_musa``)."""
+    return _vendor_device("torch_musa", "musa", check_device)
 
 
-def is_bnb_available() -> bool:
-    """Return whether ``bitsandbytes`` is installed."""
-    return is_package_available("bitsandbytes")
+def is_sdaa_available(check_device: bool = False) -> bool:
+    """Return whether a Tecorigin SDAA device is usable (``torch_sdaa``)."""
+    return _vendor_device("torch_sdaa", "sdaa", check_device)
 
 
-def is_deepspeed_available() -> bool:
-    """Return whether ``deepspeed`` is installed."""
-    return is_package_available("deepspeed", "deepspeed")
+def is_neuron_available(check_device: bool = False) -> bool:
+    """Return whether an AWS Neuron device is usable (``torch_neuronx``)."""
+    return _vendor_device("torch_neuronx", "neuron", check_device)
 
 
-def is_megatron_lm_available() -> bool:
-    """Return whether Megatron-LM (``megatron.core``) is installed."""
-    return is_package_available("megatron") and is_package_available("megatron.core")
+def is_hpu_available(init_hccl: bool = False) -> bool:
+    """Return whether ``habana_frameworks`` is installed and an HPU (Intel Gaudi) is present.
+
+    With ``init_hccl`` the HCCL collectives are loaded too, so a process group can use them.
+    """
+    if not is_package_available("habana_frameworks"):
+        return False
+    import habana_frameworks.torch  # noqa: F401  (registers torch.hpu)
+
+    if init_hccl:
+        import habana_frameworks.torch.distributed.hccl  # noqa: F401
+    return hasattr(torch, "hpu") and bool(torch.hpu.is_available())
 
 
-def is_transformer_engine_available() -> bool:
-    """Return whether NVIDIA ``transformer_engine`` is installed."""
-    return is_package_available("transformer_engine")
+def is_habana_gaudi1() -> bool:
+    """Return whether the HPU here is a first-generation Gaudi (no fp8, no fp16 there)."""
+    if not is_hpu_available():
+        return False
+    import habana_frameworks.torch.utils.experimental as htexp
+
+    return htexp._get_device_type() == htexp.synDeviceType.synDeviceGaudi
 
 
-def is_msamp_available() -> bool:
-    """Return whether Microsoft ``msamp`` (MS-AMP) is installed."""
-    return is_package_available("msamp")
+def is_rocm_available() -> bool:
+    """Return whether this torch is a ROCm (AMD HIP) build."""
+    return getattr(torch.version, "hip", None) is not None
 
 
-def is_tensorboard_available() -> bool:
-    """Return whether TensorBoard logging is possible (``tensorboard`` or ``tensorboardX``)."""
-    return is_package_available("tensorboard") or is_package_available("tensorboardX")
+def is_xccl_available() -> bool:
+    """Return whether torch.distributed has the XCCL backend (Intel GPUs)."""
+    check = getattr(torch.distributed, "is_xccl_available", None)
+    return bool(check is not None and check())
 
 
-def is_wandb_available() -> bool:
-    """Return whether ``wandb`` is installed."""
-    return is_package_available("wandb")
+def is_torch_distributed_available() -> bool:
+    """Return whether this torch build has ``torch.distributed``."""
+    return torch.distributed.is_available()
 
 
-def is_comet_ml_available() -> bool:
-    """Return whether ``comet_ml`` is installed."""
-    return is_package_available("comet_ml")
+def is_weights_only_available() -> bool:
+    """Return whether ``torch.load(weights_only=True)`` takes an allowlist (``add_safe_globals``)."""
+    return hasattr(torch.serialization, "add_safe_globals")
 
 
-def is_mlflow_available() -> bool:
-    """Return whether ``mlflow`` is installed."""
-    return is_package_available("mlflow")
+def is_fp16_available() -> bool:
+    """Return whether fp16 mixed precision is supported here (everywhere but first-generation Gaudi)."""
+    return not is_habana_gaudi1()
 
 
-def is_aim_available() -> bool:
-    """Return whether ``aim`` is installed."""
-    return is_package_available("aim")
+def is_fp8_available() -> bool:
+    """Return whether fp8 is supported: a CUDA device of compute capability 8.9 or newer, or a Gaudi 2+ HPU."""
+    if is_hpu_available():
+        return not is_habana_gaudi1()
+    if is_cuda_available():
+        capability = _nvml_compute_capability(0)
+        return capability is not None and capability >= (8, 9)
+    return False
 
 
-def is_clearml_available() -> bool:
-    """Return whether ``clearml`` is installed."""
-    return is_package_available("clearml")
+def deepspeed_required(func: Callable) -> Callable:
+    """Return ``func`` wrapped to raise unless DeepSpeed is installed and enabled for this run."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        if not is_deepspeed_available():
+            raise ImportError(f"{func.__qualname__} needs DeepSpeed: pip install deepspeed")
+        if not parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"):
+            raise ValueError(
+                f"{func.__qualname__} only runs when DeepSpeed is enabled: pass "
+                "Accelerator(deepspeed_plugin=DeepSpeedPlugin(...)) or set ACCELERATE_USE_DEEPSPEED=true"
+            )
+        return func(*args, **kwargs)
+
+    return wrapper
 
 
-def is_dvclive_available() -> bool:
-    """Return whether ``dvclive`` is installed."""
-    return is_package_available("dvclive")
+def torchao_required(func: Callable) -> Callable:
+    """Return ``func`` wrapped to raise ImportError unless ``torchao`` is installed."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        if not is_torchao_available():
+            raise ImportError(f"{func.__qualname__} needs torchao: pip install torchao")
+        return func(*args, **kwargs)
+
+    return wrapper

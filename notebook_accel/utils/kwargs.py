@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from ._validation import choice
+from .enums import DDPCommunicationHookType
 
 __all__ = [
     "AutocastKwargs",
@@ -84,9 +85,9 @@ class DistributedDataParallelKwargs(KwargsHandler):
     check_reduction: bool = False
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
-    comm_hook: str = "no"
+    comm_hook: DDPCommunicationHookType = DDPCommunicationHookType.NO
     """Gradient communication hook: one of "no", "fp16", "bf16", "power_sgd", "batched_power_sgd"."""
-    comm_wrapper: str = "no"
+    comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
     """Compression wrapper around a PowerSGD hook: "no", "fp16" or "bf16"."""
     comm_state_option: dict = field(default_factory=dict)
     """Options for the PowerSGD state (e.g. ``{"matrix_approximation_rank": 2}``)."""
@@ -98,6 +99,9 @@ class DistributedDataParallelKwargs(KwargsHandler):
         self.comm_wrapper = str(self.comm_wrapper).lower()
         choice("DistributedDataParallelKwargs", "comm_hook", self.comm_hook, _COMM_HOOKS)
         choice("DistributedDataParallelKwargs", "comm_wrapper", self.comm_wrapper, _COMM_WRAPPERS)
+        # Plain strings are accepted; stored as the enum (a str subclass, so "no" == comm_hook holds).
+        self.comm_hook = DDPCommunicationHookType(self.comm_hook)
+        self.comm_wrapper = DDPCommunicationHookType(self.comm_wrapper)
         if self.comm_wrapper != "no" and self.comm_hook not in ("power_sgd", "batched_power_sgd"):
             raise ValueError(
                 f"DistributedDataParallelKwargs: comm_wrapper={self.comm_wrapper!r} wraps a PowerSGD hook; "
@@ -180,7 +184,8 @@ class InitProcessGroupKwargs(KwargsHandler):
 
     backend: str | None = "nccl"
     init_method: str | None = None
-    timeout: timedelta = timedelta(seconds=1800)
+    timeout: timedelta | None = None
+    """None leaves torch's default for the backend."""
 
     def __post_init__(self) -> None:
         if self.backend is not None:

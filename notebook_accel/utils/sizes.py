@@ -10,6 +10,8 @@ from typing import Union
 import torch
 from torch import nn
 
+from .enums import CustomDtype
+
 __all__ = [
     "calculate_maximum_sizes",
     "compute_module_sizes",
@@ -69,8 +71,17 @@ def _as_dtype(dtype: Union[str, torch.dtype]) -> torch.dtype:
     raise ValueError(f"{dtype!r} is not a torch dtype; pass e.g. torch.float16 or 'float16'.")
 
 
-def dtype_byte_size(dtype: Union[str, torch.dtype]) -> float:
-    """Return the number of bytes one element of ``dtype`` takes (``torch.bool`` counts 1/8, as in Accelerate)."""
+# Bytes per element of the sub-byte / fp8 weight types (CustomDtype values).
+_CUSTOM_DTYPE_BYTES = {"int4": 0.5, "int2": 0.25, "fp8": 1}
+
+
+def dtype_byte_size(dtype: Union[str, torch.dtype, CustomDtype]) -> float:
+    """Return the number of bytes one element of ``dtype`` takes (``torch.bool`` counts 1/8, as in Accelerate).
+
+    ``CustomDtype.INT4`` / ``INT2`` / ``FP8`` (quantized weights) count 1/2, 1/4 and 1 byte.
+    """
+    if isinstance(dtype, CustomDtype):
+        return _CUSTOM_DTYPE_BYTES[dtype.value]
     dtype = _as_dtype(dtype)
     if dtype == torch.bool:
         return 1 / 8
