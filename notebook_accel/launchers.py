@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from .launch.cell_bars import CellBars
 from .launch.handle import LaunchHandle
 from .launch.output import LogDirSink, OutputLine, PrintSink, format_prefix
 from .launch.plan import LaunchPlan, check_cuda_not_initialised, resolve_plan
@@ -27,6 +28,30 @@ __all__ = ["debug_launcher", "notebook_launcher"]
 logger = logging.getLogger(__name__)
 
 _run_counter = itertools.count()
+_PROGRESS_BARS = ("auto", "main", "all", "text")
+
+
+def _in_kernel() -> bool:
+    """Return True when called in a Jupyter kernel (IPython is imported only if the caller did)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and hasattr(shell, "kernel")
+
+
+def _resolve_bars(progress_bars: str, panel: bool) -> tuple[bool, set[int] | None]:
+    """Return (whether workers send bar events, the ranks shown live: None for all) for ``progress_bars``."""
+    if progress_bars not in _PROGRESS_BARS:
+        raise ValueError(
+            f"progress_bars={progress_bars!r} is not one of {list(_PROGRESS_BARS)}: 'main' shows the main "
+            "process's bars live, 'all' every rank's, 'text' lets tqdm write its usual text"
+        )
+    mode = progress_bars
+    if mode == "auto":
+        # A plain script keeps tqdm's own text; a notebook (or a panel) gets live bars.
+        mode = "main" if panel or _in_kernel() else "text"
+    if mode == "text":
+        return False, None
+    return True, ({0} if mode == "main" else None)
 
 
 def _run_id(rdzv_id: str) -> str:
@@ -96,6 +121,7 @@ def notebook_launcher(
     log_dir: str | os.PathLike | None = None,
     sinks: Sequence[Callable[[OutputLine], None]] | None = None,
     timeout: float | None = None,
+    progress_bars: str = "auto",
 ) -> list[Any] | LaunchHandle:
     """Return each rank's return value (a list indexed by rank) after running ``function(*args)`` on every process.
 
@@ -125,6 +151,11 @@ def notebook_launcher(
             as given, with or without a panel (``[notebook_accel.launch.PrintSink()]`` prints
             next to a panel).
         timeout: seconds after which the workers are stopped and LaunchError is raised.
+        progress_bars: how the workers' tqdm bars show. "main": one live bar per bar of the main
+            process (in the panel, or in the cell), "all": live bars of every rank, "text": tqdm
+            writes its text as in a terminal. In "main" and "all" a rank's output keeps only each
+            bar's final state (one line), and ``print`` output is unchanged. "auto" (default):
+            "main" in a Jupyter kernel or with ``panel=True``, "text" in a plain script.
 
     Raises:
         LaunchError: a rank raised or died; the root cause's rank, pid, type and traceback first.
@@ -137,10 +168,12 @@ def notebook_launcher(
         raise TypeError(f"args must be a tuple of positional arguments; got {type(args).__name__}")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout={timeout!r} must be a positive number of seconds or None")
+    bar_events = _resolve_bars(progress_bars, panel)
     return _launch(
         function, tuple(args), num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
         rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval,
         log_line_prefix_template, block, panel, start_method, log_dir, sinks, timeout, force_cpu=False,
+        bar_events=bar_events,
     )  # fmt: skip
 
 
@@ -148,6 +181,7 @@ def _launch(
     function, args, num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
     rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval,
     log_line_prefix_template, block, panel, start_method, log_dir, sinks, timeout, *, force_cpu,
+    bar_events=(False, None),
 ):  # fmt: skip
     format_prefix(log_line_prefix_template, 0, 0)  # a bad template fails here, not in the reader thread
     plan = resolve_plan(
@@ -200,8 +234,10 @@ def _launch(
 
     handle = LaunchHandle(
         plan, function, args, sinks=out_sinks, timeout=timeout, run_id=run_id, log_files=log_files,
-        on_finish=release,
+        on_finish=release, bar_events=bar_events[0], live_bar_ranks=bar_events[1],
     )  # fmt: skip
+    if bar_events[0] and not panel and _in_kernel():
+        CellBars(handle)  # the bars live in the calling cell, above the printed lines that follow
     try:
         handle._start(threaded=not block)
     except BaseException:

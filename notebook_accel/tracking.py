@@ -2,7 +2,9 @@
 
 One small class per service (TensorBoard, Weights & Biases, Comet ML, Aim, MLflow, ClearML,
 DVCLive, SwanLab, Trackio) over the same :class:`GeneralTracker` interface, plus
-:class:`JSONLinesTracker`, a dependency-free tracker writing one JSON object per ``log`` call.
+:class:`JSONLinesTracker`, a dependency-free tracker writing one JSON object per ``log`` call, and
+:class:`NotebookTracker` (``log_with="notebook"``), which sends the values of a launched run to the
+notebook that launched it (live charts in the launch panel, ``handle.metrics``).
 A tracker whose package is missing raises ImportError naming it; ``"all"`` selects the services
 whose package is installed.
 """
@@ -16,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .utils._worker_channel import send_event
+
 __all__ = [
     "AimTracker",
     "ClearMLTracker",
@@ -24,6 +28,7 @@ __all__ = [
     "GeneralTracker",
     "JSONLinesTracker",
     "MLflowTracker",
+    "NotebookTracker",
     "SwanLabTracker",
     "TensorBoardTracker",
     "TrackioTracker",
@@ -118,6 +123,50 @@ class JSONLinesTracker(GeneralTracker):
 
     def finish(self) -> None:
         self.run.close()
+
+
+class NotebookTracker(GeneralTracker):
+    """Send ``accelerator.log(values, step=...)`` of a launched run to the launching notebook.
+
+    Inside ``notebook_launcher``, each ``log`` call of the main process travels to the kernel as an
+    event: the launch panel draws one chart per metric against ``step`` and the handle keeps every
+    call in ``handle.metrics`` (a list of dicts, ``step`` first; ``handle.metrics_frame()`` for a
+    DataFrame). The tracker keeps the same records in ``tracker.metrics``, which is all it does
+    outside a launch. Chosen by ``log_with="notebook"`` (not a ``LoggerType`` member: that enum stays
+    Accelerate's) or by passing an instance; other trackers work beside it.
+
+    Values are numbers (tensors with one element become floats) or strings; other values are left
+    out of the record. A ``log`` without ``step`` takes the step after the last one.
+    """
+
+    name = "notebook"
+    requires_logging_directory = False
+    main_process_only = True
+
+    def __init__(self, run_name: str = "notebook", **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self.metrics: list[dict[str, Any]] = []
+        self.config: dict[str, Any] = {}
+        self.run = self.metrics
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self.config = dict(values)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        if step is None:
+            step = self.metrics[-1]["step"] + 1 if self.metrics else 0
+        record: dict[str, Any] = {"step": int(step)}
+        for key, value in values.items():
+            value = _plain(value)
+            if isinstance(value, (bool, int, float, str)):
+                record[key] = value
+            else:
+                logger.debug(
+                    "NotebookTracker: %r is a %s, not a number or string; not logged", key, type(value)
+                )
+        self.metrics.append(record)
+        send_event("metrics", record)
 
 
 def _plain(value: Any) -> Any:
@@ -391,6 +440,14 @@ LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
     )
 }
 
+# Trackers chosen by name that are not LoggerType members (the enum keeps Accelerate 1.15's values).
+_EXTRA_TRACKERS: dict[str, type[GeneralTracker]] = {NotebookTracker.name: NotebookTracker}
+
+
+def _tracker_class(name: str) -> type[GeneralTracker] | None:
+    return LOGGER_TYPE_TO_CLASS.get(name) or _EXTRA_TRACKERS.get(name)
+
+
 # package import name of each service, for "all"
 _PACKAGES = {
     "tensorboard": "tensorboard",
@@ -425,16 +482,17 @@ def filter_trackers(log_with: Any, logging_dir: str | os.PathLike | None = None)
         if name == "all":
             chosen.extend(n for n, pkg in _PACKAGES.items() if _installed(pkg) and n not in chosen)
             continue
-        if name not in LOGGER_TYPE_TO_CLASS:
+        cls = _tracker_class(name)
+        if cls is None:
             raise ValueError(
-                f"log_with={item!r} is not a known tracker; choose from {sorted(LOGGER_TYPE_TO_CLASS) + ['all']} "
-                "or pass a GeneralTracker instance"
+                f"log_with={item!r} is not a known tracker; choose from "
+                f"{sorted([*LOGGER_TYPE_TO_CLASS, *_EXTRA_TRACKERS]) + ['all']} or pass a GeneralTracker instance"
             )
         if name in _PACKAGES and not _installed(_PACKAGES[name]):
             raise ImportError(
                 f"log_with={name!r} requires `{_PACKAGES[name]}`: pip install {_PACKAGES[name]}"
             )
-        if LOGGER_TYPE_TO_CLASS[name].requires_logging_directory and logging_dir is None:
+        if cls.requires_logging_directory and logging_dir is None:
             raise ValueError(
                 f"log_with={name!r} writes to a logging directory: pass Accelerator(project_dir=...) "
                 "or ProjectConfiguration(logging_dir=...)"
@@ -467,7 +525,7 @@ def start_trackers(
             item.start()
             trackers.append(item)
             continue
-        cls = LOGGER_TYPE_TO_CLASS[item]
+        cls = _tracker_class(item)
         if cls.main_process_only and not is_main_process:
             continue
         kwargs = dict(init_kwargs.get(item, {}))

@@ -14,7 +14,6 @@ import collections
 import gc
 import logging
 import os
-import pickle
 import selectors
 import signal
 import threading
@@ -25,9 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import LaunchError, RankFailure, order_failures, signal_name
+from .events import BarState, EventHub, FrameDecoder
 from .output import LineSplitter, OutputLine
 from .plan import LaunchPlan
 from .procs import WorkerProcess, start_worker
+from .usage import UsageSampler, apply_usage
 from .worker import WorkerSpec
 
 __all__ = ["LaunchHandle", "RankStatus"]
@@ -51,6 +52,19 @@ class RankStatus:
     ended_at: float | None = None
     exitcode: int | None = None
     last_line: str = ""
+    cpu_percent: float | None = None
+    """CPU % of the worker process (100 = one core), sampled about once a second; at the end its
+    average over the run. None only before the rank started."""
+    rss: int | None = None
+    """Resident memory of the worker process in bytes (the last sample once it ended)."""
+    peak_rss: int | None = None
+    """Highest resident memory seen (bytes), kept after the rank ended."""
+    cuda_allocated: int | None = None
+    """Bytes of CUDA memory held by tensors (None unless the rank initialised CUDA)."""
+    cuda_reserved: int | None = None
+    """Bytes of CUDA memory reserved by the caching allocator."""
+    cuda_peak: int | None = None
+    """Peak of ``cuda_allocated`` (torch.cuda.max_memory_allocated)."""
 
 
 class _Rank:
@@ -62,7 +76,7 @@ class _Rank:
         self.status = RankStatus(rank, None, "starting", time.time())
         self.fds: dict[int, str] = {}  # open parent-side read ends -> "stdout" | "stderr" | "result"
         self.splitters: dict[str, LineSplitter] = {}
-        self.result_bytes = bytearray()
+        self.decoder = FrameDecoder()
         self.result_done = False
         self.exited = False
         self.value: Any = None
@@ -83,6 +97,8 @@ class LaunchHandle:
         run_id: str = "",
         log_files: dict[int, dict[str, str]] | None = None,
         on_finish: Callable[[], None] | None = None,
+        bar_events: bool = False,
+        live_bar_ranks: set[int] | None = None,
     ) -> None:
         self.plan = plan
         self.run_id = run_id
@@ -109,6 +125,9 @@ class LaunchHandle:
         base = plan.node_rank * plan.num_processes
         self._ranks = [_Rank(base + i, i) for i in range(plan.num_processes)]
         self._thread: threading.Thread | None = None
+        self._bar_events = bar_events
+        self._events = EventHub(live_bar_ranks)
+        self._usage = UsageSampler()
 
     # ------------------------------------------------------------------ public API
 
@@ -179,6 +198,40 @@ class LaunchHandle:
 
         return unsubscribe
 
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """Return what ``accelerator.log`` sent through ``NotebookTracker``: one dict per call, ``step`` first.
+
+        The values stay here after the launch ended; ``metrics_frame()`` gives them as a DataFrame.
+        """
+        return self._events.metrics()
+
+    def metrics_frame(self) -> Any:
+        """Return ``metrics`` as a pandas DataFrame indexed by step (needs pandas)."""
+        try:
+            import pandas
+        except ImportError as exc:
+            raise ImportError(
+                "metrics_frame() needs pandas (pip install pandas); handle.metrics is the same data as a list"
+            ) from exc
+        return pandas.DataFrame(self.metrics, columns=None).set_index("step", drop=True)
+
+    def bars(self, rank: int | None = None, live_only: bool = False) -> list[BarState]:
+        """Return the progress bars' last states (of ``rank``); ``live_only``: open bars of the live ranks."""
+        return self._events.bars(rank, live_only)
+
+    @property
+    def live_bar_ranks(self) -> set[int] | None:
+        """Return the ranks whose bars a view shows live (None: all)."""
+        return self._events.live_ranks
+
+    def subscribe_events(self, callback: Callable[[str, int, Any], None]) -> Callable[[], None]:
+        """Call ``callback(kind, rank, state)`` for each bar/metrics/usage event; return the unsubscribe function.
+
+        Called on the supervising thread: the callback must return quickly.
+        """
+        return self._events.subscribe(callback)
+
     def lines(self, rank: int | None = None) -> list[OutputLine]:
         """Return the output lines so far, of one ``rank`` or of all."""
         with self._lock:
@@ -228,6 +281,7 @@ class LaunchHandle:
                     args=self._args,
                     close_fds=tuple(parent_fds),
                     parent_pid=None if plan.start_method == "forkserver" else os.getpid(),
+                    bar_events=self._bar_events,
                 )
                 writes = [pipes[name][1] for name in ("stdout", "stderr", "result")]
                 try:
@@ -237,6 +291,7 @@ class LaunchHandle:
                         os.close(fd)
                 r.status.pid = r.proc.pid
                 r.status.state = "running"
+                self._usage.sample(r.status)
                 for stream in ("stdout", "stderr"):
                     r.splitters[stream] = LineSplitter(r.rank, stream, self._emit)
         except BaseException:
@@ -351,6 +406,11 @@ class LaunchHandle:
                         sel.unregister(r.proc.sentinel)
                     self._on_exit(r)
         self._tick()
+        if self._usage.due(now):
+            with self._lock:
+                for r in self._ranks:
+                    if not r.exited:
+                        self._usage.sample(r.status)
         return False
 
     def _next_wakeup(self, now: float, polling: bool, drain_deadline: float | None) -> float | None:
@@ -397,7 +457,7 @@ class LaunchHandle:
         except BlockingIOError:
             return
         if kind == "result":
-            rank.result_bytes += data
+            self._on_frames(rank, data)
         elif data:
             rank.splitters[kind].feed(data)
         if data:
@@ -411,21 +471,36 @@ class LaunchHandle:
             rank.splitters[kind].close()
         self._maybe_settle(rank)
 
+    def _on_frames(self, rank: _Rank, data: bytes) -> None:
+        try:
+            messages = rank.decoder.feed(data)
+        except Exception as exc:  # a class missing here, or bytes that are not ours
+            messages = [
+                ("err", type(exc).__name__, f"a message of rank {rank.rank} could not be read: {exc}", "")
+            ]
+        for message in messages:
+            if message[0] == "event":
+                self._on_event(rank, message[1], message[2])
+            else:
+                rank.message = message
+
+    def _on_event(self, rank: _Rank, kind: str, payload: dict[str, Any]) -> None:
+        for line in self._events.dispatch(rank.rank, kind, payload):
+            self._emit(line)
+        if kind == "usage":
+            with self._lock:
+                apply_usage(rank.status, payload)
+
     def _on_result(self, rank: _Rank) -> None:
         rank.result_done = True
-        if not rank.result_bytes:
+        for line in self._events.end_rank(rank.rank):
+            self._emit(line)
+        if rank.decoder.pending:
+            # Killed while writing a message: the exit code or signal says what happened.
+            logger.debug("rank %d: %d bytes of a truncated message dropped", rank.rank, rank.decoder.pending)
+        message = rank.message
+        if message is None:
             return
-        try:
-            message = pickle.loads(bytes(rank.result_bytes))
-        except Exception as exc:  # a truncated message (killed while writing) or a class missing here
-            message = (
-                "err",
-                type(exc).__name__,
-                f"the result of rank {rank.rank} could not be read: {exc}",
-                "",
-            )
-        rank.result_bytes = bytearray()
-        rank.message = message
         if message[0] == "ok":
             rank.value = message[1]
         elif message[0] == "err" and not self._user_stopped:
@@ -439,6 +514,7 @@ class LaunchHandle:
         while rank.proc.poll() is None:
             time.sleep(0.001)
         rank.exited = True
+        self._usage.forget(rank.status.pid)
         rank.status.exitcode = rank.proc.exitcode
         rank.status.ended_at = time.time()
         self._maybe_settle(rank)

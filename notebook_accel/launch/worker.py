@@ -3,8 +3,9 @@
 Runs first thing in every worker (forked or spawned). It puts the worker in its own process group
 (so stopping it also stops what it started), points file descriptors 1 and 2 at the parent's pipes
 (so C-level writes and subprocesses are captured too), sets the torchrun environment, forgets any
-state singletons inherited from the parent, then calls the function and writes one message on the
-result pipe: ``("ok", value)`` or ``("err", type, message, traceback)``.
+state singletons inherited from the parent, then calls the function. The result pipe carries framed messages
+(``utils._worker_channel``): events while the function runs (progress bars, metrics, device
+memory), then the result: ``("ok", value)`` or ``("err", type, message, traceback)``.
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ import os
 import pickle
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..utils._accelerate_alias import reinstall_from_env
+from ..utils._worker_channel import close_channel, open_channel, send_event
+from .progress import install_bar_events
+from .usage import final_usage, start_device_reporter
 
 __all__ = ["WorkerSpec", "to_cpu", "worker_main"]
 
@@ -42,6 +47,8 @@ class WorkerSpec:
     """Parent-side descriptors a forked child inherited and must close (other ranks' pipes)."""
     parent_pid: int | None = None
     """The launching process: the worker dies with it (Linux), so a killed kernel leaves no orphans."""
+    bar_events: bool = False
+    """tqdm bars send their state as events (shown live by the launcher) instead of drawing text."""
 
 
 def to_cpu(value: Any) -> Any:
@@ -152,6 +159,11 @@ def worker_main(spec: WorkerSpec, out_fd: int, err_fd: int, result_fd: int) -> N
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _redirect(out_fd, err_fd)
         os.environ.update(spec.env)
+        open_channel(result_fd)
+        started, cpu_started = time.monotonic(), sum(os.times()[:2])
+        stop_reporter = start_device_reporter()
+        if spec.bar_events:
+            install_bar_events()
         message: tuple
         try:
             # Before unpickling: a spawned worker's function may refer to `accelerate` modules.
@@ -182,8 +194,12 @@ def worker_main(spec: WorkerSpec, out_fd: int, err_fd: int, result_fd: int) -> N
             message = ("err", _exc_type_name(exc), str(exc), _format_tb(exc))
             data = pickle.dumps(message)
             code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) and exc.code else 1
-        with os.fdopen(result_fd, "wb", closefd=True) as f:
-            f.write(data)
+        stop_reporter.set()
+        try:
+            send_event("usage", final_usage(started, cpu_started))
+        except Exception:  # figures are a nicety; the result must get through
+            pass
+        close_channel(data)
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
