@@ -159,3 +159,96 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match=r"Unknown rank 5: this launch has ranks \[0, 1\]"):
         panel.lines(5)
     panel.close()
+
+
+def _bar_loop(steps: int) -> int:
+    import time as _time
+
+    from tqdm.auto import tqdm
+
+    for i in tqdm(range(steps), desc="epoch", mininterval=0.01):
+        if i % 250 == 0:
+            print(f"at {i}", flush=True)
+        _time.sleep(0.002)
+    return steps
+
+
+def test_panel_shows_live_bars_of_the_main_process_and_usage_numbers():
+    handle = notebook_launcher(
+        _bar_loop, (1000,), num_processes=2, block=False, sinks=[], progress_bars="main"
+    )
+    panel = LaunchPanel(handle, interval=0.05)
+    panel.widget  # noqa: B018 - build the view
+    seen_running = []
+
+    def running_bar() -> bool:
+        boxes = panel._w_bars.box.children
+        if boxes and not handle.done:
+            progress, label = boxes[0].children
+            seen_running.append((progress.value, progress.max, label.value))
+        return handle.done
+
+    _wait_for(running_bar, timeout=60)
+    assert handle.result() == [1000, 1000]
+    assert any(0 < value < 1000 and top == 1000.0 for value, top, _ in seen_running), seen_running
+    _wait_for(lambda: panel._w_state.description == "succeeded")
+    (box,) = panel._w_bars.box.children  # the main process's bar only: one row
+    progress, label = box.children
+    assert (progress.value, progress.max, progress.bar_style) == (1000.0, 1000.0, "success")
+    assert "[rank 0] epoch: 100%" in label.value and "1000/1000" in label.value
+    assert [b.rank for b in panel.bars()] == [0]
+    # The rank tab: the prints and one final bar line, not a line per redraw.
+    assert panel.lines(1) == ["at 0", "at 250", "at 500", "at 750", panel.lines(1)[-1]]
+    assert "1000/1000" in panel.lines(1)[-1]
+    # CPU % and memory columns hold numbers (the run's average and last figures once it ended).
+    for row in panel.rows():
+        assert row["cpu_percent"] is not None and row["rss"] > 0 and row["peak_rss"] >= row["rss"]
+    status = panel._w_status.value
+    assert status.count("MiB") >= 4 and "peak memory" in status and "CUDA" not in status
+    assert "[rank 0] epoch: 100%" in repr(panel)
+    panel.close()
+
+
+class _FakeStatus:
+    def __init__(self, rank: int, **figures) -> None:  # noqa: ANN003
+        self.rank, self.pid, self.state, self.started_at, self.ended_at = (
+            rank,
+            100 + rank,
+            "running",
+            0.0,
+            None,
+        )
+        self.last_line = ""
+        self.cpu_percent, self.rss, self.peak_rss = 50.0, 2 << 20, 3 << 20
+        self.cuda_allocated = self.cuda_reserved = None
+        self.__dict__.update(figures)
+
+
+class _FakeHandle:
+    """The handle interface of LaunchPanel, with CUDA figures a CPU-only machine cannot produce."""
+
+    num_processes, done, error = 2, False, None
+
+    def __init__(self) -> None:
+        self.rows = [_FakeStatus(0, cuda_allocated=1 << 30, cuda_reserved=2 << 30), _FakeStatus(1)]
+
+    def status(self):  # noqa: ANN201
+        return self.rows
+
+    def subscribe(self, _callback):  # noqa: ANN001, ANN202
+        return lambda: None
+
+    def add_done_callback(self, _fn) -> None:  # noqa: ANN001
+        return None
+
+    def stop(self) -> None:
+        return None
+
+
+def test_cuda_column_shows_when_a_rank_reports_cuda_memory():
+    panel = LaunchPanel(_FakeHandle(), interval=0.05)
+    text = repr(panel)
+    assert "CUDA allocated / reserved" in text and "1.00 GiB / 2.00 GiB" in text
+    assert "- / -" in text  # rank 1 never initialised CUDA
+    assert panel.bars() == [] and panel.chart_data() == {}  # a handle without events: no bars, no chart
+    panel.close()

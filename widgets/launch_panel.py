@@ -1,4 +1,4 @@
-"""LaunchPanel: live status, per-rank output, root-cause error and a Stop button for a launch."""
+"""LaunchPanel: live status, progress bars, metric charts, per-rank output, root-cause error and Stop for a launch."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import time
 from typing import Any
 
 from ._base import _badge, _fmt_bytes, _Panel, _table, _text_table, _Throttle
+from ._charts import png_img_tag
+from ._metrics_chart import metric_series, metrics_png
+from ._progress import _BarRows, bar_label
 
 __all__ = ["LaunchPanel"]
 
@@ -20,10 +23,12 @@ _STATE_STYLE = {
     "stopped": "warning",
 }
 _SHOWN_LINES = 500  # lines rendered per tab: the browser redraws the whole text on each update
+_KEPT_BARS = 3  # finished bars (leave=True) still shown per rank, newest last, as tqdm.notebook keeps them
+_CHART_SECONDS = 1.0  # the metric chart is redrawn at most this often (matplotlib takes ~0.1 s a chart)
 
 
 class LaunchPanel(_Panel):
-    """Live panel of a launch: a status row per rank, a tab per rank's output, a merged filtered tab, errors, Stop.
+    """Live panel of a launch: status and resource use per rank, progress bars, metric charts, output tabs, Stop.
 
     Example::
 
@@ -39,6 +44,12 @@ class LaunchPanel(_Panel):
     ``handle`` is a ``LaunchHandle`` (``num_processes``, ``status()``, ``done``, ``error``,
     ``subscribe()``, ``add_done_callback()``, ``stop()``). Lines arrive on the handle's background
     thread; the view is updated at most ``1 / interval`` times a second from a timer thread.
+
+    With a handle that sends events (``subscribe_events``, ``bars``, ``metrics``), the panel also
+    shows the workers' tqdm bars (those of ``handle.live_bar_ranks``) as progress bars, and one
+    chart per metric logged through ``NotebookTracker`` (``chart_data()``), redrawn at most once a
+    second. The status rows show each rank's CPU %, resident and peak memory (and CUDA memory
+    when a rank uses CUDA), as ``handle.status()`` reports them.
     """
 
     def __init__(self, handle: Any, max_lines: int = 10_000, interval: float = 0.2) -> None:
@@ -57,7 +68,6 @@ class LaunchPanel(_Panel):
         }
         self.all_lines: collections.deque = collections.deque(maxlen=max_lines)
         self._filter = ""
-        self._procs: dict[int, Any] = {}
         self.closed = False
         self._throttle = _Throttle(self._update_view, interval, defer=True)
         # Serialises view updates: the final state pushed by _on_done must not be overwritten by a
@@ -68,6 +78,11 @@ class LaunchPanel(_Panel):
         self._ticker = threading.Thread(target=self._tick, name="notebook_accel-launch-panel", daemon=True)
         # Every attribute exists before the callbacks are registered: a finished handle calls
         # _on_done (and replays its lines into _on_line) at once, from inside these calls.
+        self._chart_key: tuple = ()
+        self._chart_at = 0.0
+        self._unsubscribe_events = (
+            handle.subscribe_events(self._on_event) if hasattr(handle, "subscribe_events") else (lambda: None)
+        )
         self._unsubscribe = handle.subscribe(self._on_line)
         handle.add_done_callback(self._on_done)
         self._ticker.start()  # returns at once when the launch is already done
@@ -77,6 +92,9 @@ class LaunchPanel(_Panel):
         with self._lock:
             self.rank_lines.setdefault(line.rank, collections.deque(maxlen=self.max_lines)).append(line)
             self.all_lines.append(line)
+        self._throttle()
+
+    def _on_event(self, _kind: str, _rank: int, _state: Any) -> None:
         self._throttle()
 
     def _on_done(self, _handle: Any) -> None:
@@ -116,38 +134,47 @@ class LaunchPanel(_Panel):
             return "failed" if "failed" in states or "stopped" not in states else "stopped"
         return "stopped" if "stopped" in states else "succeeded"
 
-    def _usage(self, pid: int | None, state: str) -> tuple[float | None, int | None]:
-        if pid is None or state not in ("starting", "running"):
-            return None, None
-        import psutil
-
-        try:
-            proc = self._procs.get(pid)
-            if proc is None:
-                proc = self._procs[pid] = psutil.Process(pid)
-                proc.cpu_percent(None)  # first call only primes the counter
-            return proc.cpu_percent(None), proc.memory_info().rss
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            return None, None
-
     def rows(self) -> list[dict[str, Any]]:
-        """Return a status row per rank: rank, pid, state, elapsed (s), cpu_percent, rss (bytes), last_line."""
+        """Return a status row per rank: rank, pid, state, elapsed (s), cpu_percent, rss, peak_rss, cuda_*, last_line.
+
+        Memory figures are bytes; CPU % and memory are None where the handle does not report them.
+        """
         now = time.time()
         out = []
         for s in self.handle.status():
-            cpu, rss = self._usage(s.pid, s.state)
             out.append(
                 {
                     "rank": s.rank,
                     "pid": s.pid,
                     "state": s.state,
                     "elapsed": (s.ended_at or now) - s.started_at,
-                    "cpu_percent": cpu,
-                    "rss": rss,
+                    "cpu_percent": getattr(s, "cpu_percent", None),
+                    "rss": getattr(s, "rss", None),
+                    "peak_rss": getattr(s, "peak_rss", None),
+                    "cuda_allocated": getattr(s, "cuda_allocated", None),
+                    "cuda_reserved": getattr(s, "cuda_reserved", None),
                     "last_line": s.last_line,
                 }
             )
         return out
+
+    def bars(self) -> list[Any]:
+        """Return the bars the panel shows: open bars of the live ranks, then the last finished ones kept."""
+        if not hasattr(self.handle, "bars"):
+            return []
+        live = getattr(self.handle, "live_bar_ranks", None)
+        shown: list[Any] = []
+        for rank in self.ranks:
+            if live is not None and rank not in live:
+                continue
+            mine = [b for b in self.handle.bars(rank) if not b.closed or b.leave]
+            finished = [b for b in mine if b.closed][-_KEPT_BARS:]
+            shown.extend(b for b in mine if not b.closed or b in finished)
+        return shown
+
+    def chart_data(self) -> dict[str, tuple[list[float], list[float]]]:
+        """Return the metric charts' data: ``{metric: (steps, values)}`` from ``handle.metrics``."""
+        return metric_series(getattr(self.handle, "metrics", None) or [])
 
     def lines(self, rank: int) -> list[str]:
         """Return the output lines of ``rank`` received so far."""
@@ -190,29 +217,52 @@ class LaunchPanel(_Panel):
         self.closed = True
         self._ticking.set()
         self._unsubscribe()
+        self._unsubscribe_events()
         self._throttle.cancel()
 
     # -- rendering ------------------------------------------------------------------------------
-    _HEADERS = ["rank", "pid", "state", "elapsed", "CPU %", "memory", "last line"]
+    _HEADERS = ["rank", "pid", "state", "elapsed", "CPU %", "memory", "peak memory", "last line"]
 
-    def _row_cells(self, row: dict[str, Any]) -> list[str]:
-        return [
+    @staticmethod
+    def _uses_cuda(rows: list[dict[str, Any]]) -> bool:
+        return any(r["cuda_allocated"] is not None for r in rows)
+
+    def _headers(self, rows: list[dict[str, Any]]) -> list[str]:
+        if self._uses_cuda(rows):
+            return [*self._HEADERS[:-1], "CUDA allocated / reserved", self._HEADERS[-1]]
+        return self._HEADERS
+
+    def _row_cells(self, row: dict[str, Any], cuda: bool = False) -> list[str]:
+        cells = [
             str(row["rank"]),
             str(row["pid"]),
             row["state"],
             f"{row['elapsed']:.1f} s",
             "-" if row["cpu_percent"] is None else f"{row['cpu_percent']:.0f}",
             _fmt_bytes(row["rss"]),
-            row["last_line"][-120:],
+            _fmt_bytes(row["peak_rss"]),
         ]
+        if cuda:
+            cells.append(f"{_fmt_bytes(row['cuda_allocated'])} / {_fmt_bytes(row['cuda_reserved'])}")
+        return [*cells, row["last_line"][-120:]]
 
     def _status_html(self) -> str:
-        rows = []
-        for row in self.rows():
-            cells = [html.escape(c) for c in self._row_cells(row)]
+        rows = self.rows()
+        cuda = self._uses_cuda(rows)
+        cells_of_rows = []
+        for row in rows:
+            cells = [html.escape(c) for c in self._row_cells(row, cuda)]
             cells[2] = _badge(row["state"], _STATE_STYLE.get(row["state"], ""))
-            rows.append(cells)
-        return _table(self._HEADERS, rows, escape=False)
+            cells_of_rows.append(cells)
+        return _table(self._headers(rows), cells_of_rows, escape=False)
+
+    def _bars_html(self) -> str:
+        bars = self.bars()
+        return "".join(f"<div>{bar_label(b)}</div>" for b in bars)
+
+    def _chart_html(self) -> str:
+        series = self.chart_data()
+        return png_img_tag(metrics_png(series), alt="metrics") if series else ""
 
     def _error_html(self) -> str:
         text = self.error_text()
@@ -233,14 +283,18 @@ class LaunchPanel(_Panel):
             f"<b>LaunchPanel</b> {self.handle.num_processes if hasattr(self.handle, 'num_processes') else len(self.ranks)}"
             f" process(es) {_badge(state, _STATE_STYLE.get(state, ''))}<br>"
             + self._status_html()
+            + self._bars_html()
+            + self._chart_html()
             + self._error_html()
             + self._pre(self.merged_lines())
         )
 
     def _text(self) -> str:
-        return f"LaunchPanel({self.state})\n" + _text_table(
-            self._HEADERS, [self._row_cells(r) for r in self.rows()]
-        )
+        rows = self.rows()
+        cuda = self._uses_cuda(rows)
+        bars = "".join(f"\n[rank {b.rank}] {b.text}" for b in self.bars())
+        table = _text_table(self._headers(rows), [self._row_cells(r, cuda) for r in rows])
+        return f"LaunchPanel({self.state})\n{table}{bars}"
 
     def _build_widget(self) -> Any:
         from ._base import _import_ipywidgets
@@ -250,6 +304,8 @@ class LaunchPanel(_Panel):
         self._w_stop = w.Button(description="Stop", button_style="danger", icon="stop")
         self._w_stop.on_click(lambda _b: self.stop())
         self._w_status = w.HTML()
+        self._w_bars = _BarRows(w)
+        self._w_chart = w.Image(format="png", layout=w.Layout(display="none", max_width="100%"))
         self._w_error = w.HTML()
         self._w_rank_out = {
             r: w.HTML(layout=w.Layout(max_height="24em", overflow="auto")) for r in self.ranks
@@ -261,7 +317,16 @@ class LaunchPanel(_Panel):
             children=[w.VBox([self._w_filter, self._w_merged])] + [self._w_rank_out[r] for r in self.ranks]
         )
         self._w_tabs.titles = ["all ranks"] + [f"rank {r}" for r in self.ranks]
-        return w.VBox([w.HBox([self._w_state, self._w_stop]), self._w_status, self._w_error, self._w_tabs])
+        return w.VBox(
+            [
+                w.HBox([self._w_state, self._w_stop]),
+                self._w_status,
+                self._w_bars.box,
+                self._w_chart,
+                self._w_error,
+                self._w_tabs,
+            ]
+        )
 
     def _set_controls(self, state: str, done: bool) -> None:
         self._w_state.description = state
@@ -285,10 +350,22 @@ class LaunchPanel(_Panel):
         done = self.handle.done
         self._set_controls(self.state, done)
         self._w_status.value = self._status_html()
+        self._w_bars.update(self.bars())
+        self._refresh_chart(done)
         self._w_error.value = self._error_html()
         for rank, out in self._w_rank_out.items():
             out.value = self._pre(self.lines(rank))
         self._w_merged.value = self._pre(self.merged_lines())
+
+    def _refresh_chart(self, done: bool) -> None:
+        series = self.chart_data()
+        key = tuple((name, len(steps)) for name, (steps, _) in series.items())
+        now = time.monotonic()
+        if key == self._chart_key or (not done and now - self._chart_at < _CHART_SECONDS):
+            return  # nothing new, or drawn less than a second ago (the next tick draws it)
+        self._chart_key, self._chart_at = key, now
+        self._w_chart.value = metrics_png(series) if series else b""
+        self._w_chart.layout.display = "" if series else "none"
 
     def _update_view(self) -> None:
         if not self.closed:
