@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Union
 
 import torch
@@ -79,10 +80,32 @@ def _available_cpu_memory() -> int:
     return available if left is None else min(available, left)
 
 
+def _budget_bytes(key: Union[int, str], value: Union[int, float, str]) -> int:
+    """Return the budget ``value`` given for device ``key`` in bytes; raise naming both when it is unusable."""
+    if isinstance(value, float):
+        # transformers scales budgets (e.g. 0.9 * free memory) and passes the floats on.
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(
+                f"max_memory[{key!r}] = {value!r} is not a usable budget: give a number of bytes >= 0 "
+                "or a string like '10GiB'."
+            )
+        return int(value)
+    try:
+        return convert_file_size_to_int(value)
+    except (ValueError, TypeError) as err:
+        raise type(err)(f"max_memory[{key!r}]: {err}") from None
+
+
 def get_max_memory(
-    max_memory: dict[Union[int, str], Union[int, str]] | None = None,
+    max_memory: dict[Union[int, str], Union[int, float, str]] | None = None,
 ) -> dict[Union[int, str], int]:
     """Return a ``{device: bytes}`` budget: ``max_memory`` parsed and ordered, or what is available now.
+
+    Budgets are ints or floats (bytes) or strings such as "700KB", "10GiB"; keys are GPU indices,
+    "mps", "cpu" and "disk". String budgets in the caller's dict are replaced by their byte counts in
+    place (as Accelerate does; transformers relies on it); the returned dict is a new one, ordered
+    GPUs first, then "mps", "cpu", "disk". A malformed size raises ValueError, a negative one
+    ValueError, a value of another type TypeError, each naming the device and the value.
 
     Without ``max_memory``: each CUDA GPU's free memory (queried only when CUDA devices exist), the MPS device,
     and the CPU's available RAM (psutil, capped by the cgroup limit inside containers).
@@ -107,11 +130,13 @@ def get_max_memory(
         )
     parsed: dict[Union[int, str], int] = {}
     for key, value in max_memory.items():
-        device = normalize_device_key(key)
-        try:
-            parsed[device] = convert_file_size_to_int(value)
-        except (ValueError, TypeError) as err:
-            raise type(err)(f"max_memory[{key!r}]: {err}") from None
+        parsed[normalize_device_key(key)] = _budget_bytes(key, value)
+    # As Accelerate does, the caller's strings become ints in place: transformers compares its own
+    # dict with the result (min(max_memory[d], budget[d])) and needs numbers there. All entries were
+    # validated first, so a bad one leaves the caller's dict untouched.
+    for key, value in max_memory.items():
+        if isinstance(value, str):
+            max_memory[key] = parsed[normalize_device_key(key)]
     gpus = [k for k in parsed if isinstance(k, int)]
     if gpus:
         available = cuda_device_count()

@@ -22,7 +22,9 @@ __all__ = [
     "named_module_tensors",
 ]
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGTP]?i?)([Bb]?)\s*$")
+# Unit prefixes are case-insensitive ("5kib", "5GIB" as Accelerate reads them); a lowercase "b" after a
+# decimal prefix means bits ("5Mb"), after a binary one ("5Gib") still bytes.
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGTPkmgtp]?[iI]?)([Bb]?)\s*$")
 _BINARY = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
 _DECIMAL = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
 _NOT_CAST_PREFIXES = ("torch.uint", "torch.int", "torch.bool")
@@ -46,7 +48,7 @@ def convert_file_size_to_int(size: Union[int, str]) -> int:
             f"Memory size must be an int or a string like '10GiB', not {type(size).__name__} {size!r}."
         )
     match = _SIZE_RE.match(size)
-    unit = match.group(2) if match else ""
+    unit = match.group(2)[:1].upper() + match.group(2)[1:].lower() if match else ""
     if match is None or (unit not in _BINARY and unit not in _DECIMAL) or (unit and not match.group(3)):
         raise ValueError(
             f"Memory size {size!r} is not in a valid format: use an int (bytes) or a number followed by a unit, "
@@ -55,7 +57,7 @@ def convert_file_size_to_int(size: Union[int, str]) -> int:
     number = float(match.group(1))
     factor = _BINARY[unit] if unit.endswith("i") or unit == "" else _DECIMAL[unit]
     nbytes = number * factor
-    if match.group(3) == "b":
+    if match.group(3) == "b" and not unit.endswith("i"):
         nbytes /= 8
     return int(nbytes)
 
