@@ -149,7 +149,6 @@ KNOWN_VIOLATIONS: dict[str, str] = {
     "in-function import: notebook_accel.utils.modeling.get_mixed_precision_context_manager -> notebook_accel.state": "struct-core",
     "in-function import: notebook_accel.utils.operations._world -> notebook_accel.state": "surface",
     "in-function import: notebook_accel.utils.other._state -> notebook_accel.state": "struct-core",
-    "in-function import: notebook_accel.utils.plugins.MegatronLMPlugin.require_megatron -> notebook_accel.utils.imports": "lead",
     "in-function import: notebook_accel.utils.torch_xla.install_xla -> notebook_accel.launch.plan": "reliability",
     "in-function import: notebook_accel.widgets._machine._gpus -> notebook_accel.utils.imports": "dashboard",
     "in-function import: notebook_accel.widgets._machine._nvml_gpus -> notebook_accel.utils.imports": "dashboard",
