@@ -39,6 +39,9 @@ _TABLE: dict[str, str] = {
     "InitProcessGroupKwargs": ".utils",
     "DeepSpeedPlugin": ".utils",
     "FullyShardedDataParallelPlugin": ".utils",
+    "ParallelismConfig": ".utils",
+    "ProfileKwargs": ".utils",
+    "DataLoaderConfiguration": ".utils",
     "find_executable_batch_size": ".utils",
     "synchronize_rng_states": ".utils",
     # libraries that import `accelerate` by name run on us

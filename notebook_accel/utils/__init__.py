@@ -49,6 +49,7 @@ _add(
     "FP8RecipeKwargs",
     "GradScalerKwargs",
     "InitProcessGroupKwargs",
+    "ProfileKwargs",
 )
 # plugins
 _add(
@@ -58,6 +59,24 @@ _add(
     "GradientAccumulationPlugin",
     "MegatronLMPlugin",
     "TorchDynamoPlugin",
+    "TorchTensorParallelPlugin",
+)
+_add(
+    ".fsdp_utils",
+    "save_fsdp_model",
+    "load_fsdp_model",
+    "save_fsdp_optimizer",
+    "load_fsdp_optimizer",
+    "merge_fsdp_weights",
+    "enable_fsdp_ram_efficient_loading",
+    "disable_fsdp_ram_efficient_loading",
+)
+_add(
+    ".parallelism",
+    "ParallelismConfig",
+    "TorchTensorParallelConfig",
+    "TorchContextParallelConfig",
+    "DeepSpeedSequenceParallelConfig",
 )
 # configurations
 _add(".configs", "BnbQuantizationConfig", "ProjectConfiguration", "DataLoaderConfiguration")

@@ -7,6 +7,7 @@ changed, so torch's own defaults apply to everything else.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any, Literal
@@ -21,6 +22,7 @@ __all__ = [
     "GradScalerKwargs",
     "InitProcessGroupKwargs",
     "KwargsHandler",
+    "ProfileKwargs",
 ]
 
 
@@ -300,4 +302,97 @@ class FP8RecipeKwargs(KwargsHandler):
             amax_history_len=self.amax_history_len,
             amax_compute_algo=self.amax_compute_algo,
             override_linear_precision=self.override_linear_precision,
+        )
+
+
+_PROFILER_ACTIVITIES = ("cpu", "xpu", "mtia", "cuda", "hpu")
+_SCHEDULE_KEYS = ("wait", "warmup", "active", "repeat", "skip_first")
+
+
+@dataclass
+class ProfileKwargs(KwargsHandler):
+    """Configure ``torch.profiler.profile`` for ``Accelerator.profile()``.
+
+    Example: ``Accelerator(kwargs_handlers=[ProfileKwargs(activities=["cpu"], record_shapes=True,
+    output_trace_dir="traces")])``; each rank then writes ``traces/trace_rank<N>.json`` (Chrome format).
+    """
+
+    activities: list[Literal["cpu", "xpu", "mtia", "cuda", "hpu"]] | None = None
+    """Activity groups to record, from "cpu", "xpu", "mtia", "cuda", "hpu" (None: torch's default, all available)."""
+    schedule_option: dict[str, int] | None = None
+    """``torch.profiler.schedule`` keys: wait, warmup, active (required together), repeat, skip_first."""
+    on_trace_ready: Callable | None = None
+    """Called with the profiler each time a scheduled cycle ends."""
+    record_shapes: bool = False
+    """Record the input shapes of each operator."""
+    profile_memory: bool = False
+    """Track tensor memory allocation and release."""
+    with_stack: bool = False
+    """Record the source file and line of each operator."""
+    with_flops: bool = False
+    """Estimate FLOPs of matrix multiplications and convolutions."""
+    with_modules: bool = False
+    """Record the module hierarchy of each operator."""
+    output_trace_dir: str | None = None
+    """Folder where each rank exports its Chrome trace (None: no file)."""
+
+    def __post_init__(self) -> None:
+        owner = "ProfileKwargs"
+        if self.activities is not None:
+            if isinstance(self.activities, str):
+                raise TypeError(
+                    f"{owner}: activities must be a list such as ['cpu'], got {self.activities!r}"
+                )
+            for activity in self.activities:
+                choice(owner, "activities", activity, _PROFILER_ACTIVITIES)
+        if self.schedule_option is not None:
+            unknown = sorted(set(self.schedule_option) - set(_SCHEDULE_KEYS))
+            if unknown:
+                raise ValueError(
+                    f"{owner}: unknown schedule_option keys {unknown}; use {list(_SCHEDULE_KEYS)}"
+                )
+            missing = [key for key in ("wait", "warmup", "active") if key not in self.schedule_option]
+            if missing:
+                raise ValueError(
+                    f"{owner}: schedule_option needs {missing} (wait, warmup and active are required)"
+                )
+            for key, value in self.schedule_option.items():
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ValueError(f"{owner}: schedule_option[{key!r}] must be an int >= 0, got {value!r}")
+            if self.schedule_option["active"] < 1:
+                raise ValueError(f"{owner}: schedule_option['active'] must be >= 1, got 0")
+        if self.on_trace_ready is not None and not callable(self.on_trace_ready):
+            raise TypeError(f"{owner}: on_trace_ready must be callable, got {self.on_trace_ready!r}")
+
+    def _get_profiler_activity(self, activity: str) -> Any:
+        """Return the ``torch.profiler.ProfilerActivity`` member named ``activity``."""
+        import torch.profiler
+
+        member = getattr(torch.profiler.ProfilerActivity, activity.upper(), None)
+        if member is None:
+            raise ValueError(
+                f"ProfileKwargs: this torch build has no {activity!r} profiler activity; "
+                f"available: {[a.name.lower() for a in torch.profiler.supported_activities()]}"
+            )
+        return member
+
+    def build(self) -> Any:
+        """Return a ``torch.profiler.profile`` configured by these fields (not yet started)."""
+        import torch.profiler
+
+        activities = None
+        if self.activities is not None:
+            activities = [self._get_profiler_activity(name) for name in self.activities]
+        schedule = (
+            torch.profiler.schedule(**self.schedule_option) if self.schedule_option is not None else None
+        )
+        return torch.profiler.profile(
+            activities=activities,
+            schedule=schedule,
+            on_trace_ready=self.on_trace_ready,
+            record_shapes=self.record_shapes,
+            profile_memory=self.profile_memory,
+            with_stack=self.with_stack,
+            with_flops=self.with_flops,
+            with_modules=self.with_modules,
         )

@@ -1,0 +1,283 @@
+"""Save and load FSDP models and optimizers, whole (one file) or sharded (one folder of per-rank pieces).
+
+Both FSDP versions go through torch's version-independent state-dict API
+(``torch.distributed.checkpoint.state_dict``): a *full* state dict is gathered to rank 0 and written as
+one ``torch.save`` file, a *sharded* one is written by every rank into a ``torch.distributed.checkpoint``
+folder, which can be read back on another number of ranks. File names follow Accelerate's layout
+(``pytorch_model_fsdp.bin`` / ``pytorch_model_fsdp_0/``, ``optimizer.bin`` / ``optimizer_0/``) so
+checkpoints move between the two. With ``use_dcp=False`` an FSDP1 model goes through FSDP1's own
+``state_dict_type`` context instead (torch's older path); FSDP2 has only the first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
+from torch.distributed import fsdp
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from .constants import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from .other import _atomic_write
+
+__all__ = [
+    "FSDP_MODEL_NAME",
+    "OPTIMIZER_NAME",
+    "SAFE_WEIGHTS_NAME",
+    "WEIGHTS_NAME",
+    "disable_fsdp_ram_efficient_loading",
+    "enable_fsdp_ram_efficient_loading",
+    "load_fsdp_model",
+    "load_fsdp_optimizer",
+    "merge_fsdp_weights",
+    "save_fsdp_model",
+    "save_fsdp_optimizer",
+]
+
+logger = logging.getLogger(__name__)
+
+FSDP_MODEL_NAME = "pytorch_model_fsdp"
+
+
+def enable_fsdp_ram_efficient_loading() -> None:
+    """Return nothing; set ``FSDP_CPU_RAM_EFFICIENT_LOADING=True`` (transformers then loads weights on rank 0 only)."""
+    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "True"
+
+
+def disable_fsdp_ram_efficient_loading() -> None:
+    """Return nothing; set ``FSDP_CPU_RAM_EFFICIENT_LOADING=False`` (every rank loads the weights)."""
+    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "False"
+
+
+def _is_full(plugin: Any) -> bool:
+    kind = plugin.state_dict_type
+    if kind == fsdp.StateDictType.LOCAL_STATE_DICT:
+        raise ValueError(
+            "FSDP checkpoints: LOCAL_STATE_DICT pieces are pickled ShardedTensors, which notebook_accel does not "
+            "read back (checkpoints load with torch.load(weights_only=True)); use SHARDED_STATE_DICT (same "
+            "per-rank files, through torch.distributed.checkpoint) or FULL_STATE_DICT"
+        )
+    return kind == fsdp.StateDictType.FULL_STATE_DICT
+
+
+def _name(base: str, index: int, suffix: str) -> str:
+    return f"{base}{suffix}" if index == 0 else f"{base}_{index}{suffix}"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _write(obj: Any, path: str) -> None:
+    _atomic_write(path, lambda tmp: torch.save(obj, tmp))
+
+
+def _read(path: str) -> Any:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"FSDP checkpoint: no file {path!r}; was it saved with FULL_STATE_DICT?")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _check_folder(path: str) -> None:
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"FSDP checkpoint: no folder {path!r}; was it saved with SHARDED_STATE_DICT?")
+
+
+def _fsdp1_context(model: Any, plugin: Any) -> Any:
+    """Return FSDP1's ``state_dict_type`` context for ``model`` (the ``use_dcp=False`` path)."""
+    if not isinstance(model, fsdp.FullyShardedDataParallel):
+        raise ValueError(
+            "use_dcp=False reads FSDP1's own state-dict context, but this model is not an FSDP1 "
+            f"FullyShardedDataParallel ({type(model).__name__}); pass use_dcp=True (works for both versions)"
+        )
+    return fsdp.FullyShardedDataParallel.state_dict_type(
+        model, plugin.state_dict_type, plugin.state_dict_config, plugin.optim_state_dict_config
+    )
+
+
+def _model_state(model: Any, plugin: Any, full: bool, use_dcp: bool) -> dict:
+    if use_dcp:
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=full, cpu_offload=full))
+    with _fsdp1_context(model, plugin):
+        return model.state_dict()
+
+
+def _load_model_state(model: Any, plugin: Any, state: dict, full: bool, use_dcp: bool) -> Any:
+    if use_dcp:
+        return set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=full, strict=True))
+    with _fsdp1_context(model, plugin):
+        return model.load_state_dict(state)
+
+
+def save_fsdp_model(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    model: torch.nn.Module,
+    output_dir: str,
+    model_index: int = 0,
+    adapter_only: bool = False,
+    use_dcp: bool = True,
+) -> str:
+    """Return the path written: ``model``'s full state dict (one file, rank 0) or its shards (a folder, all ranks).
+
+    Call on every rank. ``adapter_only`` keeps only PEFT adapter weights (names containing ``lora_``).
+    """
+    full = _is_full(fsdp_plugin)
+    os.makedirs(output_dir, exist_ok=True)
+    state = _model_state(model, fsdp_plugin, full, use_dcp)
+    if adapter_only:
+        state = {name: value for name, value in state.items() if "lora_" in name}
+    if full:
+        path = os.path.join(output_dir, _name(FSDP_MODEL_NAME, model_index, ".bin"))
+        if _rank() == 0:
+            _write(state, path)
+    else:
+        path = os.path.join(output_dir, f"{FSDP_MODEL_NAME}_{model_index}")
+        dcp.save({"model": state}, checkpoint_id=path)
+    _barrier()
+    logger.info("FSDP model saved to %s", path)
+    return path
+
+
+def load_fsdp_model(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    model: torch.nn.Module,
+    input_dir: str,
+    model_index: int = 0,
+    adapter_only: bool = False,
+    use_dcp: bool = True,
+) -> Any:
+    """Return torch's load result after loading what ``save_fsdp_model`` wrote into ``model`` (every rank)."""
+    full = _is_full(fsdp_plugin)
+    _barrier()
+    if full:
+        state = _read(os.path.join(input_dir, _name(FSDP_MODEL_NAME, model_index, ".bin")))
+    else:
+        path = os.path.join(input_dir, f"{FSDP_MODEL_NAME}_{model_index}")
+        _check_folder(path)
+        state = _model_state(model, fsdp_plugin, False, use_dcp)
+        if adapter_only:
+            state = {name: value for name, value in state.items() if "lora_" in name}
+        dcp.load({"model": state}, checkpoint_id=path)
+    if adapter_only:
+        # Only the adapter weights were saved: start from the model's own weights for everything else.
+        merged = _model_state(model, fsdp_plugin, full, use_dcp)
+        merged.update(state)
+        state = merged
+    return _load_model_state(model, fsdp_plugin, state, full, use_dcp)
+
+
+def save_fsdp_optimizer(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    output_dir: str,
+    optimizer_index: int = 0,
+    use_dcp: bool = True,
+) -> str:
+    """Return the path written: the optimizer state of sharded ``model`` (full: one file; sharded: a folder)."""
+    full = _is_full(fsdp_plugin)
+    optimizer = getattr(optimizer, "optimizer", optimizer)  # an AcceleratedOptimizer holds torch's
+    os.makedirs(output_dir, exist_ok=True)
+    state = _optimizer_state(model, optimizer, fsdp_plugin, full, use_dcp)
+    if full:
+        path = os.path.join(output_dir, _name(OPTIMIZER_NAME, optimizer_index, ".bin"))
+        if _rank() == 0:
+            _write(state, path)
+    else:
+        path = os.path.join(output_dir, f"{OPTIMIZER_NAME}_{optimizer_index}")
+        dcp.save({"optimizer": state}, checkpoint_id=path)
+    _barrier()
+    return path
+
+
+def load_fsdp_optimizer(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    input_dir: str,
+    optimizer_index: int = 0,
+    adapter_only: bool = False,
+    use_dcp: bool = True,
+) -> None:
+    """Return nothing; load what ``save_fsdp_optimizer`` wrote into ``optimizer`` (every rank)."""
+    full = _is_full(fsdp_plugin)
+    optimizer = getattr(optimizer, "optimizer", optimizer)
+    _barrier()
+    if full:
+        state = _read(os.path.join(input_dir, _name(OPTIMIZER_NAME, optimizer_index, ".bin")))
+    else:
+        path = os.path.join(input_dir, f"{OPTIMIZER_NAME}_{optimizer_index}")
+        _check_folder(path)
+        state = _optimizer_state(model, optimizer, fsdp_plugin, False, use_dcp)
+        dcp.load({"optimizer": state}, checkpoint_id=path)
+    if use_dcp:
+        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=full))
+        return
+    with _fsdp1_context(model, fsdp_plugin):
+        optimizer.load_state_dict(
+            fsdp.FullyShardedDataParallel.optim_state_dict_to_load(model, optimizer, state)
+        )
+
+
+def _optimizer_state(model: Any, optimizer: Any, plugin: Any, full: bool, use_dcp: bool) -> dict:
+    if use_dcp:
+        options = StateDictOptions(full_state_dict=full, cpu_offload=full)
+        return get_optimizer_state_dict(model, optimizer, options=options)
+    with _fsdp1_context(model, plugin):
+        return fsdp.FullyShardedDataParallel.optim_state_dict(model, optimizer)
+
+
+def merge_fsdp_weights(
+    checkpoint_dir: str,
+    output_path: str,
+    safe_serialization: bool = True,
+    remove_checkpoint_dir: bool = False,
+) -> str:
+    """Return the file written: the sharded checkpoint folder ``checkpoint_dir`` merged into one full state dict.
+
+    Runs in a single process (no process group needed). Writes ``model.safetensors`` (or
+    ``pytorch_model.bin`` when ``safe_serialization=False``) inside ``output_path``.
+    """
+    if not os.path.isdir(checkpoint_dir) or not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
+        raise FileNotFoundError(
+            f"merge_fsdp_weights: {checkpoint_dir!r} is not a torch.distributed.checkpoint folder (no .metadata); "
+            "pass the folder save_fsdp_model wrote with SHARDED_STATE_DICT (e.g. .../pytorch_model_fsdp_0)"
+        )
+    os.makedirs(output_path, exist_ok=True)
+    scratch = os.path.join(output_path, ".merge_fsdp_weights.tmp")
+    dcp_to_torch_save(checkpoint_dir, scratch)
+    state = torch.load(scratch, map_location="cpu", weights_only=True)
+    os.unlink(scratch)
+    state = state.get("model", state)  # save_fsdp_model nests the weights under "model"
+    state = {name: tensor.contiguous() for name, tensor in state.items()}
+    if safe_serialization:
+        target = os.path.join(output_path, SAFE_WEIGHTS_NAME)
+        _atomic_write(target, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    else:
+        target = os.path.join(output_path, WEIGHTS_NAME)
+        _write(state, target)
+    if remove_checkpoint_dir:
+        shutil.rmtree(checkpoint_dir)
+    return target

@@ -1,0 +1,279 @@
+"""The engine configurations of Accelerate 1.15: ParallelismConfig, FSDP2 plugin fields, TP plugin, ProfileKwargs.
+
+Single-process checks of defaults, environment variables and validation; the engines themselves run
+on 2 and 4 CPU processes in tests/test_fsdp_engines.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.distributed import fsdp
+
+from notebook_accel.parallelism_config import ParallelismConfig
+from notebook_accel.utils import (
+    FullyShardedDataParallelPlugin,
+    MegatronLMPlugin,
+    ProfileKwargs,
+    TorchContextParallelConfig,
+    TorchTensorParallelConfig,
+    TorchTensorParallelPlugin,
+    patch_environment,
+)
+
+# ---------------------------------------------------------------------------------------------- ParallelismConfig
+
+
+def test_parallelism_config_defaults_dims_and_env() -> None:
+    config = ParallelismConfig()
+    assert (config.dp_replicate_size, config.dp_shard_size, config.tp_size, config.cp_size) == (1, 1, 1, 1)
+    assert (config.cp_backend, config.sp_backend, config.total_size) == ("torch", "deepspeed", 1)
+    assert config.tp_handler is None and config.cp_handler is None and config.device_mesh is None
+
+    hsdp = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)
+    assert hsdp.active_mesh_dims == ["dp_replicate", "dp_shard"] and hsdp.total_size == 4
+    assert hsdp.fsdp_dim_names == ["dp_replicate", "dp_shard_cp"] and hsdp.dp_shard_cp_dim_names == [
+        "dp_shard"
+    ]
+    assert hsdp._get_mesh() == (("dp_replicate", "dp_shard"), (2, 2))
+
+    shard_cp = ParallelismConfig(dp_shard_size=2, cp_size=2)
+    assert shard_cp.dp_shard_cp_dim_names == ["dp_shard", "cp"] and shard_cp.non_dp_dim_names == ["cp"]
+    assert shard_cp.data_parallel_size == 2 and shard_cp.non_data_parallel_size == 2
+    assert shard_cp.cp_handler == TorchContextParallelConfig("allgather")
+    assert isinstance(ParallelismConfig(tp_size=2).tp_handler, TorchTensorParallelConfig)
+    assert json.loads(hsdp.to_json())["dp_replicate_size"] == 2
+
+    with patch_environment(PARALLELISM_CONFIG_DP_SHARD_SIZE="3", PARALLELISM_CONFIG_TP_SIZE="2"):
+        from_env = ParallelismConfig()
+    assert (from_env.dp_shard_size, from_env.tp_size, from_env.total_size) == (3, 2, 6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"dp_shard_size": 0}, ValueError, "dp_shard_size must be at least 1, got 0"),
+        ({"tp_size": "2"}, TypeError, "tp_size must be an int, got '2'"),
+        ({"cp_backend": "ring"}, ValueError, r"cp_backend='ring' is not valid; choose one of \['torch'\]"),
+        ({"sp_size": 2, "sp_backend": "x"}, ValueError, r"sp_backend='x'"),
+        ({"cp_size": 2, "sp_size": 2}, ValueError, r"exclude each other \(cp_size=2, sp_size=2\)"),
+        (
+            {"tp_size": 2, "tp_handler": {"enable_async_tp": True}},
+            TypeError,
+            "tp_handler must be a TorchTensor",
+        ),
+    ],
+)
+def test_parallelism_config_rejects(kwargs, error, match) -> None:
+    with pytest.raises(error, match=match):
+        ParallelismConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "world", "version", "match"),
+    [
+        ({"dp_shard_size": 2}, 4, 2, r"multiply to 2 \(dp_replicate_size=1, dp_shard_size=2.*4 processes"),
+        (
+            {"dp_replicate_size": 2},
+            2,
+            None,
+            "dp_replicate_size=2 with dp_shard_size=1 is plain data parallel",
+        ),
+        (
+            {"dp_shard_size": 2},
+            2,
+            1,
+            r"shard with FSDP2; pass FullyShardedDataParallelPlugin\(fsdp_version=2\)",
+        ),
+        ({"sp_size": 2}, 2, None, "sp_size=2 needs DeepSpeed's sequence parallelism"),
+    ],
+)
+def test_parallelism_config_validate_world(kwargs, world, version, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        ParallelismConfig(**kwargs).validate_world(world, version)
+    ParallelismConfig(dp_replicate_size=2, dp_shard_size=2).validate_world(4, 2)
+
+
+def test_context_parallel_strategy_and_device_mesh_needs_type() -> None:
+    with pytest.raises(ValueError, match=r"cp_comm_strategy='ring'.*allgather"):
+        TorchContextParallelConfig("ring")
+    with pytest.raises(ValueError, match="no device mesh built yet; pass device_type"):
+        ParallelismConfig().get_device_mesh()
+
+
+# ---------------------------------------------------------------------------------------------- FSDP plugin
+
+
+def test_fsdp2_plugin_defaults_and_conversions() -> None:
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+    assert plugin.reshard_after_forward is True and plugin.sharding_strategy is None
+    assert plugin.state_dict_type is fsdp.StateDictType.SHARDED_STATE_DICT
+    assert type(plugin.cpu_offload) is fsdp.OffloadPolicy and not plugin.cpu_offload_enabled
+    assert (
+        plugin.use_orig_params is None
+        and plugin.sync_module_states is None
+        and plugin.forward_prefetch is None
+    )
+    offloaded = FullyShardedDataParallelPlugin(
+        fsdp_version=2, cpu_offload=True, mixed_precision_policy="bf16"
+    )
+    assert isinstance(offloaded.cpu_offload, fsdp.CPUOffloadPolicy) and offloaded.cpu_offload_enabled
+    assert offloaded.mixed_precision_policy == fsdp.MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, output_dtype=torch.bfloat16
+    )
+    assert (
+        FullyShardedDataParallelPlugin(
+            fsdp_version=2, reshard_after_forward="SHARD_GRAD_OP"
+        ).reshard_after_forward
+        is False
+    )
+    v1 = FullyShardedDataParallelPlugin(reshard_after_forward="SHARD_GRAD_OP", cpu_ram_efficient_loading=True)
+    assert v1.sharding_strategy is fsdp.ShardingStrategy.SHARD_GRAD_OP and v1.sync_module_states is True
+    assert v1.use_orig_params is False  # 1.15's FSDP1 default
+    v1.set_mixed_precision("bf16")
+    assert v1.mixed_precision_policy.param_dtype is torch.bfloat16
+    v2 = FullyShardedDataParallelPlugin(fsdp_version=2)
+    v2.set_mixed_precision("fp16")
+    assert v2.mixed_precision_policy.output_dtype is torch.float32
+
+
+def test_fsdp_plugin_reads_launcher_environment() -> None:
+    with patch_environment(
+        FSDP_VERSION="2",
+        FSDP_RESHARD_AFTER_FORWARD="false",
+        FSDP_OFFLOAD_PARAMS="true",
+        FSDP_STATE_DICT_TYPE="FULL_STATE_DICT",
+        FSDP_AUTO_WRAP_POLICY="TRANSFORMER_BASED_WRAP",
+        FSDP_TRANSFORMER_CLS_TO_WRAP="Block, Head",
+        FSDP_ACTIVATION_CHECKPOINTING="true",
+        FSDP_CPU_RAM_EFFICIENT_LOADING="true",
+    ):
+        plugin = FullyShardedDataParallelPlugin()
+    assert (plugin.fsdp_version, plugin.reshard_after_forward, plugin.cpu_offload_enabled) == (2, False, True)
+    assert plugin.state_dict_type is fsdp.StateDictType.FULL_STATE_DICT
+    assert plugin.transformer_cls_names_to_wrap == ["Block", "Head"]
+    assert plugin.activation_checkpointing and plugin.cpu_ram_efficient_loading
+    with patch_environment(
+        FSDP_USE_ORIG_PARAMS="true", FSDP_SYNC_MODULE_STATES="true", FSDP_IGNORED_MODULES="head.*"
+    ):
+        v1 = FullyShardedDataParallelPlugin()
+    assert v1.use_orig_params and v1.sync_module_states and v1.ignored_modules == "head.*"
+    model = torch.nn.Sequential()
+    model.add_module("body", torch.nn.Linear(2, 2))
+    model.add_module("head", torch.nn.Linear(2, 2))
+    assert v1.ignored_module_list(model) == [model.head]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"fsdp_version": 3}, ValueError, "fsdp_version=3 is not valid; use 1 or 2"),
+        (
+            {"fsdp_version": 2, "sharding_strategy": "FULL_SHARD"},
+            ValueError,
+            "does not exist in FSDP2; set reshard",
+        ),
+        (
+            {"fsdp_version": 2, "reshard_after_forward": "sometimes"},
+            ValueError,
+            "'sometimes' is not valid with fsdp_version=2",
+        ),
+        ({"reshard_after_forward": True}, ValueError, "is an FSDP2 setting; with fsdp_version=1"),
+        ({"reshard_after_forward": "FULL_SHARD", "sharding_strategy": "FULL_SHARD"}, ValueError, "not both"),
+        (
+            {"fsdp_version": 2, "state_dict_type": "LOCAL_STATE_DICT"},
+            ValueError,
+            "FSDP2 has no LOCAL_STATE_DICT",
+        ),
+        ({"fsdp_version": 2, "forward_prefetch": True}, ValueError, "forward_prefetch is an FSDP1 option"),
+        ({"activation_checkpointing_offload": True}, ValueError, "needs activation_checkpointing=True"),
+        (
+            {"fsdp_version": 2, "cpu_offload": fsdp.CPUOffload(True)},
+            TypeError,
+            "OffloadPolicy with fsdp_version=2",
+        ),
+        ({"mixed_precision_policy": "fp8"}, ValueError, "mixed_precision_policy='fp8' is not valid"),
+        (
+            {"fsdp_version": 2, "mixed_precision_policy": {"buffer_dtype": "bf16"}},
+            TypeError,
+            "keys: \\['param_dtype'",
+        ),
+        (
+            {"fsdp_version": 2, "mixed_precision_policy": fsdp.MixedPrecision()},
+            TypeError,
+            "MixedPrecisionPolicy",
+        ),
+    ],
+)
+def test_fsdp_plugin_version_rules(kwargs, error, match) -> None:
+    with pytest.raises(error, match=match):
+        FullyShardedDataParallelPlugin(**kwargs)
+
+
+def test_fsdp1_kwargs_refused_for_fsdp2() -> None:
+    with pytest.raises(ValueError, match="to_fsdp_kwargs\\(\\) is for fsdp_version=1"):
+        FullyShardedDataParallelPlugin(fsdp_version=2).to_fsdp_kwargs()
+
+
+# ---------------------------------------------------------------------------------------------- TP, profile, Megatron
+
+
+def test_tensor_parallel_plugin() -> None:
+    assert TorchTensorParallelPlugin().tp_size == 1
+    with pytest.raises(ValueError, match="tp_size must be a positive int, got 0"):
+        TorchTensorParallelPlugin(tp_size=0)
+
+
+def test_profile_kwargs_builds_a_profiler() -> None:
+    kwargs = ProfileKwargs(
+        activities=["cpu"], schedule_option={"wait": 1, "warmup": 1, "active": 2}, record_shapes=True
+    )
+    assert kwargs.to_kwargs() == {
+        "activities": ["cpu"],
+        "schedule_option": {"wait": 1, "warmup": 1, "active": 2},
+        "record_shapes": True,
+    }
+    profiler = kwargs.build()
+    assert isinstance(profiler, torch.profiler.profile) and profiler.record_shapes
+    assert profiler.activities == {torch.profiler.ProfilerActivity.CPU}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"activities": ["gpu"]}, ValueError, r"activities='gpu' is not valid"),
+        ({"activities": "cpu"}, TypeError, "activities must be a list"),
+        ({"schedule_option": {"wait": 1, "warmup": 1}}, ValueError, r"schedule_option needs \['active'\]"),
+        (
+            {"schedule_option": {"wait": 1, "warmup": 1, "active": 1, "pause": 2}},
+            ValueError,
+            r"unknown schedule_option keys \['pause'\]",
+        ),
+        (
+            {"schedule_option": {"wait": -1, "warmup": 1, "active": 1}},
+            ValueError,
+            r"schedule_option\['wait'\] must be",
+        ),
+        ({"on_trace_ready": "print"}, TypeError, "on_trace_ready must be callable"),
+    ],
+)
+def test_profile_kwargs_rejects(kwargs, error, match) -> None:
+    with pytest.raises(error, match=match):
+        ProfileKwargs(**kwargs)
+
+
+def test_megatron_plugin_new_fields() -> None:
+    plugin = MegatronLMPlugin(tp_degree=2, use_rotary_position_embeddings=True, expert_model_parallel_size=2,
+                              recompute_activations=True, attention_dropout=0.1)  # fmt: skip
+    args = plugin.megatron_lm_default_args
+    assert args["position_embedding_type"] == "rope" and args["expert_model_parallel_size"] == 2
+    assert args["recompute_granularity"] == "selective" and args["attention_dropout"] == 0.1
+    assert "use_rotary_position_embeddings" not in args and "seq_length" not in args
+    with pytest.raises(ValueError, match=r"recompute_method='layer'.*uniform"):
+        MegatronLMPlugin(recompute_method="layer")
+    with pytest.raises(ValueError, match=r"hidden_dropout must be in \[0, 1\), got 1.5"):
+        MegatronLMPlugin(hidden_dropout=1.5)
+    with pytest.raises(ValueError, match="context_parallel_size must be a positive int"):
+        MegatronLMPlugin(context_parallel_size=0)
