@@ -282,3 +282,23 @@ def test_log_with_notebook_beside_other_trackers(tmp_path) -> None:  # noqa: ANN
     assert mine.metrics == [{"step": 3, "loss": 2.0}]
     assert '"loss": 2.0' in (tmp_path / "run" / "metrics.jsonl").read_text()
     accelerator.end_training()
+
+
+def test_device_figures_wait_for_a_fully_imported_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from notebook_accel.launch.usage import _cuda_figures
+
+    # A spawned worker's reporter thread may wake while the main thread is still importing torch.
+    monkeypatch.setitem(sys.modules, "torch.cuda", types.ModuleType("torch.cuda"))
+    assert _cuda_figures() is None
+    fake = types.SimpleNamespace(
+        is_initialized=lambda: True,
+        memory_allocated=lambda: 10,
+        memory_reserved=lambda: 20,
+        max_memory_allocated=lambda: 15,
+    )
+    monkeypatch.setitem(sys.modules, "torch.cuda", fake)
+    assert _cuda_figures() == {"cuda_allocated": 10, "cuda_reserved": 20, "cuda_peak": 15}
+    fake.is_initialized = lambda: False
+    assert _cuda_figures() is None

@@ -94,14 +94,17 @@ def apply_usage(status: Any, payload: dict[str, Any]) -> None:
 
 
 def _cuda_figures() -> dict[str, int] | None:
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return None  # never initialise CUDA just to measure it
-    return {
-        "cuda_allocated": int(torch.cuda.memory_allocated()),
-        "cuda_reserved": int(torch.cuda.memory_reserved()),
-        "cuda_peak": int(torch.cuda.max_memory_allocated()),
-    }
+    cuda = sys.modules.get("torch.cuda")
+    try:
+        if cuda is None or not cuda.is_initialized():
+            return None  # never initialise CUDA just to measure it
+        return {
+            "cuda_allocated": int(cuda.memory_allocated()),
+            "cuda_reserved": int(cuda.memory_reserved()),
+            "cuda_peak": int(cuda.max_memory_allocated()),
+        }
+    except Exception:  # torch still being imported by the main thread (a spawned worker): next time
+        return None
 
 
 def start_device_reporter(interval: float = SAMPLE_SECONDS) -> threading.Event:
