@@ -20,6 +20,12 @@ __all__ = [
     "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION",
     "FSDP2_PYTORCH_VERSION",
     "FSDP2_STATE_DICT_TYPE",
+    "FSDP_AUTO_WRAP_POLICY",
+    "FSDP_BACKWARD_PREFETCH",
+    "FSDP_MODEL_NAME",
+    "FSDP_PYTORCH_VERSION",
+    "FSDP_SHARDING_STRATEGY",
+    "FSDP_STATE_DICT_TYPE",
     "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION",
     "PROFILE_PATTERN_NAME",
     "SAGEMAKER_PARALLEL_EC2_INSTANCES",
@@ -89,6 +95,16 @@ MITA_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.1.0"
 XPU_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.4.0"
 
 FSDP2_STATE_DICT_TYPE = ["SHARDED_STATE_DICT", "FULL_STATE_DICT"]
+
+# FullyShardedDataParallelPlugin's accepted names (the index + 1 of a sharding strategy is its torch
+# ShardingStrategy value, which is how transformers maps its fsdp options onto the plugin).
+FSDP_SHARDING_STRATEGY = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
+FSDP_AUTO_WRAP_POLICY = ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
+FSDP_BACKWARD_PREFETCH = ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
+FSDP_STATE_DICT_TYPE = ["FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"]
+# Minimum torch for FSDP (a pre-release build string, as Accelerate pins it) and the checkpoint name stem.
+FSDP_PYTORCH_VERSION = "2.1.0.a0+32f93b1"
+FSDP_MODEL_NAME = "pytorch_model_fsdp"
 TORCH_DYNAMO_MODES = ["default", "reduce-overhead", "max-autotune"]
 
 # SageMaker launch defaults.
