@@ -12,6 +12,18 @@ def _add(module: str, *names: str) -> None:
         _TABLE[name] = module
 
 
+# DeepSpeed config parsing and placeholders (running DeepSpeed needs `pip install deepspeed`)
+_add(
+    ".deepspeed",
+    "HfDeepSpeedConfig",
+    "DummyOptim",
+    "DummyScheduler",
+    "DeepSpeedEngineWrapper",
+    "DeepSpeedOptimizerWrapper",
+    "DeepSpeedSchedulerWrapper",
+    "get_active_deepspeed_plugin",
+    "map_pytorch_optim_to_deepspeed",
+)
 # constants
 _add(
     ".constants",

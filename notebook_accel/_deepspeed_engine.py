@@ -1,0 +1,76 @@
+"""The wrappers ``Accelerator.prepare`` hands out under DeepSpeed: the engine runs backward, the step and the scheduler.
+
+Published as ``accelerate.utils.deepspeed.DeepSpeed{Engine,Optimizer,Scheduler}Wrapper``; they live
+here, beside the optimizer and scheduler wrappers they extend, because ``utils`` may not import the
+training layer. They drive any object with DeepSpeed's engine interface; building a real engine
+needs ``pip install deepspeed`` (see ``DeepSpeedPlugin.require_deepspeed``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .optimizer import AcceleratedOptimizer
+from .scheduler import AcceleratedScheduler
+
+__all__ = ["DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper"]
+
+
+class DeepSpeedEngineWrapper:
+    """Route ``accelerator.backward`` through a DeepSpeed engine, which also owns the optimizer step.
+
+    Args:
+        engine: the ``deepspeed.DeepSpeedEngine`` returned by ``deepspeed.initialize``.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def backward(self, loss, sync_gradients=True, **kwargs) -> None:
+        """Return None after ``engine.backward(loss)``, and ``engine.step()`` at an accumulation boundary."""
+        # DeepSpeed counts micro-steps itself; tell it where Accelerate's accumulation boundary is
+        # so that its own gradient all-reduce happens at the same step.
+        set_boundary = getattr(self.engine, "set_gradient_accumulation_boundary", None)
+        if set_boundary is not None:
+            set_boundary(is_boundary=sync_gradients)
+        self.engine.backward(loss, **kwargs)
+        if sync_gradients:
+            # The engine's step() updates the weights, zeroes the gradients and steps the scheduler.
+            self.engine.step()
+
+    def get_global_grad_norm(self):
+        """Return the gradient norm of the last step as a Python number (None before the first step)."""
+        norm = self.engine.get_global_grad_norm()
+        return norm.item() if hasattr(norm, "item") else norm
+
+
+class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
+    """The optimizer view under DeepSpeed: stepping and zeroing belong to the engine, so those calls do nothing."""
+
+    def __init__(self, optimizer) -> None:
+        super().__init__(optimizer, device_placement=False, scaler=None)
+        self.__has_overflow__ = hasattr(self.optimizer, "overflow")
+
+    def zero_grad(self, set_to_none=None) -> None:
+        """Return None: ``engine.step()`` already zeroed the gradients."""
+        return None
+
+    def step(self) -> None:
+        """Return None: ``engine.step()`` (called by ``DeepSpeedEngineWrapper.backward``) stepped the optimizer."""
+        return None
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Return whether the last step was skipped because of an fp16 overflow."""
+        return bool(self.optimizer.overflow) if self.__has_overflow__ else False
+
+
+class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
+    """The scheduler view under DeepSpeed: the engine steps the scheduler, so ``step()`` does nothing."""
+
+    def __init__(self, scheduler, optimizers) -> None:
+        super().__init__(scheduler, optimizers)
+
+    def step(self) -> None:
+        """Return None: ``engine.step()`` already stepped the learning-rate scheduler."""
+        return None
