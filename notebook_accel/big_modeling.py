@@ -19,6 +19,7 @@ import functools
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,7 +36,8 @@ from .hooks import (
 )
 from .hooks.prefetch import enable_prefetch
 from .utils.checkpoints import load_checkpoint_in_model
-from .utils.device_map import check_device_map, resolve_device_map
+from .utils.device_map import DEVICE_MAP_STRATEGIES, resolve_device_map
+from .utils.devices import DISK, OFFLOAD_KEYS, Device, device_key, torch_device
 from .utils.environment import parse_flag_from_env
 from .utils.offload import (
     INDEX_NAME,
@@ -43,6 +45,7 @@ from .utils.offload import (
     extract_submodules_state_dict,
     offload_state_dict,
 )
+from .utils.placement import DevicePlacement, require_offload_folder
 from .utils.tied_params import find_tied_parameters
 
 __all__ = [
@@ -57,8 +60,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-DEVICE_MAP_STRINGS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
 @contextlib.contextmanager
@@ -224,18 +225,6 @@ def disk_offload(
     )
 
 
-def _device_key(device: Any) -> Any:
-    """Return a hashable, comparable form of a device-map value ("cpu", "disk", "cuda:0"...)."""
-    if isinstance(device, torch.device):
-        return str(device)
-    return device
-
-
-def _modules_on(device_map: dict, key: str) -> list[str]:
-    """Return the names ``device_map`` sends to ``key`` ("cpu" or "disk"), in map order."""
-    return [name for name, d in device_map.items() if _device_key(d) == key]
-
-
 def _retie(model: nn.Module, groups: list[list[str]]) -> None:
     """Make every parameter of a tied group the same object again (after hooks moved them)."""
     for names in groups:
@@ -292,6 +281,77 @@ def _guard_moves(model: nn.Module) -> None:
     model.__dict__["_hf_added_attributes"] = list(_GUARDED_METHODS)
 
 
+@dataclass(frozen=True)
+class _DispatchPlan:
+    """What dispatch_model decided from a placement: the main device and, per map entry, where it runs and whether it is offloaded."""
+
+    main_device: Device
+    offloaded_keys: tuple[str, ...]
+    execution_device: dict[str, Device]
+    offload: dict[str, bool]
+
+    @classmethod
+    def of(cls, placement: DevicePlacement, main_device: Device | None) -> _DispatchPlan:
+        """Return the plan: the main device defaults to the first GPU-like device of the map, else the CPU.
+
+        With a CPU (or MPS) main device only "disk" entries are offloaded; with a GPU, "cpu" ones too.
+        """
+        if main_device is None:
+            on_device = [
+                d for name, d in placement.device_map.items() if placement.keys[name] not in OFFLOAD_KEYS
+            ]
+            main_device = on_device[0] if on_device else "cpu"
+        offloaded_keys = (DISK,) if device_key(main_device) in ("cpu", "mps") else OFFLOAD_KEYS
+        execution_device = {
+            name: main_device if placement.keys[name] in OFFLOAD_KEYS else d
+            for name, d in placement.device_map.items()
+        }
+        execution_device[""] = main_device
+        offload = {name: key in offloaded_keys for name, key in placement.keys.items()}
+        return cls(main_device, offloaded_keys, execution_device, offload)
+
+
+def _checked_placement(model: nn.Module, device_map: Any) -> DevicePlacement:
+    """Return the placement of ``device_map`` on ``model`` (a dict is checked; a placement for ``model`` is not)."""
+    if not isinstance(device_map, (dict, DevicePlacement)):
+        raise TypeError(
+            f"dispatch_model needs a dict device_map (module name -> device), got {type(device_map).__name__}; "
+            f"for {DEVICE_MAP_STRATEGIES} use load_checkpoint_and_dispatch or infer_auto_device_map first."
+        )
+    if isinstance(device_map, dict) and not device_map:
+        raise ValueError(
+            "dispatch_model got an empty device_map: map at least '' (the whole model) to a device."
+        )
+    return DevicePlacement.check(model, device_map)
+
+
+def _offload_weights_map(
+    model: nn.Module,
+    placement: DevicePlacement,
+    plan: _DispatchPlan,
+    state_dict: dict[str, torch.Tensor] | None,
+    offload_dir: str | os.PathLike | None,
+    offload_index: dict[str, str] | None,
+) -> OffloadedWeightsLoader | None:
+    """Return the weights map the offloaded blocks read (None when nothing is offloaded).
+
+    With a GPU main device, "cpu" blocks read a CPU copy of their weights; "disk" blocks read
+    ``offload_dir`` / ``offload_index``, written from the model first if the folder has no index.
+    """
+    cpu_modules = placement.modules_on("cpu") if "cpu" in plan.offloaded_keys else []
+    if state_dict is None and cpu_modules:
+        state_dict = extract_submodules_state_dict(model.state_dict(), cpu_modules)
+    disk_modules = placement.disk_modules
+    if disk_modules and offload_index is None and not _has_index(offload_dir):
+        disk_state_dict = extract_submodules_state_dict(model.state_dict(), disk_modules)
+        _check_no_meta(disk_state_dict, os.fspath(offload_dir))
+        offload_state_dict(offload_dir, disk_state_dict)
+    save_folder = offload_dir if disk_modules else None
+    if state_dict is None and save_folder is None and offload_index is None:
+        return None
+    return OffloadedWeightsLoader(state_dict=state_dict, save_folder=save_folder, index=offload_index)
+
+
 def dispatch_model(
     model: nn.Module,
     device_map: dict,
@@ -313,64 +373,21 @@ def dispatch_model(
     ``offload_index`` (written from the model's weights if the folder has no index yet).
     ``{"": "disk"}`` offloads the whole model to disk. Sets ``model.hf_device_map``.
     """
-    if not isinstance(device_map, dict):
-        raise TypeError(
-            f"dispatch_model needs a dict device_map (module name -> device), got {type(device_map).__name__}; "
-            f"for {DEVICE_MAP_STRINGS} use load_checkpoint_and_dispatch or infer_auto_device_map first."
-        )
-    if not device_map:
-        raise ValueError(
-            "dispatch_model got an empty device_map: map at least '' (the whole model) to a device."
-        )
-    check_device_map(model, device_map)
-    values = {_device_key(d) for d in device_map.values()}
-    disk_modules = _modules_on(device_map, "disk")
-    if disk_modules and offload_dir is None and offload_index is None:
-        raise ValueError(
-            f"The device_map sends {disk_modules[:5]} to 'disk' but no offload folder was given: pass "
-            "`offload_dir` (a folder for the offloaded weights, or where they already are) or `offload_index`."
-        )
-    if len(values) == 1 and not force_hooks and "disk" not in values:
-        device = next(iter(device_map.values()))
-        model.to(device if not isinstance(device, int) else torch.device("cuda", device))
-        model.hf_device_map = dict(device_map)
+    placement = _checked_placement(model, device_map)
+    given = offload_dir if offload_dir is not None else offload_index
+    require_offload_folder(placement.disk_modules, given, "offload_dir", alternative="offload_index")
+    if len(placement.devices) == 1 and not force_hooks and DISK not in placement.devices:
+        model.to(torch_device(next(iter(placement.device_map.values()))))
+        model.hf_device_map = dict(placement.device_map)
         return model
-
-    if main_device is None:
-        if values <= {"cpu", "disk"}:
-            main_device = "cpu"
-        else:
-            main_device = next(d for d in device_map.values() if _device_key(d) not in ("cpu", "disk"))
-    main_key = _device_key(main_device)
-    offloaded_to = ("disk",) if main_key in ("cpu", "mps") else ("cpu", "disk")
-    if main_key != "cpu":
-        cpu_modules = _modules_on(device_map, "cpu")
-        if state_dict is None and cpu_modules:
-            state_dict = extract_submodules_state_dict(model.state_dict(), cpu_modules)
-    if disk_modules and offload_index is None and not _has_index(offload_dir):
-        disk_state_dict = extract_submodules_state_dict(model.state_dict(), disk_modules)
-        _check_no_meta(disk_state_dict, os.fspath(offload_dir))
-        offload_state_dict(offload_dir, disk_state_dict)
-
-    execution_device = {
-        name: (main_device if _device_key(d) in ("cpu", "disk") else d) for name, d in device_map.items()
-    }
-    execution_device[""] = main_device
-    offload = {name: _device_key(d) in offloaded_to for name, d in device_map.items()}
-    save_folder = offload_dir if disk_modules else None
-    weights_map = None
-    if state_dict is not None or save_folder is not None or offload_index is not None:
-        weights_map = OffloadedWeightsLoader(
-            state_dict=state_dict, save_folder=save_folder, index=offload_index
-        )
+    plan = _DispatchPlan.of(placement, main_device)
+    weights_map = _offload_weights_map(model, placement, plan, state_dict, offload_dir, offload_index)
     groups = find_tied_parameters(model)
-    tied_params_map: dict[int, dict] = {}
-    for names in groups:
-        tied_params_map[model.get_parameter(names[0]).data_ptr()] = {}
+    tied_params_map: dict[int, dict] = {model.get_parameter(names[0]).data_ptr(): {} for names in groups}
     attach_align_device_hook_on_blocks(
         model,
-        execution_device=execution_device,
-        offload=offload,
+        execution_device=plan.execution_device,
+        offload=plan.offload,
         offload_buffers=offload_buffers,
         weights_map=weights_map,
         skip_keys=skip_keys,
@@ -378,15 +395,46 @@ def dispatch_model(
         tied_params_map=tied_params_map,
     )
     _retie(model, groups)
-    offloaded = sorted({_device_key(d) for d in device_map.values() if _device_key(d) in offloaded_to})
+    offloaded = sorted({str(key) for key in placement.devices if key in plan.offloaded_keys})
     if offloaded:
         logger.info(
             "Some weights are offloaded to %s; they are loaded at each forward.", " and ".join(offloaded)
         )
     _attach_prefetch(model, prefetch)
     _guard_moves(model)
-    model.hf_device_map = dict(device_map)
+    model.hf_device_map = dict(placement.device_map)
     return model
+
+
+def _placement_for_load(
+    model: nn.Module,
+    device_map: Any,
+    max_memory: dict[int | str, int | str] | None,
+    no_split_module_classes: list[str] | None,
+    dtype: str | torch.dtype | None,
+    offload_buffers: bool,
+) -> DevicePlacement | None:
+    """Return the checked placement ``load_checkpoint_and_dispatch`` loads and dispatches with (None: no map)."""
+    if device_map is None:
+        return None
+    if isinstance(device_map, str):
+        if device_map not in DEVICE_MAP_STRATEGIES:
+            raise ValueError(
+                f"device_map={device_map!r} is not supported: use a dict or one of {list(DEVICE_MAP_STRATEGIES)}."
+            )
+        device_map = resolve_device_map(
+            model,
+            device_map,
+            max_memory=max_memory,
+            no_split_module_classes=no_split_module_classes,
+            dtype=dtype,
+            offload_buffers=offload_buffers,
+        )
+    elif not isinstance(device_map, dict):
+        raise TypeError(
+            f"device_map must be a dict, one of {list(DEVICE_MAP_STRATEGIES)} or None, got {type(device_map).__name__}"
+        )
+    return DevicePlacement.check(model, device_map)
 
 
 def load_checkpoint_and_dispatch(
@@ -413,37 +461,19 @@ def load_checkpoint_and_dispatch(
     ``device_map`` may be a dict or one of "auto", "balanced", "balanced_low_0", "sequential"
     (computed from ``max_memory`` / ``no_split_module_classes`` / ``dtype``). Weights mapped to
     "disk" need ``offload_folder``; from a safetensors checkpoint they are read in place (no copy).
+    The device map is checked once, then loading and dispatching share it.
     """
-    if isinstance(device_map, str):
-        if device_map not in DEVICE_MAP_STRINGS:
-            raise ValueError(
-                f"device_map={device_map!r} is not supported: use a dict or one of {list(DEVICE_MAP_STRINGS)}."
-            )
-        device_map = resolve_device_map(
-            model,
-            device_map,
-            max_memory=max_memory,
-            no_split_module_classes=no_split_module_classes,
-            dtype=dtype,
-            offload_buffers=offload_buffers,
-        )
-    elif device_map is not None and not isinstance(device_map, dict):
-        raise TypeError(
-            f"device_map must be a dict, one of {list(DEVICE_MAP_STRINGS)} or None, got {type(device_map).__name__}"
-        )
-    disk = _modules_on(device_map, "disk") if device_map is not None else []
-    has_disk = bool(disk)
-    if has_disk and offload_folder is None:
-        raise ValueError(
-            f"The device_map sends {disk[:5]} to 'disk' but no offload folder was given: pass "
-            "`offload_folder` (where the offloaded weights go, or the index pointing at the checkpoint)."
-        )
-    if offload_state_dict is None and has_disk:
+    placement = _placement_for_load(
+        model, device_map, max_memory, no_split_module_classes, dtype, offload_buffers
+    )
+    disk = placement.disk_modules if placement is not None else []
+    require_offload_folder(disk, offload_folder, "offload_folder")
+    if offload_state_dict is None and disk:
         offload_state_dict = True
     load_checkpoint_in_model(
         model,
         checkpoint,
-        device_map=device_map,
+        device_map=placement,
         offload_folder=offload_folder,
         dtype=dtype,
         offload_state_dict=bool(offload_state_dict),
@@ -452,11 +482,11 @@ def load_checkpoint_and_dispatch(
         full_state_dict=full_state_dict,
         broadcast_from_rank0=broadcast_from_rank0,
     )
-    if device_map is None:
+    if placement is None:
         return model
     return dispatch_model(
         model,
-        device_map=device_map,
+        device_map=placement,
         offload_dir=offload_folder,
         offload_buffers=offload_buffers,
         skip_keys=skip_keys,

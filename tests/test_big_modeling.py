@@ -28,7 +28,10 @@ from notebook_accel.hooks import (
 )
 from notebook_accel.hooks.offloaded import find_align_hook
 from notebook_accel.prefetch import THREAD_NAME_PREFIX, Prefetcher, enable_prefetch
+from notebook_accel.utils import placement
+from notebook_accel.utils.checkpoints import load_checkpoint_in_model
 from notebook_accel.utils.device_map import check_device_map
+from notebook_accel.utils.placement import DevicePlacement
 
 
 class Block(nn.Module):
@@ -416,6 +419,51 @@ def test_load_checkpoint_and_dispatch_errors(net: Net, checkpoint) -> None:
         load_checkpoint_and_dispatch(model, checkpoint, device_map=["cpu"])
     with pytest.raises(ValueError, match="pass `offload_folder`"):
         load_checkpoint_and_dispatch(model, checkpoint, device_map={"": "disk"})
+
+
+@pytest.mark.parametrize("device_map", ["auto", {"": "cpu"}, DEVICE_MAP])
+def test_load_checkpoint_and_dispatch_checks_the_map_once(
+    net: Net, ids, checkpoint, tmp_path, monkeypatch, device_map
+) -> None:
+    calls: list[dict] = []
+    real_check = placement.check_device_map
+    monkeypatch.setattr(placement, "check_device_map", lambda m, dm: calls.append(dm) or real_check(m, dm))
+    expected = net(ids)
+    with init_empty_weights():
+        model = Net().eval()
+    model = load_checkpoint_and_dispatch(
+        model,
+        checkpoint,
+        device_map=device_map,
+        offload_folder=tmp_path / "off",
+        no_split_module_classes=["Block"],
+    )
+    assert len(calls) == 1  # not again in load_checkpoint_in_model nor in dispatch_model
+    assert torch.allclose(model(ids), expected)
+    _unhook(model)
+
+
+def test_device_placement_is_checked_again_for_another_model(net: Net) -> None:
+    checked = DevicePlacement.check(net, {"": "cpu"})
+    assert DevicePlacement.check(net, checked) is checked and checked.is_for(net)
+    other = nn.Linear(2, 2)
+    assert not checked.is_for(other)
+    again = DevicePlacement.check(other, checked)  # a placement of another model is checked, not trusted
+    assert again is not checked and again.is_for(other)
+    with pytest.raises(ValueError, match="names 'embed'"):
+        DevicePlacement.check(other, {"embed": "cpu"})
+    with pytest.raises(ValueError, match="names 'embed'"):
+        dispatch_model(other, DevicePlacement.check(net, {"": "cpu", "embed": "cpu"}))
+
+
+def test_missing_offload_folder_is_one_message(net: Net) -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"sends \['stages.0', 'stages.1.1'\] to 'disk'.*pass `offload_dir`.* or `offload_index`",
+    ):
+        dispatch_model(copy.deepcopy(net), DEVICE_MAP)
+    with pytest.raises(ValueError, match=r"sends \[''\] to 'disk'.*pass `offload_folder` \(a folder"):
+        load_checkpoint_in_model(net, "unused", device_map={"": "disk"})
 
 
 # -- prefetcher ----------------------------------------------------------------------------------

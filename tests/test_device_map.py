@@ -303,14 +303,14 @@ def test_cpu_budget_honours_cgroup_limit(monkeypatch) -> None:
 
 
 def test_device_key_errors() -> None:
-    from notebook_accel.utils.device_memory import normalize_device_key
+    from notebook_accel.utils.devices import device_key
 
-    assert normalize_device_key("cuda") == 0 and normalize_device_key(torch.device("cuda:2")) == 2
-    assert normalize_device_key(" CPU ") == "cpu" and normalize_device_key("3") == 3
+    assert device_key("cuda") == 0 and device_key(torch.device("cuda:2")) == 2
+    assert device_key(" CPU ") == "cpu" and device_key("3") == 3
     with pytest.raises(ValueError, match="GPU index -1 is negative"):
-        normalize_device_key(-1)
+        device_key(-1)
     with pytest.raises(ValueError, match="True is not a device"):
-        normalize_device_key(True)
+        device_key(True)
 
 
 def test_model_larger_than_every_budget_including_disk() -> None:

@@ -9,13 +9,15 @@ from typing import Any
 
 import torch
 
+from notebook_accel.utils.device_map import DEVICE_MAP_STRATEGIES
+
 from ._base import _badge, _fmt_bytes, _Panel, _size_literal, _table, _text_table
 from ._machine import MachineInfo, machine_info
 from ._modules import suggest_no_split_classes
 
 __all__ = ["DeviceMapExplorer"]
 
-STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+STRATEGIES = DEVICE_MAP_STRATEGIES  # the one list, from notebook_accel.utils.device_map
 DTYPES = (None, "float32", "float16", "bfloat16", "int8")
 _AS_STORED = "as stored"  # the dtype dropdown's value for None (ipywidgets shows a None value blank)
 _GIB = 1024**3

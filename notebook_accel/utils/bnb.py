@@ -9,7 +9,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import imports
+from .checkpoints import load_checkpoint_in_model
 from .configs import BnbQuantizationConfig
+from .device_map import DEVICE_MAP_STRATEGIES, resolve_device_map
+from .devices import OFFLOAD_KEYS
+from .placement import DevicePlacement, require_offload_folder
+from .tied_params import find_tied_parameters
 
 __all__ = ["load_and_quantize_model", "replace_with_bnb_layers"]
 
@@ -20,13 +26,11 @@ _MIN_BNB = {"8bit": "0.37.2", "4bit": "0.39.0"}
 
 def _require_bnb(config: BnbQuantizationConfig) -> Any:
     """Return the imported ``bitsandbytes``; raise ImportError / RuntimeError naming what is missing."""
-    from .imports import is_bnb_available, is_cuda_available
-
-    if not is_bnb_available():
+    if not imports.is_bnb_available():
         raise ImportError(
             "load_and_quantize_model requires `bitsandbytes`: pip install bitsandbytes (and a CUDA GPU)"
         )
-    if not is_cuda_available():
+    if not imports.is_cuda_available():
         raise RuntimeError(
             "bitsandbytes quantization needs a CUDA GPU, and none is visible here; run on a GPU machine "
             "(or check CUDA_VISIBLE_DEVICES)"
@@ -48,8 +52,6 @@ def _require_bnb(config: BnbQuantizationConfig) -> Any:
 
 def _default_skip_modules(model: nn.Module) -> list[str]:
     """Return the modules to keep unquantized by default: tied weights and the output head."""
-    from . import find_tied_parameters
-
     tied = find_tied_parameters(model)
     tied_names = {name for group in tied for name in (group if isinstance(group, (list, tuple)) else [group])}
     names = sorted({name.rsplit(".", 1)[0] for name in tied_names if "." in name})
@@ -135,11 +137,10 @@ def _quantized_device_map(
         return {"": torch.cuda.current_device()}
     if isinstance(device_map, dict):
         return device_map
-    choices = ("auto", "balanced", "balanced_low_0", "sequential")
-    if device_map not in choices:
-        raise ValueError(f"device_map={device_map!r} is not valid; use a dict or one of {list(choices)}")
-    from . import get_balanced_memory, get_max_memory, infer_auto_device_map
-
+    if device_map not in DEVICE_MAP_STRATEGIES:
+        raise ValueError(
+            f"device_map={device_map!r} is not valid; use a dict or one of {list(DEVICE_MAP_STRATEGIES)}"
+        )
     keep = config.keep_in_fp32_modules or []
     special_dtypes = {
         name: torch.float32 if _skipped(name.rsplit(".", 1)[0], keep) else config.torch_dtype
@@ -147,23 +148,12 @@ def _quantized_device_map(
         if _skipped(name.rsplit(".", 1)[0], (config.skip_modules or []) + keep)
     }
     # 4-bit weights are counted as int8: twice their real size, which errs on the safe side.
-    dtype = torch.int8
-    if device_map != "sequential":
-        max_memory = get_balanced_memory(
-            model,
-            max_memory=max_memory,
-            no_split_module_classes=no_split_module_classes,
-            dtype=dtype,
-            special_dtypes=special_dtypes,
-            low_zero=device_map == "balanced_low_0",
-        )
-    elif max_memory is None:
-        max_memory = get_max_memory()
-    device_map = infer_auto_device_map(
+    device_map = resolve_device_map(
         model,
+        device_map,
         max_memory=max_memory,
         no_split_module_classes=no_split_module_classes,
-        dtype=dtype,
+        dtype=torch.int8,
         special_dtypes=special_dtypes,
     )
     if config.load_in_4bit and any(v in ("cpu", "disk") for v in device_map.values()):
@@ -218,24 +208,24 @@ def load_and_quantize_model(
             "or folder) to load; got None"
         )
     from ..big_modeling import dispatch_model, init_empty_weights
-    from . import load_checkpoint_in_model
 
     with init_empty_weights():
         replace_with_bnb_layers(model, config, not_convert, bnb.nn)
-    device_map = _quantized_device_map(model, config, device_map, max_memory, no_split_module_classes)
-    offload = any(v in ("cpu", "disk") for v in device_map.values())
-    if "disk" in device_map.values():
+    placement = DevicePlacement.check(
+        model, _quantized_device_map(model, config, device_map, max_memory, no_split_module_classes)
+    )
+    offload = any(key in OFFLOAD_KEYS for key in placement.devices)
+    require_offload_folder(placement.disk_modules, offload_folder, "offload_folder")
+    if placement.disk_modules:
         offload_state_dict = True
-        if offload_folder is None:
-            raise ValueError("the device map sends weights to 'disk': pass offload_folder to hold them")
     load_checkpoint_in_model(
         model,
         weights_location,
-        device_map=device_map,
+        device_map=placement,
         dtype=config.torch_dtype,
         offload_folder=offload_folder,
         offload_state_dict=offload_state_dict,
         keep_in_fp32_modules=config.keep_in_fp32_modules,
         offload_8bit_bnb=config.load_in_8bit and offload,
     )
-    return dispatch_model(model, device_map=device_map, offload_dir=offload_folder)
+    return dispatch_model(model, device_map=placement, offload_dir=offload_folder)

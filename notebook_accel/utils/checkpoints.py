@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 from .constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
-from .device_map import _device_lookup, check_device_map
+from .devices import Device, is_disk
 from .offload import load_offloaded_weights, offload_weight, save_offload_index
+from .placement import DeviceLookup, DevicePlacement, require_offload_folder
 from .sizes import _as_dtype, convert_file_size_to_int
 from .tensors import set_module_tensor_to_device
 from .tied_params import check_tied_parameters_on_same_device, find_tied_parameters, retie_parameters
@@ -31,12 +32,7 @@ __all__ = ["find_checkpoint_files", "load_checkpoint_in_model", "load_state_dict
 
 logger = logging.getLogger(__name__)
 
-Device = Union[int, str, torch.device]
 _SAFE_FORMATS = ("pt", "tf", "flax", "mlx", "numpy")
-
-
-def _is_disk(device: Device) -> bool:
-    return isinstance(device, str) and device == "disk"
 
 
 # ---------------------------------------------------------------------------------------------- reading files
@@ -127,13 +123,13 @@ def load_state_dict(
             if shard.safetensors:
                 return {key: shard.get(key) for key in shard.keys}
             return shard.state
-        lookup = _device_lookup(device_map)
+        lookup = DeviceLookup(device_map)
         result = {}
         for key in shard.keys:
             device = lookup(key)
             if device is None:
                 device = "cpu"
-            if _is_disk(device):
+            if is_disk(device):
                 continue
             result[key] = shard.get(key, device)
         return result
@@ -216,34 +212,28 @@ def _persistent_names(model: nn.Module) -> set[str]:
     return set(model.state_dict(keep_vars=True).keys())
 
 
-def _fp32_matcher(keep_in_fp32_modules: list[str] | None):
-    if not keep_in_fp32_modules:
-        return lambda name: False
-    mods = list(keep_in_fp32_modules)
-
-    def keep(name: str) -> bool:
-        parts = name.split(".")
-        return any(m in parts or name.startswith(m + ".") for m in mods)
-
-    return keep
+def _kept_in_fp32(name: str, modules: list[str]) -> bool:
+    """Return whether weight ``name`` belongs to one of ``modules`` (``keep_in_fp32_modules``)."""
+    parts = name.split(".")
+    return any(m in parts or name.startswith(m + ".") for m in modules)
 
 
-def _default_device(model: nn.Module):
+class _CurrentDevices:
     """Device of each tensor when no device_map is given: where it is now, or the CPU for meta tensors."""
-    where = {name: t.device for name, t in model.named_parameters(remove_duplicate=False)}
-    where.update({name: t.device for name, t in model.named_buffers(remove_duplicate=False)})
 
-    def lookup(name: str) -> Device:
-        device = where.get(name)
+    def __init__(self, model: nn.Module) -> None:
+        self._where = {name: t.device for name, t in model.named_parameters(remove_duplicate=False)}
+        self._where.update({name: t.device for name, t in model.named_buffers(remove_duplicate=False)})
+
+    def __call__(self, name: str) -> Device:
+        device = self._where.get(name)
         return "cpu" if device is None or device.type == "meta" else device
-
-    return lookup
 
 
 def load_checkpoint_in_model(
     model: nn.Module,
     checkpoint: Union[str, os.PathLike],
-    device_map: dict[str, Device] | None = None,
+    device_map: dict[str, Device] | DevicePlacement | None = None,
     offload_folder: Union[str, os.PathLike, None] = None,
     dtype: Union[str, torch.dtype, None] = None,
     offload_state_dict: bool = False,
@@ -261,105 +251,136 @@ def load_checkpoint_in_model(
     the checkpoint (no copy); from ``.bin`` files they are written there as ``.dat`` files. ``dtype`` casts
     floating weights (``keep_in_fp32_modules`` stay float32). ``strict`` raises on missing/unexpected keys.
     Tied parameters are tied again afterwards. Without ``device_map`` weights load where the model's tensors
-    are (meta tensors to the CPU).
+    are (meta tensors to the CPU). ``device_map`` may also be a ``DevicePlacement`` already checked for
+    ``model`` (what ``load_checkpoint_and_dispatch`` passes), which is not checked again.
     """
-    if offload_8bit_bnb:
-        if importlib.util.find_spec("bitsandbytes") is None:
-            raise ImportError("offload_8bit_bnb=True needs `bitsandbytes`: pip install bitsandbytes")
+    if offload_8bit_bnb and importlib.util.find_spec("bitsandbytes") is None:
+        raise ImportError("offload_8bit_bnb=True needs `bitsandbytes`: pip install bitsandbytes")
     target_dtype = None if dtype is None else _as_dtype(dtype)
     if broadcast_from_rank0:
         _load_broadcast(model, checkpoint, target_dtype, strict, full_state_dict)
         return
-
     tied = find_tied_parameters(model)
+    placement = None
     if device_map is not None:
-        check_device_map(model, device_map)
-        check_tied_parameters_on_same_device(tied, device_map)
-        if offload_folder is None and any(_is_disk(d) for d in device_map.values()):
-            disk = [name for name, d in device_map.items() if _is_disk(d)]
-            raise ValueError(
-                f"The device_map sends {disk[:5]} to 'disk': pass `offload_folder=` (a folder for the offloaded "
-                "weights, or for the index that points into a safetensors checkpoint)."
-            )
-        lookup = _device_lookup(device_map)
-    else:
-        lookup = _default_device(model)
-    files, index_path = find_checkpoint_files(checkpoint)
-    expected = _expected_tensors(model)
-    keep_fp32 = _fp32_matcher(keep_in_fp32_modules)
+        placement = DevicePlacement.check(model, device_map)
+        check_tied_parameters_on_same_device(tied, placement.device_map)
+        require_offload_folder(placement.disk_modules, offload_folder, "offload_folder")
+    loader = _CheckpointLoader(
+        model, placement, offload_folder, target_dtype, list(keep_in_fp32_modules or ()), offload_state_dict,
+        offload_buffers,
+    )  # fmt: skip
+    loader.load(find_checkpoint_files(checkpoint)[0], tied)
+    retie_parameters(model, tied)
+    _report_keys(model, loader.expected, loader.loaded, loader.unexpected, tied, strict)
 
-    offload_index: dict[str, dict] = {}
-    spill_index: dict[str, dict] = {}
-    spill_folder = tempfile.mkdtemp(prefix="na-state-dict-") if offload_state_dict else None
-    loaded: set[str] = set()
-    unexpected: list[str] = []
-    try:
-        for path in _progress(files):
-            shard = _Shard(path)
-            try:
-                for key in shard.keys:
-                    is_buffer = expected.get(key)
-                    if is_buffer is None:
-                        unexpected.append(key)
-                        continue
-                    device = lookup(key)
-                    if device is None:
-                        raise ValueError(f"{key} has no device in the device_map; add its module or ''.")
-                    value = shard.get(key, "cpu" if _is_disk(device) else device)
-                    new_dtype = target_dtype
-                    if new_dtype is not None and value.is_floating_point() and keep_fp32(key):
-                        new_dtype = torch.float32
-                    if not value.is_floating_point():
-                        new_dtype = None
-                    if _is_disk(device) and (offload_buffers or not is_buffer):
-                        _check_shape(model, key, value)
-                        final = new_dtype or value.dtype
-                        if shard.safetensors:
-                            offload_index[key] = {
-                                "safetensors_file": os.path.abspath(path), "weight_name": key,
-                                "dtype": str(final).replace("torch.", ""), "shape": list(value.shape),
-                            }  # fmt: skip
-                        else:
-                            offload_weight(value.to(final), key, offload_folder, index=offload_index)
-                        set_module_tensor_to_device(model, key, "meta", dtype=final)
-                    elif offload_state_dict and not shard.file_backed and str(device) == "cpu":
-                        _check_shape(model, key, value)
-                        final = new_dtype or value.dtype
-                        offload_weight(value.to(final), key, spill_folder, index=spill_index)
-                        set_module_tensor_to_device(model, key, "meta", dtype=final)
-                    elif device_map is None and new_dtype is None and _copy_in_place(model, key, value):
-                        pass  # an existing (non-meta) tensor keeps its identity, so optimizers stay valid
-                    else:
-                        set_module_tensor_to_device(
-                            model, key, "cpu" if _is_disk(device) else device, value=value, dtype=new_dtype
-                        )
-                    loaded.add(key)
-            finally:
-                shard.close()
-        if offload_index:
+
+class _CheckpointLoader:
+    """One load of checkpoint files into a model: each weight to its device, to disk, or spilled and read back."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        placement: DevicePlacement | None,
+        offload_folder: Union[str, os.PathLike, None],
+        dtype: torch.dtype | None,
+        keep_in_fp32_modules: list[str],
+        offload_state_dict: bool,
+        offload_buffers: bool,
+    ) -> None:
+        self.model = model
+        self.by_map = placement is not None
+        self.device_of = placement.device_of if placement is not None else _CurrentDevices(model)
+        self.offload_folder = offload_folder
+        self.dtype = dtype
+        self.keep_in_fp32_modules = keep_in_fp32_modules
+        self.offload_buffers = offload_buffers
+        self.expected = _expected_tensors(model)
+        self.loaded: set[str] = set()
+        self.unexpected: list[str] = []
+        self.offload_index: dict[str, dict] = {}
+        # CPU weights read from files that cannot be memory-mapped are spilled here, then mapped back.
+        self.spill_folder = tempfile.mkdtemp(prefix="na-state-dict-") if offload_state_dict else None
+        self.spill_index: dict[str, dict] = {}
+
+    def load(self, files: list[str], tied: list[list[str]]) -> None:
+        """Load every file; on failure remove the ``.dat`` files written so far. The spill folder is always removed."""
+        try:
+            for path in _progress(files):
+                shard = _Shard(path)
+                try:
+                    for key in shard.keys:
+                        self._load_one(shard, key)
+                finally:
+                    shard.close()
+            self._finish(tied)
+        except BaseException:
+            # A failed load leaves no partial set of .dat files behind (each file itself is written atomically).
+            for name, info in self.offload_index.items():
+                if "safetensors_file" not in info:
+                    with contextlib.suppress(OSError):
+                        os.remove(os.path.join(os.fspath(self.offload_folder), f"{name}.dat"))
+            raise
+        finally:
+            if self.spill_folder is not None:
+                shutil.rmtree(self.spill_folder, ignore_errors=True)
+
+    def _dtype_for(self, key: str, value: torch.Tensor) -> torch.dtype | None:
+        """Return the dtype ``value`` is cast to (None: keep it); integer and bool weights are never cast."""
+        if not value.is_floating_point():
+            return None
+        if self.dtype is not None and _kept_in_fp32(key, self.keep_in_fp32_modules):
+            return torch.float32
+        return self.dtype
+
+    def _load_one(self, shard: _Shard, key: str) -> None:
+        is_buffer = self.expected.get(key)
+        if is_buffer is None:
+            self.unexpected.append(key)
+            return
+        device = self.device_of(key)
+        if device is None:
+            raise ValueError(f"{key} has no device in the device_map; add its module or ''.")
+        value = shard.get(key, "cpu" if is_disk(device) else device)
+        dtype = self._dtype_for(key, value)
+        if is_disk(device) and (self.offload_buffers or not is_buffer):
+            self._to_disk(shard, key, value, dtype or value.dtype)
+        elif self.spill_folder is not None and not shard.file_backed and str(device) == "cpu":
+            _check_shape(self.model, key, value)
+            offload_weight(value.to(dtype or value.dtype), key, self.spill_folder, index=self.spill_index)
+            set_module_tensor_to_device(self.model, key, "meta", dtype=dtype or value.dtype)
+        elif not self.by_map and dtype is None and _copy_in_place(self.model, key, value):
+            pass  # an existing (non-meta) tensor keeps its identity, so optimizers stay valid
+        else:
+            target = "cpu" if is_disk(device) else device
+            set_module_tensor_to_device(self.model, key, target, value=value, dtype=dtype)
+        self.loaded.add(key)
+
+    def _to_disk(self, shard: _Shard, key: str, value: torch.Tensor, dtype: torch.dtype) -> None:
+        """Offload ``key``: an index entry pointing into a safetensors file, or a ``.dat`` file written."""
+        _check_shape(self.model, key, value)
+        if shard.safetensors:
+            self.offload_index[key] = {
+                "safetensors_file": os.path.abspath(shard.path), "weight_name": key,
+                "dtype": str(dtype).replace("torch.", ""), "shape": list(value.shape),
+            }  # fmt: skip
+        else:
+            offload_weight(value.to(dtype), key, self.offload_folder, index=self.offload_index)
+        set_module_tensor_to_device(self.model, key, "meta", dtype=dtype)
+
+    def _finish(self, tied: list[list[str]]) -> None:
+        """Write the offload index (tied names share their entry) and read spilled weights back."""
+        if self.offload_index:
             # A tied weight is stored once; hooks look weights up by each module's own names.
             for group in tied:
-                source = next((name for name in group if name in offload_index), None)
+                source = next((name for name in group if name in self.offload_index), None)
                 for name in group if source is not None else ():
-                    if name not in offload_index and _is_disk(lookup(name)):
-                        offload_index[name] = offload_index[source]
-                        loaded.add(name)
-            save_offload_index(offload_index, offload_folder)
-        if spill_index:
-            load_offloaded_weights(model, spill_index, spill_folder)
-    except BaseException:
-        # A failed load leaves no partial set of .dat files behind (each file itself is written atomically).
-        for name, info in offload_index.items():
-            if "safetensors_file" not in info:
-                with contextlib.suppress(OSError):
-                    os.remove(os.path.join(os.fspath(offload_folder), f"{name}.dat"))
-        raise
-    finally:
-        if spill_folder is not None:
-            shutil.rmtree(spill_folder, ignore_errors=True)
-
-    retie_parameters(model, tied)
-    _report_keys(model, expected, loaded, unexpected, tied, strict)
+                    if name not in self.offload_index and is_disk(self.device_of(name)):
+                        self.offload_index[name] = self.offload_index[source]
+                        self.loaded.add(name)
+            save_offload_index(self.offload_index, self.offload_folder)
+        if self.spill_index:
+            load_offloaded_weights(self.model, self.spill_index, self.spill_folder)
 
 
 def _copy_in_place(model: nn.Module, key: str, value: torch.Tensor) -> bool:

@@ -8,7 +8,6 @@ what keeps a 2,000-module model under a few milliseconds and the cost linear in 
 
 from __future__ import annotations
 
-import difflib
 import heapq
 import html
 import logging
@@ -19,9 +18,12 @@ import torch
 from torch import nn
 
 from ._module_tree import build_tree
-from .device_memory import get_balanced_memory, get_max_memory, normalize_device_key
+from .device_memory import get_balanced_memory, get_max_memory
+from .devices import Device, device_key
+from .placement import check_device_map
 
 __all__ = [
+    "DEVICE_MAP_STRATEGIES",
     "DeviceMapPlan",
     "check_device_map",
     "clean_device_map",
@@ -32,8 +34,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Device = Union[int, str, torch.device]
-_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+"""The device maps computed from the model and the memory: "auto" and "balanced" spread the GPUs evenly,
+"balanced_low_0" keeps GPU 0 light, "sequential" fills the devices in order."""
 
 
 def _fmt(nbytes: float) -> str:
@@ -344,7 +347,7 @@ class _Trie:
 
     def summarize(self) -> None:
         if self.has_value:
-            self.devices.add(_device_key(self.value))
+            self.devices.add(device_key(self.value))
             self.count = 1
         for child in self.children.values():
             child.summarize()
@@ -399,89 +402,6 @@ def clean_device_map(device_map: dict[str, Device], module_name: str = "") -> di
     return device_map
 
 
-def _device_key(device: Device) -> str:
-    return str(device.index if isinstance(device, torch.device) and device.type == "cuda" else device)
-
-
-def _device_lookup(device_map: dict[str, Device]):
-    """Return a function giving the device of a tensor name (longest matching module prefix), memoised per call."""
-    memo: dict[str, Device | None] = {}
-
-    def lookup(name: str) -> Device | None:
-        probe = name
-        trail = []
-        while True:
-            if probe in memo:
-                found = memo[probe]
-                break
-            if probe in device_map:
-                found = device_map[probe]
-                break
-            trail.append(probe)
-            cut = probe.rfind(".")
-            if cut == -1:
-                found = device_map.get("")
-                break
-            probe = probe[:cut]
-        for seen in trail:
-            memo[seen] = found
-        return found
-
-    return lookup
-
-
-def _model_names(model: nn.Module) -> tuple[set[str], list[str]]:
-    """Return every module/tensor name of ``model`` and its state-dict keys."""
-    names = {name for name, _ in model.named_modules(remove_duplicate=False)}
-    names.update(name for name, _ in model.named_parameters(remove_duplicate=False))
-    names.update(name for name, _ in model.named_buffers(remove_duplicate=False))
-    return names, list(model.state_dict(keep_vars=True).keys())
-
-
-def check_device_map(model: nn.Module, device_map: dict[str, Device]) -> None:
-    """Raise ``ValueError`` when ``device_map`` names something ``model`` lacks or leaves a tensor unplaced.
-
-    An unknown name comes with the closest existing names; uncovered parameters/buffers are all listed.
-    """
-    if not isinstance(device_map, dict):
-        raise TypeError(
-            f"device_map must be a dict of module name -> device, not {type(device_map).__name__}."
-        )
-    names, state_keys = _model_names(model)
-    for key in device_map:
-        if key != "" and key not in names:
-            close = difflib.get_close_matches(key, sorted(names), n=3, cutoff=0.5)
-            if not close:
-                # Short names ("O" for "0") share too few characters for difflib: offer the names that
-                # stand at the same level as the unknown one instead.
-                parent = key.rpartition(".")[0]
-                close = sorted(
-                    (n for n in names if n and n.rpartition(".")[0] == parent),
-                    key=lambda n: (len(n), n),
-                )[:8]
-            hint = f" Closest names: {', '.join(repr(c) for c in close)}." if close else ""
-            raise ValueError(
-                f"device_map names {key!r}, which is not a module, parameter or buffer of the model.{hint}"
-            )
-    if "" in device_map:
-        return
-    covered = set(device_map)
-    missing = []
-    for key in state_keys:
-        probe = key
-        while probe not in covered:
-            cut = probe.rfind(".")
-            if cut == -1:
-                missing.append(key)
-                break
-            probe = probe[:cut]
-    if missing:
-        raise ValueError(
-            "The device_map provided does not give any device for the following parameters/buffers: "
-            + ", ".join(missing)
-        )
-
-
 def resolve_device_map(
     model: nn.Module,
     device_map: Union[str, dict[str, Device], int, torch.device, None],
@@ -501,7 +421,7 @@ def resolve_device_map(
     if isinstance(device_map, dict):
         check_device_map(model, device_map)
         return device_map
-    if isinstance(device_map, str) and device_map in _STRATEGIES:
+    if isinstance(device_map, str) and device_map in DEVICE_MAP_STRATEGIES:
         if device_map != "sequential":
             max_memory = get_balanced_memory(
                 model,
@@ -515,10 +435,10 @@ def resolve_device_map(
             model, max_memory, no_split_module_classes, dtype, special_dtypes, offload_buffers=offload_buffers
         )
     try:
-        device = normalize_device_key(device_map)
+        device = device_key(device_map)
     except ValueError:
         raise ValueError(
             f"device_map={device_map!r} is not understood: pass a dict of module name -> device, one of "
-            f"{', '.join(repr(s) for s in _STRATEGIES)}, or a single device such as 'cpu', 'disk' or 0."
+            f"{', '.join(repr(s) for s in DEVICE_MAP_STRATEGIES)}, or a single device such as 'cpu', 'disk' or 0."
         ) from None
     return {"": device}

@@ -10,46 +10,30 @@ import torch
 from torch import nn
 
 from ._module_tree import build_tree
+from .devices import GPU_LESS_KEYS, device_key
 from .imports import cuda_device_count
 from .sizes import convert_file_size_to_int
 
-__all__ = ["get_balanced_memory", "get_max_memory", "normalize_device_key", "order_devices"]
+__all__ = ["get_balanced_memory", "get_max_memory", "order_devices"]
 
 logger = logging.getLogger(__name__)
-
-_NAMED_DEVICES = ("mps", "cpu", "disk")
-
-
-def normalize_device_key(key: Union[int, str, torch.device]) -> Union[int, str]:
-    """Return ``key`` as Accelerate spells device identifiers: an int for a GPU, or "mps"/"cpu"/"disk"."""
-    if isinstance(key, torch.device):
-        key = str(key) if key.index is None or key.type != "cuda" else key.index
-    if isinstance(key, bool):
-        raise ValueError(f"{key!r} is not a device; use a GPU index (0, 1, ...), 'mps', 'cpu' or 'disk'.")
-    if isinstance(key, int):
-        if key < 0:
-            raise ValueError(f"GPU index {key} is negative; use 0, 1, ...")
-        return key
-    if isinstance(key, str):
-        text = key.strip().lower()
-        if text in _NAMED_DEVICES:
-            return text
-        if text == "cuda":
-            return 0
-        if text.startswith("cuda:") and text[5:].isdigit():
-            return int(text[5:])
-        if text.isdigit():
-            return int(text)
-    raise ValueError(
-        f"Device {key!r} is not recognized in max_memory: use GPU indices (0, 1, ... or 'cuda:0'), "
-        "'mps', 'cpu' or 'disk'."
-    )
 
 
 def order_devices(keys: list[Union[int, str]]) -> list[Union[int, str]]:
     """Return device keys in filling order: GPUs by index, then "mps", "cpu" and "disk"."""
     gpus = sorted(k for k in keys if isinstance(k, int))
-    return gpus + [k for k in _NAMED_DEVICES if k in keys]
+    return gpus + [k for k in GPU_LESS_KEYS if k in keys]
+
+
+def _budget_key(key: Union[int, str, torch.device]) -> Union[int, str]:
+    """Return the device-map key of a ``max_memory`` key; only GPUs, "mps", "cpu" and "disk" get a budget."""
+    device = device_key(key)
+    if not isinstance(device, int) and device not in GPU_LESS_KEYS:
+        raise ValueError(
+            f"Device {key!r} is not recognized in max_memory: use GPU indices (0, 1, ... or 'cuda:0'), "
+            "'mps', 'cpu' or 'disk'."
+        )
+    return device
 
 
 def _cgroup_memory_left() -> int | None:
@@ -130,13 +114,13 @@ def get_max_memory(
         )
     parsed: dict[Union[int, str], int] = {}
     for key, value in max_memory.items():
-        parsed[normalize_device_key(key)] = _budget_bytes(key, value)
+        parsed[_budget_key(key)] = _budget_bytes(key, value)
     # As Accelerate does, the caller's strings become ints in place: transformers compares its own
     # dict with the result (min(max_memory[d], budget[d])) and needs numbers there. All entries were
     # validated first, so a bad one leaves the caller's dict untouched.
     for key, value in max_memory.items():
         if isinstance(value, str):
-            max_memory[key] = parsed[normalize_device_key(key)]
+            max_memory[key] = parsed[_budget_key(key)]
     gpus = [k for k in parsed if isinstance(k, int)]
     if gpus:
         available = cuda_device_count()

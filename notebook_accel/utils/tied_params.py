@@ -8,7 +8,7 @@ from typing import Union
 import torch
 from torch import nn
 
-from .device_map import _device_lookup
+from .placement import DeviceLookup
 
 __all__ = ["check_tied_parameters_on_same_device", "find_tied_parameters", "retie_parameters"]
 
@@ -63,7 +63,7 @@ def check_tied_parameters_on_same_device(
 ) -> bool:
     """Return True when each tied group lands on one device under ``device_map``; warn (and return False) if not."""
     ok = True
-    lookup = _device_lookup(device_map)
+    lookup = DeviceLookup(device_map)
     for group in tied_params:
         devices = {name: lookup(name) for name in group}
         if len({str(d) for d in devices.values()}) > 1:
