@@ -46,6 +46,7 @@ from .utils.offload import (
     offload_state_dict,
 )
 from .utils.placement import DevicePlacement, require_offload_folder
+from .utils.placement import check_device_map as check_device_map  # at this path in Accelerate too
 from .utils.tied_params import find_tied_parameters
 
 __all__ = [
