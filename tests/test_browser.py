@@ -179,7 +179,8 @@ def _run_all(page: Page, name: str) -> None:
 
 
 def _open_and_run(browser, lab: str, name: str) -> Page:  # noqa: ANN001 - playwright Browser
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    # 1280 px: a common laptop width, where the panels must fit without horizontal overflow.
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
     page.set_default_timeout(30_000)
     page.goto(lab.format(name=name), wait_until="domcontentloaded")
     _run_all(page, name)
@@ -285,6 +286,17 @@ def test_memory_estimation_table_visible(browser, lab: str) -> None:  # noqa: AN
         text = table.inner_text()
         assert "float32" in text and "int8" in text, f"the memory table lacks dtypes: {text[:500]!r}"
         assert re.search(r"\d+(\.\d+)? GiB", text), f"the memory table shows no sizes: {text[:500]!r}"
+        # Two verdicts per row: loading/inference, and beside it the training step's.
+        assert "loading / inference" in text and "training step" in text, f"verdict columns: {text[:500]!r}"
+        # The training table (items per dtype) lies inside the panel: nothing runs off its right edge.
+        items = panel.locator(".widget-html table", has_text="training item").first
+        items.wait_for(state="visible")
+        box, outer = items.bounding_box(), panel.bounding_box()
+        assert box["x"] + box["width"] <= outer["x"] + outer["width"] + 1, (
+            f"the training table overflows the panel at 1280 px: table {box}, panel {outer}"
+        )
+        overflow = panel.evaluate("el => el.scrollWidth - el.clientWidth")
+        assert overflow <= 1, f"the memory estimator overflows its output area by {overflow} px"
     finally:
         _screenshot(page, name, panel)
         page.close()

@@ -187,6 +187,15 @@ def test_verdicts_and_generated_code():
     big = MemoryEstimator(model, machine=_machine(gpus=(GpuInfo(0, "fake", GiB, GiB),)))
     assert big.estimates["float32"].training_fits is True and big.estimates["float32"].verdict == "fits"
     compile(est.estimates["float16"].code, "<code>", "exec")
+    # Loads on the GPU but a training step does not fit: never a plain "fits".
+    fits_to_load = MemoryEstimator(model, machine=_machine(gpus=(GpuInfo(0, "fake", GiB, 20 * MiB),)))
+    fp32 = fits_to_load.estimates["float32"]
+    assert fp32.verdict == "fits" and fp32.training_fits is False
+    assert fp32.inference_verdict == "fits (inference only)" and fp32.training_verdict == "does not fit"
+    row = dict(zip(fits_to_load._HEADERS, fits_to_load.rows()[0]))
+    assert row["loading / inference"] == "fits (inference only)" and row["training step"] == "does not fit"
+    assert "fits (inference only)" in fits_to_load._repr_html_() and "does not fit" in repr(fits_to_load)
+    assert big.estimates["float32"].inference_verdict == "fits"
     # Nowhere near enough: does not fit, and the code says why.
     est = MemoryEstimator(model, machine=_machine(ram=MiB, disk=MiB))
     assert est.estimates["float32"].verdict == "does not fit" and est.estimates["float32"].style == "danger"
@@ -201,8 +210,14 @@ def test_views_render():
     assert "MemoryEstimator(Sequential, activations: measured)" in text and "int4" in text
     assert est.widget is not None
     est._w_dtype.value = "int4"
-    assert est._w_verdict.description == "fits" and est._w_verdict.button_style == "success"
+    assert est._w_verdict.description == "loading / inference: fits (inference only)"
+    assert est._w_verdict.button_style == "success"
+    assert est._w_training.description == "training: n/a: quantised" and est._w_training.button_style == ""
     assert "load_in_4bit=True" in est._w_code.value
+    est._w_dtype.value = "float32"
+    fp32 = est.estimates["float32"]
+    assert fp32.training_fits is True and est._w_verdict.description == "loading / inference: fits"
+    assert est._w_training.description == "training: fits" and est._w_training.button_style == "success"
     assert est._w_chart.value[:4] == b"\x89PNG"
 
 

@@ -37,6 +37,11 @@ _VERDICT_STYLE = {
     DOES_NOT_FIT: "danger",
 }
 _GIB = 1024**3
+_TRAINING_VERDICT = {
+    True: ("fits", "success"),
+    False: ("does not fit", "danger"),
+    None: ("n/a: quantised", ""),
+}
 
 
 @dataclass
@@ -68,6 +73,26 @@ class DtypeEstimate:
     def style(self) -> str:
         """Return the status style of the verdict (success, info, warning, danger)."""
         return _VERDICT_STYLE[self.verdict]
+
+    @property
+    def inference_verdict(self) -> str:
+        """Return the loading/inference verdict as shown: ``verdict``, marked "inference only" unless training fits too.
+
+        A model that loads but cannot take a training step must never read as plainly "fits".
+        """
+        if self.verdict == DOES_NOT_FIT or self.training_fits:
+            return self.verdict
+        return f"{self.verdict} (inference only)"
+
+    @property
+    def training_verdict(self) -> str:
+        """Return the training step's verdict: "fits", "does not fit" or "n/a: quantised" (int8/int4)."""
+        return _TRAINING_VERDICT[self.training_fits][0]
+
+    @property
+    def training_style(self) -> str:
+        """Return the status style of the training verdict (success, danger, or "" when not applicable)."""
+        return _TRAINING_VERDICT[self.training_fits][1]
 
 
 class MemoryEstimator(_Panel):
@@ -307,7 +332,7 @@ class MemoryEstimator(_Panel):
 
     # -- rendering --------------------------------------------------------------------------
     def rows(self) -> list[list[str]]:
-        """Return the table rows: dtype, largest layer, total, inference, training, training fits, verdict."""
+        """Return the table rows: dtype, largest layer, total, inference, training, loading/inference verdict, training verdict."""
         out = []
         for est in self.estimates.values():
             out.append(
@@ -317,8 +342,8 @@ class MemoryEstimator(_Panel):
                     _fmt_bytes(est.total_size),
                     _fmt_bytes(est.inference),
                     _fmt_bytes(est.training),
-                    {True: "yes", False: "no", None: "-"}[est.training_fits],
-                    est.verdict,
+                    est.inference_verdict,
+                    est.training_verdict,
                 ]
             )
         return out
@@ -329,9 +354,17 @@ class MemoryEstimator(_Panel):
         "total size",
         "inference",
         "training (Adam)",
-        "training fits",
-        "verdict",
+        "loading / inference",
+        "training step",
     ]
+
+    def _badged_rows(self) -> list[list[str]]:
+        """Return the table rows as HTML cells, the two verdicts as coloured badges."""
+        return [
+            [html.escape(c) for c in r[:-2]]
+            + [_badge(e.inference_verdict, e.style), _badge(e.training_verdict, e.training_style)]
+            for r, e in zip(self.rows(), self.estimates.values())
+        ]
 
     def _machine_line(self) -> str:
         m = self.machine
@@ -368,8 +401,7 @@ class MemoryEstimator(_Panel):
     def _html(self) -> str:
         from ._charts import png_img_tag
 
-        rows = [r[:-1] + [_badge(e.verdict, e.style)] for r, e in zip(self.rows(), self.estimates.values())]
-        rows = [[html.escape(c) for c in r[:-1]] + [r[-1]] for r in rows]
+        rows = self._badged_rows()
         parts = [
             f"<b>MemoryEstimator</b> — {html.escape(type(self.model).__name__)}"
             + (f", batch size {self._batch_size}" if self._batch_size else ""),
@@ -410,6 +442,7 @@ class MemoryEstimator(_Panel):
         self._w_dtype = w.ToggleButtons(options=self.dtypes, value=self.dtypes[0], description="code for")
         self._w_dtype.observe(lambda _c: self._refresh_widget(), names="value")
         self._w_verdict = w.Button(disabled=True, layout=w.Layout(width="auto"))
+        self._w_training = w.Button(disabled=True, layout=w.Layout(width="auto"))
         self._w_code = w.Textarea(layout=w.Layout(width="100%", height="12em"))
         self._w_machine = w.HTML()
         return w.VBox(
@@ -417,8 +450,12 @@ class MemoryEstimator(_Panel):
                 self._w_batch,
                 self._w_table,
                 self._w_machine,
-                w.HBox([self._w_chart, self._w_items]),
-                w.HBox([self._w_dtype, self._w_verdict]),
+                # Wraps below the chart when the panel is narrow, instead of running off its edge.
+                w.HBox([self._w_chart, self._w_items], layout=w.Layout(flex_flow="row wrap", width="100%")),
+                self._w_dtype,
+                # The two verdicts of the chosen dtype on a row of their own: beside the dtype
+                # buttons they were squeezed to "fits (infer..." at 1280 px.
+                w.HBox([self._w_verdict, self._w_training], layout=w.Layout(flex_flow="row wrap")),
                 self._w_code,
             ]
         )
@@ -435,16 +472,15 @@ class MemoryEstimator(_Panel):
             self.batch_size = int(change["new"])
 
     def _refresh_widget(self) -> None:
-        rows = [r[:-1] + [_badge(e.verdict, e.style)] for r, e in zip(self.rows(), self.estimates.values())]
-        self._w_table.value = _table(
-            self._HEADERS, [[html.escape(c) for c in r[:-1]] + [r[-1]] for r in rows], escape=False
-        )
+        self._w_table.value = _table(self._HEADERS, self._badged_rows(), escape=False)
         items = self._items_rows()
         heads = ["training item"] + [e.dtype for e in self.estimates.values() if e.training_items]
         self._w_items.value = _table(heads, items) if items else ""
         self._w_machine.value = f"<small>{html.escape(self._machine_line())}</small>"
         self._w_chart.value = self.chart_png()
         est = self.estimates[self._w_dtype.value]
-        self._w_verdict.description = est.verdict
+        self._w_verdict.description = f"loading / inference: {est.inference_verdict}"
         self._w_verdict.button_style = est.style
+        self._w_training.description = f"training: {est.training_verdict}"
+        self._w_training.button_style = est.training_style
         self._w_code.value = est.code
