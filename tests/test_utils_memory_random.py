@@ -49,7 +49,7 @@ def test_should_reduce_batch_size_ignores_other_errors() -> None:
     assert not should_reduce_batch_size(RuntimeError("CUDA out of memory.", "two args"))
 
 
-def test_batch_size_halves_until_it_fits_and_remembers() -> None:
+def test_batch_size_shrinks_by_a_tenth_until_it_fits_and_remembers() -> None:
     tried = []
 
     @find_executable_batch_size(starting_batch_size=128)
@@ -59,9 +59,36 @@ def test_batch_size_halves_until_it_fits_and_remembers() -> None:
             raise RuntimeError("CUDA out of memory. Tried to allocate 1 GiB")
         return batch_size * scale, model
 
-    assert train("m", scale=2) == (32, "m")
-    assert tried == [128, 64, 32, 16]
-    assert train("m") == (16, "m") and tried[-1] == 16  # starts from the last size that worked
+    # Accelerate 1.15's sequence: int(size * 0.9) after each out-of-memory error.
+    expected = [128, 115, 103, 92, 82, 73, 65, 58, 52, 46, 41, 36, 32, 28, 25, 22, 19, 17, 15]
+    assert train("m", scale=2) == (30, "m")
+    assert tried == expected
+    assert train("m") == (15, "m") and tried[-1] == 15  # starts from the last size that worked
+
+
+def test_reduce_batch_size_fn_picks_the_next_size() -> None:
+    tried, offers = [], iter([50, 7])
+
+    @find_executable_batch_size(starting_batch_size=128, reduce_batch_size_fn=lambda: next(offers))
+    def train(batch_size):
+        tried.append(batch_size)
+        if batch_size > 20:
+            raise RuntimeError("CUDA out of memory.")
+        return batch_size
+
+    assert train() == 7 and tried == [128, 50, 7]
+
+
+def test_reduce_batch_size_fn_bad_values_raise() -> None:
+    with pytest.raises(TypeError, match=r"reduce_batch_size_fn must be a callable.*got 3"):
+        find_executable_batch_size(lambda batch_size: 1, reduce_batch_size_fn=3)
+
+    @find_executable_batch_size(starting_batch_size=8, reduce_batch_size_fn=lambda: "half")
+    def train(batch_size):
+        raise RuntimeError("CUDA out of memory.")
+
+    with pytest.raises(TypeError, match=r"must return a batch size \(an int >= 0\), got 'half'"):
+        train()
 
 
 def test_decorator_without_arguments_and_cpu_oom() -> None:
@@ -74,7 +101,7 @@ def test_decorator_without_arguments_and_cpu_oom() -> None:
             raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes")
         return batch_size
 
-    assert run() == 64 and tried == [128, 64]
+    assert run() == 92 and tried == [128, 115, 103, 92]
 
 
 def test_reaching_zero_raises() -> None:
@@ -112,7 +139,7 @@ def test_failed_attempt_is_freed_before_the_caches_are_cleared(monkeypatch) -> N
 
     monkeypatch.setattr(memory_module, "clear_device_cache", spy)
 
-    @find_executable_batch_size(starting_batch_size=4)
+    @find_executable_batch_size(starting_batch_size=3)  # 3 -> 2 -> 1
     def train(batch_size):
         activations = torch.empty(16)
         attempts.append(weakref.ref(activations))
@@ -155,7 +182,7 @@ def test_memory_is_released_between_tries(monkeypatch) -> None:
         memory_module, "clear_device_cache", lambda garbage_collection=False: calls.append(garbage_collection)
     )
 
-    @find_executable_batch_size(starting_batch_size=4)
+    @find_executable_batch_size(starting_batch_size=3)  # 3 -> 2 -> 1
     def train(batch_size):
         if batch_size > 1:
             raise RuntimeError("CUDA out of memory.")

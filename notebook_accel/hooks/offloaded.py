@@ -24,6 +24,7 @@ from .base import SequentialHook
 __all__ = [
     "align_module_device",
     "find_align_hook",
+    "get_state_dict_from_offload",
     "get_state_dict_offloaded_model",
     "has_offloaded_params",
     "weight_placement",
@@ -107,6 +108,34 @@ def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
                 raise ValueError(f"{prefix + key} is on the meta device and has no offloaded copy to read.")
             state[prefix + key] = tensor.detach().to("cpu")
     return state
+
+
+def get_state_dict_from_offload(
+    module: nn.Module, module_name: str, state_dict: dict[str, Any], device_to_put_offload: Any = "cpu"
+) -> dict[str, Any]:
+    """Return ``state_dict`` with ``module``'s weights added under ``module_name.<key>``, read onto a device.
+
+    An offloaded (hooked) module's weights are loaded from their offload map for the read; every
+    value lands on ``device_to_put_offload`` (the CPU by default). ``state_dict`` is updated in place.
+    """
+    prefix = f"{module_name}." if module_name else ""
+    # Each submodule's hook holds that submodule's weights: align them one module at a time.
+    for sub_name, sub in module.named_modules():
+        sub_prefix = prefix + (f"{sub_name}." if sub_name else "")
+        aligned = (
+            align_module_device(sub, device_to_put_offload) if has_offloaded_params(sub) else contextlib.nullcontext()
+        )
+        with aligned:
+            for key, tensor in _own_tensors(sub):
+                if tensor is None:
+                    continue
+                if tensor.device.type == "meta":
+                    raise ValueError(
+                        f"{sub_prefix + key} is on the meta device and has no offloaded copy: load its weights "
+                        "(load_checkpoint_in_model) or dispatch the model with an offload first."
+                    )
+                state_dict[sub_prefix + key] = tensor.detach().to(device_to_put_offload)
+    return state_dict
 
 
 def _placement_of(module: nn.Module, owner: AlignDevicesHook | None) -> dict | None:

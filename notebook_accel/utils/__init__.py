@@ -268,6 +268,19 @@ _add(
     "is_triton_available",
 )
 _add(".versions", "compare_versions")
+_add(".grad_scaler", "get_grad_scaler")
+_add(
+    ".operations",
+    "CannotPadNestedTensorWarning",
+    "GatheredParameters",
+    "copy_tensor_to_devices",
+    "find_device",
+    "is_namedtuple",
+    "pad_input_tensors",
+)
+_add(".other", "is_peft_model")
+_add(".allocation", "check_tied_parameters_in_config")
+_add(".tqdm", "tqdm")
 
 __all__ = sorted(_TABLE)
 __getattr__, __dir__ = attach(__name__, _TABLE)

@@ -27,8 +27,12 @@ __all__ = [
     "initialize_tensors",
     "is_namedtuple",
     "is_tensor_information",
+    "find_device",
+    "get_shape",
     "is_torch_tensor",
+    "is_torch_xpu_tensor",
     "listify",
+    "pad_input_tensors",
     "recursively_apply",
     "send_to_device",
     "slice_tensors",
@@ -90,6 +94,21 @@ def _rebuild_mapping(original: Mapping, items: dict) -> Any:
         return items
 
 
+def _is_container(data: Any) -> bool:
+    return isinstance(data, (list, tuple, Mapping))
+
+
+def _map_children(data: list | tuple | Mapping, visit: Callable[[Any], Any], skip: Any = ()) -> Any:
+    """Return container ``data`` rebuilt with its own type, ``visit`` applied to each child.
+
+    The one place that knows how containers are taken apart and rebuilt; mapping values under the
+    keys in ``skip`` are kept as they are.
+    """
+    if isinstance(data, Mapping):
+        return _rebuild_mapping(data, {k: v if k in skip else visit(v) for k, v in data.items()})
+    return honor_type(data, (visit(item) for item in data))
+
+
 def recursively_apply(
     func: Callable,
     data: Any,
@@ -103,34 +122,20 @@ def recursively_apply(
     Lists, tuples, namedtuples and mappings are rebuilt with their own types; other leaves are kept
     as they are, or rejected with TypeError when ``error_on_other_type``.
     """
-    if isinstance(data, (list, tuple)):
-        return honor_type(
-            data,
-            (
-                recursively_apply(
-                    func, o, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
-                )
-                for o in data
-            ),
-        )
-    if isinstance(data, Mapping):
-        return _rebuild_mapping(
-            data,
-            {
-                k: recursively_apply(
-                    func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
-                )
-                for k, v in data.items()
-            },
-        )
-    if test_type(data):
-        return func(data, *args, **kwargs)
-    if error_on_other_type:
-        raise TypeError(
-            f"Unsupported type {type(data).__name__} passed to `{getattr(func, '__name__', func)}`: only nested "
-            f"lists/tuples/dicts of objects accepted by `{getattr(test_type, '__name__', test_type)}` can be passed"
-        )
-    return data
+
+    def visit(node: Any) -> Any:
+        if _is_container(node):
+            return _map_children(node, visit)
+        if test_type(node):
+            return func(node, *args, **kwargs)
+        if error_on_other_type:
+            raise TypeError(
+                f"{getattr(func, '__name__', func)} got a {type(node).__name__}: it takes nested "
+                f"lists/tuples/dicts whose leaves pass {getattr(test_type, '__name__', test_type)}"
+            )
+        return node
+
+    return visit(data)
 
 
 def send_to_device(tensor: Any, device: Any, non_blocking: bool = False, skip_keys: Any = None) -> Any:
@@ -140,23 +145,19 @@ def send_to_device(tensor: Any, device: Any, non_blocking: bool = False, skip_ke
     ``skip_keys`` (a key or a list of keys of a mapping) stay where they are. Tensors already on
     ``device`` are returned as they are (no copy).
     """
-    if isinstance(tensor, (list, tuple)):
-        return honor_type(tensor, (send_to_device(t, device, non_blocking, skip_keys) for t in tensor))
-    if isinstance(tensor, Mapping):
-        skip = {skip_keys} if isinstance(skip_keys, str) else set(skip_keys or ())
-        return _rebuild_mapping(
-            tensor,
-            {
-                k: v if k in skip else send_to_device(v, device, non_blocking, skip_keys)
-                for k, v in tensor.items()
-            },
-        )
-    if isinstance(tensor, torch.Tensor) or callable(getattr(tensor, "to", None)):
-        try:
-            return tensor.to(device, non_blocking=non_blocking)
-        except TypeError:  # a .to() that does not take non_blocking
-            return tensor.to(device)
-    return tensor
+    skip = {skip_keys} if isinstance(skip_keys, str) else set(skip_keys or ())
+
+    def visit(node: Any) -> Any:
+        if _is_container(node):
+            return _map_children(node, visit, skip)
+        if isinstance(node, torch.Tensor) or callable(getattr(node, "to", None)):
+            try:
+                return node.to(device, non_blocking=non_blocking)
+            except TypeError:  # a .to() that does not take non_blocking
+                return node.to(device)
+        return node
+
+    return visit(tensor)
 
 
 def listify(data: Any) -> Any:
@@ -272,3 +273,45 @@ def _empty(info: TensorInformation) -> torch.Tensor:
 def initialize_tensors(data_structure: Any) -> Any:
     """Return ``data_structure`` with every :class:`TensorInformation` replaced by an empty CPU tensor."""
     return recursively_apply(_empty, data_structure, test_type=is_tensor_information)
+
+
+def is_torch_xpu_tensor(tensor: Any) -> bool:
+    """Return whether ``tensor`` is a tensor on an Intel XPU."""
+    return isinstance(tensor, torch.Tensor) and tensor.device.type == "xpu"
+
+
+def find_device(data: Any) -> torch.device | None:
+    """Return the device of the first tensor in ``data`` (nested lists/tuples/dicts), or None without one."""
+    if isinstance(data, torch.Tensor):
+        return data.device
+    if _is_container(data):
+        for item in data.values() if isinstance(data, Mapping) else data:
+            device = find_device(item)
+            if device is not None:
+                return device
+    return None
+
+
+def get_shape(data: Any) -> Any:
+    """Return ``data`` with every tensor replaced by its shape as a list of ints."""
+    return recursively_apply(lambda tensor: list(tensor.shape), data)
+
+
+def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:
+    """Return ``tensor`` (nested lists/tuples/dicts) zero-padded along ``dim`` so ``num_processes`` can split it.
+
+    The size along ``dim`` grows from ``batch_size`` to the next multiple of ``num_processes`` (at least
+    ``num_processes``): ``[3, 4, 4]`` for 4 processes becomes ``[4, 4, 4]``.
+    """
+    if not isinstance(num_processes, int) or num_processes < 1:
+        raise ValueError(f"pad_input_tensors: num_processes must be a positive int, got {num_processes!r}")
+    target = max(num_processes, -(-batch_size // num_processes) * num_processes)
+
+    def _pad(t: torch.Tensor) -> torch.Tensor:
+        if t.ndim == 0 or t.shape[dim] >= target:
+            return t
+        shape = list(t.shape)
+        shape[dim] = target - t.shape[dim]
+        return torch.cat([t, t.new_zeros(shape)], dim=dim)
+
+    return recursively_apply(_pad, tensor)

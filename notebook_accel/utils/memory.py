@@ -77,12 +77,28 @@ def should_reduce_batch_size(exception: BaseException) -> bool:
     return False
 
 
-def find_executable_batch_size(function: Callable = None, starting_batch_size: int = 128) -> Callable:
-    """Return ``function`` wrapped so it is retried with half the batch size after each out-of-memory error.
+def _reduced(batch_size: int, reduce_batch_size_fn: Callable[[], int] | None) -> int:
+    """Return the next batch size to try after ``batch_size`` ran out of memory."""
+    if reduce_batch_size_fn is None:
+        return int(batch_size * 0.9)
+    smaller = reduce_batch_size_fn()
+    if isinstance(smaller, bool) or not isinstance(smaller, int) or smaller < 0:
+        raise TypeError(f"reduce_batch_size_fn must return a batch size (an int >= 0), got {smaller!r}")
+    return smaller
+
+
+def find_executable_batch_size(
+    function: Callable = None,
+    starting_batch_size: int = 128,
+    reduce_batch_size_fn: Callable[[], int] | None = None,
+) -> Callable:
+    """Return ``function`` wrapped so it is retried with a smaller batch size after each out-of-memory error.
 
     ``function`` must take ``batch_size`` as its first parameter; callers pass the other arguments
     only. Usable as ``@find_executable_batch_size`` or ``@find_executable_batch_size(starting_batch_size=64)``.
-    Raises RuntimeError when the batch size reaches zero. The last working size is kept for later calls.
+    After an out-of-memory error the batch size is multiplied by 0.9 (rounded down), or set to what
+    ``reduce_batch_size_fn()`` (no arguments) returns. Raises RuntimeError when the batch size reaches
+    zero. The last working size is kept for later calls.
 
     Example::
 
@@ -92,7 +108,11 @@ def find_executable_batch_size(function: Callable = None, starting_batch_size: i
         train(model, optimizer)
     """
     if function is None:
-        return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size)
+        return functools.partial(
+            find_executable_batch_size,
+            starting_batch_size=starting_batch_size,
+            reduce_batch_size_fn=reduce_batch_size_fn,
+        )
     if not callable(function):
         raise TypeError(f"find_executable_batch_size decorates a function, got {function!r}")
     if (
@@ -101,6 +121,10 @@ def find_executable_batch_size(function: Callable = None, starting_batch_size: i
         or starting_batch_size < 1
     ):
         raise ValueError(f"starting_batch_size must be a positive int, got {starting_batch_size!r}")
+    if reduce_batch_size_fn is not None and not callable(reduce_batch_size_fn):
+        raise TypeError(
+            f"reduce_batch_size_fn must be a callable taking no arguments, got {reduce_batch_size_fn!r}"
+        )
     name = getattr(function, "__name__", repr(function))
     params = list(inspect.signature(function).parameters.values())
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -133,8 +157,9 @@ def find_executable_batch_size(function: Callable = None, starting_batch_size: i
                     raise
             # Freed only here, after the except block: inside it the exception being handled still
             # holds the failed attempt's frames, and with them its tensors.
-            logger.info("out of memory at batch_size=%d, retrying with %d", batch_size, batch_size // 2)
+            smaller = _reduced(batch_size, reduce_batch_size_fn)
+            logger.info("out of memory at batch_size=%d, retrying with %d", batch_size, smaller)
             clear_device_cache(garbage_collection=True)
-            batch_size //= 2
+            batch_size = smaller
 
     return decorator

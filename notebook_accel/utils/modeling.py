@@ -17,7 +17,16 @@ import contextlib
 from typing import Any
 
 from .._lazy import attach
+from .allocation import (
+    check_device_same,
+    check_tied_parameters_in_config,
+    fallback_allocate,
+    get_module_leaves,
+    get_module_size_with_ties,
+    get_non_persistent_buffers,
+)
 from .checkpoints import find_checkpoint_files, load_checkpoint_in_model, load_state_dict, shard_checkpoint
+from .constants import SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 from .device_map import (
     DeviceMapPlan,
     check_device_map,
@@ -27,6 +36,23 @@ from .device_map import (
     resolve_device_map,
 )
 from .device_memory import get_balanced_memory, get_max_memory
+from .enums import CustomDtype, DistributedType
+from .grad_scaler import get_grad_scaler
+from .imports import (
+    is_hpu_available,
+    is_mlu_available,
+    is_mps_available,
+    is_musa_available,
+    is_npu_available,
+    is_sdaa_available,
+    is_torch_xla_available,
+    is_xpu_available,
+)
+from .kwargs import AutocastKwargs
+from .memory import clear_device_cache
+from .offload import load_offloaded_weight, load_offloaded_weights, offload_weight, save_offload_index
+from .other import is_peft_model
+from .package_checks import is_peft_available, is_tqdm_available
 from .sizes import (
     calculate_maximum_sizes,
     compute_module_sizes,
@@ -38,6 +64,8 @@ from .sizes import (
 )
 from .tensors import id_tensor_storage, set_module_tensor_to_device
 from .tied_params import check_tied_parameters_on_same_device, find_tied_parameters, retie_parameters
+from .tqdm import tqdm
+from .versions import is_torch_version
 
 __all__ = [
     "DeviceMapPlan",
@@ -65,12 +93,49 @@ __all__ = [
     "retie_parameters",
     "set_module_tensor_to_device",
     "shard_checkpoint",
+    # Accelerate 1.15 names of utils.modeling (defined in the topic modules imported above)
+    "SAFE_WEIGHTS_NAME",
+    "WEIGHTS_INDEX_NAME",
+    "WEIGHTS_NAME",
+    "AutocastKwargs",
+    "CustomDtype",
+    "DistributedType",
+    "check_device_same",
+    "check_tied_parameters_in_config",
+    "clear_device_cache",
+    "fallback_allocate",
+    "get_grad_scaler",
+    "get_module_leaves",
+    "get_module_size_with_ties",
+    "get_non_persistent_buffers",
+    "is_hpu_available",
+    "is_mlu_available",
+    "is_mps_available",
+    "is_musa_available",
+    "is_npu_available",
+    "is_peft_available",
+    "is_peft_model",
+    "is_sdaa_available",
+    "is_torch_version",
+    "is_torch_xla_available",
+    "is_tqdm_available",
+    "is_xpu_available",
+    "load_offloaded_weight",
+    "load_offloaded_weights",
+    "offload_weight",
+    "save_offload_index",
+    "tqdm",
 ]
 
 # Accelerate documents these in utils.modeling; they read hooks, so they live in the hooks package and
 # are resolved at first use (a lazy table entry, not an import: utils stays below hooks).
 _FROM_HOOKS = dict.fromkeys(
-    ("align_module_device", "get_state_dict_offloaded_model", "has_offloaded_params"),
+    (
+        "align_module_device",
+        "get_state_dict_from_offload",
+        "get_state_dict_offloaded_model",
+        "has_offloaded_params",
+    ),
     "notebook_accel.hooks.offloaded",
 )
 __all__ += sorted(_FROM_HOOKS)

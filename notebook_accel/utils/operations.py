@@ -12,31 +12,58 @@ rank's shapes, instead of hanging or returning garbage.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import functools
+import os
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ._ops_structure import (
+    ConvertOutputsToFp32,
     TensorInformation,
     concatenate,
     convert_outputs_to_fp32,
     convert_to_fp32,
     find_batch_size,
+    find_device,
     get_data_structure,
+    get_shape,
     honor_type,
     ignorant_find_batch_size,
     initialize_tensors,
+    is_namedtuple,
     is_tensor_information,
     is_torch_tensor,
+    is_torch_xpu_tensor,
     listify,
+    pad_input_tensors,
     recursively_apply,
     send_to_device,
     slice_tensors,
 )
+from .constants import TORCH_DISTRIBUTED_OPERATION_TYPES
+from .environment import parse_flag_from_env
 
 __all__ = [
+    "TENSOR_INT_TO_DTYPE",
+    "TENSOR_TYPE_TO_INT",
+    "TORCH_DISTRIBUTED_OPERATION_TYPES",
+    "CannotPadNestedTensorWarning",
+    "ConvertOutputsToFp32",
+    "GatheredParameters",
+    "find_device",
+    "get_shape",
+    "is_namedtuple",
+    "is_torch_xpu_tensor",
+    "pad_input_tensors",
+    "chained_operation",
+    "copy_tensor_to_devices",
+    "gather_tensor_shape",
+    "verify_operation",
     "DistributedOperationException",
     "TensorInformation",
     "broadcast",
@@ -66,8 +93,28 @@ _REDUCTIONS = ("mean", "sum", "none")
 _all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+# Dtypes as small ints, to send a dtype through an integer tensor collective.
+TENSOR_TYPE_TO_INT = {
+    torch.float32: 1,
+    torch.float64: 2,
+    torch.float16: 3,
+    torch.bfloat16: 4,
+    torch.uint8: 5,
+    torch.int8: 6,
+    torch.int16: 7,
+    torch.int32: 8,
+    torch.int64: 9,
+    torch.bool: 10,
+}
+TENSOR_INT_TO_DTYPE = {number: dtype for dtype, number in TENSOR_TYPE_TO_INT.items()}
+
+
 class DistributedOperationException(RuntimeError):
     """A collective was called with data that does not match across processes (shapes, dtypes, structure)."""
+
+
+class CannotPadNestedTensorWarning(UserWarning):
+    """``pad_across_processes`` met a nested (jagged) tensor: it has no single size to pad, so it is left as is."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -440,6 +487,8 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     if _is_single(world):
         return tensor
     tensors = [tensor] if isinstance(tensor, torch.Tensor) else _leaves(tensor, "pad_across_processes")
+    if any(t.is_nested for t in tensors):
+        return _pad_without_nested(tensor, tensors, dim, pad_index, pad_first)
     if world["debug"]:
         _verify("pad_across_processes", tensor, world, sizes_must_match=False)
     if not tensors:
@@ -468,3 +517,134 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
         padded.narrow(d, target - size if pad_first else 0, size).copy_(t)
         out.append(padded)
     return out[0] if isinstance(tensor, torch.Tensor) else _refill(tensor, out)
+
+
+def _pad_without_nested(
+    tensor: Any, tensors: list[torch.Tensor], dim: int, pad_index: int, pad_first: bool
+) -> Any:
+    """Return ``tensor`` padded with its nested tensors left out (each warned about)."""
+    warnings.warn(
+        "pad_across_processes cannot pad nested tensors (their sizes differ per row); they are returned "
+        "unpadded. Pad them yourself (torch.nested.to_padded_tensor) before gathering if you need equal sizes.",
+        CannotPadNestedTensorWarning,
+        stacklevel=3,
+    )
+    # Every process still pads its regular tensors in one collective; nested ones are placeholders.
+    regular = [t[0] if t.is_nested else t for t in tensors]
+    padded = pad_across_processes(regular, dim=dim, pad_index=pad_index, pad_first=pad_first)
+    out = [t if t.is_nested else p for t, p in zip(tensors, padded)]
+    return out[0] if isinstance(tensor, torch.Tensor) else _refill(tensor, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# tensors that exist on one process only (the others pass None)
+
+
+def _source(tensor: torch.Tensor | None, op: str) -> tuple[int, tuple[int, ...], torch.dtype]:
+    """Return ``(rank, shape, dtype)`` of the one process that holds a tensor (ValueError otherwise)."""
+    mine = None if tensor is None else (tuple(tensor.shape), tensor.dtype)
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    holders = [rank for rank, info in enumerate(everyone) if info is not None]
+    if len(holders) != 1:
+        raise ValueError(
+            f"{op}: exactly one process must pass a tensor and the others None; processes {holders} passed "
+            "one. Pass the tensor on one process only (e.g. `t if state.is_main_process else None`)."
+        )
+    shape, dtype = everyone[holders[0]]
+    return holders[0], shape, dtype
+
+
+def _check_single_process_input(tensor: torch.Tensor | None, op: str) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{op}: a single process must pass a tensor, got {tensor!r}")
+    return tensor
+
+
+def gather_tensor_shape(tensor: torch.Tensor | None) -> torch.Tensor:
+    """Return, on every process, the shape (an int64 tensor) of the tensor that one process holds."""
+    world = _world()
+    if _is_single(world):
+        return torch.tensor(
+            _check_single_process_input(tensor, "gather_tensor_shape").shape, dtype=torch.int64
+        )
+    _, shape, _ = _source(tensor, "gather_tensor_shape")
+    return torch.tensor(shape, dtype=torch.int64)
+
+
+def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
+    """Return, on every process, a copy (on its device) of the tensor that one process holds; others pass None."""
+    world = _world()
+    if _is_single(world):
+        return _check_single_process_input(tensor, "copy_tensor_to_devices")
+    src, shape, dtype = _source(tensor, "copy_tensor_to_devices")
+    backend = world.get("backend") or ""
+    device = world["device"] if "nccl" in backend or "xccl" in backend else torch.device("cpu")
+    buffer = (
+        tensor.to(device).contiguous()
+        if tensor is not None
+        else torch.empty(shape, dtype=dtype, device=device)
+    )
+    wire = buffer.view(torch.uint8) if buffer.dtype == torch.bool else buffer
+    dist.broadcast(wire, src=src)
+    return buffer.to(world["device"])
+
+
+# ---------------------------------------------------------------------------------------------
+# decorators: check a collective's input, name the failed operation
+
+
+def verify_operation(function: Callable) -> Callable:
+    """Return ``function`` (a collective taking a tensor structure first) checked across processes in debug mode.
+
+    With ``ACCELERATE_DEBUG_MODE`` on (``PartialState().debug``), every process first compares the
+    shapes and dtypes of its first argument; a mismatch raises DistributedOperationException listing
+    each process's shapes instead of hanging in the collective.
+    """
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        world = _world()
+        if world.get("debug") and not _is_single(world):
+            data = args[0] if args else next(iter(kwargs.values()), None)
+            _verify(function.__name__, data, world)
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+def chained_operation(function: Callable) -> Callable:
+    """Return ``function`` with a DistributedOperationException re-raised naming ``function`` (the cause chained)."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except DistributedOperationException as error:
+            raise DistributedOperationException(
+                f"Error found while calling `{function.__module__}.{function.__qualname__}`; the cause above "
+                "lists each process's input: make them match."
+            ) from error
+
+    return wrapper
+
+
+def GatheredParameters(
+    params: Any, modifier_rank: int | None = None, fwd_module: Any = None, enabled: bool = True
+) -> Any:  # noqa: N802 (Accelerate's name)
+    """Return DeepSpeed's ``zero.GatheredParameters`` context under ZeRO-3, else a context that does nothing.
+
+    Under ZeRO stage 3 each process holds a shard of ``params``; inside the context they are whole
+    (and ``modifier_rank``'s changes are broadcast on exit). Without ZeRO-3 they are whole already.
+    """
+    zero3 = (
+        parse_flag_from_env("ACCELERATE_USE_DEEPSPEED")
+        and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
+    )
+    if not (enabled and zero3):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(
+        params, modifier_rank=modifier_rank, fwd_module=fwd_module, enabled=enabled
+    )

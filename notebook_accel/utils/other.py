@@ -12,7 +12,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["extract_model_from_parallel", "get_pretty_name", "merge_dicts", "save", "wait_for_everyone"]
+from .package_checks import is_peft_available
+
+__all__ = [
+    "extract_model_from_parallel",
+    "get_pretty_name",
+    "is_peft_model",
+    "merge_dicts",
+    "save",
+    "wait_for_everyone",
+]
 
 
 def _parallel_wrappers() -> tuple[type, ...]:
@@ -35,14 +44,21 @@ def _is_compiled_module(model: Any) -> bool:
 
 
 def extract_model_from_parallel(
-    model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    model: torch.nn.Module,
+    keep_fp32_wrapper: bool = True,
+    keep_torch_compile: bool = True,
+    recursive: bool = False,
 ) -> torch.nn.Module:
     """Return the model inside its DDP / DataParallel / FSDP / DeepSpeed / ``torch.compile`` wrappers.
 
     With ``keep_fp32_wrapper=False`` the mixed-precision forward wrapper the Accelerator installed
     (original kept in ``model._original_forward``) is removed. With ``keep_torch_compile`` a compiled
-    model stays compiled (its inner module unwrapped); otherwise the plain module is returned.
+    model stays compiled (its inner module unwrapped); otherwise the plain module is returned. With
+    ``recursive`` the submodules are unwrapped too (a DDP- or compile-wrapped child is replaced, in its
+    parent, by the module inside).
     """
+    if recursive:
+        _unwrap_children(model, keep_torch_compile)
     compiled = model if _is_compiled_module(model) else None
     if compiled is not None:
         model = compiled._orig_mod
@@ -63,6 +79,18 @@ def extract_model_from_parallel(
         compiled._orig_mod = model
         return compiled
     return model
+
+
+def _unwrap_children(model: torch.nn.Module, keep_torch_compile: bool) -> None:
+    """Replace, in place and at any depth, each wrapped submodule of ``model`` by the module inside."""
+    wrappers = _parallel_wrappers()
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            inner = child
+            while isinstance(inner, wrappers) or (not keep_torch_compile and _is_compiled_module(inner)):
+                inner = inner.module if isinstance(inner, wrappers) else inner._orig_mod
+            if inner is not child:
+                setattr(parent, name, inner)
 
 
 def _state():
@@ -146,11 +174,19 @@ def merge_dicts(source: Mapping, destination: dict) -> dict:
 
 
 def get_pretty_name(obj: Any) -> str:
-    """Return a readable name for ``obj``: its qualified name, its class's, or ``str(obj)``."""
-    if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
-        obj = getattr(obj, "__class__", obj)
-    if hasattr(obj, "__qualname__"):
-        return obj.__qualname__
-    if hasattr(obj, "__name__"):
-        return obj.__name__
+    """Return a readable name for ``obj``: its own name for functions and classes, else its class's."""
+    # Instances (a model, a partial) have no name of their own: the class names them.
+    for candidate in (obj, type(obj)):
+        name = getattr(candidate, "__qualname__", None) or getattr(candidate, "__name__", None)
+        if isinstance(name, str):
+            return name
     return str(obj)
+
+
+def is_peft_model(model: Any) -> bool:
+    """Return whether ``model`` is a peft ``PeftModel`` (False when peft is not installed)."""
+    if not is_peft_available():
+        return False
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)

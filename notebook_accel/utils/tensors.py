@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .devices import torch_device
+from .memory import clear_device_cache
 from .sizes import _as_dtype
 
 __all__ = ["id_tensor_storage", "set_module_tensor_to_device"]
@@ -48,6 +49,8 @@ def set_module_tensor_to_device(
     dtype: Union[str, torch.dtype, None] = None,
     fp16_statistics: torch.HalfTensor | None = None,
     tied_params_map: dict[int, dict[torch.device, torch.Tensor]] | None = None,
+    non_blocking: bool = False,
+    clear_cache: bool = True,
 ) -> None:
     """Set ``tensor_name`` (a dotted parameter or buffer name) of ``module`` on ``device``, optionally to ``value``.
 
@@ -56,6 +59,9 @@ def set_module_tensor_to_device(
     never. The parameter class and ``requires_grad`` are kept. A CPU ``value`` of the right dtype is used as
     is, not copied (memory-mapped checkpoints stay zero-copy). ``tied_params_map`` (data pointer -> device ->
     tensor) reuses a tied tensor already materialised on ``device`` instead of copying it again.
+    ``non_blocking`` makes the copy asynchronous where the devices allow it; ``clear_cache`` (default)
+    empties the accelerator's cache after a tensor moved to or from an accelerator, so the memory the
+    old copy held is returned at once.
     """
     owner, leaf = _resolve(module, tensor_name)
     target = torch_device(device)
@@ -94,9 +100,9 @@ def set_module_tensor_to_device(
 
     with torch.no_grad():
         if value is None:
-            new_value = old if _same_place(old, target) else old.to(target)
+            new_value = old if _same_place(old, target) else old.to(target, non_blocking=non_blocking)
         else:
-            new_value = value if _same_place(value, target) else value.to(target)
+            new_value = value if _same_place(value, target) else value.to(target, non_blocking=non_blocking)
 
     if is_buffer:
         owner._buffers[leaf] = new_value
@@ -107,10 +113,17 @@ def set_module_tensor_to_device(
     if fp16_statistics is not None:
         owner._parameters[leaf].SCB = fp16_statistics.to(target)
 
+    if clear_cache and _ACCELERATOR_TYPES & {old.device.type, target.type}:
+        clear_device_cache()
+
     if tied_params_map is not None and source.device.type != "meta":
         ptr = source.data_ptr()
         if ptr in tied_params_map and target not in tied_params_map[ptr]:
             tied_params_map[ptr][target] = owner._buffers[leaf] if is_buffer else owner._parameters[leaf]
+
+
+# Devices with a caching allocator worth emptying after a move (CPU and meta have none).
+_ACCELERATOR_TYPES = frozenset({"cuda", "xpu", "npu", "mlu", "musa", "sdaa", "hpu", "mps", "neuron"})
 
 
 def _rewrap(old: Any, data: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,24 @@
+"""A tqdm progress bar shown by the local main process only, so N processes draw one bar per machine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .other import _state
+from .package_checks import is_tqdm_available
+
+__all__ = ["tqdm"]
+
+
+def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
+    """Return a ``tqdm.auto.tqdm`` bar, disabled on every process but the local main one when ``main_process_only``.
+
+    Arguments are tqdm's; an explicit ``disable=True`` is kept on every process.
+    """
+    if not is_tqdm_available():
+        raise ImportError("notebook_accel.utils.tqdm needs tqdm: pip install tqdm")
+    from tqdm.auto import tqdm as _tqdm
+
+    if main_process_only and not _state().is_local_main_process:
+        kwargs["disable"] = True
+    return _tqdm(*args, **kwargs)
