@@ -29,7 +29,10 @@ def tiny_gpt2(seed: int = 0):
     """Return a randomly initialised 2-layer GPT-2 (tied embeddings) for training scenarios."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=16, n_layer=2, n_head=2)
+    # No dropout: runs that should be equal (accumulation vs a big batch, resumed vs straight) are.
+    config = GPT2Config(
+        vocab_size=VOCAB, n_positions=32, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
     torch.manual_seed(seed)
     return GPT2LMHeadModel(config)
 
@@ -56,3 +59,11 @@ def meta_report(model, device_map: dict) -> dict:
             else:
                 on_meta_not_disk.append(name)
     return {"on_meta_not_disk": on_meta_not_disk, "disk_tensors": disk_total, "disk_on_meta": disk_on_meta}
+
+
+def lm_dataset(n: int = 32, length: int = 12, seed: int = 0) -> list[dict]:
+    """Return ``n`` causal-LM examples (a learnable pattern: each token is the previous one plus one)."""
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, VOCAB, (n, 1), generator=g)
+    ids = (starts + torch.arange(length)) % VOCAB
+    return [{"input_ids": row, "labels": row.clone()} for row in ids]
