@@ -169,8 +169,6 @@ KNOWN_VIOLATIONS: dict[str, str] = {
     "in-function import: notebook_accel.widgets.offload_monitor.OffloadMonitor.chart_png -> notebook_accel.widgets._charts": "dashboard",
     "long function: notebook_accel.accelerator.core.Accelerator.__init__": "struct-core",
     "long function: notebook_accel.data_loader.prepare_data_loader": "goldens",
-    "long function: notebook_accel.utils._module_tree.build_tree": "struct-hooks",
-    "long function: notebook_accel.utils.device_map.plan_device_map": "struct-hooks",
     "upward import: notebook_accel.utils.bnb -> notebook_accel.big_modeling (utils may not import big_modeling)": "struct-hooks",
     "upward import: notebook_accel.utils.config_file -> notebook_accel.state.world (utils may not import state)": "struct-core",
     "upward import: notebook_accel.utils.modeling -> notebook_accel.state (utils may not import state)": "struct-core",

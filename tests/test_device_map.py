@@ -138,7 +138,7 @@ def test_string_budgets_and_key_spellings() -> None:
 
 def test_verbose_records_decisions(caplog) -> None:
     model = meta_lm()
-    with caplog.at_level(logging.INFO, logger="notebook_accel.utils.device_map"):
+    with caplog.at_level(logging.INFO, logger="notebook_accel.utils.planner"):
         plan = plan_device_map(model, max_memory={0: 2000, "cpu": 10**9}, verbose=True)
     assert plan.decisions and any("next device" in d or "splitting" in d for d in plan.decisions)
     assert "->" in caplog.text

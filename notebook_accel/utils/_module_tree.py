@@ -64,77 +64,105 @@ def build_tree(
     no_split_module_classes: list[str] | None = None,
 ) -> ModuleTree:
     """Return the :class:`ModuleTree` of ``model`` with sizes following ``compute_module_sizes``' rules."""
-    tree = ModuleTree()
-    names, kinds, objs, parent, children, end = (
-        tree.names,
-        tree.kinds,
-        tree.objs,
-        tree.parent,
-        tree.children,
-        tree.end,
-    )
-    size, buffer_size, layer, splittable = tree.size, tree.buffer_size, tree.layer, tree.splittable
-    no_split = frozenset(no_split_module_classes or ())
-    cap = None if dtype is None else dtype_byte_size(dtype)
-    special = {k: dtype_byte_size(v) for k, v in special_dtypes.items()} if special_dtypes else None
-    # dtype -> (element size, whether a requested dtype applies: integer and bool tensors are never cast)
-    elem: dict[torch.dtype, tuple[float, bool]] = {}
-    first_seen: dict[int, int] = {}
-    ties: dict[int, list[int]] = {}
+    builder = _TreeBuilder(dtype, special_dtypes, no_split_module_classes)
+    # The walk allocates many small objects; generational GC passes over a large heap of module objects
+    # would make it superlinear, and nothing here creates reference cycles.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        builder.visit("", model, -1, root=True)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return builder.finish()
 
-    def tensor_bytes(owner_name: str, leaf: str, tensor: torch.Tensor) -> int:
-        if special is not None:
-            full = f"{owner_name}.{leaf}" if owner_name else leaf
-            if full in special:
-                return int(tensor.numel() * special[full])
-        dt = tensor.dtype
-        info = elem.get(dt)
+
+class _TreeBuilder:
+    """Fills one :class:`ModuleTree` during a preorder walk; sizes follow ``compute_module_sizes``' rules.
+
+    A tensor is counted once, at its first occurrence; later occurrences (tied or shared tensors) add
+    no bytes and are recorded as a tied group.
+    """
+
+    def __init__(
+        self,
+        dtype: Union[str, torch.dtype, None],
+        special_dtypes: dict | None,
+        no_split_module_classes: list[str] | None,
+    ) -> None:
+        self.tree = ModuleTree()
+        self.no_split = frozenset(no_split_module_classes or ())
+        self.cap = None if dtype is None else dtype_byte_size(dtype)
+        self.special = {k: dtype_byte_size(v) for k, v in special_dtypes.items()} if special_dtypes else None
+        # dtype -> (element size, whether a requested dtype applies: integer and bool tensors are never cast)
+        self.elem: dict[torch.dtype, tuple[float, bool]] = {}
+        self.first_seen: dict[int, int] = {}
+        self.ties: dict[int, list[int]] = {}
+        tree = self.tree
+        # Bound appends of the parallel lists, in new_node's order: one attribute read per node, not ten.
+        self._appends = tuple(
+            getattr(tree, column).append
+            for column in (
+                "names", "kinds", "objs", "parent", "children", "end", "size", "buffer_size", "layer", "splittable"
+            )
+        )  # fmt: skip
+
+    def _element(self, dt: torch.dtype) -> tuple[float, bool]:
+        info = self.elem.get(dt)
         if info is None:
-            info = elem[dt] = (dtype_byte_size(dt), not str(dt).startswith(_NOT_CAST_PREFIXES))
-        own, castable = info
-        if cap is not None and castable and cap < own:
-            own = cap
+            info = self.elem[dt] = (dtype_byte_size(dt), not str(dt).startswith(_NOT_CAST_PREFIXES))
+        return info
+
+    def tensor_bytes(self, owner_name: str, leaf: str, tensor: torch.Tensor) -> int:
+        """Return the bytes ``tensor`` (``leaf`` of module ``owner_name``) counts for."""
+        if self.special is not None:
+            full = f"{owner_name}.{leaf}" if owner_name else leaf
+            if full in self.special:
+                return int(tensor.numel() * self.special[full])
+        own, castable = self._element(tensor.dtype)
+        if self.cap is not None and castable and self.cap < own:
+            own = self.cap
         return int(tensor.numel() * own)
 
-    def new_node(name: str, obj, kind: int, owner: int, kids: list[int], nbytes: int, nbuffers: int) -> int:
-        nid = len(names)
-        names.append(name)
-        kinds.append(kind)
-        objs.append(obj)
-        parent.append(owner)
-        children.append(kids)
-        end.append(nid + 1)
-        size.append(nbytes)
-        buffer_size.append(nbuffers)
-        layer.append(nbytes)
-        splittable.append(False)
+    def new_node(self, name: str, obj: object, kind: int, owner: int, kids: list[int]) -> int:
+        """Append a node with no bytes yet; return its id."""
+        names, kinds, objs, parent, children, end, size, buffer_size, layer, splittable = self._appends
+        nid = len(self.tree.names)
+        names(name)
+        kinds(kind)
+        objs(obj)
+        parent(owner)
+        children(kids)
+        end(nid + 1)
+        size(0)
+        buffer_size(0)
+        layer(0)
+        splittable(False)
         return nid
 
-    def account(tensor: torch.Tensor, occurrence: int, owner_name: str, leaf: str) -> int:
-        """Bytes ``tensor`` adds at ``occurrence``: 0 when it was already seen (a tied/shared tensor)."""
-        key = id(tensor)
-        first = first_seen.get(key)
-        if first is None:
-            first_seen[key] = occurrence
-            return tensor_bytes(owner_name, leaf, tensor)
-        ties.setdefault(key, [first]).append(occurrence)
-        return 0
-
-    def add_tensor(owner_name: str, leaf: str, tensor: torch.Tensor, kind: int, owner: int) -> int:
-        full = f"{owner_name}.{leaf}" if owner_name else leaf
-        nid = new_node(full, tensor, kind, owner, _NO_CHILDREN, 0, 0)
-        nbytes = account(tensor, nid, owner_name, leaf)
-        size[nid] = layer[nid] = nbytes
+    def add_tensor(self, owner_name: str, leaf: str, tensor: torch.Tensor, kind: int, owner: int) -> int:
+        """Add a parameter or buffer node; 0 bytes when the tensor was already seen (tied or shared)."""
+        tree = self.tree
+        nid = self.new_node(f"{owner_name}.{leaf}" if owner_name else leaf, tensor, kind, owner, _NO_CHILDREN)
+        first = self.first_seen.get(id(tensor))
+        if first is not None:
+            self.ties.setdefault(id(tensor), [first]).append(nid)
+            return nid
+        self.first_seen[id(tensor)] = nid
+        nbytes = self.tensor_bytes(owner_name, leaf, tensor)
+        tree.size[nid] = tree.layer[nid] = nbytes
         if kind == BUFFER:
-            buffer_size[nid] = nbytes
+            tree.buffer_size[nid] = nbytes
         return nid
 
-    def add_layer(name: str, module: nn.Module, owner: int) -> int:
+    def add_layer(self, name: str, module: nn.Module, owner: int) -> int:
         """One node for a module that is never split: its whole subtree is summed without nodes of its own."""
-        nid = new_node(name, module, MODULE, owner, _NO_CHILDREN, 0, 0)
+        nid = self.new_node(name, module, MODULE, owner, _NO_CHILDREN)
+        first_seen, ties, special, cap = self.first_seen, self.ties, self.special, self.cap
+        elem, element = self.elem, self._element
         total = buffers = 0
         pending = [(name, module)]
-        # Hot loop (every tensor of most models goes through here): account() and tensor_bytes() inlined.
+        # Hot loop (every tensor of most models goes through here): add_tensor()'s accounting inlined.
         while pending:
             mname, m = pending.pop()
             for group, store in ((m._parameters, False), (m._buffers, True)):
@@ -148,15 +176,9 @@ def build_tree(
                         continue
                     first_seen[key] = nid
                     if special is not None:
-                        nbytes = tensor_bytes(mname, leaf, t)
+                        nbytes = self.tensor_bytes(mname, leaf, t)
                     else:
-                        dt = t.dtype
-                        info = elem.get(dt)
-                        if info is None:
-                            info = elem[dt] = (
-                                dtype_byte_size(dt),
-                                not str(dt).startswith(_NOT_CAST_PREFIXES),
-                            )
+                        info = elem.get(t.dtype) or element(t.dtype)
                         own = cap if cap is not None and info[1] and cap < info[0] else info[0]
                         nbytes = int(t.numel() * own)
                     total += nbytes
@@ -165,27 +187,37 @@ def build_tree(
             for cname, child in m._modules.items():
                 if child is not None:
                     pending.append((f"{mname}.{cname}" if special is not None else mname, child))
-        size[nid] = layer[nid] = total
-        buffer_size[nid] = buffers
+        tree = self.tree
+        tree.size[nid] = tree.layer[nid] = total
+        tree.buffer_size[nid] = buffers
         return nid
 
-    def visit(name: str, module: nn.Module, owner: int, root: bool = False) -> int:
+    def visit(self, name: str, module: nn.Module, owner: int, root: bool = False) -> int:
+        """Add ``module`` (a layer node, or a node with its tensors and children) under ``owner``; return its id."""
         has_module_child = any(c is not None for c in module._modules.values())
-        if not root and (not has_module_child or type(module).__name__ in no_split):
-            return add_layer(name, module, owner)
-        nid = new_node(name, module, MODULE, owner, [], 0, 0)
+        splits = has_module_child and type(module).__name__ not in self.no_split
+        if not root and not splits:
+            return self.add_layer(name, module, owner)
+        nid = self.new_node(name, module, MODULE, owner, [])
         kids: list[int] = []
         for leaf, p in module._parameters.items():
             if p is not None:
-                kids.append(add_tensor(name, leaf, p, PARAM, nid))
+                kids.append(self.add_tensor(name, leaf, p, PARAM, nid))
         for cname, child in module._modules.items():
             if child is not None:
-                kids.append(visit(f"{name}.{cname}" if name else cname, child, nid))
+                kids.append(self.visit(f"{name}.{cname}" if name else cname, child, nid))
         for leaf, b in module._buffers.items():
             if b is not None:
-                kids.append(add_tensor(name, leaf, b, BUFFER, nid))
-        children[nid] = kids
-        end[nid] = len(names)
+                kids.append(self.add_tensor(name, leaf, b, BUFFER, nid))
+        self._close(nid, kids, splits)
+        return nid
+
+    def _close(self, nid: int, kids: list[int], splittable: bool) -> None:
+        """Set a module node's children, subtree end and sums once its subtree is built."""
+        tree = self.tree
+        size, buffer_size, layer = tree.size, tree.buffer_size, tree.layer
+        tree.children[nid] = kids
+        tree.end[nid] = len(tree.names)
         total = buffers = biggest = 0
         for k in kids:
             total += size[k]
@@ -194,27 +226,19 @@ def build_tree(
                 biggest = layer[k]
         size[nid] = total
         buffer_size[nid] = buffers
-        split = has_module_child and type(module).__name__ not in no_split
-        splittable[nid] = split
-        layer[nid] = biggest if split else total
-        return nid
+        tree.splittable[nid] = splittable
+        layer[nid] = biggest if splittable else total
 
-    # The walk allocates many small objects; generational GC passes over a large heap of module objects
-    # would make it superlinear, and nothing here creates reference cycles.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        visit("", model, -1, root=True)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    tree.tied_groups = list(ties.values())
-    inside = [False] * len(names)
-    for group in tree.tied_groups:
-        for occurrence in group:
-            node = occurrence
-            while node != -1 and not inside[node]:
-                inside[node] = True
-                node = parent[node]
-    tree.tied_inside = inside
-    return tree
+    def finish(self) -> ModuleTree:
+        """Return the tree with its tied groups, and ``tied_inside`` marked up from every tied occurrence."""
+        tree = self.tree
+        tree.tied_groups = list(self.ties.values())
+        inside = [False] * len(tree.names)
+        for group in tree.tied_groups:
+            for occurrence in group:
+                node = occurrence
+                while node != -1 and not inside[node]:
+                    inside[node] = True
+                    node = tree.parent[node]
+        tree.tied_inside = inside
+        return tree

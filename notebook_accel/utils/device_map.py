@@ -1,14 +1,12 @@
 """Device maps: infer one (``infer_auto_device_map``), explain it (``DeviceMapPlan``), check and clean one.
 
-The planner works on a flat preorder snapshot of the model (``_module_tree``): one walk over the tensors, then
-a greedy pass over a stack of entries. The largest remaining layer, which must stay loadable on the main
-device, comes from a lazy max-heap instead of rescanning the remaining modules after every step; that is
-what keeps a 2,000-module model under a few milliseconds and the cost linear in the module count.
+Planning takes a flat preorder snapshot of the model (``_module_tree``), then one greedy pass of a
+:class:`~notebook_accel.utils.planner.DevicePlanner` over it. Checking a map against its model is
+``utils.placement``'s job (``check_device_map`` is re-exported here).
 """
 
 from __future__ import annotations
 
-import heapq
 import html
 import logging
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ from ._module_tree import build_tree
 from .device_memory import get_balanced_memory, get_max_memory
 from .devices import Device, device_key
 from .placement import check_device_map
+from .planner import DevicePlanner
 
 __all__ = [
     "DEVICE_MAP_STRATEGIES",
@@ -131,183 +130,21 @@ def plan_device_map(
     if isinstance(no_split_module_classes, str):
         no_split_module_classes = [no_split_module_classes]
     budget = get_max_memory(max_memory)
-    devices: list[Union[int, str]] = list(budget)
-    if "disk" not in devices:
-        devices.append("disk")
-    gpus = [d for d in devices if d not in ("cpu", "disk")]
-    main_devices = {gpus[0], "cpu"} if gpus else {"cpu"}
-
     tree = build_tree(
         model, dtype=dtype, special_dtypes=special_dtypes, no_split_module_classes=no_split_module_classes
     )
-    names, size, layer, splittable, children = (
-        tree.names,
-        tree.size,
-        tree.layer,
-        tree.splittable,
-        tree.children,
-    )
-    decisions: list[str] = []
-
-    def say(message: str) -> None:
-        decisions.append(message)
-        logger.info(message)
-
-    # The stack's top (end of the list) is the next entry in model order.
-    stack: list[int] = list(reversed(children[0]))
-    queued = [False] * len(names)
-    heap: list[tuple[int, int]] = []
-    for node in stack:
-        queued[node] = True
-        heap.append((-layer[node], node))
-    heapq.heapify(heap)
-
-    def enqueue(nodes: list[int]) -> None:
-        for node in nodes:
-            queued[node] = True
-            heapq.heappush(heap, (-layer[node], node))
-
-    def largest_remaining() -> int:
-        while heap and not queued[heap[0][1]]:
-            heapq.heappop(heap)
-        return -heap[0][0] if heap else 0
-
-    def tied_partners(node: int) -> list[int]:
-        """Queued entries holding parameters tied to a parameter inside ``node`` (they must go with it)."""
-        partners: list[int] = []
-        for group in tree.tied_groups:
-            inner = [o for o in group if tree.inside(node, o)]
-            if not inner or len(inner) == len(group):
-                continue
-            for occurrence in group:
-                if tree.inside(node, occurrence):
-                    continue
-                holder = occurrence
-                while holder != -1 and not queued[holder]:
-                    holder = tree.parent[holder]
-                if holder > 0 and holder not in partners:
-                    partners.append(holder)
-        return partners
-
-    placed: list[tuple[int, Union[int, str]]] = []
-    device_bytes: dict[Union[int, str], int] = {}
-    reserved: dict[Union[int, str], int] = {}
-    offloaded_buffers = 0
-    index, used = 0, 0
-    fallback_done = -1  # one fallback search per device, so a pick that no longer fits cannot loop
-    while stack:
-        node = stack.pop()
-        if not queued[node]:
-            continue  # placed earlier together with a tied parameter
-        queued[node] = False
-        device = devices[index]
-        limit = budget.get(device)
-        reserve = largest_remaining() if device in main_devices else 0
-        room = None if limit is None else limit - reserve
-        partners = tied_partners(node) if tree.tied_inside[node] else []
-        needed = size[node] + sum(size[p] for p in partners)
-        if room is None or used + needed <= room:
-            for entry in [node, *partners]:
-                queued[entry] = False
-                placed.append((entry, device))
-                if device in ("cpu", "disk") and gpus and not offload_buffers:
-                    offloaded_buffers += tree.buffer_size[entry]
-            used += needed
-            device_bytes[device] = used
-            reserved[device] = max(reserved.get(device, 0), reserve)
-            if verbose:
-                extra = f" with tied {[names[p] for p in partners]}" if partners else ""
-                say(
-                    f"{names[node]!r}{extra} ({needed} bytes) -> {device}; {used} of {limit} used, {reserve} reserved"
-                )
-            continue
-        splittable_partner = next((p for p in partners if splittable[p]), None)
-        if splittable_partner is not None:
-            # Make the tied partner smaller rather than moving the current entry to the next device.
-            at = stack.index(splittable_partner)
-            stack[at : at + 1] = list(reversed(children[splittable_partner]))
-            queued[splittable_partner] = False
-            enqueue(children[splittable_partner])
-            stack.append(node)
-            enqueue([node])
-            if verbose:
-                say(
-                    f"Splitting tied partner {names[splittable_partner]!r} to fit {names[node]!r} on {device}"
-                )
-            continue
-        if splittable[node]:
-            stack.extend(reversed(children[node]))
-            enqueue(children[node])
-            if verbose:
-                say(f"{names[node]!r} ({needed} bytes) does not fit on {device}: splitting it")
-            continue
-        if fallback_allocation and used == 0 and fallback_done != index and room is not None and room > 0:
-            fallback_done = index
-            found = _fallback_pick(tree, [node, *(n for n in reversed(stack) if queued[n])], room)
-            if found is not None:
-                new_order, target = found
-                stack[:] = list(reversed(new_order))
-                for n in range(len(queued)):
-                    queued[n] = False
-                enqueue(new_order)
-                if verbose:
-                    say(f"Fallback: {names[target]!r} fits on {device} where {names[node]!r} does not")
-                continue
-        if verbose:
-            say(f"{names[node]!r} ({needed} bytes) cannot be split and does not fit on {device}: next device")
-        device_bytes.setdefault(device, used)
-        reserved[device] = max(reserved.get(device, 0), reserve)
-        index += 1
-        used = 0
-        if index >= len(devices):
-            raise ValueError(
-                f"{names[node]!r} ({needed} bytes) does not fit on any device of max_memory {budget}; "
-                "raise the budgets or add 'disk' with an offload folder."
-            )
-        stack.append(node)
-        enqueue([node])
-
-    if offloaded_buffers and gpus:
-        free = [budget[g] - device_bytes.get(g, 0) for g in gpus if g in budget]
-        if not any(f >= offloaded_buffers for f in free):
-            logger.warning(
-                "The offloaded layers need %d bytes of buffers on the GPU, which does not seem to fit any GPU's "
-                "remaining memory; pass offload_buffers=True if you run out of memory.",
-                offloaded_buffers,
-            )
-
-    placed.sort(key=lambda item: item[0])
-    device_map: dict[str, Device] = {names[n]: d for n, d in placed}
+    planner = DevicePlanner(tree, budget, offload_buffers, fallback_allocation, verbose).run()
+    planner.warn_buffers_on_gpu()
+    # Entries in model order (node ids are preorder), whatever order they were placed in.
+    device_map: dict[str, Device] = {
+        tree.names[n]: d for n, d in sorted(planner.placed, key=lambda item: item[0])
+    }
     if clean_result:
         device_map = clean_device_map(device_map)
-    largest = (layer[0], tree.layer_name(0))
-    return DeviceMapPlan(device_map, budget, device_bytes, reserved, size[0], largest, decisions)
-
-
-def _fallback_pick(tree, order: list[int], room: int) -> tuple[list[int], int] | None:
-    """Breadth-first search, in model order, for an entry fitting in ``room``; return the new order and it."""
-    frontier = list(order)
-    parent_of: dict[int, int] = {}
-    target = None
-    for candidate in frontier:  # the list grows while we walk it: breadth-first
-        if tree.size[candidate] <= room and not tree.tied_inside[candidate]:
-            target = candidate
-            break
-        if tree.splittable[candidate]:
-            for child in tree.children[candidate]:
-                parent_of[child] = candidate
-                frontier.append(child)
-    if target is None:
-        return None
-    path = [target]
-    while path[-1] in parent_of:
-        path.append(parent_of[path[-1]])
-    # Open every ancestor of the target, top down, then take the target out and put it first.
-    for ancestor in reversed(path[1:]):
-        at = order.index(ancestor)
-        order[at : at + 1] = tree.children[ancestor]
-    order.remove(target)
-    return [target, *order], target
+    largest = (tree.layer[0], tree.layer_name(0))
+    return DeviceMapPlan(
+        device_map, budget, planner.device_bytes, planner.reserved, tree.size[0], largest, planner.decisions
+    )
 
 
 def infer_auto_device_map(
