@@ -545,7 +545,6 @@ def test_megatron_plugin_with_engine_present_refuses_to_fall_back(monkeypatch) -
 
 def test_more_bad_arguments(monkeypatch, tmp_path) -> None:
     from notebook_accel import Accelerator, DeepSpeedPlugin
-    from notebook_accel.accelerator import wrapping as model_prep
     from notebook_accel.optimizer import AcceleratedOptimizer
     from notebook_accel.scheduler import AcceleratedScheduler
     from notebook_accel.tracking import JSONLinesTracker
@@ -568,22 +567,6 @@ def test_more_bad_arguments(monkeypatch, tmp_path) -> None:
         AcceleratedScheduler("cosine", [])
     with pytest.raises(ValueError, match="needs a logging directory"):
         JSONLinesTracker("run", logging_dir=None)
-
-    def refuse(*args, **kwargs):
-        raise RuntimeError("no accelerator device")
-
-    import torch.distributed.fsdp
-
-    monkeypatch.setattr(torch.distributed.fsdp, "FullyShardedDataParallel", refuse)
-    from notebook_accel.utils import FullyShardedDataParallelPlugin
-
-    class _CpuState:
-        device = torch.device("cpu")
-
-    with pytest.raises(RuntimeError, match="FSDP needs CUDA here"):
-        model_prep.wrap_fsdp(
-            torch.nn.Linear(2, 2), _CpuState(), FullyShardedDataParallelPlugin(sync_module_states=False)
-        )
 
 
 def test_plugins_given_to_a_later_accelerator_are_not_ignored() -> None:

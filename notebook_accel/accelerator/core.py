@@ -25,6 +25,9 @@ from ..state import AcceleratorState, GradientState
 from ..tracking import GeneralTracker, filter_trackers
 from ..utils.enums import DistributedType, PrecisionType
 from ..utils.other import _is_compiled_module
+from . import fsdp as _fsdp
+from . import mesh as _mesh
+from . import profiling as _profiling
 from . import wrapping as _model
 from .checkpoint import _CheckpointMixin
 from .tracking import _TrackingMixin
@@ -44,7 +47,7 @@ class _FromDataLoaderConfig:
 _split_batches = _FromDataLoaderConfig()
 
 
-class Accelerator(_CheckpointMixin, _TrackingMixin):
+class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
     """Prepare a training loop for the current process world (single process, DDP, FSDP, mixed precision).
 
     Parameters follow Accelerate's: ``device_placement`` (move models and batches to the device),
@@ -70,6 +73,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
         dataloader_config: Any = None,
         deepspeed_plugin: Any = None,
         fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
         megatron_lm_plugin: Any = None,
         rng_types: list[str] | None = None,
         log_with: Any = None,
@@ -97,6 +101,10 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
             mixed_precision = setup.check_precision(mixed_precision)
         deepspeed_plugin = setup.deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
         fsdp_plugin = setup.fsdp_plugin(fsdp_plugin)
+        parallelism_config, fsdp_plugin = _mesh.plugins_for_parallelism(
+            parallelism_config, fsdp_plugin, torch_tp_plugin
+        )
+        self.profile_handler = handlers.get("profile")
         dynamo_plugin = setup.dynamo_plugin(dynamo_backend, dynamo_plugin)
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
         self.state = AcceleratorState(
@@ -105,6 +113,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
             dynamo_plugin=dynamo_plugin,
             deepspeed_plugin=deepspeed_plugin,
             fsdp_plugin=fsdp_plugin,
+            torch_tp_plugin=torch_tp_plugin,
             megatron_lm_plugin=megatron_lm_plugin,
             parallelism_config=parallelism_config,
             _from_accelerator=True,
@@ -120,6 +129,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
                     f"{name} was given, but this process's AcceleratorState was already set up without it: "
                     "call AcceleratorState._reset_state() (or restart the kernel) before this Accelerator"
                 )
+        self._torch_device_mesh = _mesh.build_mesh(self.state, self.state.parallelism_config)
         self.dynamo_plugin = dynamo_plugin if dynamo_plugin is not None else self.state.dynamo_plugin
         self.gradient_state = GradientState(
             gradient_accumulation_plugin=setup.accumulation_plugin(
@@ -325,7 +335,8 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
                 "train with DDP/FSDP here, or use Accelerate's Megatron-LM integration for this run"
             )
         old_params = {}
-        if self.distributed_type == DistributedType.FSDP:
+        # Sharding (FSDP, tensor parallelism) replaces parameter objects: optimizers must follow them.
+        if self.distributed_type == DistributedType.FSDP or self.parallelism_config is not None:
             for obj in args:
                 if isinstance(obj, torch.nn.Module):
                     old_params.update({id(p): n for n, p in obj.named_parameters()})
@@ -336,7 +347,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
         ]
         if old_params:
             for model in (r for r in result if isinstance(r, torch.nn.Module)):
-                _model.remap_optimizer_params(
+                _fsdp.remap_optimizer_params(
                     [o for o in result if isinstance(o, AcceleratedOptimizer)], old_params, model
                 )
         result = [self.prepare_scheduler(obj) if _is_scheduler(obj) else obj for obj in result]
@@ -364,13 +375,16 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
             model = model.to(self.device)
         if self.native_amp:
             _model.wrap_forward_in_autocast(model, self.device, self.mixed_precision, self.autocast_handler)
+        config = self.parallelism_config
+        if config is not None and config.tp_enabled and self.torch_device_mesh is not None:
+            model = _mesh.apply_tensor_parallel(model, self.torch_device_mesh, config)
         if not evaluation_mode and self.num_processes > 1:
-            if self.distributed_type in _model._DATA_PARALLEL_TYPES:
+            if self.distributed_type in _model._DATA_PARALLEL_TYPES and self.data_parallel_world()[0] > 1:
                 model = _model.wrap_ddp(model, self.state, self.ddp_handler)
             elif self.distributed_type == DistributedType.FSDP:
                 if self.native_amp:  # keeps a policy the user set on the plugin
                     self.state.fsdp_plugin.set_mixed_precision(self.mixed_precision)
-                model = _model.wrap_fsdp(model, self.state, self.state.fsdp_plugin)
+                model = _fsdp.prepare_fsdp(self, model)
         dynamo = self.dynamo_plugin
         if (
             dynamo is not None
@@ -420,11 +434,13 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
         if device_placement is None:
             device_placement = self.device_placement
         cfg = self.dataloader_config
+        # Ranks of one tensor-parallel group share their batches: shard over data-parallel ranks only.
+        num_processes, process_index = self.data_parallel_world()
         prepared = prepare_data_loader(
             data_loader,
             self.device,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
+            num_processes=num_processes,
+            process_index=process_index,
             split_batches=cfg.split_batches,
             put_on_device=device_placement,
             rng_types=list(self.rng_types),
@@ -575,11 +591,9 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
             return None
         parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         self.unscale_gradients()
-        if self.distributed_type == DistributedType.FSDP:
-            wanted = {id(p) for p in parameters}
-            for model in self._models:
-                if hasattr(model, "clip_grad_norm_") and wanted <= {id(p) for p in model.parameters()}:
-                    return model.clip_grad_norm_(max_norm, norm_type)
+        if self.distributed_type == DistributedType.FSDP or self.parallelism_config is not None:
+            # Sharded gradients: the norm must combine every rank's shard.
+            return _fsdp.clip_grad_norm(self._models, parameters, max_norm, norm_type)
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
@@ -604,6 +618,15 @@ class Accelerator(_CheckpointMixin, _TrackingMixin):
         handler = autocast_handler if autocast_handler is not None else self.autocast_handler
         with get_mixed_precision_context_manager(self.native_amp, handler):
             yield
+
+    def profile(self, profile_handler: Any = None) -> contextlib.AbstractContextManager:
+        """Return a context that profiles its block with torch.profiler (``ProfileKwargs``; see ``.profiling``).
+
+        ``profile_handler`` overrides the ``ProfileKwargs`` given in ``kwargs_handlers``; with
+        ``output_trace_dir`` each rank writes ``trace_rank<N>.json`` there when the block ends.
+        """
+        handler = profile_handler if profile_handler is not None else self.profile_handler
+        return _profiling.profile(handler, self.process_index)
 
     def set_trigger(self) -> None:
         """Raise a flag on this process that ``check_trigger`` sees on every process."""

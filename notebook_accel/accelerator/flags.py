@@ -57,6 +57,7 @@ _HANDLER_SLOTS = {
     "InitProcessGroupKwargs": "init",
     "AutocastKwargs": "autocast",
     "FP8RecipeKwargs": "fp8",
+    "ProfileKwargs": "profile",
 }
 
 

@@ -98,45 +98,6 @@ def wrap_ddp(model: torch.nn.Module, state: Any, ddp_handler: Any) -> torch.nn.M
     return ddp
 
 
-def wrap_fsdp(model: torch.nn.Module, state: Any, plugin: Any) -> torch.nn.Module:
-    """Return ``model`` in torch's FullyShardedDataParallel configured by ``plugin``."""
-    from torch.distributed import fsdp
-
-    if hasattr(model, "_fsdp_wrapped_module"):
-        return model  # already wrapped
-    plugin.set_auto_wrap_policy(model)  # a policy name becomes the callable FSDP needs
-    kwargs = {k: v for k, v in plugin.to_fsdp_kwargs().items() if v is not None}
-    kwargs["device_id"] = state.device
-    if state.device.type == "cpu" and kwargs.get("sync_module_states"):
-        # torch's FSDP syncs module states only from GPU memory; on CPU (gloo) broadcast them first.
-        with torch.no_grad():
-            for tensor in list(model.parameters()) + list(model.buffers()):
-                torch.distributed.broadcast(tensor.data, src=0)
-        kwargs["sync_module_states"] = False
-    try:
-        return fsdp.FullyShardedDataParallel(model, **kwargs)
-    except (RuntimeError, ValueError, AssertionError) as exc:
-        if state.device.type == "cpu":
-            raise RuntimeError(
-                f"torch's FullyShardedDataParallel refused to run on CPU here ({exc}); FSDP needs CUDA here: "
-                "run on GPUs, or drop fsdp_plugin to train with DistributedDataParallel"
-            ) from exc
-        raise
-
-
-def remap_optimizer_params(optimizers: list[Any], old_params: dict[int, str], model: torch.nn.Module) -> None:
-    """Point optimizers built before FSDP wrapping at the wrapped model's parameters (by name)."""
-    new_by_name = {_clean_fsdp_name(n): p for n, p in model.named_parameters()}
-    for opt in optimizers:
-        inner = getattr(opt, "optimizer", opt)
-        for group in inner.param_groups:
-            group["params"] = [new_by_name.get(old_params.get(id(p), ""), p) for p in group["params"]]
-
-
-def _clean_fsdp_name(name: str) -> str:
-    return name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
-
-
 def compile_model(model: torch.nn.Module, dynamo_plugin: Any) -> torch.nn.Module:
     """Return ``torch.compile(model, ...)`` per the TorchDynamoPlugin (regional compilation honoured)."""
     kwargs = dynamo_plugin.to_kwargs()

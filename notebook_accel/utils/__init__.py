@@ -84,6 +84,15 @@ _add(
     "disable_fsdp_ram_efficient_loading",
 )
 _add(
+    ".fsdp2",
+    "fsdp2_apply_ac",
+    "fsdp2_canonicalize_names",
+    "fsdp2_load_full_state_dict",
+    "fsdp2_prepare_model",
+    "fsdp2_switch_optimizer_parameters",
+    "get_fsdp2_grad_scaler",
+)
+_add(
     ".parallelism",
     "ParallelismConfig",
     "TorchTensorParallelConfig",

@@ -6,7 +6,9 @@ one ``torch.save`` file, a *sharded* one is written by every rank into a ``torch
 folder, which can be read back on another number of ranks. File names follow Accelerate's layout
 (``pytorch_model_fsdp.bin`` / ``pytorch_model_fsdp_0/``, ``optimizer.bin`` / ``optimizer_0/``) so
 checkpoints move between the two. With ``use_dcp=False`` an FSDP1 model goes through FSDP1's own
-``state_dict_type`` context instead (torch's older path); FSDP2 has only the first.
+``state_dict_type`` context instead (torch's older path); FSDP2 has only the first. The FSDP2
+preparation helpers (``fsdp2_prepare_model`` and friends) live in ``fsdp2.py``, re-exported here
+at Accelerate's path.
 """
 
 from __future__ import annotations
@@ -31,6 +33,17 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from .constants import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from .fsdp2 import (
+    fsdp2_apply_ac,
+    fsdp2_canonicalize_names,
+    fsdp2_load_full_state_dict,
+    fsdp2_prepare_auto_wrap_policy,
+    fsdp2_prepare_model,
+    fsdp2_switch_optimizer_parameters,
+    get_fsdp2_grad_scaler,
+    get_module_children_bottom_up,
+    get_parameters_from_modules,
+)
 from .other import _atomic_write
 
 __all__ = [
@@ -40,6 +53,15 @@ __all__ = [
     "WEIGHTS_NAME",
     "disable_fsdp_ram_efficient_loading",
     "enable_fsdp_ram_efficient_loading",
+    "fsdp2_apply_ac",
+    "fsdp2_canonicalize_names",
+    "fsdp2_load_full_state_dict",
+    "fsdp2_prepare_auto_wrap_policy",
+    "fsdp2_prepare_model",
+    "fsdp2_switch_optimizer_parameters",
+    "get_fsdp2_grad_scaler",
+    "get_module_children_bottom_up",
+    "get_parameters_from_modules",
     "load_fsdp_model",
     "load_fsdp_optimizer",
     "merge_fsdp_weights",
@@ -113,9 +135,16 @@ def _fsdp1_context(model: Any, plugin: Any) -> Any:
     )
 
 
+def _offload(model: Any, full: bool) -> bool:
+    # Gathering to CPU memory only where the weights live elsewhere: torch's CPU-offload copy of a
+    # full state dict fails on parameters that are already CPU tensors (FSDP on CPU processes).
+    return full and any(p.device.type != "cpu" for p in model.parameters())
+
+
 def _model_state(model: Any, plugin: Any, full: bool, use_dcp: bool) -> dict:
     if use_dcp:
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=full, cpu_offload=full))
+        options = StateDictOptions(full_state_dict=full, cpu_offload=_offload(model, full))
+        return get_model_state_dict(model, options=options)
     with _fsdp1_context(model, plugin):
         return model.state_dict()
 
@@ -243,7 +272,7 @@ def load_fsdp_optimizer(
 
 def _optimizer_state(model: Any, optimizer: Any, plugin: Any, full: bool, use_dcp: bool) -> dict:
     if use_dcp:
-        options = StateDictOptions(full_state_dict=full, cpu_offload=full)
+        options = StateDictOptions(full_state_dict=full, cpu_offload=_offload(model, full))
         return get_optimizer_state_dict(model, optimizer, options=options)
     with _fsdp1_context(model, plugin):
         return fsdp.FullyShardedDataParallel.optim_state_dict(model, optimizer)
