@@ -284,16 +284,16 @@ def test_load_and_quantize_model_needs_bitsandbytes_and_cuda(monkeypatch) -> Non
     monkeypatch.setattr(importlib.metadata, "version", lambda name: versions[name])
     four = BnbQuantizationConfig(load_in_4bit=True)
     with pytest.raises(ImportError, match=r"4bit quantization needs bitsandbytes>=0.39.0, found 0.39.0.dev0"):
-        bnb_module._require_bnb(four)
-    assert bnb_module._require_bnb(config) is sys.modules["bitsandbytes"]  # 8-bit needs only 0.37.2
+        bnb_module.require_bnb(four)
+    assert bnb_module.require_bnb(config) is sys.modules["bitsandbytes"]  # 8-bit needs only 0.37.2
     versions["bitsandbytes"] = "0.43.1+cu121"
-    assert bnb_module._require_bnb(four) is sys.modules["bitsandbytes"]
+    assert bnb_module.require_bnb(four) is sys.modules["bitsandbytes"]
 
 
 def test_replace_with_bnb_layers_respects_skip_and_fp32() -> None:
     model = _Net()
     eight = BnbQuantizationConfig(load_in_8bit=True, llm_int8_threshold=4.0)
-    skip = bnb_module._default_skip_modules(model)
+    skip = bnb_module.default_skip_modules(model)
     assert skip == ["head"]
     assert bnb_module.replace_with_bnb_layers(model, eight, skip, _FAKE_BNB.nn) == 2
     assert isinstance(model.body[0], _FakeLinear8bitLt) and model.body[0].threshold == 4.0
@@ -302,7 +302,7 @@ def test_replace_with_bnb_layers_respects_skip_and_fp32() -> None:
     model = _Net()
     assert bnb_module.replace_with_bnb_layers(model, four, ["body.2", "head"], _FAKE_BNB.nn) == 1
     assert model.body[0].quant_type == "nf4" and type(model.body[2]) is nn.Linear
-    bnb_module._set_dtypes(model, four, _FAKE_BNB.nn)
+    bnb_module.set_unquantized_dtypes(model, four, _FAKE_BNB.nn)
     assert model.norm.weight.dtype is torch.float32 and model.head.weight.dtype is torch.float16
     assert model.body[0].weight.dtype is torch.float32  # left for bitsandbytes to quantize
 
@@ -319,7 +319,7 @@ def test_meta_model_is_replaced_loaded_and_dispatched(tmp_path, monkeypatch) -> 
     fake.__spec__ = importlib.machinery.ModuleSpec("bitsandbytes", None)
     fake.nn = _FAKE_BNB.nn
     monkeypatch.setitem(sys.modules, "bitsandbytes", fake)
-    monkeypatch.setattr(bnb_module, "_require_bnb", lambda config: fake)
+    monkeypatch.setattr(bnb_module, "require_bnb", lambda config: fake)
     with init_empty_weights():
         model = _Net()
     config = BnbQuantizationConfig(load_in_8bit=True, skip_modules=["head"], keep_in_fp32_modules=["norm"])

@@ -218,7 +218,7 @@ _add(".other", "extract_model_from_parallel", "save", "wait_for_everyone", "merg
 _add(".random", "set_seed", "synchronize_rng_state", "synchronize_rng_states")
 # XLA and quantization
 _add(".torch_xla", "install_xla")
-_add(".bnb", "load_and_quantize_model")
+_add("..big_modeling.quantize", "load_and_quantize_model")
 # Accelerate 1.15 names (issue 12)
 _add(
     ".constants",

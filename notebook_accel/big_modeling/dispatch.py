@@ -1,229 +1,35 @@
-"""Run models bigger than a device: empty init, CPU/disk offload, dispatch over a device map.
+"""Dispatching a model over a device map: ``dispatch_model`` and ``load_checkpoint_and_dispatch``.
 
-Offloaded weights are read through a lazy weights map (CPU tensors, memory-mapped offload files
-or the checkpoint's own safetensors files) by ``AlignDevicesHook``s, and a background
-:class:`~notebook_accel.prefetch.Prefetcher` loads the next block while the current one computes
-(``prefetch=False`` turns it off; ``prefetch=2`` keeps two blocks ahead).
-
-The way back: ``remove_hook_from_submodules(model)`` (plus ``remove_hook_from_module(model)``)
-detaches every hook, joins the prefetch thread and materialises offloaded weights where they are
-stored (CPU tensors; memory-mapped CPU tensors for disk), so the model then runs without hooks.
-Until then, ``model.to(device)`` on a model dispatched with offloaded weights raises (and warns
-otherwise), as in Accelerate.
+The device map is checked once per load (a :class:`~notebook_accel.utils.placement.DevicePlacement`
+that loading and dispatching share). Modules mapped to a device are placed there by one hook per
+block; "cpu" blocks (with a GPU main device) and "disk" blocks are loaded at their forward from a
+lazy weights map. Until the hooks are removed, ``model.to(device)`` on a model dispatched with
+offloaded weights raises (and warns otherwise), as in Accelerate.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from .hooks import (
-    AlignDevicesHook,
-    CpuOffload,
-    UserCpuOffloadHook,
-    add_hook_to_module,
-    attach_align_device_hook,
-    attach_align_device_hook_on_blocks,
-    attach_layerwise_casting_hooks,
-)
-from .hooks.prefetch import enable_prefetch
-from .utils.checkpoints import load_checkpoint_in_model
-from .utils.device_map import DEVICE_MAP_STRATEGIES, resolve_device_map
-from .utils.devices import DISK, OFFLOAD_KEYS, Device, device_key, torch_device
-from .utils.environment import parse_flag_from_env
-from .utils.offload import (
-    INDEX_NAME,
-    OffloadedWeightsLoader,
-    extract_submodules_state_dict,
-    offload_state_dict,
-)
-from .utils.placement import DevicePlacement, require_offload_folder
-from .utils.placement import check_device_map as check_device_map  # at this path in Accelerate too
-from .utils.tied_params import find_tied_parameters
+from ..hooks import attach_align_device_hook_on_blocks
+from ..utils.checkpoints import load_checkpoint_in_model
+from ..utils.device_map import DEVICE_MAP_STRATEGIES, resolve_device_map
+from ..utils.devices import DISK, OFFLOAD_KEYS, Device, device_key, torch_device
+from ..utils.offload import OffloadedWeightsLoader, extract_submodules_state_dict, offload_state_dict
+from ..utils.placement import DevicePlacement, require_offload_folder
+from ..utils.tied_params import find_tied_parameters
+from .offload import check_no_meta, has_offload_index, start_prefetch
 
-__all__ = [
-    "init_empty_weights",
-    "init_on_device",
-    "cpu_offload",
-    "cpu_offload_with_hook",
-    "disk_offload",
-    "dispatch_model",
-    "load_checkpoint_and_dispatch",
-    "attach_layerwise_casting_hooks",
-]
+__all__ = ["dispatch_model", "load_checkpoint_and_dispatch"]
 
 logger = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def init_empty_weights(include_buffers: bool | None = None) -> Iterator[None]:
-    """Yield a context in which new modules get their parameters on the meta device (no memory used).
-
-    ``include_buffers`` (default: env ``ACCELERATE_INIT_INCLUDE_BUFFERS``, else False) puts buffers
-    on the meta device too. Load weights into such a model with ``load_checkpoint_and_dispatch``.
-    """
-    with init_on_device(torch.device("meta"), include_buffers=include_buffers):
-        yield
-
-
-@contextlib.contextmanager
-def init_on_device(device: torch.device | str, include_buffers: bool | None = None) -> Iterator[None]:
-    """Yield a context in which new modules get their parameters (and optionally buffers) on ``device``."""
-    if include_buffers is None:
-        include_buffers = parse_flag_from_env("ACCELERATE_INIT_INCLUDE_BUFFERS")
-    device = torch.device(device)
-    if include_buffers:
-        # Every tensor factory call allocates on ``device``: buffers and parameters alike.
-        with device:
-            yield
-        return
-
-    original = nn.Module.register_parameter
-
-    def register_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        original(module, name, param)
-        if param is not None and param.device != device:
-            cls = type(param)
-            moved = cls(param.detach().to(device), requires_grad=param.requires_grad)
-            moved.__dict__.update(param.__dict__)
-            module._parameters[name] = moved
-
-    nn.Module.register_parameter = register_parameter
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = original
-
-
-def _first_device(model: nn.Module) -> torch.device:
-    param = next(iter(model.parameters()), None)
-    if param is None or param.device.type == "meta":
-        return torch.device("cpu")
-    return param.device
-
-
-def _attach_prefetch(model: nn.Module, prefetch: bool | int) -> None:
-    if prefetch:
-        enable_prefetch(model, depth=1 if prefetch is True else int(prefetch))
-
-
-def _offload_whole_model(
-    model: nn.Module,
-    execution_device: torch.device | None,
-    weights_map: Any,
-    offload_buffers: bool,
-    preload_module_classes: list[str] | None,
-    prefetch: bool | int,
-) -> nn.Module:
-    """Return ``model`` hooked to load every weight from ``weights_map`` at its module's forward.
-
-    Shared by :func:`cpu_offload` and :func:`disk_offload`; ``execution_device`` defaults to the
-    device of the model's first parameter.
-    """
-    if execution_device is None:
-        execution_device = _first_device(model)
-    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
-    attach_align_device_hook(
-        model,
-        execution_device=execution_device,
-        offload=True,
-        offload_buffers=offload_buffers,
-        weights_map=weights_map,
-        preload_module_classes=preload_module_classes,
-    )
-    _attach_prefetch(model, prefetch)
-    return model
-
-
-def cpu_offload(
-    model: nn.Module,
-    execution_device: torch.device | None = None,
-    offload_buffers: bool = False,
-    state_dict: dict[str, torch.Tensor] | None = None,
-    preload_module_classes: list[str] | None = None,
-    *,
-    prefetch: bool | int = True,
-) -> nn.Module:
-    """Return ``model`` with all its weights offloaded to one CPU state dict, loaded per module at its forward.
-
-    ``execution_device`` defaults to the device of the model's first parameter.
-    """
-    if state_dict is None:
-        state_dict = {name: t.detach().to("cpu") for name, t in model.state_dict().items()}
-    return _offload_whole_model(
-        model, execution_device, state_dict, offload_buffers, preload_module_classes, prefetch
-    )
-
-
-def cpu_offload_with_hook(
-    model: nn.Module,
-    execution_device: int | str | torch.device | None = None,
-    prev_module_hook: UserCpuOffloadHook | None = None,
-) -> tuple[nn.Module, UserCpuOffloadHook]:
-    """Return ``(model, hook)``: the model moves to ``execution_device`` at its forward and stays there until ``hook.offload()``.
-
-    ``prev_module_hook`` (the hook of the previous model of a pipeline) is offloaded just before
-    this model runs. The default device is MPS, else GPU 0, else the CPU.
-    """
-    if prev_module_hook is not None and not isinstance(prev_module_hook, UserCpuOffloadHook):
-        raise TypeError(
-            "prev_module_hook must be the UserCpuOffloadHook returned by a previous cpu_offload_with_hook call, "
-            f"got {type(prev_module_hook).__name__}"
-        )
-    hook = CpuOffload(execution_device=execution_device, prev_module_hook=prev_module_hook)
-    add_hook_to_module(model, hook, append=True)
-    return model, UserCpuOffloadHook(model, hook)
-
-
-def _has_index(folder: str | os.PathLike) -> bool:
-    return os.path.isdir(folder) and os.path.isfile(os.path.join(folder, INDEX_NAME))
-
-
-def _check_no_meta(state_dict: dict[str, torch.Tensor], where: str) -> None:
-    meta = [name for name, t in state_dict.items() if t.device.type == "meta"]
-    if meta:
-        shown = ", ".join(meta[:5]) + (f" and {len(meta) - 5} more" if len(meta) > 5 else "")
-        raise ValueError(
-            f"Cannot offload {shown} to {where!r}: these weights are on the meta device (no data) and the "
-            "folder holds no offload index. Load a checkpoint first (load_checkpoint_and_dispatch) or "
-            "point to a folder that already holds the offloaded weights."
-        )
-
-
-def disk_offload(
-    model: nn.Module,
-    offload_dir: str | os.PathLike,
-    execution_device: torch.device | None = None,
-    offload_buffers: bool = False,
-    preload_module_classes: list[str] | None = None,
-    *,
-    prefetch: bool | int = True,
-) -> nn.Module:
-    """Return ``model`` with all its weights offloaded to memory-mapped files in ``offload_dir``.
-
-    Weights are written there unless the folder already holds an ``index.json`` (then they are
-    read from it as they are). ``execution_device`` defaults to the first parameter's device.
-    """
-    if offload_dir is None:
-        raise ValueError(
-            "disk_offload needs `offload_dir`: the folder where the weights are (or will be) offloaded."
-        )
-    if not _has_index(offload_dir):
-        state_dict = model.state_dict()
-        _check_no_meta(state_dict, os.fspath(offload_dir))
-        offload_state_dict(offload_dir, state_dict)
-    weights_map = OffloadedWeightsLoader(save_folder=offload_dir)
-    return _offload_whole_model(
-        model, execution_device, weights_map, offload_buffers, preload_module_classes, prefetch
-    )
 
 
 def _retie(model: nn.Module, groups: list[list[str]]) -> None:
@@ -343,9 +149,9 @@ def _offload_weights_map(
     if state_dict is None and cpu_modules:
         state_dict = extract_submodules_state_dict(model.state_dict(), cpu_modules)
     disk_modules = placement.disk_modules
-    if disk_modules and offload_index is None and not _has_index(offload_dir):
+    if disk_modules and offload_index is None and not has_offload_index(offload_dir):
         disk_state_dict = extract_submodules_state_dict(model.state_dict(), disk_modules)
-        _check_no_meta(disk_state_dict, os.fspath(offload_dir))
+        check_no_meta(disk_state_dict, os.fspath(offload_dir))
         offload_state_dict(offload_dir, disk_state_dict)
     save_folder = offload_dir if disk_modules else None
     if state_dict is None and save_folder is None and offload_index is None:
@@ -401,7 +207,7 @@ def dispatch_model(
         logger.info(
             "Some weights are offloaded to %s; they are loaded at each forward.", " and ".join(offloaded)
         )
-    _attach_prefetch(model, prefetch)
+    start_prefetch(model, prefetch)
     _guard_moves(model)
     model.hf_device_map = dict(placement.device_map)
     return model

@@ -1,0 +1,61 @@
+"""Run models bigger than a device: empty init, CPU/disk offload, dispatch over a device map, quantized loading.
+
+- ``empty``: ``init_empty_weights`` / ``init_on_device``;
+- ``offload``: ``cpu_offload``, ``disk_offload``, ``cpu_offload_with_hook``;
+- ``dispatch``: ``dispatch_model``, ``load_checkpoint_and_dispatch``;
+- ``quantize``: ``load_and_quantize_model`` (bitsandbytes; listed by ``notebook_accel.utils``).
+
+Offloaded weights are read through a lazy weights map (CPU tensors, memory-mapped offload files
+or the checkpoint's own safetensors files) by ``AlignDevicesHook``s, and a background
+:class:`~notebook_accel.hooks.prefetch.Prefetcher` loads the next block while the current one
+computes (``prefetch=False`` turns it off; ``prefetch=2`` keeps two blocks ahead).
+
+The way back: ``remove_hook_from_submodules(model)`` (plus ``remove_hook_from_module(model)``)
+detaches every hook, joins the prefetch thread and materialises offloaded weights where they are
+stored (CPU tensors; memory-mapped CPU tensors for disk), so the model then runs without hooks.
+Until then, ``model.to(device)`` on a model dispatched with offloaded weights raises (and warns
+otherwise), as in Accelerate.
+"""
+
+from __future__ import annotations
+
+from .._lazy import attach
+from ..hooks import attach_layerwise_casting_hooks
+from .dispatch import dispatch_model, load_checkpoint_and_dispatch
+from .empty import init_empty_weights, init_on_device
+from .offload import cpu_offload, cpu_offload_with_hook, disk_offload
+
+__all__ = [
+    "init_empty_weights",
+    "init_on_device",
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "disk_offload",
+    "dispatch_model",
+    "load_checkpoint_and_dispatch",
+    "attach_layerwise_casting_hooks",
+]
+
+# Names Accelerate's big_modeling module also exposes (its own imports): same objects, resolved at
+# first use from their homes.
+_ALSO_HERE = {
+    **dict.fromkeys(
+        (
+            "AlignDevicesHook",
+            "CpuOffload",
+            "UserCpuOffloadHook",
+            "add_hook_to_module",
+            "attach_align_device_hook",
+            "attach_align_device_hook_on_blocks",
+        ),
+        "notebook_accel.hooks",
+    ),
+    "OffloadedWeightsLoader": "notebook_accel.utils.offload",
+    "extract_submodules_state_dict": "notebook_accel.utils.offload",
+    "offload_state_dict": "notebook_accel.utils.offload",
+    "check_device_map": "notebook_accel.utils.placement",
+    "find_tied_parameters": "notebook_accel.utils.tied_params",
+    "load_checkpoint_in_model": "notebook_accel.utils.checkpoints",
+    "parse_flag_from_env": "notebook_accel.utils.environment",
+}
+__getattr__, __dir__ = attach(__name__, _ALSO_HERE)

@@ -1,0 +1,159 @@
+"""Offloading a whole model: to one CPU state dict (``cpu_offload``), to memory-mapped files
+(``disk_offload``), or to the CPU between uses in a pipeline (``cpu_offload_with_hook``).
+
+Each weight is loaded at its module's forward by an ``AlignDevicesHook`` and released after; the
+prefetcher loads the next block while the current one computes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..hooks import (
+    AlignDevicesHook,
+    CpuOffload,
+    UserCpuOffloadHook,
+    add_hook_to_module,
+    attach_align_device_hook,
+)
+from ..hooks.prefetch import enable_prefetch
+from ..utils.offload import INDEX_NAME, OffloadedWeightsLoader, offload_state_dict
+
+__all__ = [
+    "check_no_meta",
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "disk_offload",
+    "has_offload_index",
+    "start_prefetch",
+]
+
+
+def _first_device(model: nn.Module) -> torch.device:
+    param = next(iter(model.parameters()), None)
+    if param is None or param.device.type == "meta":
+        return torch.device("cpu")
+    return param.device
+
+
+def start_prefetch(model: nn.Module, prefetch: bool | int) -> None:
+    """Serve the offloading hooks of ``model`` with a prefetcher (``prefetch``: False, True or a depth)."""
+    if prefetch:
+        enable_prefetch(model, depth=1 if prefetch is True else int(prefetch))
+
+
+def _offload_whole_model(
+    model: nn.Module,
+    execution_device: torch.device | None,
+    weights_map: Any,
+    offload_buffers: bool,
+    preload_module_classes: list[str] | None,
+    prefetch: bool | int,
+) -> nn.Module:
+    """Return ``model`` hooked to load every weight from ``weights_map`` at its module's forward.
+
+    Shared by :func:`cpu_offload` and :func:`disk_offload`; ``execution_device`` defaults to the
+    device of the model's first parameter.
+    """
+    if execution_device is None:
+        execution_device = _first_device(model)
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    attach_align_device_hook(
+        model,
+        execution_device=execution_device,
+        offload=True,
+        offload_buffers=offload_buffers,
+        weights_map=weights_map,
+        preload_module_classes=preload_module_classes,
+    )
+    start_prefetch(model, prefetch)
+    return model
+
+
+def cpu_offload(
+    model: nn.Module,
+    execution_device: torch.device | None = None,
+    offload_buffers: bool = False,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    preload_module_classes: list[str] | None = None,
+    *,
+    prefetch: bool | int = True,
+) -> nn.Module:
+    """Return ``model`` with all its weights offloaded to one CPU state dict, loaded per module at its forward.
+
+    ``execution_device`` defaults to the device of the model's first parameter.
+    """
+    if state_dict is None:
+        state_dict = {name: t.detach().to("cpu") for name, t in model.state_dict().items()}
+    return _offload_whole_model(
+        model, execution_device, state_dict, offload_buffers, preload_module_classes, prefetch
+    )
+
+
+def cpu_offload_with_hook(
+    model: nn.Module,
+    execution_device: int | str | torch.device | None = None,
+    prev_module_hook: UserCpuOffloadHook | None = None,
+) -> tuple[nn.Module, UserCpuOffloadHook]:
+    """Return ``(model, hook)``: the model moves to ``execution_device`` at its forward and stays there until ``hook.offload()``.
+
+    ``prev_module_hook`` (the hook of the previous model of a pipeline) is offloaded just before
+    this model runs. The default device is MPS, else GPU 0, else the CPU.
+    """
+    if prev_module_hook is not None and not isinstance(prev_module_hook, UserCpuOffloadHook):
+        raise TypeError(
+            "prev_module_hook must be the UserCpuOffloadHook returned by a previous cpu_offload_with_hook call, "
+            f"got {type(prev_module_hook).__name__}"
+        )
+    hook = CpuOffload(execution_device=execution_device, prev_module_hook=prev_module_hook)
+    add_hook_to_module(model, hook, append=True)
+    return model, UserCpuOffloadHook(model, hook)
+
+
+def has_offload_index(folder: str | os.PathLike) -> bool:
+    """Return whether ``folder`` already holds offloaded weights (an ``index.json``)."""
+    return os.path.isdir(folder) and os.path.isfile(os.path.join(folder, INDEX_NAME))
+
+
+def check_no_meta(state_dict: dict[str, torch.Tensor], where: str) -> None:
+    """Raise ``ValueError`` when weights about to be offloaded to ``where`` are on the meta device (no data)."""
+    meta = [name for name, t in state_dict.items() if t.device.type == "meta"]
+    if meta:
+        shown = ", ".join(meta[:5]) + (f" and {len(meta) - 5} more" if len(meta) > 5 else "")
+        raise ValueError(
+            f"Cannot offload {shown} to {where!r}: these weights are on the meta device (no data) and the "
+            "folder holds no offload index. Load a checkpoint first (load_checkpoint_and_dispatch) or "
+            "point to a folder that already holds the offloaded weights."
+        )
+
+
+def disk_offload(
+    model: nn.Module,
+    offload_dir: str | os.PathLike,
+    execution_device: torch.device | None = None,
+    offload_buffers: bool = False,
+    preload_module_classes: list[str] | None = None,
+    *,
+    prefetch: bool | int = True,
+) -> nn.Module:
+    """Return ``model`` with all its weights offloaded to memory-mapped files in ``offload_dir``.
+
+    Weights are written there unless the folder already holds an ``index.json`` (then they are
+    read from it as they are). ``execution_device`` defaults to the first parameter's device.
+    """
+    if offload_dir is None:
+        raise ValueError(
+            "disk_offload needs `offload_dir`: the folder where the weights are (or will be) offloaded."
+        )
+    if not has_offload_index(offload_dir):
+        state_dict = model.state_dict()
+        check_no_meta(state_dict, os.fspath(offload_dir))
+        offload_state_dict(offload_dir, state_dict)
+    weights_map = OffloadedWeightsLoader(save_folder=offload_dir)
+    return _offload_whole_model(
+        model, execution_device, weights_map, offload_buffers, preload_module_classes, prefetch
+    )
