@@ -37,6 +37,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# A stateful prepared dataloader's position inside its epoch (Accelerate's file name).
+DATALOADER_STATE_NAME = "dl_state_dict"
+
 
 def _indexed(name: str, index: int) -> str:
     """Return ``name`` with ``_{index}`` before its extension for the second and later objects."""
@@ -149,6 +152,8 @@ def save_accelerator_state(
             state = _sampler_state(dataloader)
             if state is not None:
                 _torch_save(state, output_dir / f"{_indexed(SAMPLER_NAME, i)}.bin")
+            if getattr(dataloader, "use_stateful_dataloader", False):  # the position inside the epoch
+                _torch_save(dataloader.state_dict(), output_dir / f"{_indexed(DATALOADER_STATE_NAME, i)}.bin")
         if scaler is not None:
             _torch_save(scaler.state_dict(), output_dir / SCALER_NAME)
     _torch_save(_rng_state(step), output_dir / f"{RNG_STATE_NAME}_{process_index}.pkl")
@@ -200,6 +205,9 @@ def load_accelerator_state(
         path = input_dir / f"{_indexed(SAMPLER_NAME, i)}.bin"
         if path.exists():
             _load_sampler_state(dataloader, _torch_load(path))
+        position = input_dir / f"{_indexed(DATALOADER_STATE_NAME, i)}.bin"
+        if getattr(dataloader, "use_stateful_dataloader", False) and position.exists():
+            dataloader.load_state_dict(_torch_load(position))
     if scaler is not None:
         path = input_dir / SCALER_NAME
         _require(path, "the fp16 gradient scaler")

@@ -24,6 +24,7 @@ from .samplers import (
     SeedableRandomSampler,
     SkipBatchSampler,
 )
+from .stateful import LoaderPosition, make_stateful_loader
 
 __all__ = [
     "BatchSamplerShard",
@@ -135,12 +136,16 @@ class DataLoaderShard(_DataLoaderStateMixin, DataLoader):
         rng_types: list[str] | None = None,
         synchronized_generator: torch.Generator | None = None,
         skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
         _drop_last: bool = False,
         _non_blocking: bool = False,
         _total_batch_size: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
+        self.use_stateful_dataloader = use_stateful_dataloader
+        # Iterated in our place when the position must survive a checkpoint (see stateful.py).
+        self._position = LoaderPosition(make_stateful_loader(dataset, **kwargs)) if use_stateful_dataloader else None
         self.device = device
         self.rng_types = rng_types
         self.synchronized_generator = synchronized_generator
@@ -169,24 +174,48 @@ class DataLoaderShard(_DataLoaderStateMixin, DataLoader):
             synchronize_rng_states(self.rng_types, self.synchronized_generator)
         self._begin()
         try:
-            # Creating an iterator draws a worker base seed from the global torch RNG; drawing it
-            # from a fork keeps the global stream identical for a run resumed from a checkpoint.
-            with torch.random.fork_rng(devices=[]):
-                iterator = super().__iter__()
+            if self._position is not None:
+                iterator = self._position.start(self.synchronized_generator)
+            else:
+                # Creating an iterator draws a worker base seed from the global torch RNG; drawing it
+                # from a fork keeps the global stream identical for a run resumed from a checkpoint.
+                with torch.random.fork_rng(devices=[]):
+                    iterator = super().__iter__()
             if self.skip_batches and isinstance(self.dataset, IterableDataset):
                 for _ in range(self.skip_batches):
                     if next(iterator, _END) is _END:
                         break
             current = next(iterator, _END)
             while current is not _END:
+                if self._position is not None:
+                    self._position.served()  # before the look-ahead below moves the position on
                 following = next(iterator, _END)
                 if following is _END:
                     self._mark_last_batch()
                 yield self._place(current)
                 current = following
             self.iteration += 1
+            if self._position is not None:
+                self._position.finish()
         finally:
             self._finish()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return this loader's position in its epoch (needs ``use_stateful_dataloader=True``)."""
+        return self._require_position().state_dict(self.iteration)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Return nothing; the next iteration resumes at the position ``state_dict`` recorded."""
+        self._require_position().load_state_dict(state_dict)
+        self.iteration = int(state_dict.get("iteration", self.iteration))
+
+    def _require_position(self) -> LoaderPosition:
+        if self._position is None:
+            raise ValueError(
+                "this prepared dataloader keeps no position: create the Accelerator with "
+                "dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True)"
+            )
+        return self._position
 
     def _place(self, batch: Any) -> Any:
         if self.device is None:
@@ -389,6 +418,8 @@ def prepare_data_loader(
     use_seedable_sampler: bool = False,
     data_seed: int | None = None,
     non_blocking: bool = False,
+    use_stateful_dataloader: bool = False,
+    torch_device_mesh: Any = None,
 ) -> DataLoader:
     """Return a loader serving this process's share of ``dataloader``'s batches.
 
@@ -396,7 +427,10 @@ def prepare_data_loader(
     batches in turn), ``even_batches`` pads the last round so every process steps equally,
     ``use_seedable_sampler`` replaces a ``RandomSampler`` by a :class:`SeedableRandomSampler`
     (otherwise its generator is synchronised from process 0 at every epoch), ``dispatch_batches``
-    reads the data on process 0 only and sends each process its slice.
+    reads the data on process 0 only and sends each process its slice. ``use_stateful_dataloader``
+    iterates through torchdata's ``StatefulDataLoader`` so ``state_dict()`` / ``load_state_dict()``
+    resume mid-epoch. With a ``torch_device_mesh`` (and no explicit counts) the loader is sharded over
+    its data-parallel ranks only: ranks of one tensor-parallel group read the same batches.
     """
     from .state import PartialState
 
@@ -405,6 +439,8 @@ def prepare_data_loader(
             f"prepare_data_loader expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}"
         )
     state = PartialState()
+    if torch_device_mesh is not None and num_processes is None and process_index is None:
+        num_processes, process_index = _data_parallel_share(torch_device_mesh)
     num_processes = state.num_processes if num_processes is None else num_processes
     process_index = state.process_index if process_index is None else process_index
     # DataLoader batches are CPU tensors already: skip a per-batch no-op move on CPU runs.
@@ -424,6 +460,11 @@ def prepare_data_loader(
             "split_batches=False"
         )
 
+    if dispatch_batches and use_stateful_dataloader:
+        raise ValueError(
+            "use_stateful_dataloader=True is not available with dispatch_batches=True (process 0 reads for "
+            "everyone): set DataLoaderConfiguration(dispatch_batches=False)"
+        )
     if dispatch_batches:
         kwargs.pop("generator", None)
         loader_args = (
@@ -494,9 +535,24 @@ def prepare_data_loader(
         _drop_last=drop_last,
         _non_blocking=non_blocking,
         _total_batch_size=total_batch_size,
+        use_stateful_dataloader=use_stateful_dataloader,
         **loader_args,
         **kwargs,
     )
+
+
+def _data_parallel_share(mesh: Any) -> tuple[int, int]:
+    """Return ``(data-parallel ranks, this rank's index)`` of a device mesh (its "dp" dims, else all of it)."""
+    names = tuple(mesh.mesh_dim_names or ())
+    dp = [name for name in ("dp_replicate", "dp_shard") if name in names]
+    if not dp:
+        return (1, 0) if "tp" in names else (mesh.size(), mesh.get_rank())
+    coordinate, total, index = mesh.get_coordinate(), 1, 0
+    for name in dp:  # replicate-major, as the mesh lays the ranks out
+        dim = names.index(name)
+        index = index * mesh.shape[dim] + coordinate[dim]
+        total *= mesh.shape[dim]
+    return total, index
 
 
 def _shard_batch_sampler(

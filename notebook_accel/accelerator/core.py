@@ -450,6 +450,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
             use_seedable_sampler=cfg.use_seedable_sampler,
             data_seed=cfg.data_seed,
             non_blocking=cfg.non_blocking,
+            use_stateful_dataloader=cfg.use_stateful_dataloader,
         )
         self._dataloaders.append(prepared)
         return prepared
