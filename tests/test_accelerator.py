@@ -268,13 +268,13 @@ def test_find_executable_batch_size_around_accelerator() -> None:
         acc = Accelerator(cpu=True)
         acc.free_memory()
         tried.append(batch_size)
-        if batch_size > 16:
+        if batch_size > 50:
             raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 123 bytes")
         loader = acc.prepare(DataLoader(_data(), batch_size=batch_size))
         return next(iter(loader))[0].shape[0]
 
-    assert train() == 16
-    assert tried == [64, 32, 16]
+    assert train() == min(45, N_SAMPLES)
+    assert tried == [64, 57, 51, 45]  # Accelerate 1.15: int(size * 0.9) after each out-of-memory error
 
 
 @pytest.mark.parametrize(

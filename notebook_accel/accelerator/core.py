@@ -23,8 +23,8 @@ from ..optimizer import AcceleratedOptimizer
 from ..scheduler import AcceleratedScheduler
 from ..state import AcceleratorState, GradientState
 from ..tracking import GeneralTracker, filter_trackers
+from ..utils.compilation import is_compiled_module
 from ..utils.enums import DistributedType, PrecisionType
-from ..utils.other import _is_compiled_module
 from . import fsdp as _fsdp
 from . import mesh as _mesh
 from . import profiling as _profiling
@@ -389,7 +389,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
         if (
             dynamo is not None
             and str(dynamo.backend.value).upper() != "NO"
-            and not _is_compiled_module(model)
+            and not is_compiled_module(model)
         ):
             model = _model.compile_model(model, dynamo)
         self._models[-1] = model

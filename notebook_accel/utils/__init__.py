@@ -290,6 +290,42 @@ _add(
 _add(".other", "is_peft_model")
 _add(".allocation", "check_tied_parameters_in_config")
 _add(".tqdm", "tqdm")
+_add(
+    ".compilation",
+    "compile_regions",
+    "compile_regions_deepspeed",
+    "compile_regions_fsdp2",
+    "has_compiled_regions",
+    "is_compiled_module",
+)
+_add(
+    ".device_info",
+    "check_cuda_fp8_capability",
+    "check_cuda_p2p_ib_support",
+    "get_current_device_type",
+    "get_gpu_info",
+    "set_numa_affinity",
+)
+_add(
+    ".environment",
+    "are_libraries_initialized",
+    "convert_dict_to_env_variables",
+    "get_cpu_distributed_information",
+    "parse_choice_from_env",
+    "purge_accelerate_environment",
+)
+_add(".network", "is_port_in_use")
+_add(
+    ".other",
+    "check_os_kernel",
+    "clean_state_dict_for_safetensors",
+    "convert_bytes",
+    "get_model_tp_size",
+    "get_module_children_bottom_up",
+    "load",
+    "model_has_dtensor",
+    "recursive_getattr",
+)
 
 __all__ = sorted(_TABLE)
 __getattr__, __dir__ = attach(__name__, _TABLE)

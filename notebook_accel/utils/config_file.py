@@ -84,7 +84,9 @@ def _basic_config(mixed_precision: str, use_xpu: bool) -> dict[str, Any]:
     return dict(sorted(config.items()))
 
 
-def write_basic_config(mixed_precision="no", save_location: str = default_config_file, *, use_xpu: bool = False):
+def write_basic_config(
+    mixed_precision="no", save_location: str = default_config_file, *, use_xpu: bool = False
+):
     """Return the path written (or False when a file already exists there) after saving a basic config.
 
     The configuration describes this machine: every visible CUDA GPU (multi-GPU when more than one),

@@ -65,7 +65,9 @@ def _read_config(config_file_or_dict: Any) -> dict:
             try:
                 config = json.load(f)
             except json.JSONDecodeError as err:
-                raise ValueError(f"The DeepSpeed config {config_file_or_dict} is not valid JSON: {err}") from None
+                raise ValueError(
+                    f"The DeepSpeed config {config_file_or_dict} is not valid JSON: {err}"
+                ) from None
     else:
         try:
             config = json.loads(base64.urlsafe_b64decode(config_file_or_dict).decode("utf-8"))
@@ -75,7 +77,9 @@ def _read_config(config_file_or_dict: Any) -> dict:
                 f"string. Received: {config_file_or_dict}"
             ) from None
     if not isinstance(config, dict):
-        raise ValueError(f"The DeepSpeed config must be a JSON object, got {type(config).__name__}: {config!r}")
+        raise ValueError(
+            f"The DeepSpeed config must be a JSON object, got {type(config).__name__}: {config!r}"
+        )
     return config
 
 
@@ -180,7 +184,9 @@ class DummyScheduler:
         **kwargs: other scheduler arguments.
     """
 
-    def __init__(self, optimizer, total_num_steps=None, warmup_num_steps=0, lr_scheduler_callable=None, **kwargs):
+    def __init__(
+        self, optimizer, total_num_steps=None, warmup_num_steps=0, lr_scheduler_callable=None, **kwargs
+    ):
         if lr_scheduler_callable is not None and not callable(lr_scheduler_callable):
             raise TypeError(
                 f"lr_scheduler_callable must be a function optimizer -> scheduler, not {lr_scheduler_callable!r}."
@@ -199,7 +205,9 @@ def map_pytorch_optim_to_deepspeed(optimizer):
     these kernels.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"map_pytorch_optim_to_deepspeed takes a torch optimizer, not {type(optimizer).__name__}.")
+        raise TypeError(
+            f"map_pytorch_optim_to_deepspeed takes a torch optimizer, not {type(optimizer).__name__}."
+        )
     if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)):
         raise ValueError(
             f"{type(optimizer).__name__} has no DeepSpeed CPU equivalent: use torch.optim.Adam, AdamW or Adagrad, "

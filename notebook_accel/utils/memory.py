@@ -11,7 +11,31 @@ from typing import Any
 
 import torch
 
+from .imports import (
+    is_cuda_available,
+    is_hpu_available,
+    is_mlu_available,
+    is_mps_available,
+    is_musa_available,
+    is_neuron_available,
+    is_npu_available,
+    is_sdaa_available,
+    is_xpu_available,
+)
+
 __all__ = ["clear_device_cache", "find_executable_batch_size", "release_memory", "should_reduce_batch_size"]
+# Accelerate 1.15 serves these names at this path too (defined elsewhere).
+__all__ += [
+    "is_cuda_available",
+    "is_hpu_available",
+    "is_mlu_available",
+    "is_mps_available",
+    "is_musa_available",
+    "is_neuron_available",
+    "is_npu_available",
+    "is_sdaa_available",
+    "is_xpu_available",
+]
 
 logger = logging.getLogger(__name__)
 

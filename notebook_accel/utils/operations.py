@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .._lazy import attach
 from ._ops_structure import (
     ConvertOutputsToFp32,
     TensorInformation,
@@ -46,7 +47,10 @@ from ._ops_structure import (
     slice_tensors,
 )
 from .constants import TORCH_DISTRIBUTED_OPERATION_TYPES
+from .enums import DistributedType
 from .environment import parse_flag_from_env
+from .imports import is_npu_available, is_torch_distributed_available, is_torch_xla_available
+from .versions import is_torch_version
 
 __all__ = [
     "TENSOR_INT_TO_DTYPE",
@@ -87,6 +91,20 @@ __all__ = [
     "send_to_device",
     "slice_tensors",
 ]
+# Accelerate 1.15 serves these names at this path too (defined elsewhere).
+__all__ += [
+    "DistributedType",
+    "is_npu_available",
+    "is_torch_distributed_available",
+    "is_torch_version",
+    "is_torch_xla_available",
+]
+_REEXPORTED_LAZILY = {
+    "AcceleratorState": "notebook_accel.state",
+    "PartialState": "notebook_accel.state",
+}
+__all__ += sorted(_REEXPORTED_LAZILY)
+__getattr__, __dir__ = attach(__name__, _REEXPORTED_LAZILY)
 
 _REDUCTIONS = ("mean", "sum", "none")
 # torch >= 2.13 renamed all_gather_into_tensor; both gather equal-sized tensors into one buffer.

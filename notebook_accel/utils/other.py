@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import codecs
 import io
+import logging
 import os
+import platform
 import sys
 import tempfile
 from collections import OrderedDict
@@ -12,9 +15,29 @@ from typing import Any
 
 import torch
 
-from .package_checks import is_peft_available
+from .._lazy import attach
+from .compilation import is_compiled_module
+from .constants import FSDP_PYTORCH_VERSION
+from .enums import DistributedType
+from .imports import is_torch_distributed_available, is_torch_xla_available, is_weights_only_available
+from .network import get_free_port, is_port_in_use
+from .package_checks import is_deepspeed_available, is_numpy_available, is_peft_available
+from .tensors import id_tensor_storage
+from .versions import is_torch_version
 
 __all__ = [
+    "get_free_port",
+    "is_compiled_module",
+    "is_port_in_use",
+    "TORCH_SAFE_GLOBALS",
+    "check_os_kernel",
+    "clean_state_dict_for_safetensors",
+    "convert_bytes",
+    "get_model_tp_size",
+    "get_module_children_bottom_up",
+    "load",
+    "model_has_dtensor",
+    "recursive_getattr",
     "extract_model_from_parallel",
     "get_pretty_name",
     "is_peft_model",
@@ -22,6 +45,40 @@ __all__ = [
     "save",
     "wait_for_everyone",
 ]
+# Accelerate 1.15 serves these names at this path too (defined elsewhere).
+__all__ += [
+    "DistributedType",
+    "FSDP_PYTORCH_VERSION",
+    "id_tensor_storage",
+    "is_deepspeed_available",
+    "is_numpy_available",
+    "is_torch_distributed_available",
+    "is_torch_version",
+    "is_torch_xla_available",
+    "is_weights_only_available",
+]
+_REEXPORTED_LAZILY = {"PartialState": "notebook_accel.state", "get_logger": "notebook_accel.logging"}
+__all__ += sorted(_REEXPORTED_LAZILY)
+__getattr__, __dir__ = attach(__name__, _REEXPORTED_LAZILY)
+
+
+logger = logging.getLogger(__name__)
+
+
+def _numpy_safe_globals() -> list:
+    """Return the numpy functions and types a pickled array needs (empty without numpy)."""
+    if not is_numpy_available():
+        return []
+    import numpy as np
+
+    multiarray = getattr(np, "_core", None) or np.core
+    return [
+        multiarray.multiarray._reconstruct,
+        np.ndarray,
+        codecs.encode,
+        np.dtype,
+        type(np.dtype(np.uint32)),
+    ]
 
 
 def _parallel_wrappers() -> tuple[type, ...]:
@@ -36,11 +93,6 @@ def _parallel_wrappers() -> tuple[type, ...]:
     if deepspeed is not None and hasattr(deepspeed, "DeepSpeedEngine"):
         wrappers.append(deepspeed.DeepSpeedEngine)
     return tuple(wrappers)
-
-
-def _is_compiled_module(model: Any) -> bool:
-    dynamo = sys.modules.get("torch._dynamo.eval_frame")
-    return dynamo is not None and isinstance(model, dynamo.OptimizedModule)
 
 
 def extract_model_from_parallel(
@@ -59,13 +111,13 @@ def extract_model_from_parallel(
     """
     if recursive:
         _unwrap_children(model, keep_torch_compile)
-    compiled = model if _is_compiled_module(model) else None
+    compiled = model if is_compiled_module(model) else None
     if compiled is not None:
         model = compiled._orig_mod
     wrappers = _parallel_wrappers()
     while isinstance(model, wrappers):
         model = model.module
-    if _is_compiled_module(model):  # compiled before being wrapped
+    if is_compiled_module(model):  # compiled before being wrapped
         compiled = compiled or model
         model = model._orig_mod
     if not keep_fp32_wrapper:
@@ -87,7 +139,7 @@ def _unwrap_children(model: torch.nn.Module, keep_torch_compile: bool) -> None:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             inner = child
-            while isinstance(inner, wrappers) or (not keep_torch_compile and _is_compiled_module(inner)):
+            while isinstance(inner, wrappers) or (not keep_torch_compile and is_compiled_module(inner)):
                 inner = inner.module if isinstance(inner, wrappers) else inner._orig_mod
             if inner is not child:
                 setattr(parent, name, inner)
@@ -190,3 +242,110 @@ def is_peft_model(model: Any) -> bool:
     from peft import PeftModel
 
     return isinstance(model, PeftModel)
+
+
+def recursive_getattr(obj: Any, attr: str) -> Any:
+    """Return ``obj.a.b.c`` for ``attr="a.b.c"`` (AttributeError naming the missing part)."""
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def convert_bytes(size: float) -> str:
+    """Return ``size`` bytes in the largest unit that keeps it >= 1: ``"1.18 MB"``, ``"512 bytes"``."""
+    if size < 1024:
+        return f"{size} bytes"
+    for unit in ("KB", "MB", "GB", "TB"):
+        size /= 1024
+        if size < 1024:
+            return f"{round(size, 2)} {unit}"
+    return f"{round(size / 1024, 2)} PB"
+
+
+def get_module_children_bottom_up(model: torch.nn.Module, return_fqns: bool = False) -> list:
+    """Return every submodule of ``model`` children first, ``model`` itself last (post-order).
+
+    With ``return_fqns`` each item is ``(dotted name, module)``, the model's name being ``""``.
+    """
+    order: list = []
+
+    def visit(name: str, module: torch.nn.Module) -> None:
+        for child_name, child in module.named_children():
+            visit(f"{name}.{child_name}" if name else child_name, child)
+        order.append((name, module) if return_fqns else module)
+
+    visit("", model)
+    return order
+
+
+def model_has_dtensor(model: torch.nn.Module) -> bool:
+    """Return whether a parameter of ``model`` is a ``DTensor`` (sharded by tensor parallelism or FSDP2)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed
+        return False
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def get_model_tp_size(model: torch.nn.Module) -> int | None:
+    """Return the tensor-parallel degree a transformers model was sharded with, or None when it was not."""
+    size = getattr(model, "_tp_size", None) or getattr(model, "tp_size", None)
+    return int(size) if size else None
+
+
+def clean_state_dict_for_safetensors(state_dict: dict) -> dict:
+    """Return ``state_dict`` ready for safetensors: repeated names of one tensor dropped, shared views copied.
+
+    safetensors refuses two entries over one memory. A name for the very same tensor as an earlier
+    one (tied weights: an embedding and a head) is removed, with a warning; a different view of memory
+    already written (a slice) becomes its own copy. The dict is changed in place and returned.
+    """
+    storages: set[tuple] = set()
+    exact: dict[tuple, str] = {}
+    for name in list(state_dict):
+        tensor = state_dict[name]
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta":
+            continue
+        storage = id_tensor_storage(tensor)
+        view = (storage, tensor.data_ptr(), tuple(tensor.shape), tensor.stride())
+        if view in exact:
+            logger.warning("Removed %s from the state dict: it is the same tensor as %s", name, exact[view])
+            del state_dict[name]
+            continue
+        exact[view] = name
+        if storage in storages:
+            state_dict[name] = tensor.clone()
+        storages.add(storage)
+    return state_dict
+
+
+def check_os_kernel() -> None:
+    """Warn when this Linux kernel is older than 5.5, on which processes are known to hang."""
+    if not sys.platform.startswith("linux"):
+        return
+    release = platform.release().split("-")[0]
+    try:
+        version = tuple(int(part) for part in release.split(".")[:2])
+    except ValueError:
+        return
+    if version < (5, 5):
+        logger.warning(
+            "Linux kernel %s is older than 5.5.0, on which processes can hang; upgrade the kernel", release
+        )
+
+
+# What ``load`` allows beyond tensors: numpy arrays (saved random states hold them).
+TORCH_SAFE_GLOBALS = _numpy_safe_globals()
+
+
+def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
+    """Return ``torch.load(f, map_location, weights_only=True)`` with numpy arrays allowed.
+
+    Only tensors, plain containers and the numpy types in ``TORCH_SAFE_GLOBALS`` are unpickled;
+    ``kwargs`` go to ``torch.load``.
+    """
+    kwargs.setdefault("weights_only", True)
+    if not kwargs["weights_only"] or not TORCH_SAFE_GLOBALS:
+        return torch.load(f, map_location=map_location, **kwargs)
+    with torch.serialization.safe_globals(TORCH_SAFE_GLOBALS):
+        return torch.load(f, map_location=map_location, **kwargs)

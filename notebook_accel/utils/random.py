@@ -9,10 +9,38 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from .enums import RNGType
+from .._lazy import attach
+from .constants import CUDA_DISTRIBUTED_TYPES
+from .enums import DistributedType, RNGType
 from .environment import _process_index
+from .imports import (
+    is_hpu_available,
+    is_mlu_available,
+    is_musa_available,
+    is_neuron_available,
+    is_npu_available,
+    is_sdaa_available,
+    is_torch_xla_available,
+    is_xpu_available,
+)
 
 __all__ = ["set_seed", "synchronize_rng_state", "synchronize_rng_states"]
+# Accelerate 1.15 serves these names at this path too (defined elsewhere).
+__all__ += [
+    "CUDA_DISTRIBUTED_TYPES",
+    "DistributedType",
+    "is_hpu_available",
+    "is_mlu_available",
+    "is_musa_available",
+    "is_neuron_available",
+    "is_npu_available",
+    "is_sdaa_available",
+    "is_torch_xla_available",
+    "is_xpu_available",
+]
+_REEXPORTED_LAZILY = {"AcceleratorState": "notebook_accel.state"}
+__all__ += sorted(_REEXPORTED_LAZILY)
+__getattr__, __dir__ = attach(__name__, _REEXPORTED_LAZILY)
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
