@@ -6,11 +6,13 @@ in :mod:`notebook_accel.big_modeling.quantize`; this module lists it lazily at i
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 from typing import Any
 
 import torch
 from torch import nn
+from torch.torch_version import TorchVersion
 
 from .._lazy import attach
 from . import imports
@@ -47,10 +49,7 @@ def require_bnb(config: BnbQuantizationConfig) -> Any:
             "bitsandbytes quantization needs a CUDA GPU, and none is visible here; run on a GPU machine "
             "(or check CUDA_VISIBLE_DEVICES)"
         )
-    import importlib.metadata
-
-    import bitsandbytes as bnb
-    from torch.torch_version import TorchVersion
+    import bitsandbytes as bnb  # optional: only quantization needs it
 
     kind = "8bit" if config.load_in_8bit else "4bit"
     installed = importlib.metadata.version("bitsandbytes")

@@ -18,6 +18,7 @@ import tempfile
 from typing import Any, Union
 
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from .constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
@@ -69,8 +70,6 @@ class _Shard:
     def _handle(self, device: str):
         handle = self._handles.get(device)
         if handle is None:
-            from safetensors import safe_open
-
             handle = self._handles[device] = safe_open(self.path, framework="pt", device=device)
         return handle
 
@@ -435,6 +434,8 @@ def _report_keys(
 def _progress(files: list[str]):
     if len(files) < 2:
         return files
+    # Imported here, not at the top: tqdm.auto probes for IPython/ipywidgets, which the headless core
+    # must not import when a module is imported.
     from tqdm.auto import tqdm
 
     # delay: quick loads (memory-mapped, page-cached) finish before a bar would be worth drawing.

@@ -6,6 +6,7 @@ import logging
 import math
 from typing import Union
 
+import psutil
 import torch
 from torch import nn
 
@@ -57,8 +58,6 @@ def _cgroup_memory_left() -> int | None:
 
 
 def _available_cpu_memory() -> int:
-    import psutil
-
     available = psutil.virtual_memory().available
     left = _cgroup_memory_left()
     return available if left is None else min(available, left)
