@@ -46,7 +46,7 @@ def test_binder_files_are_what_mybinder_reads() -> None:
     post_build = BINDER / "postBuild"
     assert post_build.is_file() and os.access(post_build, os.X_OK), "binder/postBuild must be executable"
     text = post_build.read_text(encoding="utf-8")
-    assert "-c constraints.txt" in text and '".[panels]"' in text
+    assert "-c constraints.txt" in text and '".[panels,clients]"' in text
     runtime = (BINDER / "runtime.txt").read_text(encoding="utf-8").strip()
     assert runtime.startswith("python-3.") and int(runtime.split(".")[1]) >= 10, runtime
 
