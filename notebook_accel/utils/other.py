@@ -57,7 +57,12 @@ __all__ += [
     "is_torch_xla_available",
     "is_weights_only_available",
 ]
-_REEXPORTED_LAZILY = {"PartialState": "notebook_accel.state", "get_logger": "notebook_accel.logging"}
+_REEXPORTED_LAZILY = {
+    "PartialState": "notebook_accel.state",
+    "get_logger": "notebook_accel.logging",
+    # config_file writes through this module's _atomic_write, so it is served lazily (no import circle).
+    "write_basic_config": "notebook_accel.utils.config_file",
+}
 __all__ += sorted(_REEXPORTED_LAZILY)
 __getattr__, __dir__ = attach(__name__, _REEXPORTED_LAZILY)
 
