@@ -4,6 +4,9 @@ The workers are forked from the calling process (a Jupyter kernel), so a functio
 closures included, runs as is. Each worker gets the torchrun environment (RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so ``PartialState()`` / ``Accelerator()``
 or a plain ``torch.distributed.init_process_group()`` inside the function form the process group.
+
+Both entry points build one ``LaunchRequest`` (every option checked, frozen) and hand it to
+``_launch``, which picks the path: in the caller, forked workers, torch elastic or torch_xla.
 """
 
 from __future__ import annotations
@@ -18,17 +21,22 @@ from dataclasses import replace
 from typing import Any
 
 from .launch.cell_bars import CellBars
+from .launch.elastic import launch_elastic
 from .launch.handle import LaunchHandle
-from .launch.output import LogDirSink, OutputLine, PrintSink, format_prefix
+from .launch.output import LogDirSink, OutputLine, PrintSink
 from .launch.plan import LaunchPlan, check_cuda_not_initialised, resolve_plan
 from .launch.ports import DEFAULT_PORT, host_store
+from .launch.request import LaunchRequest
+from .launch.xla import launch_xla
 
 __all__ = ["debug_launcher", "notebook_launcher"]
 
 logger = logging.getLogger(__name__)
 
 _run_counter = itertools.count()
-_PROGRESS_BARS = ("auto", "main", "all", "text")
+# Options that need the launch in a worker process: the calling process cannot be timed out, its
+# output cannot be sent to sinks or log files, and a panel watches a handle.
+_WORKER_OPTIONS = ("timeout", "log_dir", "sinks", "panel")
 
 
 def _in_kernel() -> bool:
@@ -40,11 +48,6 @@ def _in_kernel() -> bool:
 
 def _resolve_bars(progress_bars: str, panel: bool) -> tuple[bool, set[int] | None]:
     """Return (whether workers send bar events, the ranks shown live: None for all) for ``progress_bars``."""
-    if progress_bars not in _PROGRESS_BARS:
-        raise ValueError(
-            f"progress_bars={progress_bars!r} is not one of {list(_PROGRESS_BARS)}: 'main' shows the main "
-            "process's bars live, 'all' every rank's, 'text' lets tqdm write its usual text"
-        )
     mode = progress_bars
     if mode == "auto":
         # A plain script keeps tqdm's own text; a notebook (or a panel) gets live bars.
@@ -60,24 +63,14 @@ def _run_id(rdzv_id: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_run_counter)}"
 
 
-def _build_sinks(
-    plan: LaunchPlan,
-    sinks: Sequence[Callable[[OutputLine], None]] | None,
-    template: str | None,
-    panel: bool = False,
-) -> list[Callable[[OutputLine], None]]:
-    if sinks is None:
-        if panel:
-            # The panel shows every line; printing them too would fill whichever cell runs meanwhile.
-            return []
-        return [
-            PrintSink(prefix_template=template, num_processes=plan.num_processes, node_rank=plan.node_rank)
-        ]
-    sinks = list(sinks)
-    for sink in sinks:
-        if not callable(sink):
-            raise TypeError(f"sinks must be callables taking an OutputLine; got {sink!r}")
-    return sinks
+def _build_sinks(plan: LaunchPlan, request: LaunchRequest) -> list[Callable[[OutputLine], None]]:
+    if request.sinks is not None:
+        return list(request.sinks)
+    if request.panel:
+        # The panel shows every line; printing them too would fill whichever cell runs meanwhile.
+        return []
+    template = request.log_line_prefix_template
+    return [PrintSink(prefix_template=template, num_processes=plan.num_processes, node_rank=plan.node_rank)]
 
 
 def _announce(sinks: Sequence[Callable[[OutputLine], None]], text: str) -> None:
@@ -89,7 +82,7 @@ def _announce(sinks: Sequence[Callable[[OutputLine], None]], text: str) -> None:
 
 def _show_panel(handle: LaunchHandle) -> None:
     try:
-        from notebook_accel.widgets import LaunchPanel
+        from notebook_accel.widgets import LaunchPanel  # the one lazy import of the widgets (panel=True)
     except ImportError as exc:
         raise ImportError(
             "panel=True needs the launch panel (notebook_accel.widgets.LaunchPanel) and ipywidgets: "
@@ -122,25 +115,29 @@ def notebook_launcher(
     sinks: Sequence[Callable[[OutputLine], None]] | None = None,
     timeout: float | None = None,
     progress_bars: str = "auto",
+    hang_timeout: float | None = None,
+    on_hang: str = "report",
 ) -> list[Any] | LaunchHandle:
     """Return each rank's return value (a list indexed by rank) after running ``function(*args)`` on every process.
 
     Args:
         function: what every process runs; defined anywhere, a notebook cell included.
-        args: positional arguments passed to ``function`` in every process.
-        num_processes: processes on this machine. None: one per CUDA device, or 1 (in the calling
-            process) on a CPU-only machine. 1 runs ``function`` in the calling process.
+        args: positional arguments passed to ``function`` in every process (checked against its
+            signature before anything starts).
+        num_processes: processes on this machine (None: one per CUDA device, or 1 on a CPU). 1 runs
+            in the calling process unless ``timeout``, ``log_dir``, ``sinks``, ``panel`` or
+            ``block=False`` need a worker process: then in one worker.
         mixed_precision: "no", "fp16", "bf16" or "fp8"; exported as ACCELERATE_MIXED_PRECISION.
-        use_port: rendezvous port on ``master_addr``. The default one is replaced by a free port
-            when taken; a port chosen explicitly that is taken raises RuntimeError.
+        use_port: rendezvous port (the default one, when taken, is replaced by a free one).
         master_addr: address of the rank-0 node.
         node_rank, num_nodes: this machine's rank and the number of machines; ``num_nodes > 1``
             runs through torch.distributed.elastic (see ``notebook_accel.launch.elastic``).
         rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval: elastic
-            rendezvous settings, used when ``num_nodes > 1`` (as in torchrun).
+            rendezvous settings of ``num_nodes > 1`` (as in torchrun); set on a single node they
+            raise ValueError (``rdzv_id`` names the run's log folder there).
         log_line_prefix_template: prefix of each output line, e.g. "[{rank}]: " (``${rank}``,
             ``{local_rank}``, ``{role_name}`` work too); default "[rank N] ".
-        block: False returns a ``LaunchHandle`` at once (status, live output, wait/result/stop).
+        block: False returns a ``LaunchHandle`` at once (status, live output, stacks, wait/result/stop).
         panel: show the live launch panel (``notebook_accel.widgets.LaunchPanel``). With the
             default ``sinks=None`` the lines then show in the panel only, not printed in the cell.
         start_method: "fork" (default; CUDA must not be initialised in the caller), "spawn" or
@@ -150,75 +147,77 @@ def notebook_launcher(
             rank prefix (nothing when ``panel=True``), [] prints nothing. An explicit list is used
             as given, with or without a panel (``[notebook_accel.launch.PrintSink()]`` prints
             next to a panel).
-        timeout: seconds after which the workers are stopped and LaunchError is raised.
-        progress_bars: how the workers' tqdm bars show. "main": one live bar per bar of the main
-            process (in the panel, or in the cell), "all": live bars of every rank, "text": tqdm
-            writes its text as in a terminal. In "main" and "all" a rank's output keeps only each
-            bar's final state (one line), and ``print`` output is unchanged. "auto" (default):
-            "main" in a Jupyter kernel or with ``panel=True``, "text" in a plain script.
+        timeout: seconds after which the workers are stopped and LaunchError is raised (showing
+            where each rank was).
+        progress_bars: "main": live bars of the main process's tqdm bars (panel or cell), "all": of
+            every rank, "text": tqdm's own text; "auto": "main" in a kernel or panel, else "text".
+        hang_timeout: seconds a rank may sit in a collective while another rank is elsewhere before
+            a suspected hang is reported with every rank's stack (None: 60 s; math.inf: off).
+        on_hang: "report" (show it once, keep running) or "stop" (stop, raise with the stacks).
 
     Raises:
         LaunchError: a rank raised or died; the root cause's rank, pid, type and traceback first.
         KeyboardInterrupt: re-raised after every worker was stopped.
-        ValueError / RuntimeError: bad arguments, a taken explicit port, CUDA initialised before a fork.
+        ValueError / TypeError / RuntimeError: bad arguments, a taken explicit port, CUDA
+            initialised before a fork.
     """
-    if not callable(function):
-        raise TypeError(f"function must be callable; got {function!r}")
-    if not isinstance(args, (tuple, list)):
-        raise TypeError(f"args must be a tuple of positional arguments; got {type(args).__name__}")
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout={timeout!r} must be a positive number of seconds or None")
-    bar_events = _resolve_bars(progress_bars, panel)
-    return _launch(
-        function, tuple(args), num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
-        rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval,
-        log_line_prefix_template, block, panel, start_method, log_dir, sinks, timeout, force_cpu=False,
-        bar_events=bar_events,
+    request = LaunchRequest(
+        function=function, args=args, num_processes=num_processes, mixed_precision=mixed_precision,
+        use_port=use_port, master_addr=master_addr, node_rank=node_rank, num_nodes=num_nodes,
+        rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf, rdzv_id=rdzv_id,
+        max_restarts=max_restarts, monitor_interval=monitor_interval,
+        log_line_prefix_template=log_line_prefix_template, block=block, panel=panel,
+        start_method=start_method, log_dir=log_dir, sinks=sinks, timeout=timeout,
+        progress_bars=progress_bars, hang_timeout=hang_timeout, on_hang=on_hang,
     )  # fmt: skip
+    return _launch(request)
 
 
-def _launch(
-    function, args, num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes,
-    rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval,
-    log_line_prefix_template, block, panel, start_method, log_dir, sinks, timeout, *, force_cpu,
-    bar_events=(False, None),
-):  # fmt: skip
-    format_prefix(log_line_prefix_template, 0, 0)  # a bad template fails here, not in the reader thread
+def _launch(request: LaunchRequest) -> list[Any] | LaunchHandle:
+    """Return the values (or the handle) of the launch ``request`` describes, on the path it needs."""
     plan = resolve_plan(
-        num_processes, mixed_precision, use_port, master_addr, node_rank, num_nodes, rdzv_backend,
-        start_method, force_cpu=force_cpu,
+        request.num_processes, request.mixed_precision, request.use_port, request.master_addr,
+        request.node_rank, request.num_nodes, request.rdzv_backend, request.start_method,
+        force_cpu=request.force_cpu,
     )  # fmt: skip
     if plan.backend == "xla":
-        from .launch.xla import launch_xla
-
-        _announce(_build_sinks(plan, sinks, log_line_prefix_template), plan.describe())
-        return launch_xla(function, args, plan)
+        request.refuse_on(
+            "a TPU launch (torch_xla runs to the end)", ("block", "sinks", "timeout", "panel", "log_dir")
+        )
+        _announce(_build_sinks(plan, request), plan.describe())
+        return launch_xla(request.function, request.args, plan)
     if plan.num_nodes > 1:
-        from .launch.elastic import launch_elastic
-
-        if not block:
-            raise ValueError(
-                "block=False is not available with num_nodes > 1 (torch elastic runs to the end)"
-            )
-        _announce(_build_sinks(plan, sinks, log_line_prefix_template), plan.describe())
+        request.refuse_on(
+            "num_nodes > 1 (torch elastic runs to the end)",
+            ("block", "sinks", "timeout", "panel", "hang_timeout", "on_hang", "progress_bars"),
+        )
+        _announce(_build_sinks(plan, request), plan.describe())
         return launch_elastic(
-            function, args, plan, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf,
-            rdzv_id=rdzv_id, max_restarts=max_restarts, monitor_interval=monitor_interval,
-            log_line_prefix_template=log_line_prefix_template, log_dir=log_dir,
+            request.function, request.args, plan, rdzv_backend=request.rdzv_backend,
+            rdzv_endpoint=request.rdzv_endpoint, rdzv_conf=request.rdzv_conf, rdzv_id=request.rdzv_id,
+            max_restarts=request.max_restarts, monitor_interval=request.monitor_interval,
+            log_line_prefix_template=request.log_line_prefix_template, log_dir=request.log_dir,
         )  # fmt: skip
-    if plan.in_process and block:
-        _announce(_build_sinks(plan, sinks, log_line_prefix_template), plan.describe())
-        return [function(*args)]
-    if plan.in_process:  # a handle needs a separate process, even for one rank
+    needs_worker = not request.block or any(
+        getattr(request, name) not in (None, False) for name in _WORKER_OPTIONS
+    )
+    if plan.in_process and not needs_worker:
+        _announce(_build_sinks(plan, request), plan.describe())
+        return [request.function(*request.args)]
+    if plan.in_process:
         plan = _with_workers(plan)
-    plan, stores = _host_stores(plan, explicit_port=str(use_port) != DEFAULT_PORT)
-    run_id = _run_id(rdzv_id)
-    out_sinks = _build_sinks(plan, sinks, log_line_prefix_template, panel=panel)
+    return _launch_workers(request, plan)
+
+
+def _launch_workers(request: LaunchRequest, plan: LaunchPlan) -> list[Any] | LaunchHandle:
+    plan, stores = _host_stores(plan, explicit_port=str(request.use_port) != DEFAULT_PORT)
+    run_id = _run_id(request.rdzv_id)
+    out_sinks = _build_sinks(plan, request)
     log_sink = None
     log_files: dict[int, dict[str, str]] = {}
-    if log_dir is not None:
+    if request.log_dir is not None:
         base = plan.node_rank * plan.num_processes
-        log_sink = LogDirSink(log_dir, run_id, range(base, base + plan.num_processes))
+        log_sink = LogDirSink(request.log_dir, run_id, range(base, base + plan.num_processes))
         out_sinks.append(log_sink)
         log_files = {
             r: {s: str(log_sink.path(r, s)) for s in ("stdout", "stderr")}
@@ -232,25 +231,27 @@ def _launch(
         if log_sink is not None:
             log_sink.close()
 
+    bar_events, live_bar_ranks = _resolve_bars(request.progress_bars, request.panel)
     handle = LaunchHandle(
-        plan, function, args, sinks=out_sinks, timeout=timeout, run_id=run_id, log_files=log_files,
-        on_finish=release, bar_events=bar_events[0], live_bar_ranks=bar_events[1],
+        plan, request.function, request.args, sinks=out_sinks, timeout=request.timeout, run_id=run_id,
+        log_files=log_files, on_finish=release, bar_events=bar_events, live_bar_ranks=live_bar_ranks,
+        hang_timeout=request.effective_hang_timeout, on_hang=request.on_hang,
     )  # fmt: skip
-    if bar_events[0] and not panel and _in_kernel():
+    if bar_events and not request.panel and _in_kernel():
         CellBars(handle)  # the bars live in the calling cell, above the printed lines that follow
     try:
-        handle._start(threaded=not block)
+        handle._start(threaded=not request.block)
     except BaseException:
         release()
         raise
-    if panel:
+    if request.panel:
         try:
             _show_panel(handle)
         except BaseException:
             handle.kill()
-            handle._supervise() if block else handle.wait()
+            handle._supervise() if request.block else handle.wait()
             raise
-    if not block:
+    if not request.block:
         return handle
     handle._run_here()
     return handle.result()
@@ -271,13 +272,14 @@ def _host_stores(plan: LaunchPlan, explicit_port: bool) -> tuple[LaunchPlan, lis
 
     The workers connect to them as clients (TORCHELASTIC_USE_AGENT_STORE, as under torchrun), so the
     port is held from before the first fork to the end of the launch: nothing can take it meanwhile.
+    The stores listen on ``master_addr`` only (127.0.0.1 by default), never on every interface.
     """
-    store = host_store(plan.master_port, fallback=not explicit_port)
+    store = host_store(plan.master_port, fallback=not explicit_port, host=plan.master_addr)
     stores = [store]
     dry_run_port = None
     if plan.debug:  # a separate store, so the dry run's keys never meet the real group's
         try:
-            stores.append(host_store(0, fallback=True))
+            stores.append(host_store(0, fallback=True, host=plan.master_addr))
         except BaseException:
             stores.clear()
             raise
@@ -300,9 +302,4 @@ def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2)
     Meant for tests of distributed code on a machine without accelerators: the workers use gloo on
     the CPU (ACCELERATE_USE_CPU=1) even where CUDA devices exist.
     """
-    if not callable(function):
-        raise TypeError(f"function must be callable; got {function!r}")
-    return _launch(
-        function, tuple(args), num_processes, "no", "29500", "127.0.0.1", 0, 1, "static", "", None, "none", 0,
-        0.1, None, True, False, "fork", None, None, None, force_cpu=True,
-    )  # fmt: skip
+    return _launch(LaunchRequest(function=function, args=args, num_processes=num_processes, force_cpu=True))

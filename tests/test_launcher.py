@@ -257,11 +257,22 @@ def test_timeout_stops_the_launch():
         notebook_launcher(fn, num_processes=2, sinks=[], timeout=1.0)
 
 
-def test_single_process_runs_in_the_caller():
+def test_single_process_runs_in_the_caller(capsys):
+    assert notebook_launcher(os.getpid, num_processes=1) == [os.getpid()]
+    assert "in the calling process" in capsys.readouterr().out
+    assert notebook_launcher(os.getpid) == [os.getpid()]  # None on a CPU machine
+
+
+def test_single_process_with_sinks_runs_in_one_worker_so_they_get_its_lines():
     sink = Collect()
-    assert notebook_launcher(os.getpid, num_processes=1, sinks=[sink]) == [os.getpid()]
-    assert "in the calling process" in sink.announced[0]
-    assert notebook_launcher(os.getpid, sinks=[]) == [os.getpid()]  # None on a CPU machine
+
+    def fn():
+        print("hello from the one rank")
+        return os.getpid()
+
+    assert notebook_launcher(fn, num_processes=1, sinks=[sink]) != [os.getpid()]
+    assert "start method fork" in sink.announced[0]
+    assert sink.texts(0, "stdout") == ["hello from the one rank"]
 
 
 def test_log_dir_and_prefix_template(tmp_path, capsys):
@@ -426,7 +437,7 @@ def test_colab_tpu_goes_through_torch_xla(monkeypatch):
     monkeypatch.setenv("COLAB_TPU_ADDR", "10.0.0.2:8470")
     monkeypatch.setitem(sys.modules, "torch_xla", None)
     with pytest.raises(ImportError, match="TPU runtime was detected \\(colab\\).*pip install torch_xla"):
-        notebook_launcher(_allreduce_rank, sinks=[])
+        notebook_launcher(_allreduce_rank)
     calls = []
 
     def spawn(fn, args, nprocs, start_method):
@@ -444,7 +455,7 @@ def test_colab_tpu_goes_through_torch_xla(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_xla.distributed.xla_multiprocessing", xmp)
     sys.modules["torch_xla"].distributed = sys.modules["torch_xla.distributed"]
     sys.modules["torch_xla.distributed"].xla_multiprocessing = xmp
-    assert notebook_launcher(lambda x: x * 2, args=(21,), num_processes=2, sinks=[]) == [42, 42]
+    assert notebook_launcher(lambda x: x * 2, args=(21,), num_processes=2) == [42, 42]
     assert calls == [(2, "fork")]
 
 

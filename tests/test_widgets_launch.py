@@ -252,3 +252,21 @@ def test_cuda_column_shows_when_a_rank_reports_cuda_memory():
     assert "- / -" in text  # rank 1 never initialised CUDA
     assert panel.bars() == [] and panel.chart_data() == {}  # a handle without events: no bars, no chart
     panel.close()
+
+
+def test_stacks_button_shows_every_rank_side_by_side():
+    handle = notebook_launcher(_forever, num_processes=2, block=False, sinks=[])
+    panel = LaunchPanel(handle, interval=0.05)
+    assert panel.widget is not None
+    _wait_for(lambda: len(panel.merged_lines()) == 2)
+    _wait_for(lambda: len(handle.stacks()) == 2)  # both workers installed their stacks handler
+    panel._w_stacks_button.click()
+    assert sorted(panel.stacks) == [0, 1]
+    assert all("in _forever at test_widgets_launch.py" in s.summary() for s in panel.stacks.values())
+    view = panel._w_stacks.value
+    assert view.count("<td") == 2 and "rank 0" in view and "rank 1" in view and "_forever" in view
+    assert handle.status()[0].state == "running"  # taking the stacks stopped nothing
+    panel.stop()
+    assert handle.wait(20)
+    _wait_for(lambda: panel._w_stacks_button.disabled)
+    panel.close()

@@ -80,6 +80,8 @@ class LaunchPanel(_Panel):
         # _on_done (and replays its lines into _on_line) at once, from inside these calls.
         self._chart_key: tuple = ()
         self._chart_at = 0.0
+        self.stacks: dict[int, Any] = {}
+        """The ranks' stacks from the last ``show_stacks()`` ("Stacks" button): ``{rank: RankStack}``."""
         self._unsubscribe_events = (
             handle.subscribe_events(self._on_event) if hasattr(handle, "subscribe_events") else (lambda: None)
         )
@@ -207,6 +209,35 @@ class LaunchPanel(_Panel):
         others = f"\n(+{more} other rank(s) failed after it)" if more else ""
         return f"{root.headline()}\n{root.traceback}".rstrip() + others
 
+    def show_stacks(self) -> dict[int, Any]:
+        """Return every live rank's current stacks (``handle.stacks()``), kept in ``stacks`` and shown side by side."""
+        self.stacks = self.handle.stacks() if hasattr(self.handle, "stacks") else {}
+        self.refresh()
+        return self.stacks
+
+    def hang_text(self) -> str:
+        """Return the launch's suspected-hang report (who waits where, every rank's stacks), else ""."""
+        return getattr(self.handle, "hang_report", None) or ""
+
+    def _stacks_html(self) -> str:
+        if not self.stacks:
+            return ""
+        cells = [
+            f"<td style='vertical-align:top'><b>rank {rank}</b>: {html.escape(stack.summary())}"
+            f"<pre style='margin:0;font-size:11px'>{html.escape(stack.text)}</pre></td>"
+            for rank, stack in sorted(self.stacks.items())
+        ]
+        return f"<div style='overflow:auto'><table><tr>{''.join(cells)}</tr></table></div>"
+
+    def _hang_html(self) -> str:
+        text = self.hang_text()
+        if not text:
+            return ""
+        return (
+            "<div style='background:#fcf8e3;border:1px solid #f0ad4e;padding:4px'><b>Suspected hang</b>"
+            f"<pre style='margin:0;white-space:pre-wrap'>{html.escape(text)}</pre></div>"
+        )
+
     def stop(self) -> None:
         """Stop every worker of the launch (``handle.stop()``; safe to call twice)."""
         self.handle.stop()
@@ -286,6 +317,8 @@ class LaunchPanel(_Panel):
             + self._bars_html()
             + self._chart_html()
             + self._error_html()
+            + self._hang_html()
+            + self._stacks_html()
             + self._pre(self.merged_lines())
         )
 
@@ -303,6 +336,12 @@ class LaunchPanel(_Panel):
         self._w_state = w.Button(disabled=True, layout=w.Layout(width="auto"))
         self._w_stop = w.Button(description="Stop", button_style="danger", icon="stop")
         self._w_stop.on_click(lambda _b: self.stop())
+        self._w_stacks_button = w.Button(
+            description="Stacks", icon="search", tooltip="every rank's Python stacks now"
+        )
+        self._w_stacks_button.on_click(lambda _b: self.show_stacks())
+        self._w_stacks = w.HTML()
+        self._w_hang = w.HTML()
         self._w_status = w.HTML()
         self._w_bars = _BarRows(w)
         self._w_chart = w.Image(format="png", layout=w.Layout(display="none", max_width="100%"))
@@ -319,8 +358,10 @@ class LaunchPanel(_Panel):
         self._w_tabs.titles = ["all ranks"] + [f"rank {r}" for r in self.ranks]
         return w.VBox(
             [
-                w.HBox([self._w_state, self._w_stop]),
+                w.HBox([self._w_state, self._w_stop, self._w_stacks_button]),
                 self._w_status,
+                self._w_hang,
+                self._w_stacks,
                 self._w_bars.box,
                 self._w_chart,
                 self._w_error,
@@ -332,6 +373,7 @@ class LaunchPanel(_Panel):
         self._w_state.description = state
         self._w_state.button_style = _STATE_STYLE.get(state, "")
         self._w_stop.disabled = done
+        self._w_stacks_button.disabled = done
         # Once the launch ended the Stop button is greyed out and says how it ended.
         self._w_stop.button_style = "" if done else "danger"
         self._w_stop.tooltip = f"launch {state}" if done else "stop every worker"
@@ -353,6 +395,8 @@ class LaunchPanel(_Panel):
         self._w_bars.update(self.bars())
         self._refresh_chart(done)
         self._w_error.value = self._error_html()
+        self._w_hang.value = self._hang_html()
+        self._w_stacks.value = self._stacks_html()
         for rank, out in self._w_rank_out.items():
             out.value = self._pre(self.lines(rank))
         self._w_merged.value = self._pre(self.merged_lines())

@@ -91,10 +91,15 @@ def order_failures(failures: list[RankFailure], window: float = 2.0) -> list[Ran
 class LaunchError(RuntimeError):
     """A launch failed: ``.failures`` lists every failed rank, root cause first."""
 
-    def __init__(self, failures: list[RankFailure], summary: str | None = None) -> None:
+    def __init__(
+        self, failures: list[RankFailure], summary: str | None = None, stacks: str | None = None
+    ) -> None:
         self.failures = list(failures)
         self.summary = summary
-        super().__init__(self._render())
+        self.stacks = stacks
+        """Where each rank was when the launch was stopped, interrupted or timed out (their stacks)."""
+        text = self._render()
+        super().__init__(f"{text}\n\n{stacks}" if stacks else text)
 
     @property
     def root_cause(self) -> RankFailure | None:

@@ -147,6 +147,12 @@ class EventHub:
         self._notify(subscribers, kind, rank, item)
         return lines
 
+    def notify(self, kind: str, rank: int, item: Any) -> None:
+        """Call the subscribers with an event of the launcher itself (``"hang"``: the report text)."""
+        with self._lock:
+            subscribers = list(self._subscribers)
+        self._notify(subscribers, kind, rank, item)
+
     def end_rank(self, rank: int) -> list[OutputLine]:
         """Close the bars ``rank`` left open (it ended or died); return their last states as lines."""
         lines = []

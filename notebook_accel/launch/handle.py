@@ -23,10 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .doctor import HangWatch, RankStack, StackCollector, describe_stacks, hang_message
 from .errors import LaunchError, RankFailure, order_failures, signal_name
 from .events import BarState, EventHub, FrameDecoder
 from .output import LineSplitter, OutputLine
-from .plan import LaunchPlan
+from .plan import LaunchPlan, threads_per_worker
 from .procs import WorkerProcess, start_worker
 from .usage import UsageSampler, apply_usage
 from .worker import WorkerSpec
@@ -38,6 +39,8 @@ logger = logging.getLogger(__name__)
 _LIVE: weakref.WeakSet[LaunchHandle] = weakref.WeakSet()  # running launches, stopped at interpreter exit
 _HISTORY = 200_000  # lines kept for late subscribers and .lines()
 _DRAIN_SECONDS = 2.0  # after the last exit, how long pipes held by stray descendants may stay open
+_STDERR_TAIL = 300  # stderr lines kept per rank (room for a faulthandler dump of every thread)
+_SHOWN_TAIL = 15  # of them, shown before a fatal-error dump (or alone when there is none)
 
 
 @dataclass
@@ -81,6 +84,8 @@ class _Rank:
         self.exited = False
         self.value: Any = None
         self.message: tuple | None = None
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL)
+        self.last_activity = time.monotonic()
 
 
 class LaunchHandle:
@@ -99,6 +104,8 @@ class LaunchHandle:
         on_finish: Callable[[], None] | None = None,
         bar_events: bool = False,
         live_bar_ranks: set[int] | None = None,
+        hang_timeout: float = float("inf"),
+        on_hang: str = "report",
     ) -> None:
         self.plan = plan
         self.run_id = run_id
@@ -128,6 +135,12 @@ class LaunchHandle:
         self._bar_events = bar_events
         self._events = EventHub(live_bar_ranks)
         self._usage = UsageSampler()
+        self._collector = StackCollector()
+        self._hang = HangWatch(hang_timeout)
+        self._on_hang = on_hang
+        self._stop_stacks: dict[int, RankStack] | None = None
+        self.hang_report: str | None = None
+        """The suspected-hang report (every rank's position and stacks), once one was seen."""
 
     # ------------------------------------------------------------------ public API
 
@@ -174,10 +187,26 @@ class LaunchHandle:
             raise self._error
         return [r.value for r in self._ranks]
 
+    def stacks(self) -> dict[int, RankStack]:
+        """Return every live rank's current Python stacks (all threads), taken within about a second.
+
+        The ranks are not stopped: faulthandler writes the stacks from a signal handler and the rank
+        goes on. A rank that has ended (or not yet installed the handler) is absent.
+        """
+        with self._lock:
+            targets = {
+                r.rank: (r.proc.pid, r.proc.sentinel if r.proc._own_sentinel else None)
+                for r in self._ranks
+                if r.proc is not None and not r.exited
+            }
+        return self._collector.collect(targets) if targets and not self.done else {}
+
     def stop(self, grace: float = 1.0) -> None:
         """Stop every worker: SIGINT now, SIGTERM after ``grace`` s, then SIGKILL. Idempotent."""
         self._user_stopped = self._user_stopped or not self.done
-        self._begin_stop("stopped by the user", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], grace)
+        self._begin_stop(
+            "stopped by the user", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], grace, stacks=True
+        )
 
     def kill(self) -> None:
         """Stop every worker with SIGKILL at once."""
@@ -255,9 +284,8 @@ class LaunchHandle:
     def _start(self, threaded: bool = True) -> None:
         """Start the workers, and the supervising thread unless ``threaded`` is False."""
         plan = self.plan
-        threads = max(
-            1, int(os.environ.get("OMP_NUM_THREADS") or (os.cpu_count() or 1) // plan.num_processes)
-        )
+        threads = threads_per_worker(plan.num_processes)
+        store_ports = tuple(p for p in (plan.master_port, plan.dry_run_port) if p)
         parent_fds: list[int] = []
         freeze = plan.start_method == "fork"
         if freeze:
@@ -280,8 +308,10 @@ class LaunchHandle:
                     function=self._function,
                     args=self._args,
                     close_fds=tuple(parent_fds),
-                    parent_pid=None if plan.start_method == "forkserver" else os.getpid(),
+                    parent_pid=os.getpid(),
                     bar_events=self._bar_events,
+                    stacks_path=self._collector.path(r.rank),
+                    store_ports=store_ports,
                 )
                 writes = [pipes[name][1] for name in ("stdout", "stderr", "result")]
                 try:
@@ -295,6 +325,7 @@ class LaunchHandle:
                 for stream in ("stdout", "stderr"):
                     r.splitters[stream] = LineSplitter(r.rank, stream, self._emit)
         except BaseException:
+            self._collector.close()
             if freeze:
                 gc.unfreeze()
             # A failed start (or ^C while forking): take down what was started, release every fd.
@@ -329,17 +360,25 @@ class LaunchHandle:
     def _emit(self, line: OutputLine) -> None:
         with self._lock:
             self._history.append(line)
-            self._ranks[line.rank - self._ranks[0].rank].status.last_line = line.text
+            rank = self._ranks[line.rank - self._ranks[0].rank]
+            rank.status.last_line = line.text
+            rank.last_activity = time.monotonic()
+            if line.stream == "stderr":
+                rank.stderr_tail.append(line.text)
             for target in (*self._sinks, *self._subscribers):
                 try:
                     target(line)
                 except Exception:
                     logger.exception("output sink %r failed on a line of rank %d", target, line.rank)
 
-    def _begin_stop(self, reason: str, signals: list[int], grace: float, force: bool = False) -> None:
+    def _begin_stop(
+        self, reason: str, signals: list[int], grace: float, force: bool = False, stacks: bool = False
+    ) -> None:
         with self._lock:
             if self.done or (self._stop_started is not None and not force):
                 return
+            if stacks and self._stop_stacks is None:
+                self._stop_stacks = self._take_stacks()  # where each rank was, for the error
             now = time.monotonic()
             self._stop_started = now
             self._stop_reason = self._stop_reason or reason
@@ -381,7 +420,7 @@ class LaunchHandle:
         finally:
             self._finish(sel)
         if interrupts:
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt(describe_stacks(self._stop_stacks) if self._stop_stacks else "")
 
     def _step(self, sel: selectors.BaseSelector, polling: bool) -> bool:
         """Handle what is ready; return True when the launch is over."""
@@ -406,6 +445,7 @@ class LaunchHandle:
                         sel.unregister(r.proc.sentinel)
                     self._on_exit(r)
         self._tick()
+        self._watch_for_hang(now)
         if self._usage.due(now):
             with self._lock:
                 for r in self._ranks:
@@ -448,8 +488,45 @@ class LaunchHandle:
                         )  # fmt: skip
                     )
             self._begin_stop(
-                f"timed out after {self._timeout} s", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], 1.0
+                f"timed out after {self._timeout} s",
+                [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
+                1.0,
+                stacks=True,
             )
+
+    def _take_stacks(self) -> dict[int, RankStack]:
+        targets = {
+            r.rank: (r.proc.pid, r.proc.sentinel if r.proc._own_sentinel else None)
+            for r in self._ranks
+            if r.proc is not None and not r.exited
+        }
+        return self._collector.collect(targets) if targets else {}
+
+    def _watch_for_hang(self, now: float) -> None:
+        if self._stop_started is not None:
+            return
+        live = {r.rank: r.last_activity for r in self._ranks if not r.exited}
+        if len(live) < 2 or not self._hang.due(now, live):
+            return
+        stacks = self._take_stacks()
+        sitting = self._hang.observe(time.monotonic(), stacks, live)
+        if not sitting:
+            return
+        self._hang.reported = True
+        message = hang_message(stacks, sitting, self._hang.timeout)
+        self.hang_report = f"{message}\n\n{describe_stacks(stacks)}"
+        logger.warning("%s", message)
+        for sink in self._sinks:
+            announce = getattr(sink, "announce", None)
+            if announce is not None:
+                try:
+                    announce(self.hang_report)
+                except Exception:
+                    logger.exception("sink %r failed to show the hang report", sink)
+        self._events.notify("hang", -1, self.hang_report)
+        if self._on_hang == "stop":
+            self._stop_stacks = stacks
+            self._begin_stop(f"stopped on a {message}", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], 1.0)
 
     def _read(self, sel: selectors.BaseSelector, rank: _Rank, fd: int, kind: str) -> None:
         try:
@@ -485,6 +562,7 @@ class LaunchHandle:
                 rank.message = message
 
     def _on_event(self, rank: _Rank, kind: str, payload: dict[str, Any]) -> None:
+        rank.last_activity = time.monotonic()
         for line in self._events.dispatch(rank.rank, kind, payload):
             self._emit(line)
         if kind == "usage":
@@ -538,8 +616,10 @@ class LaunchHandle:
             if code is not None and code < 0:
                 name = signal_name(-code)
                 hint = " (the out-of-memory killer sends SIGKILL)" if -code == signal.SIGKILL else ""
+                tail = _death_notes(list(rank.stderr_tail))
+                shown = f"Last stderr lines of rank {rank.rank}:\n{tail}" if tail else ""
                 failure = RankFailure(
-                    rank.rank, rank.status.pid, "Signal", f"killed by {name}{hint}", "", code, name
+                    rank.rank, rank.status.pid, "Signal", f"killed by {name}{hint}", shown, code, name
                 )
             else:
                 failure = RankFailure(
@@ -585,6 +665,7 @@ class LaunchHandle:
                     if f.exitcode is None:
                         f.exitcode = r.status.exitcode
         self._error = self._build_error()
+        self._collector.close()
         _LIVE.discard(self)
         if self._on_finish is not None:
             try:
@@ -607,15 +688,27 @@ class LaunchHandle:
                 r.proc.signal_group(signal.SIGKILL)
 
     def _build_error(self) -> LaunchError | None:
+        where = describe_stacks(self._stop_stacks) if self._stop_stacks else None
         if self._failures:
             summary = self._stop_reason if self._timed_out else None
-            return LaunchError(order_failures(self._failures), summary)
+            return LaunchError(order_failures(self._failures), summary, stacks=where)
         unfinished = [r.rank for r in self._ranks if r.status.state != "succeeded"]
         if unfinished:
             return LaunchError(
-                [], f"launch {self._stop_reason or 'ended'}: rank(s) {unfinished} did not finish"
+                [],
+                f"launch {self._stop_reason or 'ended'}: rank(s) {unfinished} did not finish",
+                stacks=where,
             )
         return None
+
+
+def _death_notes(lines: list[str]) -> str:
+    """Return the last stderr lines of a rank killed by a signal: what it said, then faulthandler's stacks."""
+    fatal = max((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), default=None)
+    if fatal is None:
+        return "\n".join(lines[-_SHOWN_TAIL:])
+    dump = [line for line in lines[fatal:] if not line.startswith("Extension modules:")]
+    return "\n".join(lines[max(0, fatal - _SHOWN_TAIL) : fatal] + dump)
 
 
 @atexit.register

@@ -8,6 +8,7 @@ port 0 the kernel picks a free one, so a busy default port costs nothing.
 
 from __future__ import annotations
 
+import errno
 import socket
 
 __all__ = ["DEFAULT_PORT", "check_master_addr", "host_store", "parse_port"]
@@ -38,25 +39,44 @@ def check_master_addr(master_addr: str) -> None:
         ) from exc
 
 
-def host_store(use_port: str | int, *, fallback: bool, timeout_s: float = 1800.0):
-    """Return a TCPStore server listening on ``use_port`` (or, if taken and ``fallback``, a free port).
+def _listen(host: str, port: int) -> socket.socket:
+    """Return a socket listening on ``host:port`` (the address itself, not every interface)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host or "127.0.0.1", port, type=socket.SOCK_STREAM)[
+        0
+    ]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(512)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
-    ``use_port`` 0 asks for any free port. Raises RuntimeError naming the port when it is taken
-    and ``fallback`` is False (the user chose it: they may run something there on purpose).
+
+def host_store(use_port: str | int, *, fallback: bool, host: str = "127.0.0.1", timeout_s: float = 1800.0):
+    """Return a TCPStore server listening on ``host:use_port`` (or, if taken and ``fallback``, a free port).
+
+    ``use_port`` 0 asks for any free port. The store listens on ``host`` only (the rendezvous
+    address), so a launch on 127.0.0.1 cannot be reached from the network. Raises RuntimeError naming
+    the port when it is taken and ``fallback`` is False (the user chose it: they may run something
+    there on purpose), and ValueError when ``host`` is not an address of this machine.
     """
     from datetime import timedelta
 
     import torch.distributed as dist
 
     port = 0 if str(use_port) == "0" else parse_port(use_port)
-
-    def make(p: int):
-        return dist.TCPStore("0.0.0.0", p, None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
-
     try:
-        return make(port)
-    except RuntimeError as exc:
-        if "EADDRINUSE" not in str(exc) and "in use" not in str(exc):
+        sock = _listen(host, port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise ValueError(
+                f"master_addr={host!r} is not an address of this machine, so the rendezvous cannot listen "
+                "there; on one machine leave master_addr at '127.0.0.1'"
+            ) from None
+        if exc.errno != errno.EADDRINUSE:
             raise
         if not fallback:
             raise RuntimeError(
@@ -64,4 +84,15 @@ def host_store(use_port: str | int, *, fallback: bool, timeout_s: float = 1800.0
                 f"another port, or leave use_port at its default ({DEFAULT_PORT!r}) to get a free port "
                 "automatically"
             ) from None
-    return make(0)
+        sock = _listen(host, 0)
+    bound = sock.getsockname()[1]
+    try:
+        store = dist.TCPStore(
+            host, bound, None, True, timedelta(seconds=timeout_s), wait_for_workers=False,
+            master_listen_fd=sock.fileno(), use_libuv=True,
+        )  # fmt: skip
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns the descriptor now and closes it when it stops
+    return store

@@ -10,11 +10,16 @@ memory), then the result: ``("ok", value)`` or ``("err", type, message, tracebac
 
 from __future__ import annotations
 
+import faulthandler
 import io
 import os
 import pickle
+import select
 import signal
+import socket
+import stat
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -26,7 +31,10 @@ from ..utils._worker_channel import close_channel, open_channel, send_event
 from .progress import install_bar_events
 from .usage import final_usage, start_device_reporter
 
-__all__ = ["WorkerSpec", "to_cpu", "worker_main"]
+__all__ = ["STACKS_SIGNAL", "WorkerSpec", "to_cpu", "worker_main"]
+
+STACKS_SIGNAL = signal.SIGUSR1
+"""Sent by the launcher to one worker: faulthandler writes every thread's stack to its stacks file."""
 
 
 @dataclass
@@ -49,15 +57,30 @@ class WorkerSpec:
     """The launching process: the worker dies with it (Linux), so a killed kernel leaves no orphans."""
     bar_events: bool = False
     """tqdm bars send their state as events (shown live by the launcher) instead of drawing text."""
+    stacks_path: str | None = None
+    """File (appended to) where ``STACKS_SIGNAL`` makes faulthandler dump every thread's stack."""
+    store_ports: tuple[int, ...] = ()
+    """Ports of the launcher's rendezvous stores: a forked worker closes the sockets it inherited on them."""
 
 
 def to_cpu(value: Any) -> Any:
-    """Return ``value`` with every tensor inside (lists, tuples, dicts) moved to the CPU."""
-    if "torch" not in sys.modules:
+    """Return ``value`` with every tensor inside (lists, tuples, dicts, namedtuples) moved to the CPU."""
+    torch = sys.modules.get("torch")
+    if torch is None:
         return value  # no tensor without torch (and the launcher's own import stays torch-free)
-    from ..utils._ops_structure import recursively_apply
+    return _moved(value, torch.Tensor)
 
-    return recursively_apply(lambda tensor: tensor.detach().cpu(), value)
+
+def _moved(value: Any, tensor_type: type) -> Any:
+    if isinstance(value, tensor_type):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return type(value)((k, _moved(v, tensor_type)) for k, v in value.items())
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_moved(v, tensor_type) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_moved(v, tensor_type) for v in value)
+    return value
 
 
 def _redirect(out_fd: int, err_fd: int) -> None:
@@ -77,9 +100,34 @@ def _redirect(out_fd: int, err_fd: int) -> None:
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent goes away (PR_SET_PDEATHSIG)."""
+    """Make this process (and its group) end when the launching process ends, not when its thread does.
+
+    ``PR_SET_PDEATHSIG`` fires when the *thread* that forked us exits (a launch started from an
+    executor thread would be killed with it), so a daemon thread waits on a pidfd of the launching
+    process instead: it becomes readable only when the whole process is gone. Kernels without
+    pidfd_open (< 5.3) fall back to PR_SET_PDEATHSIG.
+    """
     if not sys.platform.startswith("linux"):
         return
+    try:
+        pidfd = os.pidfd_open(parent_pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    if pidfd is None:
+        _pdeathsig()
+    if os.getppid() != parent_pid and (pidfd is None or select.select([pidfd], [], [], 0)[0]):
+        os._exit(1)  # the launcher died before we could watch it
+    if pidfd is None:
+        return
+
+    def watch() -> None:
+        select.select([pidfd], [], [])
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="notebook_accel-parent-watch", daemon=True).start()
+
+
+def _pdeathsig() -> None:
     try:
         import ctypes
 
@@ -87,8 +135,50 @@ def _die_with_parent(parent_pid: int) -> None:
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
+
+
+def _close_store_sockets(ports: tuple[int, ...]) -> None:
+    """Close the inherited sockets of the launcher's rendezvous stores (listening and accepted ones)."""
+    if not ports:
+        return
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+        fd = int(name)
+        try:
+            if fd < 3 or not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            probe = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            local = probe.getsockname()
+            mine = isinstance(local, tuple) and local[1] in ports
+        except OSError:
+            mine = False
+        finally:
+            probe.close()
+        if mine:
+            os.close(fd)
+
+
+def _install_fault_reports(stacks_path: str | None) -> None:
+    """Print the Python stacks on a fatal signal (segfault, abort), and on ``STACKS_SIGNAL`` into the stacks file.
+
+    faulthandler writes from its C signal handler, so a rank blocked inside a C call (a gloo
+    collective) still answers, and nothing stops: the rank goes on where it was.
+    """
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    if stacks_path is None:
+        return
+    # Registered under a temporary name, then renamed: the launcher signals a rank only once its
+    # file exists, so the signal never meets a worker without the handler (SIGUSR1 would kill it).
+    pending = f"{stacks_path}.starting"
+    stacks = open(pending, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the handler
+    faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True, chain=False)
+    _KEEP.append(stacks)
+    os.rename(pending, stacks_path)
+
+
+_KEEP: list = []  # the stacks file object must outlive worker_main's frame (faulthandler holds its fd)
 
 
 def _reset_state() -> None:
@@ -139,6 +229,16 @@ def _format_tb(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
+def _call(function: Callable, args: tuple) -> Any:
+    """Return ``function(*args)`` on the CPU; a clean ``sys.exit(0)`` (or ``sys.exit()``) returns None."""
+    try:
+        return to_cpu(function(*args))
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            return None
+        raise
+
+
 def worker_main(spec: WorkerSpec, out_fd: int, err_fd: int, result_fd: int) -> None:
     """Run one rank and exit the process (never returns)."""
     code = 1
@@ -154,10 +254,12 @@ def worker_main(spec: WorkerSpec, out_fd: int, err_fd: int, result_fd: int) -> N
                 os.close(fd)
             except OSError:
                 pass
+        _close_store_sockets(spec.store_ports)
         # A kernel installs its own SIGINT handler; a worker wants the plain KeyboardInterrupt.
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _redirect(out_fd, err_fd)
+        _install_fault_reports(spec.stacks_path)
         os.environ.update(spec.env)
         open_channel(result_fd)
         started, cpu_started = time.monotonic(), sum(os.times()[:2])
@@ -177,7 +279,7 @@ def worker_main(spec: WorkerSpec, out_fd: int, err_fd: int, result_fd: int) -> N
             _reset_state()
             if spec.dry_run_port is not None:
                 _dry_run(spec)
-            value = to_cpu(function(*args))
+            value = _call(function, args)
             try:
                 data = pickle.dumps(("ok", value), protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as exc:

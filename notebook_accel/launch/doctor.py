@@ -1,0 +1,314 @@
+"""The stuck-rank doctor: every live rank's Python stacks on demand, and hang detection from them.
+
+How a stack is taken: each worker registers ``faulthandler`` on ``STACKS_SIGNAL`` (SIGUSR1) with a
+per-rank file (see ``worker._install_fault_reports``). The launcher sends the signal to the worker
+process alone (not its group: a DataLoader worker would inherit the handler but not the file's
+meaning) and reads what was appended. faulthandler writes from its C signal handler, so a rank
+blocked inside a C call (gloo's all_reduce) answers too, and the rank does not stop: it goes on
+where it was. A Python-level handler would only run once the blocked call returned, i.e. never.
+
+How a hang is recognised: a rank "sits in a collective" when its main thread's innermost
+torch.distributed frame is a collective (``all_reduce``, ``barrier``, ...). Stacks are only sampled
+once a rank has been silent (no output line, no event) for a while (``HangWatch.quiet``), then once a
+second: a launch whose ranks print or advance a progress bar is never signalled, so a launch that
+does not hang pays nothing. A suspected hang is some rank sitting in a collective for at least
+``hang_timeout`` seconds while another live rank is not in that collective.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .worker import STACKS_SIGNAL
+
+__all__ = ["COLLECTIVES", "Frame", "HangWatch", "RankStack", "StackCollector", "ThreadStack", "parse_dump"]
+
+COLLECTIVES = frozenset(
+    {
+        "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+        "all_to_all_single", "barrier", "monitored_barrier", "broadcast", "broadcast_object_list",
+        "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object", "scatter",
+        "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv", "wait",
+        "init_process_group", "new_group", "destroy_process_group",
+    }
+)  # fmt: skip
+"""torch.distributed functions in which a rank waits for its peers."""
+
+_HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)(?: \[.*\])? \(most recent call first\):$")
+_FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
+_ANSWER_SECONDS = 1.0
+_SETTLE_SECONDS = 0.03  # a dump is complete once its file stopped growing for this long
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One Python frame of a stack."""
+
+    filename: str
+    lineno: int
+    function: str
+
+    @property
+    def source(self) -> str:
+        """Return the frame's source line ("" when the file cannot be read here)."""
+        return linecache.getline(self.filename, self.lineno).strip()
+
+    def where(self) -> str:
+        """Return ``file.py:42`` (the base name)."""
+        return f"{os.path.basename(self.filename)}:{self.lineno}"
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    """One thread's frames, innermost first."""
+
+    ident: str
+    current: bool
+    frames: tuple[Frame, ...]
+
+    def render(self) -> str:
+        """Return the thread as faulthandler prints it, without the launcher's frames below the worker."""
+        frames = self.frames
+        for i, frame in enumerate(frames):
+            if frame.function == "worker_main" and frame.filename.endswith("worker.py"):
+                frames = frames[: i + 1]
+                break
+        head = f"{'Current thread' if self.current else 'Thread'} {self.ident} (most recent call first):"
+        return "\n".join([head, *(f'  File "{f.filename}", line {f.lineno} in {f.function}' for f in frames)])
+
+    @property
+    def runs_the_function(self) -> bool:
+        """Return True for the thread running the launched function (the worker's main line)."""
+        return any(f.function == "worker_main" and f.filename.endswith("worker.py") for f in self.frames)
+
+
+@dataclass(frozen=True)
+class RankStack:
+    """Every thread's stack of one rank at ``time`` (``answered`` False: no dump came back in time)."""
+
+    rank: int
+    pid: int | None
+    threads: tuple[ThreadStack, ...]
+    text: str
+    time: float = field(default_factory=time.time)
+    answered: bool = True
+
+    @property
+    def main(self) -> ThreadStack | None:
+        """Return the thread running the launched function (else the first one)."""
+        for thread in self.threads:
+            if thread.runs_the_function:
+                return thread
+        return self.threads[0] if self.threads else None
+
+    def collective(self) -> str | None:
+        """Return the collective the main thread waits in (``"all_reduce"``), or None."""
+        main = self.main
+        if main is None:
+            return None
+        for frame in main.frames:
+            if (
+                f"{os.sep}torch{os.sep}distributed{os.sep}" in frame.filename
+                and frame.function in COLLECTIVES
+            ):
+                return frame.function
+        return None
+
+    def user_frame(self) -> Frame | None:
+        """Return the innermost frame of the main thread outside torch and notebook_accel."""
+        main = self.main
+        for frame in main.frames if main else ():
+            path = frame.filename
+            if f"{os.sep}torch{os.sep}" not in path and f"{os.sep}notebook_accel{os.sep}" not in path:
+                return frame
+        return main.frames[0] if main and main.frames else None
+
+    def summary(self) -> str:
+        """Return where the rank is, in one phrase: ``in all_reduce (train.py:40)`` or ``at train.py:42 (time.sleep(9))``."""
+        if not self.answered:
+            return "did not answer (its stacks could not be taken)"
+        frame = self.user_frame()
+        collective = self.collective()
+        if collective is not None:
+            return f"in {collective}" + (f" ({frame.where()})" if frame else "")
+        if frame is None:
+            return "in no Python frame"
+        source = frame.source
+        return f"in {frame.function} at {frame.where()}" + (f" ({source})" if source else "")
+
+
+def parse_dump(text: str) -> tuple[ThreadStack, ...]:
+    """Return the threads of one faulthandler dump (``all_threads=True``), frames innermost first."""
+    threads: list[ThreadStack] = []
+    ident, current, frames = None, False, []
+    for line in text.splitlines():
+        header = _HEADER.match(line)
+        if header:
+            if ident is not None:
+                threads.append(ThreadStack(ident, current, tuple(frames)))
+            ident, current, frames = header.group(2), header.group(1) == "Current thread", []
+            continue
+        frame = _FRAME.match(line)
+        if frame and ident is not None:
+            frames.append(Frame(frame.group(1), int(frame.group(2)), frame.group(3)))
+    if ident is not None:
+        threads.append(ThreadStack(ident, current, tuple(frames)))
+    return tuple(threads)
+
+
+class StackCollector:
+    """The per-rank stacks files of one launch, and taking every live rank's stacks at once."""
+
+    def __init__(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="notebook_accel-stacks-")
+        self._lock = threading.Lock()
+
+    def path(self, rank: int) -> str:
+        """Return the file rank ``rank``'s worker dumps its stacks into."""
+        return os.path.join(self.directory, f"rank_{rank}.txt")
+
+    def collect(self, targets: dict[int, tuple[int, int | None]]) -> dict[int, RankStack]:
+        """Return ``{rank: RankStack}`` for ``targets`` (``{rank: (pid, pidfd or None)}``), within about a second."""
+        with self._lock:
+            start: dict[int, int] = {}
+            for rank, (pid, pidfd) in targets.items():
+                path = self.path(rank)
+                if not os.path.exists(path):  # the worker has not registered its handler yet
+                    continue
+                size = os.path.getsize(path)
+                if _send(pid, pidfd):
+                    start[rank] = size
+            texts = _wait_for_dumps({rank: self.path(rank) for rank in start}, start)
+        now = time.time()
+        out = {}
+        for rank, (pid, _) in sorted(targets.items()):
+            text = texts.get(rank)
+            threads = parse_dump(text) if text else ()
+            out[rank] = RankStack(rank, pid, threads, text or "", now, answered=bool(threads))
+        return out
+
+    def close(self) -> None:
+        """Remove the stacks files."""
+        for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
+            os.unlink(os.path.join(self.directory, name))
+        if os.path.isdir(self.directory):
+            os.rmdir(self.directory)
+
+
+def _send(pid: int, pidfd: int | None) -> bool:
+    try:
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, STACKS_SIGNAL)  # cannot reach a recycled pid
+        else:
+            os.kill(pid, STACKS_SIGNAL)
+    except OSError:  # it just ended
+        return False
+    return True
+
+
+def _wait_for_dumps(paths: dict[int, str], start: dict[int, int]) -> dict[int, str]:
+    deadline = time.monotonic() + _ANSWER_SECONDS
+    seen: dict[int, tuple[int, float]] = {}
+    texts: dict[int, str] = {}
+    while len(texts) < len(paths) and time.monotonic() < deadline:
+        time.sleep(0.005)
+        now = time.monotonic()
+        for rank, path in paths.items():
+            if rank in texts:
+                continue
+            size = os.path.getsize(path)
+            last_size, since = seen.get(rank, (start[rank], now))
+            if size != last_size:
+                seen[rank] = (size, now)
+            elif size > start[rank] and now - since >= _SETTLE_SECONDS:
+                with open(path, "rb") as f:
+                    f.seek(start[rank])
+                    texts[rank] = f.read(size - start[rank]).decode("utf-8", "replace")
+            else:
+                seen.setdefault(rank, (size, now))
+    return texts
+
+
+def describe_stacks(stacks: dict[int, RankStack]) -> str:
+    """Return each rank's one-phrase position, then every rank's full stacks (for errors and reports)."""
+    lines = ["Where each rank was:"]
+    lines += [f"  rank {rank}: {stack.summary()}" for rank, stack in sorted(stacks.items())]
+    for rank, stack in sorted(stacks.items()):
+        if stack.threads:
+            lines += ["", f"Stacks of rank {rank} (pid {stack.pid}):"]
+            # The thread running the function first; helper threads after it.
+            ordered = sorted(stack.threads, key=lambda t: not t.runs_the_function)
+            lines += [thread.render() for thread in ordered]
+    return "\n".join(lines)
+
+
+def hang_message(stacks: dict[int, RankStack], sitting: list[int], timeout: float) -> str:
+    """Return the one-paragraph verdict: who sits in which collective, where the others are."""
+    groups: dict[str, list[int]] = {}
+    for rank, stack in sorted(stacks.items()):
+        groups.setdefault(stack.summary(), []).append(rank)
+    parts = []
+    for where, ranks in groups.items():
+        who = (
+            f"rank {ranks[0]}"
+            if len(ranks) == 1
+            else "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+        )
+        parts.append(f"{who} {where}")
+    return (
+        f"suspected hang: rank(s) {sitting} have waited in a collective for more than hang_timeout={timeout:g} s "
+        f"while another rank is elsewhere: {'; '.join(parts)}"
+    )
+
+
+class HangWatch:
+    """Decides when to sample stacks, and whether the samples show a hang."""
+
+    def __init__(self, hang_timeout: float) -> None:
+        self.timeout = hang_timeout
+        # Silence before sampling starts: a tenth of the timeout (1-10 s), so that a rank's time in a
+        # collective, counted from its last sign of life, is overestimated by at most that much.
+        self.quiet = min(10.0, max(1.0, hang_timeout / 10))
+        self.enabled = hang_timeout != float("inf")
+        self._next_sample = 0.0
+        self._since: dict[int, tuple[str, float]] = {}
+        self._last_sample = 0.0
+        self._seen_elsewhere: set[int] = set()
+        self.reported = False
+
+    def due(self, now: float, last_activity: dict[int, float]) -> bool:
+        """Return True when some live rank has been silent long enough and a sample is due."""
+        if not self.enabled or self.reported or now < self._next_sample or not last_activity:
+            return False
+        return any(now - t >= self.quiet for t in last_activity.values())
+
+    def observe(self, now: float, stacks: dict[int, RankStack], last_activity: dict[int, float]) -> list[int]:
+        """Record one sample; return the ranks that sat in a collective for ``timeout`` while another did not."""
+        self._next_sample = now + 1.0
+        collectives = {rank: s.collective() for rank, s in stacks.items() if s.answered}
+        since: dict[int, tuple[str, float]] = {}
+        for rank, name in collectives.items():
+            if name is None:
+                continue
+            previous = self._since.get(rank)
+            if previous is not None and previous[0] == name:
+                since[rank] = previous
+            else:
+                # Entered after its last sign of life, and after the previous sample if that saw it elsewhere.
+                floor = self._last_sample if rank in self._seen_elsewhere else 0.0
+                since[rank] = (name, max(last_activity.get(rank, now), floor))
+        self._seen_elsewhere = {rank for rank, name in collectives.items() if name is None}
+        self._since, self._last_sample = since, now
+        sitting = sorted(rank for rank, (_, t) in since.items() if now - t >= self.timeout)
+        if not sitting:
+            return []
+        waited_in = since[sitting[0]][0]
+        elsewhere = [rank for rank, name in collectives.items() if name != waited_in]
+        return sitting if elsewhere else []

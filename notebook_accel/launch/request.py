@@ -1,0 +1,213 @@
+"""``LaunchRequest``: every option of one launch, built by keyword, checked once, frozen.
+
+``notebook_launcher`` and ``debug_launcher`` build one request and hand it down; nothing below them
+takes a long positional list (a swapped pair of same-typed options would fail silently). Every check
+of an option's type and value lives here, so a bad option is refused before anything is forked, on
+every path (in the caller, forked workers, torch elastic, torch_xla). What depends on the machine
+(how many GPUs, which backend) is decided later, in ``plan.resolve_plan``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .output import OutputLine, format_prefix
+from .plan import RDZV_BACKENDS
+from .ports import DEFAULT_PORT, parse_port
+
+__all__ = ["DEFAULT_HANG_TIMEOUT", "HANG_ACTIONS", "PROGRESS_BARS", "LaunchRequest"]
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_BARS = ("auto", "main", "all", "text")
+HANG_ACTIONS = ("report", "stop")
+DEFAULT_HANG_TIMEOUT = 60.0
+"""Seconds a rank may sit in a collective while another rank is elsewhere before a hang is reported.
+
+A minute: long past any collective of a healthy notebook-sized step (milliseconds to seconds), short
+enough that someone watching a silent cell hears about it long before gloo's 30-minute timeout. A
+legitimate wait (rank 0 saving while the others wait in a barrier) only earns a note by default."""
+
+# Options that only torch elastic (num_nodes > 1) reads, with their defaults.
+_ELASTIC_ONLY = {
+    "rdzv_backend": "static",
+    "rdzv_endpoint": "",
+    "rdzv_conf": None,
+    "max_restarts": 0,
+    "monitor_interval": 0.1,
+}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchRequest:
+    """What the caller asked for, checked (``__post_init__`` raises on a bad option) and frozen."""
+
+    function: Callable
+    args: tuple = ()
+    num_processes: int | None = None
+    mixed_precision: str = "no"
+    use_port: str | int = DEFAULT_PORT
+    master_addr: str = "127.0.0.1"
+    node_rank: int = 0
+    num_nodes: int = 1
+    rdzv_backend: str = "static"
+    rdzv_endpoint: str = ""
+    rdzv_conf: Mapping[str, Any] | None = None
+    rdzv_id: str = "none"
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    log_line_prefix_template: str | None = None
+    block: bool = True
+    panel: bool = False
+    start_method: str = "fork"
+    log_dir: str | os.PathLike | None = None
+    sinks: tuple[Callable[[OutputLine], None], ...] | None = None
+    timeout: float | None = None
+    progress_bars: str = "auto"
+    hang_timeout: float | None = None
+    """None: ``DEFAULT_HANG_TIMEOUT``; ``math.inf``: no hang detection."""
+    on_hang: str = "report"
+    force_cpu: bool = False
+    """debug_launcher: gloo on the CPU even where CUDA devices exist."""
+
+    def __post_init__(self) -> None:
+        self._check_counts()
+        self._check_call()
+        self._check_times()
+        self._check_choices()
+        self._check_elastic()
+        if self.sinks is not None:
+            if isinstance(self.sinks, (str, bytes)) or not isinstance(self.sinks, Sequence):
+                raise TypeError(f"sinks must be a list of callables taking an OutputLine; got {self.sinks!r}")
+            object.__setattr__(self, "sinks", tuple(self.sinks))
+            for sink in self.sinks:
+                if not callable(sink):
+                    raise TypeError(f"sinks must be callables taking an OutputLine; got {sink!r}")
+        format_prefix(self.log_line_prefix_template, 0, 0)  # a bad template fails here, not in a thread
+
+    def _check_call(self) -> None:
+        if not callable(self.function):
+            raise TypeError(f"function must be callable; got {self.function!r}")
+        if not isinstance(self.args, (tuple, list)):
+            raise TypeError(f"args must be a tuple of positional arguments; got {type(self.args).__name__}")
+        object.__setattr__(self, "args", tuple(self.args))
+        try:
+            signature = inspect.signature(self.function)
+        except (TypeError, ValueError):
+            return  # a builtin without a signature: the worker finds out
+        try:
+            signature.bind(*self.args)
+        except TypeError as exc:
+            name = getattr(self.function, "__qualname__", repr(self.function))
+            raise TypeError(
+                f"{name}{signature} cannot be called with args of {len(self.args)} value(s) ({exc}); "
+                "pass args=(...) with one value per positional parameter"
+            ) from None
+
+    def _check_counts(self) -> None:
+        n = self.num_processes
+        if n is not None and (not _is_int(n) or n < 1):
+            raise ValueError(f"num_processes={n!r} must be a positive integer or None")
+        if not _is_int(self.num_nodes) or self.num_nodes < 1:
+            raise ValueError(f"num_nodes={self.num_nodes!r} must be a positive integer")
+        if not _is_int(self.node_rank) or not 0 <= self.node_rank < self.num_nodes:
+            raise ValueError(
+                f"node_rank={self.node_rank!r} must be an integer in [0, num_nodes={self.num_nodes})"
+            )
+        if not _is_int(self.max_restarts) or self.max_restarts < 0:
+            raise ValueError(f"max_restarts={self.max_restarts!r} must be an integer >= 0")
+        parse_port(self.use_port)
+        cores = os.cpu_count() or 1
+        if n is not None and n > 4 * cores:
+            logger.warning(
+                "num_processes=%d on a machine with %d CPU core(s): every process gets a fraction of a core, "
+                "and each holds its own copy of torch (about 300 MB); fewer processes will likely run faster",
+                n,
+                cores,
+            )
+
+    def _check_times(self) -> None:
+        if self.timeout is not None and not (_is_number(self.timeout) and self.timeout > 0):
+            raise ValueError(f"timeout={self.timeout!r} must be a positive number of seconds or None")
+        if not (_is_number(self.monitor_interval) and self.monitor_interval > 0):
+            raise ValueError(
+                f"monitor_interval={self.monitor_interval!r} must be a positive number of seconds"
+            )
+        hang = self.hang_timeout
+        if hang is not None and not (_is_number(hang) and hang > 0 and not math.isnan(hang)):
+            raise ValueError(
+                f"hang_timeout={hang!r} must be a positive number of seconds, None (the default, "
+                f"{DEFAULT_HANG_TIMEOUT:g} s) or math.inf (no hang detection)"
+            )
+
+    def _check_choices(self) -> None:
+        if self.progress_bars not in PROGRESS_BARS:
+            raise ValueError(
+                f"progress_bars={self.progress_bars!r} is not one of {list(PROGRESS_BARS)}: 'main' shows the main "
+                "process's bars live, 'all' every rank's, 'text' lets tqdm write its usual text"
+            )
+        if self.on_hang not in HANG_ACTIONS:
+            raise ValueError(
+                f"on_hang={self.on_hang!r} is not one of {list(HANG_ACTIONS)}: 'report' shows a suspected hang "
+                "and keeps running, 'stop' stops the launch and raises with every rank's stack"
+            )
+        for name in ("block", "panel", "force_cpu"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
+
+    def _check_elastic(self) -> None:
+        if self.rdzv_conf is not None and not isinstance(self.rdzv_conf, Mapping):
+            raise TypeError(f"rdzv_conf={self.rdzv_conf!r} must be a dict of rendezvous settings or None")
+        if not isinstance(self.rdzv_endpoint, str):
+            raise TypeError(f"rdzv_endpoint={self.rdzv_endpoint!r} must be a 'host:port' string")
+        if self.rdzv_endpoint:
+            host, sep, port = self.rdzv_endpoint.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(
+                    f"rdzv_endpoint={self.rdzv_endpoint!r} is not 'host:port' (e.g. '10.0.0.1:29400')"
+                )
+        if self.rdzv_backend not in RDZV_BACKENDS:
+            raise ValueError(
+                f"rdzv_backend={self.rdzv_backend!r} is not supported; choose one of {', '.join(RDZV_BACKENDS)}"
+            )
+        if self.num_nodes > 1:
+            if self.rdzv_backend != "static" and not self.rdzv_endpoint:
+                raise ValueError(
+                    f"rdzv_backend={self.rdzv_backend!r} needs rdzv_endpoint='host:port' (the same on every node)"
+                )
+            return
+        for name, default in _ELASTIC_ONLY.items():
+            if getattr(self, name) != default:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} only applies to multi-node launches (num_nodes > 1, "
+                    f"through torch elastic); leave it at {default!r} for a launch on this machine"
+                )
+
+    @property
+    def effective_hang_timeout(self) -> float:
+        """Return the hang timeout in seconds (``math.inf``: detection off)."""
+        return DEFAULT_HANG_TIMEOUT if self.hang_timeout is None else float(self.hang_timeout)
+
+    def refuse_on(self, path: str, names: Sequence[str]) -> None:
+        """Raise ValueError for the first of ``names`` set away from its default (not available on ``path``)."""
+        defaults = {"block": True, "sinks": None, "timeout": None, "panel": False, "hang_timeout": None,
+                    "on_hang": "report", "log_dir": None, "progress_bars": "auto"}  # fmt: skip
+        for name in names:
+            if getattr(self, name) != defaults[name]:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is not available with {path}; leave it at {defaults[name]!r}"
+                )
