@@ -302,3 +302,21 @@ def test_device_figures_wait_for_a_fully_imported_torch(monkeypatch: pytest.Monk
     assert _cuda_figures() == {"cuda_allocated": 10, "cuda_reserved": 20, "cuda_peak": 15}
     fake.is_initialized = lambda: False
     assert _cuda_figures() is None
+
+
+def _accelerate_tqdm_loop(steps: int) -> int:
+    from notebook_accel.utils import tqdm
+
+    total = 0
+    for i in tqdm(range(steps), desc="main only"):
+        total += i
+    return total
+
+
+def test_notebook_accel_utils_tqdm_shows_the_main_process_bar_only() -> None:
+    handle = _launch(_accelerate_tqdm_loop, (STEPS,), progress_bars="all")
+    assert handle.result() == [sum(range(STEPS))] * 2
+    (bar,) = handle.bars()  # rank 1's bar is disabled by main_process_only: it never shows
+    assert (bar.rank, bar.n, bar.total, bar.closed) == (0, STEPS, STEPS, True)
+    assert [line.text for line in handle.lines(0)] == [bar.text] and "1000/1000" in bar.text
+    assert handle.lines(1) == []

@@ -128,6 +128,13 @@ def install_bar_events() -> None:
     cls.display, cls.clear, cls.moveto = _display, _clear, _moveto
     cls.close = _make_close(std_close)
     notebook = sys.modules.get("tqdm.notebook")
+    if notebook is None and "ipykernel" in sys.modules:
+        # Forked from a kernel: tqdm.auto (notebook_accel.utils.tqdm too) will pick tqdm.notebook
+        # when first imported here, after this patch; import it now so that its class is patched.
+        try:
+            import tqdm.notebook as notebook
+        except ImportError:  # IPython without its display module: tqdm.auto then picks the text bar
+            notebook = None
     if notebook is not None:
         nb = notebook.tqdm_notebook
         nb.__init__ = _make_notebook_init(std_init)
