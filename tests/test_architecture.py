@@ -151,7 +151,6 @@ KNOWN_VIOLATIONS: dict[str, str] = {
     "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer._sizes_for -> notebook_accel.utils.sizes": "dashboard",
     "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer.chart_png -> notebook_accel.widgets._charts": "dashboard",
     "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer.recompute -> notebook_accel.utils.device_map": "dashboard",
-    "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer.recompute -> notebook_accel.utils.device_memory": "dashboard",
     "in-function import: notebook_accel.widgets.launch_panel.LaunchPanel._build_widget -> notebook_accel.widgets._base": "dashboard",
     "in-function import: notebook_accel.widgets.memory_estimator.MemoryEstimator.__init__ -> notebook_accel.big_modeling": "dashboard",
     "in-function import: notebook_accel.widgets.memory_estimator.MemoryEstimator._build_widget -> notebook_accel.widgets._base": "dashboard",

@@ -319,3 +319,19 @@ def test_model_larger_than_every_budget_including_disk() -> None:
         infer_auto_device_map(
             model, max_memory={"cpu": 1000, "disk": 1000}, no_split_module_classes=["Block"]
         )
+
+
+def test_strategy_memory_is_the_one_meaning_of_each_strategy() -> None:
+    from notebook_accel.utils.device_map import strategy_memory
+
+    model = meta_lm(n=4, tie=False)
+    assert strategy_memory(model, "sequential", {"cpu": "1KiB"}) == {"cpu": 1024}
+    assert strategy_memory(model, "balanced", {"cpu": 1024}) == {"cpu": 1024}  # no GPU: nothing to balance
+    roomy = {0: 10**9, 1: 10**9, "cpu": 10**9}
+    balanced = strategy_memory(model, "balanced", dict(roomy))
+    assert 0 < balanced[0] < 10**9 and balanced[1] == 10**9  # the last GPU keeps its whole budget
+    assert strategy_memory(model, "auto", dict(roomy)) == balanced
+    assert strategy_memory(model, "balanced_low_0", dict(roomy))[0] == 0  # GPU 1 holds it all: GPU 0 stays empty
+    assert strategy_memory(model, "sequential", dict(roomy)) == roomy
+    with pytest.raises(ValueError, match="Unknown device-map strategy 'fastest': choose one of \\['auto'"):
+        strategy_memory(model, "fastest")

@@ -238,19 +238,16 @@ class DeviceMapExplorer(_Panel):
 
     def recompute(self) -> None:
         """Recompute ``plan`` / ``device_map`` (and ``effective_max_memory``) for the current controls."""
-        from notebook_accel.utils.device_map import plan_device_map
-        from notebook_accel.utils.device_memory import get_balanced_memory
+        from notebook_accel.utils.device_map import plan_device_map, strategy_memory
 
         start = time.perf_counter()
-        max_memory: dict[int | str, int] = dict(self.max_memory)
-        if self._strategy != "sequential":
-            max_memory = get_balanced_memory(
-                self.model,
-                max_memory=max_memory,
-                no_split_module_classes=self._no_split,
-                dtype=self._dtype,
-                low_zero=self._strategy == "balanced_low_0",
-            )
+        max_memory = strategy_memory(
+            self.model,
+            self._strategy,
+            dict(self.max_memory),
+            no_split_module_classes=self._no_split,
+            dtype=self._dtype,
+        )
         self.effective_max_memory = dict(max_memory)
         self.plan = plan_device_map(
             self.model, max_memory=max_memory, no_split_module_classes=self._no_split, dtype=self._dtype

@@ -22,7 +22,7 @@ from safetensors import safe_open
 from torch import nn
 
 from .constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
-from .devices import Device, is_disk
+from .devices import Device, device_label, is_disk
 from .offload import load_offloaded_weights, offload_weight, save_offload_index
 from .placement import DeviceLookup, DevicePlacement, require_offload_folder
 from .sizes import _as_dtype, convert_file_size_to_int
@@ -76,12 +76,10 @@ class _Shard:
     def get(self, key: str, device: Device = "cpu") -> torch.Tensor:
         if not self.safetensors:
             return self.state[key]
-        if isinstance(device, int):
-            device = f"cuda:{device}"
-        device = str(device)
-        if device in ("cpu", "meta", "disk"):
+        label = device_label(device)
+        if label in ("cpu", "meta", "disk"):  # read on the CPU; meta and disk weights are placed afterwards
             return self._handle("cpu").get_tensor(key)
-        return self._handle(device).get_tensor(key)
+        return self._handle(label).get_tensor(key)
 
     def close(self) -> None:
         self._handles.clear()

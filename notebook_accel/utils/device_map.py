@@ -29,6 +29,7 @@ __all__ = [
     "infer_auto_device_map",
     "plan_device_map",
     "resolve_device_map",
+    "strategy_memory",
 ]
 
 logger = logging.getLogger(__name__)
@@ -239,6 +240,35 @@ def clean_device_map(device_map: dict[str, Device], module_name: str = "") -> di
     return device_map
 
 
+def strategy_memory(
+    model: nn.Module,
+    strategy: str,
+    max_memory: dict[Union[int, str], Union[int, str]] | None = None,
+    no_split_module_classes: list[str] | None = None,
+    dtype: Union[str, torch.dtype, None] = None,
+    special_dtypes: dict[str, Union[str, torch.dtype]] | None = None,
+) -> dict[Union[int, str], int]:
+    """Return the budget a device-map strategy plans with.
+
+    "sequential" takes ``max_memory`` as given (default: what is available); "auto" and "balanced"
+    spread the model evenly over the GPUs; "balanced_low_0" also keeps GPU 0 as empty as possible.
+    """
+    if strategy not in DEVICE_MAP_STRATEGIES:
+        raise ValueError(
+            f"Unknown device-map strategy {strategy!r}: choose one of {list(DEVICE_MAP_STRATEGIES)}"
+        )
+    if strategy == "sequential":
+        return get_max_memory(max_memory)
+    return get_balanced_memory(
+        model,
+        max_memory,
+        no_split_module_classes,
+        dtype,
+        special_dtypes,
+        low_zero=strategy == "balanced_low_0",
+    )
+
+
 def resolve_device_map(
     model: nn.Module,
     device_map: Union[str, dict[str, Device], int, torch.device, None],
@@ -259,17 +289,11 @@ def resolve_device_map(
         check_device_map(model, device_map)
         return device_map
     if isinstance(device_map, str) and device_map in DEVICE_MAP_STRATEGIES:
-        if device_map != "sequential":
-            max_memory = get_balanced_memory(
-                model,
-                max_memory,
-                no_split_module_classes,
-                dtype,
-                special_dtypes,
-                low_zero=device_map == "balanced_low_0",
-            )
+        budget = strategy_memory(
+            model, device_map, max_memory, no_split_module_classes, dtype, special_dtypes
+        )
         return infer_auto_device_map(
-            model, max_memory, no_split_module_classes, dtype, special_dtypes, offload_buffers=offload_buffers
+            model, budget, no_split_module_classes, dtype, special_dtypes, offload_buffers=offload_buffers
         )
     try:
         device = device_key(device_map)
