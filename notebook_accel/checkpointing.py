@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
@@ -24,12 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .utils.other import _atomic_write
+from .utils.other import _atomic_write, _fsync_tree, load
 
 __all__ = [
     "atomic_directory",
     "load_accelerator_state",
     "load_custom_state",
+    "recover_directory",
     "save_accelerator_state",
     "save_custom_state",
     "save_model_weights",
@@ -61,8 +63,21 @@ def _torch_save(obj: Any, path: Path) -> None:
 
 
 def _torch_load(path: Path, map_location: Any = None) -> Any:
-    # Our own optimizer/scheduler/RNG files hold plain Python objects next to tensors.
-    return torch.load(path, map_location=map_location, weights_only=False)
+    """Return the objects in ``path`` read with ``weights_only=True`` (tensors, containers, numpy arrays).
+
+    Everything ``save_state`` writes loads this way; anything else (a class, a ``__reduce__`` that
+    would run code) is refused with an error naming the file, and nothing in it runs.
+    """
+    try:
+        return load(path, map_location=map_location)
+    except pickle.UnpicklingError as exc:
+        reason = str(exc).strip().splitlines()
+        detail = next((line for line in reason if "GLOBAL" in line or "Unsupported" in line), reason[0] if reason else "")
+        raise pickle.UnpicklingError(
+            f"checkpoint file {str(path)!r} holds objects other than tensors, plain containers and numpy arrays "
+            f"({detail.strip()}); it was not loaded, because unpickling it could run code. If you wrote it and "
+            "trust it, allow its classes with torch.serialization.add_safe_globals([...]) and load again"
+        ) from None
 
 
 def _rng_state(step: int) -> dict[str, Any]:
@@ -179,6 +194,7 @@ def load_accelerator_state(
     from .utils.constants import OPTIMIZER_NAME, RNG_STATE_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME
 
     input_dir = Path(input_dir)
+    recover_directory(input_dir)
     if not input_dir.is_dir():
         raise FileNotFoundError(f"checkpoint folder {str(input_dir)!r} does not exist")
     map_location = "cpu" if map_location is None else map_location
@@ -360,6 +376,7 @@ def atomic_directory(final: str | os.PathLike, state: Any, is_writer: bool) -> I
     final = Path(final)
     tmp = final.parent / f".{final.name}.partial"
     if is_writer:
+        recover_directory(final)
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
@@ -368,15 +385,53 @@ def atomic_directory(final: str | os.PathLike, state: Any, is_writer: bool) -> I
     yield tmp
     state.wait_for_everyone()
     if is_writer:
-        old = final.parent / f".{final.name}.old"
-        if final.exists():
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(final, old)
-        os.replace(tmp, final)
-        if old.exists():
-            shutil.rmtree(old)
+        _swap_into_place(final, tmp)
     state.wait_for_everyone()
+
+
+def _swap_into_place(final: Path, tmp: Path) -> None:
+    """Replace ``final`` by the complete folder ``tmp``; a kill at any point leaves a recoverable state."""
+    old = final.parent / f".{final.name}.old"
+    marker = final.parent / f".{final.name}.swapping"
+    _fsync_tree(tmp)  # the data is on disk before any name points at it
+    if old.exists():
+        shutil.rmtree(old)
+    # The marker says "tmp is complete": recover_directory then finishes the swap instead of
+    # reverting to the old folder.
+    _atomic_write(os.fspath(marker), lambda t: Path(t).write_text(tmp.name))
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync_tree(final.parent, files=False)
+    marker.unlink()
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def recover_directory(final: str | os.PathLike) -> bool:
+    """Return True after putting back a checkpoint folder that a kill between two renames left hidden.
+
+    A kill after the old folder was moved aside leaves ``.NAME.old`` (complete) and, once the new
+    folder was fully written, ``.NAME.swapping`` beside a complete ``.NAME.partial``: the newer
+    complete folder wins. Run before every save into and every load from ``final``.
+    """
+    final = Path(final)
+    if final.exists():
+        return False
+    tmp, old = final.parent / f".{final.name}.partial", final.parent / f".{final.name}.old"
+    marker = final.parent / f".{final.name}.swapping"
+    source = tmp if marker.exists() and tmp.is_dir() else old if old.is_dir() else None
+    if source is None:
+        return False
+    try:
+        os.replace(source, final)
+    except FileNotFoundError:  # another process of the same run restored it first
+        return final.exists()
+    logger.warning("checkpoint %s was hidden by an interrupted save; restored it from %s", final, source.name)
+    marker.unlink(missing_ok=True)
+    for leftover in (tmp, old):  # the other one is stale (older, or not known complete)
+        shutil.rmtree(leftover, ignore_errors=True)
+    return True
 
 
 def checkpoint_folders(project_dir: str | os.PathLike) -> list[Path]:

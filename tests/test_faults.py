@@ -360,3 +360,129 @@ def test_fifty_relaunches_leak_no_process_fd_thread_or_memory():
     snap.assert_clean()
     growth = psutil.Process().memory_info().rss - rss
     assert growth < 5 * 2**20, f"RSS grew by {growth / 2**20:.1f} MB over 50 launches"
+
+
+# ---------------------------------------------------------------- checkpoints: no code runs, no folder left broken
+
+
+class _Evil:
+    """Unpickling this creates a marker file: what a hostile checkpoint would do with os.system."""
+
+    marker = ""
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _full_checkpoint(tmp_path):
+    from notebook_accel import Accelerator
+    from notebook_accel.state import AcceleratorState, GradientState
+    from tests.test_checkpointing import _build
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    parts = _build(0)
+    acc = parts[0]
+    assert isinstance(acc, Accelerator)
+    out = tmp_path / "ckpt"
+    acc.save_state(out, safe_serialization=False)
+    return parts, out
+
+
+def test_everything_save_state_writes_loads_with_weights_only_and_a_malicious_pickle_never_runs(tmp_path):
+    (acc, *_), out = _full_checkpoint(tmp_path)
+    names = sorted(p.name for p in out.iterdir())
+    assert {
+        "optimizer.bin",
+        "scheduler.bin",
+        "sampler.bin",
+        "random_states_0.pkl",
+        "custom_checkpoint_0.pkl",
+    } <= set(names)
+    acc.load_state(out)  # every file our own save wrote loads with weights_only=True
+    marker = tmp_path / "pwned"
+    _Evil.marker = str(marker)
+    for name in names:
+        if name == "pytorch_model.bin":
+            continue
+        original = (out / name).read_bytes()
+        torch.save({"state": _Evil()}, out / name)
+        with pytest.raises(
+            __import__("pickle").UnpicklingError, match=f"checkpoint file .*{name}.* was not loaded"
+        ):
+            acc.load_state(out)
+        assert not marker.exists(), f"code ran from {name}"
+        (out / name).write_bytes(original)
+    torch.save({"weight": _Evil()}, out / "pytorch_model.bin")
+    with pytest.raises(Exception, match="Weights only load failed|was not loaded"):
+        acc.load_state(out)
+    assert not marker.exists()
+
+
+def test_a_gradient_scaler_file_with_code_is_refused(tmp_path):
+    from notebook_accel import checkpointing
+
+    scaler = torch.amp.GradScaler("cpu")
+    marker = tmp_path / "pwned"
+    _Evil.marker = str(marker)
+    torch.save(_Evil(), tmp_path / "scaler.pt")
+    with pytest.raises(__import__("pickle").UnpicklingError, match="scaler.pt"):
+        checkpointing.load_accelerator_state(tmp_path, [], [], [], [], 0, scaler=scaler)
+    assert not marker.exists()
+
+
+def _killed_between_renames(tmp_path, monkeypatch, *, after_marker: bool):
+    """Save twice; make the second save die right after the first of its two renames."""
+    from notebook_accel import checkpointing
+
+    (acc, model, *_), out = _full_checkpoint(tmp_path)
+    first = {p.name: p.read_bytes() for p in out.iterdir()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    real_replace = os.replace
+    calls = []
+
+    def dying_replace(src, dst):
+        calls.append((str(src), str(dst)))
+        real_replace(src, dst)
+        if str(dst).endswith(".ckpt.old"):
+            raise KeyboardInterrupt("killed between the two renames")
+
+    if not after_marker:  # killed before the new folder was known complete: no marker written
+        monkeypatch.setattr(checkpointing, "_atomic_write", lambda *a, **k: None)
+    monkeypatch.setattr(checkpointing.os, "replace", dying_replace)
+    with pytest.raises(KeyboardInterrupt):
+        acc.save_state(out, safe_serialization=False)
+    monkeypatch.undo()
+    assert not out.exists()  # hidden: the state a kill leaves
+    return acc, out, first
+
+
+def test_a_kill_between_the_renames_hides_no_checkpoint(tmp_path, monkeypatch):
+    acc, out, first = _killed_between_renames(tmp_path, monkeypatch, after_marker=True)
+    acc.load_state(out)  # recovered: the new, complete folder
+    assert out.is_dir() and (out / "pytorch_model.bin").read_bytes() != first["pytorch_model.bin"]
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".ckpt")]
+    acc2, out2, first2 = _killed_between_renames(tmp_path / "b", monkeypatch, after_marker=False)
+    acc2.load_state(out2)  # the new folder is not known complete: the old one comes back
+    assert (out2 / "pytorch_model.bin").read_bytes() == first2["pytorch_model.bin"]
+
+
+def test_atomic_writes_fsync_and_clean_what_a_killed_writer_left(tmp_path, monkeypatch):
+    from notebook_accel.utils.other import _atomic_write
+
+    target = tmp_path / "index.json"
+    dead = tmp_path / ".index.json.999999999.abc.tmp"  # a pid that cannot exist
+    alive = tmp_path / f".index.json.{os.getpid()}.abc.tmp"  # a writer still at work
+    dead.write_text("half")
+    alive.write_text("busy")
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd))
+    )
+    _atomic_write(str(target), lambda tmp: open(tmp, "w").write("{}"))
+    assert target.read_text() == "{}"
+    assert not dead.exists() and alive.exists()
+    assert any(p.endswith(".tmp") for p in synced) and str(tmp_path) in synced  # the data, then the rename

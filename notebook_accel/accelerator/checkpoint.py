@@ -163,6 +163,7 @@ class _CheckpointMixin:
         config = self.project_configuration
         if input_dir is not None:
             source = Path(input_dir).expanduser()
+            _ckpt.recover_directory(source)  # a save killed between its two renames hid it
             if not source.is_dir():
                 raise FileNotFoundError(f"load_state: checkpoint folder {str(source)!r} does not exist")
         elif config.automatic_checkpoint_naming:

@@ -162,17 +162,69 @@ def wait_for_everyone() -> None:
 
 
 def _atomic_write(path: str, write) -> None:
+    """Write ``path`` through ``write(tmp)`` into a hidden temporary file, fsync it, then rename it into place.
+
+    Temporary files that a killed writer left beside ``path`` (their pid is gone) are removed first.
+    """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    base = os.path.basename(path)
+    _remove_dead_temporaries(directory, base)
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.{os.getpid()}.", suffix=".tmp", dir=directory)
     os.close(fd)
     try:
         write(tmp)
+        _fsync_path(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    _fsync_path(directory)
+
+
+def _remove_dead_temporaries(directory: str, base: str) -> None:
+    prefix = f".{base}."
+    for name in os.listdir(directory):
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        pid = name[len(prefix) :].split(".", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_path(path: str) -> None:
+    """fsync one file or folder (a folder: its entries, so a rename inside it is durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on a folder; the data itself was synced
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root, files: bool = True) -> None:
+    """fsync every file under ``root`` (unless ``files`` is False) and every folder, ``root`` included."""
+    root = os.fspath(root)
+    for folder, _, names in os.walk(root):
+        if files:
+            for name in names:
+                _fsync_path(os.path.join(folder, name))
+        _fsync_path(folder)
 
 
 def save(
