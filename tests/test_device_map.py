@@ -331,7 +331,9 @@ def test_strategy_memory_is_the_one_meaning_of_each_strategy() -> None:
     balanced = strategy_memory(model, "balanced", dict(roomy))
     assert 0 < balanced[0] < 10**9 and balanced[1] == 10**9  # the last GPU keeps its whole budget
     assert strategy_memory(model, "auto", dict(roomy)) == balanced
-    assert strategy_memory(model, "balanced_low_0", dict(roomy))[0] == 0  # GPU 1 holds it all: GPU 0 stays empty
+    assert (
+        strategy_memory(model, "balanced_low_0", dict(roomy))[0] == 0
+    )  # GPU 1 holds it all: GPU 0 stays empty
     assert strategy_memory(model, "sequential", dict(roomy)) == roomy
     with pytest.raises(ValueError, match="Unknown device-map strategy 'fastest': choose one of \\['auto'"):
         strategy_memory(model, "fastest")

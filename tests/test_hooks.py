@@ -342,3 +342,51 @@ def test_cpu_offload_hook_and_user_hook() -> None:
     assert a.weight.device.type == "cpu"
     user_a.remove()
     assert not hasattr(a, "_hf_hook")
+
+
+def test_on_blocks_preload_classes_matter_only_for_offloaded_blocks(model: Model) -> None:
+    x = torch.randn(2, 3)
+    expected = model(x)
+    names = ["linear1", "batchnorm", "blocks.0", "blocks.1", "linear2"]
+    execution = dict.fromkeys(names, "cpu")
+    offload = {"linear1": False, "batchnorm": False, "blocks.0": True, "blocks.1": False, "linear2": False}
+    attach_align_device_hook_on_blocks(
+        model,
+        execution_device=execution,
+        offload=offload,
+        weights_map=dict(model.state_dict()),
+        preload_module_classes=["ModuleList"],
+    )
+    # Offloaded block of a preload class: one hook loads its whole subtree, nothing below it is hooked.
+    assert model.blocks[0]._hf_hook.place_submodules and model.blocks[0]._hf_hook.offload
+    assert not hasattr(model.blocks[0][0], "_hf_hook")
+    # Kept block of the same class: placed whole, and its inner layers still move their inputs.
+    assert model.blocks[1]._hf_hook.place_submodules and not model.blocks[1]._hf_hook.offload
+    assert (
+        isinstance(model.blocks[1][0]._hf_hook, AlignDevicesHook) and not model.blocks[1][0]._hf_hook.offload
+    )
+    # The model itself is no block: it only keeps inputs and outputs where the caller had them.
+    assert model._hf_hook.io_same_device and not model._hf_hook.place_submodules
+    model.blocks[0]._hf_hook._load(model.blocks[0])  # ModuleList has no forward: load as its parent would
+    assert torch.allclose(model(x), expected)
+
+
+def test_attach_align_device_hook_preloads_only_when_offloading(model: Model) -> None:
+    attach_align_device_hook(model, "cpu", offload=False, preload_module_classes=["ModuleList"])
+    # Nothing is loaded at a forward, so a preload class needs no hook of its own: its layers get theirs.
+    assert not hasattr(model.blocks, "_hf_hook") and not hasattr(model.blocks[0], "_hf_hook")
+    assert not model.blocks[0][0]._hf_hook.offload and not model.blocks[0][0]._hf_hook.place_submodules
+    assert model(torch.randn(2, 3)).shape == (2, 5)
+
+
+def test_replacing_keeps_the_old_hook_attached_state_and_appending_reinits_it() -> None:
+    lin = nn.Linear(2, 2)
+    first, second, third = Recorder(), Recorder(), Recorder()
+    add_hook_to_module(lin, first)
+    add_hook_to_module(lin, second)  # replaced: the old hook is not detached
+    assert first.calls == ["init"] and second.calls == ["init"]
+    add_hook_to_module(lin, third, append=True)  # chained: the current hook is detached, then both init
+    assert second.calls == ["init", "detach", "init"] and third.calls == ["init"]
+    assert lin._hf_hook.hooks == (second, third)
+    lin(torch.randn(1, 2))
+    assert second.calls[-2:] == ["pre", "post"] and third.calls[-2:] == ["pre", "post"]
