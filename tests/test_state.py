@@ -348,11 +348,18 @@ def test_gradient_state_defaults_and_plugin():
     assert (state.num_steps, state.adjust_scheduler, state.sync_with_dataloader) == (4, False, False)
     GradientState(GradientAccumulationPlugin(num_steps=2))
     assert (state.num_steps, state.adjust_scheduler, state.sync_each_batch) == (2, True, False)
-    assert "Sync Gradients: True" in repr(state)
+    assert repr(state).startswith(
+        "GradientState(sync_gradients=True, num_steps=2, in_dataloader=False, end_of_dataloader=False, "
+        "remainder=-1, plugin_kwargs={'num_steps': 2, 'adjust_scheduler': True"
+    )
     with pytest.raises(TypeError, match="must be a GradientAccumulationPlugin, got int"):
         GradientState(3)
     GradientState._reset_state()
     assert GradientState().num_steps == 1
+    # Without a plugin there are no plugin fields to show.
+    assert repr(GradientState()) == (
+        "GradientState(sync_gradients=True, num_steps=1, in_dataloader=False, end_of_dataloader=False, remainder=-1)"
+    )
 
 
 def test_gradient_state_dataloader_bookkeeping(monkeypatch):

@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, field
 
 from ..utils._accelerate_alias import alias_worker_env
+from ..utils.enums import MIXED_PRECISION_CHOICES
 from ..utils.environment import parse_flag_from_env
 from .ports import check_master_addr, parse_port
 
@@ -29,7 +30,6 @@ __all__ = [
     "threads_per_worker",
 ]
 
-MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 START_METHODS = ("fork", "spawn", "forkserver")
 RDZV_BACKENDS = ("static", "c10d")
 

@@ -8,9 +8,11 @@ helpers; user code reads the attributes.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any
 
 from ..utils.environment import parse_flag_from_env
+from .process import PartialState
 
 __all__ = ["GradientState"]
 
@@ -133,11 +135,18 @@ class GradientState:
         self._remainder = -1
 
     def __repr__(self) -> str:
+        # One line, every documented attribute as name=value; the plugin's fields only when one was given.
+        fields = {
+            "sync_gradients": self.sync_gradients,
+            "num_steps": self.num_steps,
+            "in_dataloader": self.in_dataloader,
+            "end_of_dataloader": self.end_of_dataloader,
+            "remainder": self.remainder,
+        }
+        if self.plugin_kwargs:
+            fields["plugin_kwargs"] = self.plugin_kwargs
         return (
-            f"Sync Gradients: {self.sync_gradients}\n"
-            f"At end of current dataloader: {self.end_of_dataloader}\n"
-            f"Extra samples added: {self.remainder}\n"
-            f"Gradient accumulation plugin: {self.plugin_kwargs}\n"
+            f"{type(self).__name__}(" + ", ".join(f"{key}={value!r}" for key, value in fields.items()) + ")"
         )
 
     @classmethod
@@ -161,12 +170,8 @@ def _plugin_kwargs(plugin: Any) -> dict[str, Any]:
 
 def _xla_mark_step() -> None:
     """Cut the XLA graph where gradients sync, when running on XLA (torch_xla imported)."""
-    import sys
-
     if "torch_xla" not in sys.modules:
         return
-    from .process import PartialState
-
     if PartialState().distributed_type == "XLA":
         import torch_xla.core.xla_model as xm
 

@@ -17,10 +17,12 @@ from typing import Any
 
 import torch
 
-from ..utils.enums import DistributedType
+from ..utils.enums import DistributedType, check_mixed_precision
 from ..utils.environment import parse_flag_from_env
+from ..utils.imports import is_ipex_available
+from ..utils.plugins import TorchDynamoPlugin
 from .split import take_share
-from .world import check_mixed_precision, resolve_world
+from .world import _default_device, resolve_world
 
 __all__ = ["AcceleratorState", "PartialState"]
 
@@ -236,15 +238,11 @@ class PartialState(_ProcessControl):
     @property
     def default_device(self) -> torch.device:
         """Return the device a single process would use here (cuda:0, mps or cpu)."""
-        from .world import _default_device
-
         return _default_device(self.use_cpu)
 
     @property
     def use_ipex(self) -> bool:
         """Return whether Intel Extension for PyTorch is requested (ACCELERATE_USE_IPEX) and installed."""
-        from ..utils.imports import is_ipex_available
-
         return parse_flag_from_env("ACCELERATE_USE_IPEX") and is_ipex_available()
 
     def destroy_process_group(self, group: Any = None) -> None:
@@ -300,7 +298,7 @@ class AcceleratorState(_ProcessControl):
         partial = PartialState(cpu, **kwargs)
         self.__dict__.update(partial._shared_state)
         self._mixed_precision = mixed_precision if mixed_precision is not None else partial.mixed_precision
-        self.dynamo_plugin = dynamo_plugin if dynamo_plugin is not None else _default_dynamo_plugin()
+        self.dynamo_plugin = dynamo_plugin if dynamo_plugin is not None else TorchDynamoPlugin()
         self.fsdp_plugin = fsdp_plugin
         self.torch_tp_plugin = torch_tp_plugin
         self.megatron_lm_plugin = megatron_lm_plugin
@@ -391,15 +389,6 @@ class AcceleratorState(_ProcessControl):
         cls._shared_state.clear()
         if reset_partial_state:
             PartialState._reset_state()
-
-
-def _default_dynamo_plugin() -> Any:
-    """Return ``TorchDynamoPlugin()`` built from the environment, or None where plugins are unavailable."""
-    try:
-        from ..utils.plugins import TorchDynamoPlugin
-    except ImportError:
-        return None
-    return TorchDynamoPlugin()
 
 
 def _as_deepspeed_plugins(deepspeed_plugin: Any) -> dict[str, Any]:

@@ -17,14 +17,14 @@ from typing import Any
 
 import torch
 
-from ..utils.enums import DistributedType
+# Looked up through the module at call time, so tests (and users) can patch what the machine reports.
+from ..utils import imports as _imports
+from ..utils.enums import DistributedType, check_mixed_precision
 from ..utils.environment import parse_flag_from_env
 
-__all__ = ["MIXED_PRECISION_CHOICES", "ProcessWorld", "check_mixed_precision", "resolve_world"]
+__all__ = ["ProcessWorld", "resolve_world"]
 
 logger = logging.getLogger(__name__)
-
-MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 
 # Device type -> distributed type of a multi-process run on that device type.
 _MULTI_TYPES = {
@@ -56,16 +56,6 @@ class ProcessWorld:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def check_mixed_precision(value: Any, source: str = "mixed_precision") -> str:
-    """Return ``value`` lower-cased when it is a valid mixed-precision mode, else raise ValueError."""
-    text = str(getattr(value, "value", value)).lower()
-    if text not in MIXED_PRECISION_CHOICES:
-        raise ValueError(
-            f"Unknown {source} {value!r}: choose one of {', '.join(repr(c) for c in MIXED_PRECISION_CHOICES)}"
-        )
-    return text
-
-
 def _env_int(name: str, default: int | None = None) -> int | None:
     raw = os.environ.get(name, "")
     if raw == "":
@@ -78,25 +68,21 @@ def _env_int(name: str, default: int | None = None) -> int | None:
 
 def _default_device(cpu: bool) -> torch.device:
     """Return the single-process device: cuda:0, else mps, else cpu (CUDA is only counted, never initialised)."""
-    from ..utils.imports import is_cuda_available, is_mps_available
-
     if cpu:
         return torch.device("cpu")
-    if is_cuda_available():
+    if _imports.is_cuda_available():
         return torch.device("cuda", 0)
-    if is_mps_available():
+    if _imports.is_mps_available():
         return torch.device("mps")
     return torch.device("cpu")
 
 
 def _multi_device(cpu: bool, backend: str | None, local_rank: int) -> torch.device:
     """Return the device of rank ``local_rank`` on this node for a multi-process run."""
-    from ..utils.imports import cuda_device_count
-
     wants_cpu = cpu or (backend is not None and "nccl" not in backend)
     if wants_cpu:
         return torch.device("cpu")
-    count = cuda_device_count()
+    count = _imports.cuda_device_count()
     if count == 0:
         if backend is not None and "nccl" in backend:
             raise ValueError(
@@ -188,10 +174,8 @@ def resolve_world(cpu: bool = False, init_kwargs: Mapping[str, Any] | None = Non
     if dist.is_available() and dist.is_initialized():
         return _adopt_group(flags)
     if not flags["use_cpu"]:
-        from ..utils.imports import is_torch_xla_available
-
         # On a TPU runtime torch_xla owns the process world (xmp.spawn sets it up, not torchrun).
-        if is_torch_xla_available(check_is_tpu=True):
+        if _imports.is_torch_xla_available(check_is_tpu=True):
             return _xla_world(flags)
     world_size = _env_int("WORLD_SIZE", 1)
     if world_size < 1:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..state.world import check_mixed_precision
+from .enums import check_mixed_precision
 from .imports import cuda_device_count, is_mps_available, is_npu_available, is_xpu_available
 from .other import _atomic_write
 

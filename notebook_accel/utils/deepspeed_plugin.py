@@ -17,6 +17,7 @@ from typing import Any
 from ._validation import choice as _choice
 from ._validation import env as _env
 from ._validation import positive_int as _positive_int
+from .enums import MIXED_PRECISION_CHOICES
 from .environment import parse_flag_from_env
 
 __all__ = ["DeepSpeedPlugin"]
@@ -283,7 +284,7 @@ class DeepSpeedPlugin:
 
     def set_mixed_precision(self, mixed_precision: str) -> None:
         """Enable "fp16" / "bf16" (or neither for "no") in the DeepSpeed config, refusing a contradiction."""
-        _choice("DeepSpeedPlugin", "mixed_precision", mixed_precision, ("no", "fp16", "bf16", "fp8"))
+        _choice("DeepSpeedPlugin", "mixed_precision", mixed_precision, MIXED_PRECISION_CHOICES)
         config = self.deepspeed_config
         if mixed_precision in ("fp16", "bf16"):
             other = "bf16" if mixed_precision == "fp16" else "fp16"

@@ -7,8 +7,10 @@ Each member is a ``str`` equal to its value, so ``DistributedType.MULTI_GPU == "
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 __all__ = [
+    "MIXED_PRECISION_CHOICES",
     "BaseEnum",
     "ComputeEnvironment",
     "CustomDtype",
@@ -21,6 +23,7 @@ __all__ = [
     "PrecisionType",
     "RNGType",
     "SageMakerDistributedType",
+    "check_mixed_precision",
 ]
 
 
@@ -131,6 +134,26 @@ class PrecisionType(BaseEnum):
     FP8 = "fp8"
     FP16 = "fp16"
     BF16 = "bf16"
+
+
+# The mixed-precision modes, in the order messages list them. The one list: the process state, the
+# launcher, config files, the DeepSpeed plugin and the Accelerator all validate through
+# check_mixed_precision (they sit at different layers, so the fact lives in the lowest one).
+MIXED_PRECISION_CHOICES: tuple[str, ...] = tuple(
+    member.value for member in (PrecisionType.NO, PrecisionType.FP16, PrecisionType.BF16, PrecisionType.FP8)
+)
+
+
+def check_mixed_precision(value: Any, source: str = "mixed_precision") -> str:
+    """Return ``value`` (a string or a PrecisionType) as a lower-case mode; raise ValueError if it is none.
+
+    ``source`` names where the value came from in the message (an argument or an environment variable).
+    """
+    text = str(getattr(value, "value", value)).lower()
+    if text not in MIXED_PRECISION_CHOICES:
+        choices = ", ".join(repr(choice) for choice in MIXED_PRECISION_CHOICES)
+        raise ValueError(f"Unknown {source} {value!r}: choose one of {choices}")
+    return text
 
 
 class RNGType(BaseEnum):
