@@ -25,7 +25,31 @@ from typing import Any
 import numpy as np
 import torch
 
-from .utils.other import _atomic_write, _fsync_tree, load
+from .logging import get_logger
+from .state import PartialState
+from .utils.constants import (
+    MODEL_NAME,
+    OPTIMIZER_NAME,
+    RNG_STATE_NAME,
+    SAFE_MODEL_NAME,
+    SAFE_WEIGHTS_NAME,
+    SAMPLER_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+    WEIGHTS_NAME,
+)
+from .utils.imports import (
+    is_cuda_available,
+    is_hpu_available,
+    is_mlu_available,
+    is_musa_available,
+    is_neuron_available,
+    is_sdaa_available,
+    is_torch_xla_available,
+    is_xpu_available,
+)
+from .utils.other import _atomic_write, _fsync_tree, get_pretty_name, load, save
+from .utils.versions import is_torch_version
 
 __all__ = [
     "atomic_directory",
@@ -35,6 +59,32 @@ __all__ = [
     "save_accelerator_state",
     "save_custom_state",
     "save_model_weights",
+]
+# Accelerate 1.15 serves these names at this path too (defined elsewhere).
+__all__ += [
+    "MODEL_NAME",
+    "OPTIMIZER_NAME",
+    "PartialState",
+    "RNG_STATE_NAME",
+    "SAFE_MODEL_NAME",
+    "SAFE_WEIGHTS_NAME",
+    "SAMPLER_NAME",
+    "SCALER_NAME",
+    "SCHEDULER_NAME",
+    "WEIGHTS_NAME",
+    "get_logger",
+    "get_pretty_name",
+    "is_cuda_available",
+    "is_hpu_available",
+    "is_mlu_available",
+    "is_musa_available",
+    "is_neuron_available",
+    "is_sdaa_available",
+    "is_torch_version",
+    "is_torch_xla_available",
+    "is_xpu_available",
+    "load",
+    "save",
 ]
 
 logger = logging.getLogger(__name__)

@@ -18,13 +18,30 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
 
+from .logging import get_logger
 from .samplers import (
     BatchSamplerShard,
     IterableDatasetShard,
     SeedableRandomSampler,
     SkipBatchSampler,
 )
+from .state import GradientState, PartialState
 from .stateful import LoaderPosition, make_stateful_loader
+from .utils.enums import DistributedType, RNGType
+from .utils.imports import is_torch_xla_available
+from .utils.operations import (
+    broadcast,
+    broadcast_object_list,
+    concatenate,
+    find_batch_size,
+    get_data_structure,
+    initialize_tensors,
+    send_to_device,
+    slice_tensors,
+)
+from .utils.package_checks import is_datasets_available, is_torchdata_stateful_dataloader_available
+from .utils.random import synchronize_rng_states
+from .utils.versions import compare_versions, is_torch_version
 
 __all__ = [
     "BatchSamplerShard",
@@ -36,6 +53,28 @@ __all__ = [
     "SkipDataLoader",
     "prepare_data_loader",
     "skip_first_batches",
+]
+# Accelerate 1.15 serves these names at this path too (defined elsewhere).
+__all__ += [
+    "DistributedType",
+    "GradientState",
+    "PartialState",
+    "RNGType",
+    "broadcast",
+    "broadcast_object_list",
+    "compare_versions",
+    "concatenate",
+    "find_batch_size",
+    "get_data_structure",
+    "get_logger",
+    "initialize_tensors",
+    "is_datasets_available",
+    "is_torch_version",
+    "is_torch_xla_available",
+    "is_torchdata_stateful_dataloader_available",
+    "send_to_device",
+    "slice_tensors",
+    "synchronize_rng_states",
 ]
 
 logger = logging.getLogger(__name__)
@@ -145,7 +184,9 @@ class DataLoaderShard(_DataLoaderStateMixin, DataLoader):
         super().__init__(dataset, **kwargs)
         self.use_stateful_dataloader = use_stateful_dataloader
         # Iterated in our place when the position must survive a checkpoint (see stateful.py).
-        self._position = LoaderPosition(make_stateful_loader(dataset, **kwargs)) if use_stateful_dataloader else None
+        self._position = (
+            LoaderPosition(make_stateful_loader(dataset, **kwargs)) if use_stateful_dataloader else None
+        )
         self.device = device
         self.rng_types = rng_types
         self.synchronized_generator = synchronized_generator

@@ -28,8 +28,30 @@ from .launch.plan import LaunchPlan, check_cuda_not_initialised, resolve_plan
 from .launch.ports import DEFAULT_PORT, host_store
 from .launch.request import LaunchRequest
 from .launch.xla import launch_xla
+from .state import AcceleratorState, PartialState
+from .utils.constants import ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION
+from .utils.device_info import check_cuda_p2p_ib_support, get_current_device_type, get_gpu_info
+from .utils.enums import PrecisionType
+from .utils.environment import are_libraries_initialized, patch_environment
+from .utils.imports import is_mps_available, is_rocm_available
+from .utils.versions import is_torch_version
 
 __all__ = ["debug_launcher", "notebook_launcher"]
+# Accelerate 1.15 serves these names at this path too (defined elsewhere).
+__all__ += [
+    "AcceleratorState",
+    "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION",
+    "PartialState",
+    "PrecisionType",
+    "are_libraries_initialized",
+    "check_cuda_p2p_ib_support",
+    "get_current_device_type",
+    "get_gpu_info",
+    "is_mps_available",
+    "is_rocm_available",
+    "is_torch_version",
+    "patch_environment",
+]
 
 logger = logging.getLogger(__name__)
 

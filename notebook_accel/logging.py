@@ -16,9 +16,12 @@ import logging
 import os
 from typing import Any
 
+from .state import PartialState
 from .utils.environment import _process_index
 
 __all__ = ["MultiProcessAdapter", "get_logger"]
+# Accelerate 1.15 serves these names at this path too (defined elsewhere).
+__all__ += ["PartialState"]
 
 
 class MultiProcessAdapter(logging.LoggerAdapter):

@@ -12,7 +12,22 @@ from typing import Any
 
 import torch
 
+from .state import AcceleratorState, GradientState
+from .utils.enums import DistributedType
+from .utils.imports import is_torch_xla_available
+from .utils.operations import honor_type
+from .utils.package_checks import is_lomo_available
+
 __all__ = ["AcceleratedOptimizer"]
+# Accelerate 1.15 serves these names at this path too (defined elsewhere).
+__all__ += [
+    "AcceleratorState",
+    "DistributedType",
+    "GradientState",
+    "honor_type",
+    "is_lomo_available",
+    "is_torch_xla_available",
+]
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):

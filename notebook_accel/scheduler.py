@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from .state import AcceleratorState, GradientState
+
 __all__ = ["AcceleratedScheduler"]
+# Accelerate 1.15 serves these names at this path too (defined elsewhere).
+__all__ += ["AcceleratorState", "GradientState"]
 
 
 class AcceleratedScheduler:

@@ -18,7 +18,24 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .logging import get_logger
+from .state import PartialState
 from .utils._worker_channel import send_event
+from .utils.enums import LoggerType
+from .utils.environment import str_to_bool
+from .utils.operations import listify
+from .utils.package_checks import (
+    is_aim_available,
+    is_clearml_available,
+    is_comet_ml_available,
+    is_dvclive_available,
+    is_mlflow_available,
+    is_swanlab_available,
+    is_tensorboard_available,
+    is_trackio_available,
+    is_wandb_available,
+)
+from .utils.versions import compare_versions
 
 __all__ = [
     "AimTracker",
@@ -34,6 +51,24 @@ __all__ = [
     "TrackioTracker",
     "WandBTracker",
     "filter_trackers",
+]
+# Accelerate 1.15 serves these names at this path too (defined elsewhere).
+__all__ += [
+    "LoggerType",
+    "PartialState",
+    "compare_versions",
+    "get_logger",
+    "is_aim_available",
+    "is_clearml_available",
+    "is_comet_ml_available",
+    "is_dvclive_available",
+    "is_mlflow_available",
+    "is_swanlab_available",
+    "is_tensorboard_available",
+    "is_trackio_available",
+    "is_wandb_available",
+    "listify",
+    "str_to_bool",
 ]
 
 logger = logging.getLogger(__name__)

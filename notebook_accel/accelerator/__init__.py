@@ -11,11 +11,92 @@ This package never imports hooks, big_modeling or the launcher (see docs/archite
 
 from __future__ import annotations
 
+from .._lazy import attach
+from ..checkpointing import (
+    load_accelerator_state,
+    load_custom_state,
+    save_accelerator_state,
+    save_custom_state,
+)
+from ..data_loader import DataLoaderDispatcher, prepare_data_loader, skip_first_batches
+from ..logging import get_logger
 from ..optimizer import AcceleratedOptimizer
 from ..scheduler import AcceleratedScheduler
-from ..state import AcceleratorState, GradientState
+from ..state import AcceleratorState, GradientState, PartialState
 from ..tracking import GeneralTracker, filter_trackers
-from ..utils.enums import PrecisionType
+from ..utils.compilation import (
+    compile_regions,
+    compile_regions_deepspeed,
+    compile_regions_fsdp2,
+    is_compiled_module,
+)
+from ..utils.configs import ProjectConfiguration
+from ..utils.constants import (
+    DTENSOR_PYTORCH_VERSION,
+    FSDP2_PYTORCH_VERSION,
+    FSDP_PYTORCH_VERSION,
+    MODEL_NAME,
+    PROFILE_PATTERN_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    SAFE_WEIGHTS_PATTERN_NAME,
+    SCALER_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    WEIGHTS_PATTERN_NAME,
+)
+from ..utils.deepspeed_plugin import DeepSpeedPlugin
+from ..utils.enums import DistributedType, DynamoBackend, FP8BackendType, LoggerType, PrecisionType, RNGType
+from ..utils.environment import parse_choice_from_env
+from ..utils.grad_scaler import get_grad_scaler
+from ..utils.imports import (
+    is_bf16_available,
+    is_mlu_available,
+    is_musa_available,
+    is_npu_available,
+    is_torch_xla_available,
+    is_xpu_available,
+)
+from ..utils.kwargs import (
+    AutocastKwargs,
+    DistributedDataParallelKwargs,
+    FP8RecipeKwargs,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+)
+from ..utils.megatron_plugin import MegatronLMPlugin
+from ..utils.memory import release_memory
+from ..utils.modeling import get_mixed_precision_context_manager
+from ..utils.operations import (
+    convert_outputs_to_fp32,
+    gather,
+    gather_object,
+    pad_across_processes,
+    recursively_apply,
+    reduce,
+)
+from ..utils.other import (
+    check_os_kernel,
+    clean_state_dict_for_safetensors,
+    extract_model_from_parallel,
+    get_model_tp_size,
+    get_pretty_name,
+    model_has_dtensor,
+    save,
+    wait_for_everyone,
+)
+from ..utils.package_checks import (
+    is_bitsandbytes_multi_backend_available,
+    is_deepspeed_available,
+    is_lomo_available,
+    is_megatron_lm_available,
+    is_msamp_available,
+    is_torchao_available,
+    is_transformer_engine_available,
+)
+from ..utils.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
+from ..utils.versions import compare_versions, is_torch_version
 from .core import Accelerator
 
 # Besides Accelerator, the names code written for Accelerate imports from accelerate.accelerator.
@@ -29,3 +110,86 @@ __all__ = [
     "PrecisionType",
     "filter_trackers",
 ]
+# Accelerate 1.15 serves these names at this path too (defined elsewhere).
+__all__ += [
+    "AutocastKwargs",
+    "DTENSOR_PYTORCH_VERSION",
+    "DataLoaderDispatcher",
+    "DeepSpeedPlugin",
+    "DistributedDataParallelKwargs",
+    "DistributedType",
+    "DynamoBackend",
+    "FP8BackendType",
+    "FP8RecipeKwargs",
+    "FSDP2_PYTORCH_VERSION",
+    "FSDP_PYTORCH_VERSION",
+    "GradScalerKwargs",
+    "GradientAccumulationPlugin",
+    "InitProcessGroupKwargs",
+    "KwargsHandler",
+    "LoggerType",
+    "MODEL_NAME",
+    "MegatronLMPlugin",
+    "PROFILE_PATTERN_NAME",
+    "PartialState",
+    "ProjectConfiguration",
+    "RNGType",
+    "SAFE_WEIGHTS_INDEX_NAME",
+    "SAFE_WEIGHTS_NAME",
+    "SAFE_WEIGHTS_PATTERN_NAME",
+    "SCALER_NAME",
+    "TorchDynamoPlugin",
+    "WEIGHTS_INDEX_NAME",
+    "WEIGHTS_NAME",
+    "WEIGHTS_PATTERN_NAME",
+    "check_os_kernel",
+    "clean_state_dict_for_safetensors",
+    "compare_versions",
+    "compile_regions",
+    "compile_regions_deepspeed",
+    "compile_regions_fsdp2",
+    "convert_outputs_to_fp32",
+    "extract_model_from_parallel",
+    "gather",
+    "gather_object",
+    "get_grad_scaler",
+    "get_logger",
+    "get_mixed_precision_context_manager",
+    "get_model_tp_size",
+    "get_pretty_name",
+    "is_bf16_available",
+    "is_bitsandbytes_multi_backend_available",
+    "is_compiled_module",
+    "is_deepspeed_available",
+    "is_lomo_available",
+    "is_megatron_lm_available",
+    "is_mlu_available",
+    "is_msamp_available",
+    "is_musa_available",
+    "is_npu_available",
+    "is_torch_version",
+    "is_torch_xla_available",
+    "is_torchao_available",
+    "is_transformer_engine_available",
+    "is_xpu_available",
+    "load_accelerator_state",
+    "load_custom_state",
+    "model_has_dtensor",
+    "pad_across_processes",
+    "parse_choice_from_env",
+    "prepare_data_loader",
+    "recursively_apply",
+    "reduce",
+    "release_memory",
+    "save",
+    "save_accelerator_state",
+    "save_custom_state",
+    "skip_first_batches",
+    "wait_for_everyone",
+]
+_REEXPORTED_LAZILY = {
+    "get_state_dict_offloaded_model": "notebook_accel.hooks.offloaded",
+    "has_offloaded_params": "notebook_accel.hooks.offloaded",
+}
+__all__ += sorted(_REEXPORTED_LAZILY)
+__getattr__, __dir__ = attach(__name__, _REEXPORTED_LAZILY)

@@ -21,6 +21,22 @@ from __future__ import annotations
 
 from .._lazy import attach
 from ..hooks import attach_layerwise_casting_hooks
+from ..hooks.align import LayerwiseCastingHook
+from ..utils.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
+from ..utils.device_info import check_cuda_p2p_ib_support
+from ..utils.device_map import infer_auto_device_map
+from ..utils.device_memory import get_balanced_memory
+from ..utils.imports import (
+    is_mlu_available,
+    is_musa_available,
+    is_neuron_available,
+    is_npu_available,
+    is_sdaa_available,
+    is_xpu_available,
+)
+from ..utils.other import recursive_getattr
+from ..utils.package_checks import is_bnb_available
+from ..utils.tied_params import retie_parameters
 from .dispatch import dispatch_model, load_checkpoint_and_dispatch
 from .empty import init_empty_weights, init_on_device
 from .offload import cpu_offload, cpu_offload_with_hook, disk_offload
@@ -34,6 +50,23 @@ __all__ = [
     "dispatch_model",
     "load_checkpoint_and_dispatch",
     "attach_layerwise_casting_hooks",
+]
+# Accelerate 1.15 serves these names at this path too (defined elsewhere).
+__all__ += [
+    "LayerwiseCastingHook",
+    "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
+    "check_cuda_p2p_ib_support",
+    "get_balanced_memory",
+    "infer_auto_device_map",
+    "is_bnb_available",
+    "is_mlu_available",
+    "is_musa_available",
+    "is_neuron_available",
+    "is_npu_available",
+    "is_sdaa_available",
+    "is_xpu_available",
+    "recursive_getattr",
+    "retie_parameters",
 ]
 
 # Names Accelerate's big_modeling module also exposes (its own imports): same objects, resolved at

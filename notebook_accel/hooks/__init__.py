@@ -17,6 +17,15 @@ The package, bottom up (each module imports only those above it in this list, an
 
 from __future__ import annotations
 
+from .._lazy import attach as _lazy_attach
+from ..utils.allocation import get_non_persistent_buffers
+from ..utils.imports import is_mlu_available, is_musa_available, is_npu_available
+from ..utils.memory import clear_device_cache
+from ..utils.offload import PrefixedDataset
+from ..utils.operations import find_device, send_to_device
+from ..utils.other import recursive_getattr
+from ..utils.sizes import named_module_tensors
+from ..utils.tensors import set_module_tensor_to_device
 from .align import AlignDevicesHook, CpuOffload, LayerwiseCastingHook, UserCpuOffloadHook
 from .attach import (
     attach_align_device_hook,
@@ -47,3 +56,21 @@ __all__ = [
     "attach_align_device_hook_on_blocks",
     "attach_layerwise_casting_hooks",
 ]
+# Accelerate 1.15 serves these names at this path too (defined elsewhere).
+__all__ += [
+    "PrefixedDataset",
+    "clear_device_cache",
+    "find_device",
+    "get_non_persistent_buffers",
+    "is_mlu_available",
+    "is_musa_available",
+    "is_npu_available",
+    "named_module_tensors",
+    "recursive_getattr",
+    "send_to_device",
+    "set_module_tensor_to_device",
+]
+# hooks sit below state (they never import it); Accelerate's hooks module also serves PartialState.
+_REEXPORTED_LAZILY = {"PartialState": "notebook_accel.state"}
+__all__ += sorted(_REEXPORTED_LAZILY)
+__getattr__, __dir__ = _lazy_attach(__name__, _REEXPORTED_LAZILY)
