@@ -218,10 +218,9 @@ class DataLoaderShard(_DataLoaderStateMixin, DataLoader):
             if self._position is not None:
                 iterator = self._position.start(self.synchronized_generator)
             else:
-                # Creating an iterator draws a worker base seed from the global torch RNG; drawing it
-                # from a fork keeps the global stream identical for a run resumed from a checkpoint.
-                with torch.random.fork_rng(devices=[]):
-                    iterator = super().__iter__()
+                # Creating the iterator draws the worker base seed from the loader's generator (or
+                # the global RNG) exactly as a plain DataLoader does: the streams stay Accelerate's.
+                iterator = super().__iter__()
             if self.skip_batches and isinstance(self.dataset, IterableDataset):
                 for _ in range(self.skip_batches):
                     if next(iterator, _END) is _END:
@@ -565,8 +564,6 @@ def prepare_data_loader(
             data_seed,
             rng_types,
         )
-        if synchronized_generator is not None:
-            kwargs.pop("generator", None)
         loader_args = {"batch_sampler": batch_sampler}
     return DataLoaderShard(
         dataset,
@@ -627,8 +624,10 @@ def _shard_batch_sampler(
             # Same permutation on every process: its generator is broadcast from process 0 each epoch.
             synchronized_generator = sampler.generator
             if synchronized_generator is None:
+                # Seeded from the global RNG like a plain RandomSampler; process 0's state is then
+                # broadcast at every epoch, so processes seeded differently still agree.
                 synchronized_generator = torch.Generator()
-                synchronized_generator.manual_seed(_shared_seed(data_seed, num_processes))
+                synchronized_generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
                 sampler.generator = synchronized_generator
             if "generator" not in rng_types:
                 rng_types.append("generator")
