@@ -135,9 +135,6 @@ class _DataLoaderStateMixin:
 
     def _mark_last_batch(self) -> None:
         self.end_of_dataloader = True
-        real = getattr(self.dataset, "last_real_count", -1)
-        if isinstance(self.dataset, IterableDatasetShard) and real >= 0:
-            self.remainder = real
         self._publish()
 
     def _finish(self) -> None:
@@ -151,10 +148,13 @@ class _DataLoaderStateMixin:
             gs._set_remainder(self.remainder)
 
     def _compute_remainder(self) -> int:
-        if self._drop_last:
+        # Known up front from the length of what this loader iterates (for a sharded stream, the
+        # padded shard: 0 when the padding completes the last batch, as in Accelerate); a
+        # dispatcher learns it from its last batch instead.
+        if self._drop_last or isinstance(self, DataLoaderDispatcher):
             return -1
         try:
-            length = len(_unsharded(self.dataset))
+            length = len(self.dataset)
         except TypeError:
             return -1
         total = self.total_batch_size
@@ -264,11 +264,6 @@ class DataLoaderShard(_DataLoaderStateMixin, DataLoader):
 
         return send_to_device(batch, self.device, non_blocking=self._non_blocking)
 
-    def __len__(self) -> int:
-        length = super().__len__()
-        if self.skip_batches and isinstance(self.dataset, IterableDataset):
-            length = max(length - self.skip_batches, 0)
-        return length
 
 
 _END = object()
@@ -329,8 +324,8 @@ class DataLoaderDispatcher(_DataLoaderStateMixin, DataLoader):
             if part is _END:
                 break
             parts.append(part)
-        if not parts:
-            return _END
+        if not parts or (self._drop_last and len(parts) < self.num_processes):
+            return _END  # with drop_last an incomplete global batch is dropped as a whole
         return parts[0] if len(parts) == 1 else concatenate(parts)
 
     def __iter__(self) -> Iterator[Any]:
@@ -354,10 +349,9 @@ class DataLoaderDispatcher(_DataLoaderStateMixin, DataLoader):
                 local = math.ceil(size / self.num_processes)
                 if following is _END:
                     self.end_of_dataloader = True
-                    if local * self.num_processes != size:
-                        if self._drop_last:
-                            break
-                        self.remainder = size
+                    if local * self.num_processes != size and self._drop_last:
+                        break
+                    self.remainder = size  # the real samples of the last global batch
                     self._publish()
                 padded = _pad_batch(current, local * self.num_processes, size)
                 lo = self.process_index * local
@@ -379,7 +373,10 @@ class DataLoaderDispatcher(_DataLoaderStateMixin, DataLoader):
 
     def __len__(self) -> int:
         whole = super().__len__()
-        steps = whole if self.split_batches else math.ceil(whole / self.num_processes)
+        if self.split_batches:
+            steps = whole
+        else:
+            steps = whole // self.num_processes if self._drop_last else math.ceil(whole / self.num_processes)
         return max(steps - self.skip_batches, 0)
 
 
@@ -489,7 +486,7 @@ def prepare_data_loader(
     is_iterable = isinstance(dataset, IterableDataset)
     if dispatch_batches is None:
         # A stream is read once, on process 0, unless asked otherwise (Accelerate's default).
-        dispatch_batches = bool(put_on_device and is_iterable and num_processes > 1)
+        dispatch_batches = bool(put_on_device and is_iterable and state.use_distributed)
     kwargs = _loader_kwargs(dataloader)
     batch_size = dataloader.batch_size
     drop_last = dataloader.drop_last

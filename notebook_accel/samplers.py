@@ -134,8 +134,11 @@ class BatchSamplerShard(BatchSampler):
         n, i = self.num_processes, self.process_index
         round_: list[list[int]] = []
         first_indices: list[int] = []
+        first_batches: list[list[int]] = []
         for batch in self.batch_sampler:
             batch = list(batch)
+            if len(first_batches) < n:
+                first_batches.append(batch)
             if len(round_) == n:
                 # The held round had a short batch that was not the last one (a sampler of varying
                 # batch sizes): nothing to pad, serve it as it is.
@@ -157,12 +160,15 @@ class BatchSamplerShard(BatchSampler):
             return
         # Complete the last round: pad the short batch and add missing batches by cycling
         # through the first samples, so every process runs the same number of full steps.
-        size = self.batch_size or len(round_[0])
+        if self.batch_size is None:
+            # Batches of no fixed size: the missing ones are the first batches again, whole.
+            round_ += _Cycler(first_batches).take(n - len(round_))
+            yield round_[i]
+            return
         filler = _Cycler(first_indices)
-        if self.batch_size is not None:  # batches of a fixed size: complete the short one
-            round_ = [b + filler.take(size - len(b)) for b in round_]
+        round_ = [b + filler.take(self.batch_size - len(b)) for b in round_]
         while len(round_) < n:
-            round_.append(filler.take(size))
+            round_.append(filler.take(self.batch_size))
         yield round_[i]
 
 

@@ -492,6 +492,21 @@ def case_gather_for_metrics_iterable(A, ctx):
 
 
 @_case
+def case_gather_for_metrics_iterable_even(A, ctx):
+    return _gather_all(A, DataLoader(_Stream(96), batch_size=8))
+
+
+@_case
+def case_gather_for_metrics_iterable_unknown_length(A, ctx):
+    return _gather_all(A, DataLoader(_Stream(90, sized=False), batch_size=8))
+
+
+@_case
+def case_gather_for_metrics_iterable_no_dispatch(A, ctx):
+    return _gather_all(A, DataLoader(_Stream(90), batch_size=8), dl={"dispatch_batches": False})
+
+
+@_case
 def case_gather_for_metrics_dispatch(A, ctx):
     return _gather_all(A, DataLoader(_Stream(90), batch_size=8), dl={"dispatch_batches": True})
 

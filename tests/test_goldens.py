@@ -38,10 +38,19 @@ def _run_all(workdir: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def ours(tmp_path_factory) -> dict[int, dict[str, list[dict]]]:
     """Return ``{world: {case: [rank results]}}`` from one launch per world size."""
+    # block=False runs even one rank in a worker process of its own, in a group of one: the
+    # environment torchrun gave Accelerate when the goldens were recorded (and this process's RNG
+    # and singletons stay untouched).
+    handles = {
+        world: notebook_launcher(
+            _run_all, args=(str(tmp_path_factory.mktemp(f"goldens{world}")),), num_processes=world,
+            sinks=[], timeout=300, block=False,
+        )  # fmt: skip
+        for world in (1, 2)
+    }
     out = {}
-    for world in (1, 2):
-        workdir = str(tmp_path_factory.mktemp(f"goldens{world}"))
-        per_rank = notebook_launcher(_run_all, args=(workdir,), num_processes=world, sinks=[], timeout=300)
+    for world, handle in handles.items():
+        per_rank = handle.result()
         out[world] = {name: [rank[name] for rank in per_rank] for name in per_rank[0]}
     return out
 
