@@ -152,19 +152,21 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _sampler_state(dataloader: Any) -> dict[str, Any] | None:
-    """Return what restores ``dataloader``'s shuffling: sampler epoch/seed and generator state."""
+    """Return what restores a seedable sampler's shuffling (its epoch and seed), or None.
+
+    A sampler drawing from a generator is not saved, as in Accelerate: a resumed run rebuilds its
+    loader with the same generator seed, so ``skip_first_batches`` replays the interrupted epoch's
+    permutation; restoring the mid-epoch generator state would start the next permutation instead.
+    """
     from .data_loader import SeedableRandomSampler, find_sampler
 
     sampler = find_sampler(dataloader)
-    out: dict[str, Any] = {}
-    if isinstance(sampler, SeedableRandomSampler):
-        out["sampler"] = sampler.state_dict()
-    generator = getattr(dataloader, "synchronized_generator", None) or getattr(sampler, "generator", None)
-    if isinstance(generator, torch.Generator) and not isinstance(sampler, SeedableRandomSampler):
-        out["generator"] = generator.get_state()
+    if not isinstance(sampler, SeedableRandomSampler):
+        return None
+    out: dict[str, Any] = {"sampler": sampler.state_dict()}
     if hasattr(dataloader, "iteration"):
         out["iteration"] = dataloader.iteration
-    return out or None
+    return out
 
 
 def _load_sampler_state(dataloader: Any, state: dict[str, Any]) -> None:
@@ -173,10 +175,6 @@ def _load_sampler_state(dataloader: Any, state: dict[str, Any]) -> None:
     sampler = find_sampler(dataloader)
     if "sampler" in state and hasattr(sampler, "load_state_dict"):
         sampler.load_state_dict(state["sampler"])
-    if "generator" in state:
-        generator = getattr(dataloader, "synchronized_generator", None) or getattr(sampler, "generator", None)
-        if isinstance(generator, torch.Generator):
-            generator.set_state(state["generator"])
     if "iteration" in state and hasattr(dataloader, "iteration"):
         dataloader.iteration = state["iteration"]
 

@@ -10,6 +10,7 @@ samplers of all processes in step (``SeedableRandomSampler`` or a synchronised g
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from collections.abc import Iterator
@@ -148,15 +149,17 @@ class _DataLoaderStateMixin:
             gs._set_remainder(self.remainder)
 
     def _compute_remainder(self) -> int:
-        # Known up front from the length of what this loader iterates (for a sharded stream, the
-        # padded shard: 0 when the padding completes the last batch, as in Accelerate); a
-        # dispatcher learns it from its last batch instead.
+        # Known up front from the length of what is iterated: for a sharded stream that is the
+        # padded stream (so 0: its padding completes the last batch and gather_for_metrics keeps
+        # it, as in Accelerate); a dispatcher learns it from its last batch instead.
         if self._drop_last or isinstance(self, DataLoaderDispatcher):
             return -1
         try:
             length = len(self.dataset)
         except TypeError:
             return -1
+        if isinstance(self.dataset, IterableDatasetShard):
+            length *= self.dataset.num_processes
         total = self.total_batch_size
         return length % total if total else -1
 
@@ -263,7 +266,6 @@ class DataLoaderShard(_DataLoaderStateMixin, DataLoader):
         from .utils.operations import send_to_device
 
         return send_to_device(batch, self.device, non_blocking=self._non_blocking)
-
 
 
 _END = object()
@@ -377,7 +379,7 @@ class DataLoaderDispatcher(_DataLoaderStateMixin, DataLoader):
             steps = whole
         else:
             steps = whole // self.num_processes if self._drop_last else math.ceil(whole / self.num_processes)
-        return max(steps - self.skip_batches, 0)
+        return steps  # skipped batches included, as Accelerate counts them
 
 
 def _to_cpu(batch: Any) -> Any:
@@ -486,7 +488,7 @@ def prepare_data_loader(
     is_iterable = isinstance(dataset, IterableDataset)
     if dispatch_batches is None:
         # A stream is read once, on process 0, unless asked otherwise (Accelerate's default).
-        dispatch_batches = bool(put_on_device and is_iterable and state.use_distributed)
+        dispatch_batches = bool(put_on_device and is_iterable)
     kwargs = _loader_kwargs(dataloader)
     batch_size = dataloader.batch_size
     drop_last = dataloader.drop_last
@@ -700,7 +702,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
         else:
             new = DataLoaderShard(
                 dataloader.dataset,
-                batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches),
+                batch_sampler=SkipBatchSampler(_own_epoch_counter(dataloader.batch_sampler), num_batches),
                 **common,
                 **kwargs,
             )
@@ -720,3 +722,28 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     return DataLoader(
         dataloader.dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches), **kwargs
     )
+
+
+def _own_epoch_counter(batch_sampler: Any) -> Any:
+    """Return ``batch_sampler`` with shallow copies down to a seedable sampler, if there is one.
+
+    The loader ``skip_first_batches`` builds then counts its epoch on its own sampler: after it, the
+    original loader replays the epoch it was at (Accelerate 1.15 behaves so; ``set_epoch`` selects
+    another), instead of the skipped loader moving it on.
+    """
+    chain, obj = [], batch_sampler
+    while obj is not None and not isinstance(obj, SeedableRandomSampler) and len(chain) < 8:
+        chain.append(obj)
+        obj = getattr(obj, "batch_sampler", None) or getattr(obj, "sampler", None)
+    if not isinstance(obj, SeedableRandomSampler):
+        return batch_sampler
+    seedable = copy.copy(obj)
+    inner: Any = seedable
+    for level in reversed(chain):
+        level = copy.copy(level)
+        if getattr(level, "batch_sampler", None) is not None:
+            level.batch_sampler = inner
+        if isinstance(getattr(level, "sampler", None), SeedableRandomSampler):
+            level.sampler = seedable
+        inner = level
+    return inner

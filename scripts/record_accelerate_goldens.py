@@ -8,10 +8,16 @@ never imports accelerate; the test suite reads only the committed JSON):
     python3 -m venv /tmp/acc && /tmp/acc/bin/pip install accelerate==1.15.0 torch==2.13.0
     python scripts/record_accelerate_goldens.py --python /tmp/acc/bin/python
 
-For each world size (1 and 2) this runs ``torchrun --nproc_per_node N`` on CPU with gloo and
+For 2 processes this runs ``torchrun --nproc_per_node 2`` on CPU with gloo and
 ``ACCELERATE_USE_CPU=1`` (without it Accelerate runs every CPU process alone, as
-``DistributedType.NO``); each worker asserts that Accelerate formed the group it was asked for,
-runs every case and writes its results; the driver merges the ranks into ``world<N>.json``.
+``DistributedType.NO``); each worker asserts that Accelerate formed ``MULTI_CPU`` with 2 processes,
+runs every case and writes its results; the driver merges the ranks into ``world2.json``.
+
+One process is recorded as a plain ``python`` process (``DistributedType.NO``), which is what
+Accelerate's ``notebook_launcher(num_processes=1)`` runs and what notebook_accel's state is for
+``WORLD_SIZE=1``. (Under ``torchrun --nproc_per_node 1`` Accelerate forms a one-rank ``MULTI_CPU``
+group, so e.g. ``gather`` of a 0-d tensor then returns shape ``[1]``, and streams are dispatched;
+notebook_accel treats a world of one as ``NO`` on purpose: no collectives for a single process.)
 """
 
 from __future__ import annotations
@@ -45,29 +51,34 @@ def _worker(out_dir: str, workdir: str) -> None:
     sys.path.insert(0, str(ROOT))
     from tests.goldens_programs import run_cases
 
-    world = int(os.environ["WORLD_SIZE"])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     # Accelerator() (not PartialState()) is what reads ACCELERATE_USE_CPU and forms the CPU group.
     state = accelerate.Accelerator().state
-    expected = "MULTI_CPU"  # also for one process: torchrun's environment makes a group of one
+    expected = "MULTI_CPU" if world > 1 else "NO"
     if str(state.distributed_type.value) != expected or state.num_processes != world:
         raise SystemExit(
             f"Accelerate formed {state.distributed_type} with {state.num_processes} processes, expected "
             f"{expected} with {world}: run with ACCELERATE_USE_CPU=1 under torchrun"
         )
-    results = run_cases(accelerate, workdir, log=lambda name: print(f"case {name}", file=sys.stderr, flush=True))
+    results = run_cases(
+        accelerate, workdir, log=lambda name: print(f"case {name}", file=sys.stderr, flush=True)
+    )
     meta = {"accelerate": accelerate.__version__, "torch": torch.__version__, "world_size": world}
-    Path(out_dir, f"rank{os.environ['RANK']}.json").write_text(json.dumps({"meta": meta, "cases": results}))
+    Path(out_dir, f"rank{os.environ.get('RANK', '0')}.json").write_text(
+        json.dumps({"meta": meta, "cases": results})
+    )
 
 
 def _record(python: str, world: int) -> dict:
     """Run the cases on ``world`` processes under ``python``'s Accelerate; return the merged goldens."""
     with tempfile.TemporaryDirectory() as out_dir, tempfile.TemporaryDirectory() as workdir:
         env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-        cmd = [
-            python, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
-            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-            __file__, "--worker", out_dir, "--workdir", workdir,
-        ]  # fmt: skip
+        cmd = [python, __file__, "--worker", out_dir, "--workdir", workdir]
+        if world > 1:
+            cmd[1:1] = [
+                "-m", "torch.distributed.run", "--nproc_per_node", str(world),
+                "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+            ]  # fmt: skip
         subprocess.run(cmd, check=True, env=env, cwd=ROOT)
         ranks = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
     cases = {name: [rank["cases"][name] for rank in ranks] for name in ranks[0]["cases"]}

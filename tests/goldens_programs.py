@@ -243,7 +243,9 @@ def case_shuffle_rank_dependent_generator(A, ctx):
 @_case
 def case_seedable_sampler(A, ctx):
     A.utils.set_seed(3)
-    return _fit(A, _shuffled(batch_size=_per_rank_bs(ctx), seed=None), epochs=2, dl={"use_seedable_sampler": True})
+    return _fit(
+        A, _shuffled(batch_size=_per_rank_bs(ctx), seed=None), epochs=2, dl={"use_seedable_sampler": True}
+    )
 
 
 @_case
@@ -344,7 +346,9 @@ def case_even_batches_false_odd_batch_count(A, ctx):
 
 @_case
 def case_custom_batch_sampler_growing_uneven(A, ctx):
-    return _collect(A, DataLoader(_Regression(40), batch_sampler=_GrowingBatches(40)), dl={"even_batches": False})
+    return _collect(
+        A, DataLoader(_Regression(40), batch_sampler=_GrowingBatches(40)), dl={"even_batches": False}
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,7 +397,12 @@ def case_dispatch_batches_iterable(A, ctx):
 
 @_case
 def case_dispatch_batches_split(A, ctx):
-    return _fit(A, DataLoader(_Stream(90), batch_size=16), epochs=2, dl={"dispatch_batches": True, "split_batches": True})
+    return _fit(
+        A,
+        DataLoader(_Stream(90), batch_size=16),
+        epochs=2,
+        dl={"dispatch_batches": True, "split_batches": True},
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -414,13 +423,20 @@ def case_grad_accum_3(A, ctx):
 @_case
 def case_grad_accum_3_no_sync_at_end(A, ctx):
     plugin = A.utils.GradientAccumulationPlugin(num_steps=3, sync_with_dataloader=False)
-    return _fit(A, _shuffled(n=80, batch_size=8), epochs=2, accumulate=True, gradient_accumulation_plugin=plugin)
+    return _fit(
+        A, _shuffled(n=80, batch_size=8), epochs=2, accumulate=True, gradient_accumulation_plugin=plugin
+    )
 
 
 @_case
 def case_grad_accum_3_scheduler(A, ctx):
     return _fit(
-        A, _shuffled(n=80, batch_size=8), epochs=2, accumulate=True, gradient_accumulation_steps=3, scheduler=True
+        A,
+        _shuffled(n=80, batch_size=8),
+        epochs=2,
+        accumulate=True,
+        gradient_accumulation_steps=3,
+        scheduler=True,
     )
 
 
@@ -452,12 +468,21 @@ def case_scheduler_with_optimizer(A, ctx):
 
 @_case
 def case_scheduler_not_with_optimizer(A, ctx):
-    return _fit(A, _shuffled(n=96, batch_size=8), epochs=2, scheduler=True, lr=0.3, step_scheduler_with_optimizer=False)
+    return _fit(
+        A,
+        _shuffled(n=96, batch_size=8),
+        epochs=2,
+        scheduler=True,
+        lr=0.3,
+        step_scheduler_with_optimizer=False,
+    )
 
 
 @_case
 def case_scheduler_split_batches(A, ctx):
-    return _fit(A, _shuffled(n=96, batch_size=16), epochs=2, scheduler=True, lr=0.3, dl={"split_batches": True})
+    return _fit(
+        A, _shuffled(n=96, batch_size=16), epochs=2, scheduler=True, lr=0.3, dl={"split_batches": True}
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -517,7 +542,9 @@ def case_gather_for_metrics_objects(A, ctx):
     loader = accelerator.prepare(_plain(n=90, batch_size=8))
     seen = []
     for batch in loader:
-        seen.extend(accelerator.gather_for_metrics([f"s{i}" for i in batch["idx"].tolist()], use_gather_object=True))
+        seen.extend(
+            accelerator.gather_for_metrics([f"s{i}" for i in batch["idx"].tolist()], use_gather_object=True)
+        )
     return {"seen": seen}
 
 
@@ -549,18 +576,26 @@ def case_skip_first_batches_iterable(A, ctx):
     return _skip_run(A, DataLoader(_Stream(90), batch_size=8), 2)
 
 
-def _resumable(A: Any, ctx: dict, interrupt_at: int | None, directory: str) -> dict:
-    """Train 2 epochs of 6 steps (dropout from each rank's own RNG, LambdaLR); optionally stop and resume."""
-    accelerator = A.Accelerator()
+def _resumable_setup(A: Any, seedable: bool) -> tuple:
+    """Build the run of the resume cases: dropout from each rank's own RNG, LambdaLR, and a user
+    generator (or, ``seedable``, a seedable sampler and no generator)."""
+    dl = {"use_seedable_sampler": True, "data_seed": 4} if seedable else None
+    accelerator = _accelerator(A, dl=dl)
     A.utils.set_seed(21, device_specific=True)
     model = _model(dropout=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + 0.5 * s))
-    loader = DataLoader(_Regression(96), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(13))
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    generator = None if seedable else torch.Generator().manual_seed(13)
+    loader = DataLoader(_Regression(96), batch_size=8, shuffle=True, generator=generator)
+    return (accelerator, *accelerator.prepare(model, optimizer, loader, scheduler))
+
+
+def _resumable(A: Any, interrupt_at: int | None, directory: str, seedable: bool = False) -> dict:
+    """Train 2 epochs; with ``interrupt_at``, save after that many steps and resume in a fresh run."""
+    accelerator, model, optimizer, loader, scheduler = _resumable_setup(A, seedable)
     out: dict[str, list] = {"indices": [], "losses": [], "lr": []}
 
-    def run(batches: Any, stop: int | None) -> bool:
+    def run(batches: Any, stop: int | None = None) -> None:
         for step, batch in enumerate(batches):
             loss = torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
             accelerator.backward(loss)
@@ -571,26 +606,21 @@ def _resumable(A: Any, ctx: dict, interrupt_at: int | None, directory: str) -> d
             out["losses"].append(loss.item())
             out["lr"].append(float(optimizer.param_groups[0]["lr"]))
             if stop is not None and step + 1 == stop:
-                return True
-        return False
+                return
 
-    start_epoch, skip = 0, 0
-    if interrupt_at is not None:
+    if interrupt_at is None:
+        run(loader)
+    else:
         run(loader, interrupt_at)
         accelerator.save_state(directory)
-        # Scramble everything the checkpoint must restore before loading it back.
+        accelerator.wait_for_everyone()
+        # A fresh run (new objects, other RNG streams) restored from the checkpoint.
+        _reset(A)
+        accelerator, model, optimizer, loader, scheduler = _resumable_setup(A, seedable)
         torch.manual_seed(999)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(1.0)
-        for _ in range(3):
-            scheduler.step()
         accelerator.load_state(directory)
-        skip = interrupt_at
-    for epoch in range(start_epoch, 2):
-        batches = accelerator.skip_first_batches(loader, skip) if skip else loader
-        skip = 0
-        run(batches, None)
+        run(accelerator.skip_first_batches(loader, interrupt_at))
+    run(loader)
     out["params"] = _params(accelerator, model)
     out["rng_after"] = torch.rand(3).tolist()
     return out
@@ -598,13 +628,23 @@ def _resumable(A: Any, ctx: dict, interrupt_at: int | None, directory: str) -> d
 
 @_case
 def case_resume_uninterrupted(A, ctx):
-    return _resumable(A, ctx, None, os.path.join(ctx["workdir"], "unused"))
+    return _resumable(A, None, os.path.join(ctx["workdir"], "unused"))
 
 
 @_case
 def case_resume_mid_epoch(A, ctx):
     # Resumed after 5 of 6 steps (odd, with LambdaLR): must equal the uninterrupted run.
-    return _resumable(A, ctx, 5, os.path.join(ctx["workdir"], "ckpt_mid_epoch"))
+    return _resumable(A, 5, os.path.join(ctx["workdir"], "ckpt_mid_epoch"))
+
+
+@_case
+def case_resume_seedable_uninterrupted(A, ctx):
+    return _resumable(A, None, os.path.join(ctx["workdir"], "unused"), seedable=True)
+
+
+@_case
+def case_resume_seedable_mid_epoch(A, ctx):
+    return _resumable(A, 3, os.path.join(ctx["workdir"], "ckpt_seedable"), seedable=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -613,7 +653,11 @@ def case_resume_mid_epoch(A, ctx):
 
 def _nested(rank: int, length: int = 2) -> dict:
     base = torch.arange(length, dtype=torch.float32) + 10 * rank
-    return {"a": base.clone(), "b": [base.reshape(-1, 1) * 2, (base.long() + 1,)], "c": torch.tensor(float(rank))}
+    return {
+        "a": base.clone(),
+        "b": [base.reshape(-1, 1) * 2, (base.long() + 1,)],
+        "c": torch.tensor(float(rank)),
+    }
 
 
 def _to_json(data: Any) -> Any:

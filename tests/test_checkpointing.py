@@ -46,7 +46,9 @@ def _build(init_seed: int):
     )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.7)
-    loader = DataLoader(_data(), batch_size=2, shuffle=True)
+    # The loader's own generator draws each epoch's worker base seed (as in a plain DataLoader);
+    # without one that draw comes from the global stream, which a mid-epoch resume then replays.
+    loader = DataLoader(_data(), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(init_seed))
     counter = Counter()
     acc.register_for_checkpointing(counter)
     model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
@@ -100,6 +102,8 @@ def _resume_worker(ckpt: str) -> dict:
     # the next epoch starts from the original loader, in step with A's third epoch (both
     # continue from the same RNG streams: this process shares them, so restore them in between)
     streams = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    # As in Accelerate, the skipped loader counted that epoch on its own sampler: select the next one.
+    loader.set_epoch(2)
     _run(acc, model, opt, loader, sched, counter)
     random.setstate(streams[0])
     np.random.set_state(streams[1])

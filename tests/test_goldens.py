@@ -43,8 +43,12 @@ def ours(tmp_path_factory) -> dict[int, dict[str, list[dict]]]:
     # and singletons stay untouched).
     handles = {
         world: notebook_launcher(
-            _run_all, args=(str(tmp_path_factory.mktemp(f"goldens{world}")),), num_processes=world,
-            sinks=[], timeout=300, block=False,
+            _run_all,
+            args=(str(tmp_path_factory.mktemp(f"goldens{world}")),),
+            num_processes=world,
+            sinks=[],
+            timeout=300,
+            block=False,
         )  # fmt: skip
         for world in (1, 2)
     }
@@ -61,7 +65,9 @@ def _compare(path: str, expected: Any, actual: Any, problems: list[str]) -> None
         return
     if isinstance(expected, dict):
         if not isinstance(actual, dict) or set(expected) != set(actual):
-            problems.append(f"{path}: keys {sorted(expected)} != {sorted(actual) if isinstance(actual, dict) else actual!r}")
+            problems.append(
+                f"{path}: keys {sorted(expected)} != {sorted(actual) if isinstance(actual, dict) else actual!r}"
+            )
             return
         for key in expected:
             _compare(f"{path}.{key}", expected[key], actual[key], problems)
@@ -103,7 +109,9 @@ def test_matches_accelerate(ours, world: int, case: str) -> None:
         if isinstance(result, dict) and "error" in result:
             pytest.fail(f"rank {rank} raised:\n{result['error']}")
     problems = differences(expected, actual)
-    assert not problems, f"{case} on {world} process(es) differs from Accelerate 1.15:\n" + "\n".join(problems)
+    assert not problems, f"{case} on {world} process(es) differs from Accelerate 1.15:\n" + "\n".join(
+        problems
+    )
 
 
 def test_matrix_covers_the_issue() -> None:
