@@ -18,6 +18,7 @@ from torch.utils.hooks import RemovableHandle
 from .. import checkpointing as _ckpt
 from ..data_loader import skip_first_batches
 from ..utils.enums import DistributedType
+from ..utils.other import save
 
 __all__: list[str] = []
 
@@ -27,8 +28,6 @@ class _CheckpointMixin:
 
     def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
         """Save ``obj`` to ``f`` once per machine (see ``utils.save``)."""
-        from ..utils.other import save
-
         save(
             obj,
             f,

@@ -23,28 +23,23 @@ from ..optimizer import AcceleratedOptimizer
 from ..scheduler import AcceleratedScheduler
 from ..state import AcceleratorState, GradientState
 from ..tracking import GeneralTracker, filter_trackers
+from ..utils import operations as _ops
 from ..utils.compilation import is_compiled_module
 from ..utils.enums import DistributedType, PrecisionType
+from ..utils.memory import release_memory
+from ..utils.other import extract_model_from_parallel
 from . import fsdp as _fsdp
 from . import mesh as _mesh
 from . import profiling as _profiling
 from . import wrapping as _model
-from .checkpoint import _CheckpointMixin
+from .checkpoint import _CheckpointMixin, _full_options
+from .flags import SPLIT_BATCHES_UNSET, AcceleratorFlags, check_accumulation_steps, resolve_flags
+from .precision import Precision
 from .tracking import _TrackingMixin
 
 __all__ = ["Accelerator"]
 
 logger = logging.getLogger(__name__)
-
-
-class _FromDataLoaderConfig:
-    """Default of ``split_batches``: take the value from ``dataloader_config``."""
-
-    def __repr__(self) -> str:
-        return "<from dataloader_config>"
-
-
-_split_batches = _FromDataLoaderConfig()
 
 
 class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
@@ -66,7 +61,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
     def __init__(
         self,
         device_placement: bool = True,
-        split_batches: bool = _split_batches,
+        split_batches: bool = SPLIT_BATCHES_UNSET,
         mixed_precision: PrecisionType | str | None = None,
         gradient_accumulation_steps: int = 1,
         cpu: bool = False,
@@ -87,69 +82,85 @@ class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
         deepspeed_plugins: Any = None,
         parallelism_config: Any = None,
     ) -> None:
-        from . import flags as setup
-
-        self.project_configuration = setup.project_configuration(project_dir, project_config)
-        self.dataloader_config = setup.dataloader_configuration(dataloader_config, split_batches)
-        handlers = setup.sort_kwargs_handlers(kwargs_handlers)
-        self.ddp_handler = handlers.get("ddp")
-        self.scaler_handler = handlers.get("scaler")
-        self.init_handler = handlers.get("init")
-        self.autocast_handler = handlers.get("autocast")
-        self.fp8_recipe_handler = handlers.get("fp8")
-        if mixed_precision is not None:
-            mixed_precision = setup.check_precision(mixed_precision)
-        deepspeed_plugin = setup.deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
-        fsdp_plugin = setup.fsdp_plugin(fsdp_plugin)
-        parallelism_config, fsdp_plugin = _mesh.plugins_for_parallelism(
-            parallelism_config, fsdp_plugin, torch_tp_plugin
-        )
-        self.profile_handler = handlers.get("profile")
-        dynamo_plugin = setup.dynamo_plugin(dynamo_backend, dynamo_plugin)
-        init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
-        self.state = AcceleratorState(
+        flags = resolve_flags(
+            device_placement=device_placement,
+            split_batches=split_batches,
             mixed_precision=mixed_precision,
+            gradient_accumulation_steps=gradient_accumulation_steps,
             cpu=cpu,
-            dynamo_plugin=dynamo_plugin,
+            dataloader_config=dataloader_config,
             deepspeed_plugin=deepspeed_plugin,
             fsdp_plugin=fsdp_plugin,
             torch_tp_plugin=torch_tp_plugin,
             megatron_lm_plugin=megatron_lm_plugin,
+            rng_types=rng_types,
+            log_with=log_with,
+            project_dir=project_dir,
+            project_config=project_config,
+            gradient_accumulation_plugin=gradient_accumulation_plugin,
+            step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+            kwargs_handlers=kwargs_handlers,
+            dynamo_backend=dynamo_backend,
+            dynamo_plugin=dynamo_plugin,
+            deepspeed_plugins=deepspeed_plugins,
+            parallelism_config=parallelism_config,
+        )
+        self._flags = flags
+        self._keep_flags(flags)
+        self.state = self._join_process_state(flags)
+        self._set_up_training(flags)
+
+    def _keep_flags(self, flags: AcceleratorFlags) -> None:
+        """Expose the resolved flags under the attribute names Accelerate code reads."""
+        self.project_configuration = flags.project_config
+        self.dataloader_config = flags.dataloader_config
+        self.ddp_handler = flags.handler("ddp")
+        self.scaler_handler = flags.handler("scaler")
+        self.init_handler = flags.handler("init")
+        self.autocast_handler = flags.handler("autocast")
+        self.fp8_recipe_handler = flags.handler("fp8")
+        self.profile_handler = flags.handler("profile")
+        self.device_placement = flags.device_placement
+        self.step_scheduler_with_optimizer = flags.step_scheduler_with_optimizer
+        self.rng_types = list(flags.rng_types)
+
+    def _join_process_state(self, flags: AcceleratorFlags) -> AcceleratorState:
+        """Return the process's AcceleratorState set up with these flags (checked against an existing one)."""
+        parallelism_config, fsdp_plugin = _mesh.plugins_for_parallelism(
+            flags.parallelism_config, flags.fsdp_plugin, flags.torch_tp_plugin
+        )
+        state = AcceleratorState(
+            mixed_precision=flags.mixed_precision,
+            cpu=flags.cpu,
+            dynamo_plugin=flags.dynamo_plugin,
+            deepspeed_plugin=flags.deepspeed_plugin,
+            fsdp_plugin=fsdp_plugin,
+            torch_tp_plugin=flags.torch_tp_plugin,
+            megatron_lm_plugin=flags.megatron_lm_plugin,
             parallelism_config=parallelism_config,
             _from_accelerator=True,
-            **init_kwargs,
+            **flags.init_kwargs(),
         )
-        _model.check_engines(
-            self.state, megatron_lm_plugin, self.state.mixed_precision, self.fp8_recipe_handler
-        )
-        for name, given in (("fsdp_plugin", fsdp_plugin), ("megatron_lm_plugin", megatron_lm_plugin)):
-            if given is not None and getattr(self.state, name) is not given:
+        _model.check_engines(state, flags.megatron_lm_plugin, state.mixed_precision, self.fp8_recipe_handler)
+        for name, given in (("fsdp_plugin", fsdp_plugin), ("megatron_lm_plugin", flags.megatron_lm_plugin)):
+            if given is not None and getattr(state, name) is not given:
                 # The process state is shared; silently training without the plugin would mislead.
                 raise ValueError(
                     f"{name} was given, but this process's AcceleratorState was already set up without it: "
                     "call AcceleratorState._reset_state() (or restart the kernel) before this Accelerator"
                 )
-        self._torch_device_mesh = _mesh.build_mesh(self.state, self.state.parallelism_config)
-        self.dynamo_plugin = dynamo_plugin if dynamo_plugin is not None else self.state.dynamo_plugin
-        self.gradient_state = GradientState(
-            gradient_accumulation_plugin=setup.accumulation_plugin(
-                gradient_accumulation_plugin, gradient_accumulation_steps
-            )
-        )
-        self.device_placement = device_placement
-        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.rng_types = (
-            ["generator"] if rng_types is None else [str(getattr(r, "value", r)) for r in rng_types]
-        )
-        self.log_with = filter_trackers(log_with, self.logging_dir)
+        self._torch_device_mesh = _mesh.build_mesh(state, state.parallelism_config)
+        self.dynamo_plugin = flags.dynamo_plugin if flags.dynamo_plugin is not None else state.dynamo_plugin
+        return state
+
+    def _set_up_training(self, flags: AcceleratorFlags) -> None:
+        """Create the gradient bookkeeping, precision, trackers and the registries of prepared objects."""
+        self.gradient_state = GradientState(gradient_accumulation_plugin=flags.accumulation_plugin)
+        self.log_with = filter_trackers(flags.log_with, self.logging_dir)
         self.trackers: list[GeneralTracker] = []
-        self.native_amp = self.state.mixed_precision in ("fp16", "bf16")
-        self.scaler = None
-        if self.state.mixed_precision == "fp16" and self.distributed_type not in (
-            DistributedType.DEEPSPEED,
-            DistributedType.MEGATRON_LM,
-        ):
-            self.scaler = _model.make_grad_scaler(self.device, self.scaler_handler)
+        self.precision = Precision(self.state.mixed_precision, self.device.type, self.autocast_handler)
+        self.native_amp = self.precision.native_amp
+        self.scaler = self.precision.grad_scaler(self.distributed_type, self.scaler_handler)
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
         self._models: list[torch.nn.Module] = []
@@ -255,8 +266,6 @@ class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, steps: int) -> None:
-        from .flags import check_accumulation_steps
-
         check_accumulation_steps(steps)
         self.gradient_state.plugin_kwargs.update({"num_steps": steps})
 
@@ -373,8 +382,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
         self._models.append(model)
         if device_placement and not self.verify_device_map(model):
             model = model.to(self.device)
-        if self.native_amp:
-            _model.wrap_forward_in_autocast(model, self.device, self.mixed_precision, self.autocast_handler)
+        self.precision.wrap_forward(model)
         config = self.parallelism_config
         if config is not None and config.tp_enabled and self.torch_device_mesh is not None:
             model = _mesh.apply_tensor_parallel(model, self.torch_device_mesh, config)
@@ -386,11 +394,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
                     self.state.fsdp_plugin.set_mixed_precision(self.mixed_precision)
                 model = _fsdp.prepare_fsdp(self, model)
         dynamo = self.dynamo_plugin
-        if (
-            dynamo is not None
-            and str(dynamo.backend.value).upper() != "NO"
-            and not is_compiled_module(model)
-        ):
+        if dynamo is not None and str(dynamo.backend.value).upper() != "NO" and not is_compiled_module(model):
             model = _model.compile_model(model, dynamo)
         self._models[-1] = model
         return model
@@ -500,13 +504,17 @@ class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
             loss.backward(**kwargs)
 
     def _do_sync(self) -> None:
-        # The last batch of a dataloader always synchronises, and restarts the accumulation count.
-        if self.gradient_state.sync_with_dataloader and self.gradient_state.end_of_dataloader:
-            self.step = 0
-            self.gradient_state._set_sync_gradients(True)
-        else:
-            self.step += 1
-            self.gradient_state._set_sync_gradients(self.step % self.gradient_state.num_steps == 0)
+        """Count one micro-batch and record whether its backward pass synchronises gradients.
+
+        A window of ``num_steps`` micro-batches ends with a synchronising one. When the dataloader
+        is on its last batch (and the accumulation follows the dataloader), that batch closes the
+        window early, whatever the count, and the next epoch starts a fresh window.
+        """
+        gradients = self.gradient_state
+        closes_epoch = gradients.sync_with_dataloader and gradients.end_of_dataloader
+        self.step = 0 if closes_epoch else self.step + 1
+        window_full = self.step % gradients.num_steps == 0
+        gradients._set_sync_gradients(closes_epoch or window_full)
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
@@ -614,10 +622,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
     @contextlib.contextmanager
     def autocast(self, autocast_handler: Any = None) -> Iterator[None]:
         """Run the block under the mixed-precision autocast (a no-op for mixed_precision="no")."""
-        from ..utils.modeling import get_mixed_precision_context_manager
-
-        handler = autocast_handler if autocast_handler is not None else self.autocast_handler
-        with get_mixed_precision_context_manager(self.native_amp, handler):
+        with self.precision.autocast(autocast_handler):
             yield
 
     def profile(self, profile_handler: Any = None) -> contextlib.AbstractContextManager:
@@ -635,11 +640,9 @@ class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
 
     def check_trigger(self) -> bool:
         """Return whether any process called ``set_trigger`` since the last check (and reset it)."""
-        from ..utils.operations import reduce
-
         if self.flag_tensor is None:
             self.flag_tensor = torch.tensor(0, device=self.device)
-        flag = reduce(self.flag_tensor, reduction="sum")
+        flag = _ops.reduce(self.flag_tensor, reduction="sum")
         if flag.item() >= 1:
             self.flag_tensor = torch.tensor(0, device=self.device)
             return True
@@ -648,9 +651,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
     # ------------------------------------------------------------------ collectives
     def gather(self, tensor: Any) -> Any:
         """Return ``tensor`` (or nested structure) concatenated over all processes."""
-        from ..utils.operations import gather
-
-        return gather(tensor)
+        return _ops.gather(tensor)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Return ``input_data`` gathered over processes, without the duplicates padding the last batch.
@@ -659,46 +660,36 @@ class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
         samples are kept, so the gathered predictions number exactly ``len(dataset)``.
         Non-tensor data (or ``use_gather_object=True``) goes through ``gather_object``.
         """
-        from ..utils.operations import gather, gather_object, recursively_apply
-
         if not use_gather_object:
             use_gather_object = not _only_tensors(input_data)
-        data = gather_object(input_data) if use_gather_object else gather(input_data)
+        data = _ops.gather_object(input_data) if use_gather_object else _ops.gather(input_data)
         gs = self.gradient_state
         if not gs.end_of_dataloader or gs.remainder <= 0:
             return data
         remainder = gs.remainder
         if use_gather_object:
             return data[:remainder]
-        return recursively_apply(lambda t: t[:remainder], data)
+        return _ops.recursively_apply(lambda t: t[:remainder], data)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Return ``tensor`` reduced ("sum", "mean" or "none") over all processes, times ``scale``."""
-        from ..utils.operations import reduce
-
-        return reduce(tensor, reduction=reduction, scale=scale)
+        return _ops.reduce(tensor, reduction=reduction, scale=scale)
 
     def pad_across_processes(
         self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
     ) -> Any:
         """Return ``tensor`` padded along ``dim`` to the largest size over processes."""
-        from ..utils.operations import pad_across_processes
-
-        return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+        return _ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
     # ------------------------------------------------------------------ models and memory
     def unwrap_model(
         self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
     ) -> torch.nn.Module:
         """Return ``model`` without its DDP/FSDP/DeepSpeed wrapper (and fp32/compile wrappers when asked)."""
-        from ..utils.other import extract_model_from_parallel
-
         return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
 
     def free_memory(self, *objects: Any) -> Any:
         """Forget the prepared objects, release ``objects`` and the device cache; return the released list."""
-        from ..utils.memory import release_memory
-
         self._schedulers, self._optimizers, self._models, self._dataloaders = [], [], [], []
         self.deepspeed_engine_wrapped = None
         self.step = 0
@@ -717,8 +708,6 @@ class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
                 return model._zero3_consolidated_16bit_state_dict()
         if self.distributed_type == DistributedType.FSDP:
             from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-            from .checkpoint import _full_options
 
             # Every process takes part in gathering the full (unsharded) weights.
             return get_model_state_dict(model, options=_full_options(self.device))

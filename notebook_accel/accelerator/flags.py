@@ -6,16 +6,123 @@ variables) and returns the object the Accelerator keeps, or raises with the bad 
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Mapping
 from typing import Any
 
-__all__: list[str] = []
+from ..utils import kwargs as kw
+from ..utils.configs import DataLoaderConfiguration, ProjectConfiguration
+from ..utils.enums import check_mixed_precision
+from ..utils.environment import parse_flag_from_env
+from ..utils.plugins import (
+    DeepSpeedPlugin,
+    FullyShardedDataParallelPlugin,
+    GradientAccumulationPlugin,
+    TorchDynamoPlugin,
+)
+
+__all__ = ["AcceleratorFlags", "resolve_flags"]
+
+
+class _FromDataLoaderConfig:
+    """Default of ``split_batches``: take the value from ``dataloader_config``."""
+
+    def __repr__(self) -> str:
+        return "<from dataloader_config>"
+
+
+# The default of Accelerator(split_batches=...): tells "not given" from an explicit False.
+SPLIT_BATCHES_UNSET: Any = _FromDataLoaderConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class AcceleratorFlags:
+    """What the user asked ``Accelerator(...)`` for, checked and resolved once (environment included).
+
+    Built by :func:`resolve_flags`; the Accelerator and the objects it builds read this instead of
+    the raw arguments or ``os.environ``. The configuration objects inside stay the user's own
+    (``project_config.iteration`` advances as checkpoints are written).
+    """
+
+    project_config: ProjectConfiguration
+    dataloader_config: DataLoaderConfiguration
+    handlers: Mapping[str, Any]
+    """The kwargs handlers by slot: "ddp", "scaler", "init", "autocast", "fp8", "profile"."""
+    mixed_precision: str | None
+    """The checked mode, or None to take the process state's (``ACCELERATE_MIXED_PRECISION``)."""
+    cpu: bool
+    device_placement: bool
+    deepspeed_plugin: Any
+    fsdp_plugin: FullyShardedDataParallelPlugin | None
+    torch_tp_plugin: Any
+    megatron_lm_plugin: Any
+    parallelism_config: Any
+    dynamo_plugin: TorchDynamoPlugin | None
+    accumulation_plugin: GradientAccumulationPlugin
+    rng_types: tuple[str, ...]
+    step_scheduler_with_optimizer: bool
+    log_with: Any
+
+    def handler(self, slot: str) -> Any:
+        """Return the kwargs handler of ``slot`` ("ddp", "scaler", ...), or None when none was given."""
+        return self.handlers.get(slot)
+
+    def init_kwargs(self) -> dict[str, Any]:
+        """Return the ``init_process_group`` keyword arguments from InitProcessGroupKwargs (empty without one)."""
+        handler = self.handler("init")
+        return handler.to_kwargs() if handler is not None else {}
+
+
+def resolve_flags(
+    *,
+    device_placement: bool,
+    split_batches: Any,
+    mixed_precision: Any,
+    gradient_accumulation_steps: Any,
+    cpu: bool,
+    dataloader_config: Any,
+    deepspeed_plugin: Any,
+    fsdp_plugin: Any,
+    torch_tp_plugin: Any,
+    megatron_lm_plugin: Any,
+    rng_types: Any,
+    log_with: Any,
+    project_dir: Any,
+    project_config: Any,
+    gradient_accumulation_plugin: Any,
+    step_scheduler_with_optimizer: bool,
+    kwargs_handlers: Any,
+    dynamo_backend: Any,
+    dynamo_plugin: Any,
+    deepspeed_plugins: Any,
+    parallelism_config: Any,
+) -> AcceleratorFlags:
+    """Return the Accelerator's arguments checked and resolved into one frozen :class:`AcceleratorFlags`."""
+    return AcceleratorFlags(
+        project_config=project_configuration(project_dir, project_config),
+        dataloader_config=dataloader_configuration(dataloader_config, split_batches),
+        handlers=sort_kwargs_handlers(kwargs_handlers),
+        mixed_precision=None if mixed_precision is None else check_mixed_precision(mixed_precision),
+        cpu=cpu,
+        device_placement=device_placement,
+        deepspeed_plugin=resolve_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins),
+        fsdp_plugin=resolve_fsdp_plugin(fsdp_plugin),
+        torch_tp_plugin=torch_tp_plugin,
+        megatron_lm_plugin=megatron_lm_plugin,
+        parallelism_config=parallelism_config,
+        dynamo_plugin=resolve_dynamo_plugin(dynamo_backend, dynamo_plugin),
+        accumulation_plugin=accumulation_plugin(gradient_accumulation_plugin, gradient_accumulation_steps),
+        rng_types=("generator",)
+        if rng_types is None
+        else tuple(str(getattr(r, "value", r)) for r in rng_types),
+        step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+        log_with=log_with,
+    )
 
 
 def project_configuration(project_dir: Any, project_config: Any) -> Any:
     """Return the ProjectConfiguration, with ``project_dir`` applied when given."""
-    from ..utils.configs import ProjectConfiguration
-
     if project_config is None:
         project_config = ProjectConfiguration(
             project_dir=os.fspath(project_dir) if project_dir is not None else None
@@ -29,10 +136,7 @@ def project_configuration(project_dir: Any, project_config: Any) -> Any:
 
 def dataloader_configuration(dataloader_config: Any, split_batches: Any) -> Any:
     """Return the DataLoaderConfiguration, honouring the ``split_batches`` shortcut."""
-    from ..utils.configs import DataLoaderConfiguration
-    from .core import _split_batches
-
-    given = split_batches is not _split_batches
+    given = split_batches is not SPLIT_BATCHES_UNSET
     if dataloader_config is None:
         dataloader_config = DataLoaderConfiguration()
     elif not isinstance(dataloader_config, DataLoaderConfiguration):
@@ -63,8 +167,6 @@ _HANDLER_SLOTS = {
 
 def sort_kwargs_handlers(kwargs_handlers: list[Any] | None) -> dict[str, Any]:
     """Return ``{"ddp"|"scaler"|"init"|"autocast"|"fp8": handler}``; one handler of each kind at most."""
-    from ..utils import kwargs as kw
-
     out: dict[str, Any] = {}
     for handler in kwargs_handlers or []:
         slot = None
@@ -83,21 +185,8 @@ def sort_kwargs_handlers(kwargs_handlers: list[Any] | None) -> dict[str, Any]:
     return out
 
 
-def check_precision(mixed_precision: Any) -> str:
-    """Return the mixed precision mode lower-cased, or raise ValueError listing the valid ones."""
-    from ..utils.enums import PrecisionType
-
-    value = str(getattr(mixed_precision, "value", mixed_precision)).lower()
-    if value not in PrecisionType.list():
-        raise ValueError(f"Unknown mixed_precision {mixed_precision!r}: choose one of {PrecisionType.list()}")
-    return value
-
-
-def deepspeed_plugin(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:
+def resolve_deepspeed_plugin(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:
     """Return the DeepSpeed plugin(s) from the argument(s) or ``ACCELERATE_USE_DEEPSPEED``."""
-    from ..utils.environment import parse_flag_from_env
-    from ..utils.plugins import DeepSpeedPlugin
-
     if deepspeed_plugin is not None and deepspeed_plugins is not None:
         raise ValueError("pass deepspeed_plugin or deepspeed_plugins, not both")
     plugin = deepspeed_plugins if deepspeed_plugins is not None else deepspeed_plugin
@@ -108,11 +197,8 @@ def deepspeed_plugin(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:
     return plugin
 
 
-def fsdp_plugin(fsdp_plugin: Any) -> Any:
+def resolve_fsdp_plugin(fsdp_plugin: Any) -> Any:
     """Return the FSDP plugin from the argument or ``ACCELERATE_USE_FSDP``."""
-    from ..utils.environment import parse_flag_from_env
-    from ..utils.plugins import FullyShardedDataParallelPlugin
-
     if fsdp_plugin is None and parse_flag_from_env("ACCELERATE_USE_FSDP"):
         fsdp_plugin = FullyShardedDataParallelPlugin()
     if fsdp_plugin is not None and not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
@@ -122,10 +208,8 @@ def fsdp_plugin(fsdp_plugin: Any) -> Any:
     return fsdp_plugin
 
 
-def dynamo_plugin(dynamo_backend: Any, plugin: Any) -> Any:
+def resolve_dynamo_plugin(dynamo_backend: Any, plugin: Any) -> Any:
     """Return the TorchDynamoPlugin for ``dynamo_backend`` or ``plugin`` (None: from the environment)."""
-    from ..utils.plugins import TorchDynamoPlugin
-
     if dynamo_backend is not None and plugin is not None:
         raise ValueError("pass dynamo_backend or dynamo_plugin, not both")
     if dynamo_backend is not None:
@@ -143,8 +227,6 @@ def check_accumulation_steps(steps: Any) -> None:
 
 def accumulation_plugin(plugin: Any, steps: int) -> Any:
     """Return the GradientAccumulationPlugin from the plugin or ``gradient_accumulation_steps``."""
-    from ..utils.plugins import GradientAccumulationPlugin
-
     if plugin is not None:
         if steps != 1:
             raise ValueError(

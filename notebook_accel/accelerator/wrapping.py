@@ -1,4 +1,4 @@
-"""Model preparation for the Accelerator: device placement, autocast forward, DDP/FSDP, compile.
+"""Model preparation for the Accelerator: DDP wrapping, torch.compile, DeepSpeed (autocast: ``.precision``).
 
 Also the checks for the engines notebook_accel drives but does not ship (DeepSpeed, Megatron-LM,
 FP8 engines): their plugins are validated here and a missing engine is named with its pip command.
@@ -6,13 +6,14 @@ FP8 engines): their plugins are validated here and a missing engine is named wit
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
 import torch
 
+from ..utils import imports
 from ..utils.enums import DistributedType
+from ..utils.kwargs import FP8RecipeKwargs
 
 __all__: list[str] = []
 
@@ -28,57 +29,6 @@ _DATA_PARALLEL_TYPES = (
     DistributedType.MULTI_HPU,
     DistributedType.MULTI_XPU,
 )
-
-
-def autocast_dtype(mixed_precision: str) -> torch.dtype | None:
-    """Return the autocast dtype of a mixed-precision mode ("fp16"/"bf16"), None for the others."""
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(str(mixed_precision))
-
-
-def wrap_forward_in_autocast(
-    model: torch.nn.Module, device: torch.device, mixed_precision: str, handler: Any
-) -> None:
-    """Make ``model.forward`` run under autocast and return fp32 outputs.
-
-    The original bound forward is kept in ``model._original_forward`` (how
-    ``unwrap_model(keep_fp32_wrapper=False)`` removes the wrapper). The wrapper is bound to the
-    model as a method, so ``copy.deepcopy(model)`` gives a copy whose forward runs the copy.
-    """
-    import types
-
-    from ..utils.operations import convert_outputs_to_fp32
-
-    if "_original_forward" in model.__dict__:
-        return  # prepared twice: one wrapper is enough
-    original = model.forward
-    dtype = autocast_dtype(mixed_precision)
-    kwargs = handler.to_kwargs() if handler is not None else {}
-    func = getattr(original, "__func__", None) if getattr(original, "__self__", None) is model else None
-
-    if func is not None:
-
-        @functools.wraps(func)
-        def forward_in_autocast(self: torch.nn.Module, *args: Any, **kw: Any) -> Any:
-            with torch.autocast(device_type=device.type, dtype=dtype, **kwargs):
-                return func(self, *args, **kw)
-
-        model._original_forward = original
-        model.forward = types.MethodType(convert_outputs_to_fp32(forward_in_autocast), model)
-        return
-
-    @functools.wraps(original)
-    def forward_in_autocast_plain(*args: Any, **kw: Any) -> Any:
-        with torch.autocast(device_type=device.type, dtype=dtype, **kwargs):
-            return original(*args, **kw)
-
-    model._original_forward = original
-    model.forward = convert_outputs_to_fp32(forward_in_autocast_plain)
-
-
-def make_grad_scaler(device: torch.device, handler: Any) -> torch.amp.GradScaler:
-    """Return the ``GradScaler`` for fp16 on ``device`` with the GradScalerKwargs applied."""
-    kwargs = handler.to_kwargs() if handler is not None else {}
-    return torch.amp.GradScaler(device.type, **kwargs)
 
 
 def wrap_ddp(model: torch.nn.Module, state: Any, ddp_handler: Any) -> torch.nn.Module:
@@ -118,8 +68,6 @@ def _compile_regions(model: torch.nn.Module, kwargs: dict[str, Any]) -> torch.nn
 
 def check_engines(state: Any, megatron_lm_plugin: Any, mixed_precision: str, fp8_handler: Any) -> None:
     """Raise ImportError naming the engine a plugin or precision needs when it is not installed."""
-    from ..utils import imports
-
     if state.distributed_type == DistributedType.DEEPSPEED and not imports.is_deepspeed_available():
         raise ImportError("Accelerator(deepspeed_plugin=...) requires `deepspeed`: pip install deepspeed")
     if megatron_lm_plugin is not None and not imports.is_megatron_lm_available():
@@ -128,8 +76,6 @@ def check_engines(state: Any, megatron_lm_plugin: Any, mixed_precision: str, fp8
         )
     if mixed_precision == "fp8":
         if fp8_handler is None:
-            from ..utils.kwargs import FP8RecipeKwargs
-
             fp8_handler = FP8RecipeKwargs()
         fp8_handler.check_engine()
 
