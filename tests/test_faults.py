@@ -486,3 +486,163 @@ def test_atomic_writes_fsync_and_clean_what_a_killed_writer_left(tmp_path, monke
     assert target.read_text() == "{}"
     assert not dead.exists() and alive.exists()
     assert any(p.endswith(".tmp") for p in synced) and str(tmp_path) in synced  # the data, then the rename
+
+
+# ---------------------------------------------------------------- offload folders and safetensors headers
+
+
+def _dat_folder(tmp_path, index):
+    from notebook_accel.utils.offload import offload_weight
+
+    folder = tmp_path / "off"
+    offload_weight(torch.arange(4, dtype=torch.float32), "w", folder)
+    (folder / "index.json").write_text(__import__("json").dumps(index))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("index", "error", "match"),
+    [
+        ({"w": {"dtype": "float32", "shape": [-1]}}, ValueError, r"'w' .*has shape \[-1\].*no -1"),
+        ({"w": {"dtype": "float32", "shape": [2, -1]}}, ValueError, r"has shape \[2, -1\]"),
+        ({"w": {"dtype": "float32", "shape": [3]}}, ValueError, "holds 16 bytes .*needs exactly 12"),
+        ({"w": {"dtype": "float32", "shape": [8]}}, ValueError, "holds 16 bytes .*needs exactly 32"),
+        ({"w": {"shape": [4]}}, ValueError, "'w' .*has no 'dtype'"),
+        ({"w": {"dtype": "float32", "shape": 4}}, ValueError, "has shape 4"),
+        ({"w": "float32"}, ValueError, "entry 'w' .*must be a dict"),
+        ([["w", {"dtype": "float32"}]], TypeError, "must be a dict of weight name"),
+        (
+            {"../../x": {"dtype": "float32", "shape": [4]}},
+            ValueError,
+            "index key '../../x.dat' leaves the offload folder",
+        ),
+        ({"/etc/passwd": {"dtype": "uint8", "shape": [4]}}, ValueError, "leaves the offload folder"),
+    ],
+)
+def test_a_bad_offload_index_is_refused_never_misread(tmp_path, index, error, match):
+    from notebook_accel.utils.offload import OffloadedWeightsLoader
+
+    folder = _dat_folder(tmp_path, index)
+    with pytest.raises(error, match=match):
+        loader = OffloadedWeightsLoader(save_folder=folder)
+        [loader[k] for k in loader]
+
+
+def test_offloaded_names_stay_inside_their_folder(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    from notebook_accel.utils.offload import OffloadedWeightsLoader, offload_state_dict, offload_weight
+
+    folder = tmp_path / "a" / "off"
+    with pytest.raises(ValueError, match="weight name '../../x.dat' leaves the offload folder"):
+        offload_weight(torch.ones(2), "../../x", folder)
+    with pytest.raises(ValueError, match="leaves the offload folder"):
+        offload_state_dict(folder, {"ok": torch.ones(1), "/tmp/evil": torch.ones(1)})
+    assert not (tmp_path / "x.dat").exists() and not list(folder.glob("*.dat"))
+    # A relative safetensors_file is the folder's own file, never one in the working directory.
+    save_file({"t": torch.full((2,), 1.0)}, str(folder / "w.safetensors"))
+    monkeypatch.chdir(tmp_path)
+    save_file({"t": torch.full((2,), 666.0)}, str(tmp_path / "w.safetensors"))
+    loader = OffloadedWeightsLoader(
+        save_folder=folder, index={"t": {"safetensors_file": "w.safetensors", "weight_name": "t"}}
+    )
+    assert loader["t"].tolist() == [1.0, 1.0]
+    loader = OffloadedWeightsLoader(
+        save_folder=folder, index={"t": {"safetensors_file": "../../w.safetensors", "weight_name": "t"}}
+    )
+    with pytest.raises(ValueError, match="safetensors_file '../../w.safetensors' leaves the offload folder"):
+        loader["t"]
+
+
+def _safetensors_bytes(header: dict, data: bytes) -> bytes:
+    import json
+    import struct
+
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        (  # offsets that do not match dtype x shape: would hand out the next tensor's bytes
+            _safetensors_bytes(
+                {
+                    "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]},
+                    "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]},
+                },
+                b"\x00" * 8,
+            ),
+            r"tensor 'a' \(F32 \[2\]\) needs 8 bytes but its data_offsets \[0, 4\] span 4",
+        ),
+        (b"\xff" * 8 + b"{}", "its header length .* exceeds the file"),  # unbounded header read
+        (b"\x01\x02", "it holds 2 bytes, fewer than the 8-byte header length"),  # struct.error before
+        (
+            _safetensors_bytes({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\x00" * 8),
+            "tensor .a. starts at byte 4 of the data, expected 0",
+        ),
+        (
+            _safetensors_bytes({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\x00" * 12),
+            "its tensors cover 4 bytes of data but the file holds 12",
+        ),
+        (
+            _safetensors_bytes({"a": {"dtype": "Q7", "shape": [1], "data_offsets": [0, 4]}}, b"\x00" * 4),
+            "tensor .a. has unknown dtype .Q7.",
+        ),
+        (_safetensors_bytes([1, 2], b""), "its header is a JSON list, not an object"),
+        (b"\x04\x00\x00\x00\x00\x00\x00\x00\xff\xfe{}", "its header is not UTF-8 JSON"),
+    ],
+)
+def test_a_broken_safetensors_header_is_refused_as_safetensors_does(tmp_path, content, match):
+    from safetensors import safe_open
+
+    from notebook_accel.utils.offload import OffloadedWeightsLoader
+
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(content)
+    with pytest.raises(Exception):  # noqa: B017 - safetensors' own reader refuses the same file
+        safe_open(str(path), framework="pt")
+    loader = OffloadedWeightsLoader(index={"b": {"safetensors_file": str(path), "weight_name": "b"}})
+    with pytest.raises(ValueError, match=f"bad.safetensors' is not a valid safetensors file: {match}"):
+        loader["b"]
+
+
+def test_a_failed_re_offload_leaves_the_earlier_offload_whole(tmp_path):
+    from notebook_accel.utils.offload import OffloadedWeightsLoader, offload_state_dict
+
+    folder = tmp_path / "off"
+    offload_state_dict(folder, {"a": torch.full((3,), 1.0), "b": torch.full((2,), 2.0)})
+    with pytest.raises(ValueError, match="meta device"):
+        offload_state_dict(folder, {"a": torch.full((5,), 9.0), "b": torch.empty(2, device="meta")})
+    loader = OffloadedWeightsLoader(save_folder=folder)
+    assert loader["a"].tolist() == [1.0, 1.0, 1.0] and loader["b"].tolist() == [2.0, 2.0]
+    assert sorted(p.name for p in folder.iterdir()) == ["a.dat", "b.dat", "index.json"]
+
+
+# ---------------------------------------------------------------- devices in a device map
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        (3.5, r"device_map\[''\] = 3.5 is not a device.*This machine has: .*cpu, disk"),
+        ("cuda:7", r"device_map\[''\] = 'cuda:7' names cuda:7, which this machine does not have"),
+        (None, r"device_map\[''\] = None is not a device"),
+        (True, r"device_map\[''\] = True is not a device"),
+    ],
+)
+def test_device_map_values_are_checked_up_front_by_every_loader(tmp_path, value, match):
+    if torch.cuda.device_count() > 7 and value == "cuda:7":
+        pytest.skip("this machine has a cuda:7")
+    from safetensors.torch import save_file
+
+    from notebook_accel.big_modeling import dispatch_model
+    from notebook_accel.utils.modeling import load_checkpoint_in_model
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    save_file(model.state_dict(), str(tmp_path / "m.safetensors"))
+    with pytest.raises(ValueError, match=match):
+        dispatch_model(model, {"": value})
+    with pytest.raises(ValueError, match=match):
+        load_checkpoint_in_model(model, str(tmp_path / "m.safetensors"), device_map={"": value})
+    assert next(model.parameters()).dtype == torch.float32  # Module.to(3.5) made it float64 before

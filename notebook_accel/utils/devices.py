@@ -27,6 +27,7 @@ __all__ = [
     "device_key",
     "device_label",
     "is_disk",
+    "machine_devices",
     "torch_device",
 ]
 
@@ -105,3 +106,37 @@ def device_label(device: Device) -> str:
 def is_disk(device: object) -> bool:
     """Return whether ``device`` is the ``"disk"`` device-map value."""
     return isinstance(device, str) and device == DISK
+
+
+def machine_devices() -> list[str]:
+    """Return the device-map values this machine can serve: its GPUs, then ``"mps"`` if present, ``"cpu"``, ``"disk"``."""
+    found = [f"cuda:{i}" for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    for name in ("xpu", "npu", "mlu", "musa", "hpu", "sdaa"):
+        backend = getattr(torch, name, None)
+        if backend is not None and getattr(backend, "is_available", lambda: False)():
+            found += [f"{name}:{i}" for i in range(backend.device_count())]
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        found.append("mps")
+    return [*found, "cpu", DISK]
+
+
+def check_map_device(key: str, value: object) -> None:
+    """Raise ``ValueError`` naming ``key`` and ``value`` when a device-map value is no device of this machine."""
+    try:
+        spelled = device_key(value) if isinstance(value, (int, str, torch.device)) else None
+    except ValueError:
+        spelled = None
+    have = machine_devices()
+    if spelled is None:
+        raise ValueError(
+            f"device_map[{key!r}] = {value!r} is not a device; {_KEY_HELP}. This machine has: {', '.join(have)}."
+        )
+    label = f"cuda:{spelled}" if isinstance(spelled, int) else spelled
+    if label == "meta" or label in have or label.split(":")[0] in ("cpu", DISK):
+        return
+    if ":" not in label and any(d.startswith(f"{label}:") for d in have):
+        return  # "xpu" for "xpu:0"
+    raise ValueError(
+        f"device_map[{key!r}] = {value!r} names {label}, which this machine does not have. "
+        f"This machine has: {', '.join(have)}."
+    )

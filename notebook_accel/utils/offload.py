@@ -16,11 +16,10 @@ offload never leaves a half-written weight or index behind.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import struct
+import shutil
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -30,6 +29,7 @@ from torch import nn
 
 from .devices import device_label
 from .other import _atomic_write
+from .safetensors_header import SAFETENSORS_DTYPES, read_header
 from .tensors import set_module_tensor_to_device
 
 __all__ = [
@@ -48,30 +48,53 @@ logger = logging.getLogger(__name__)
 
 INDEX_NAME = "index.json"
 
-_SAFETENSORS_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-    "U16": torch.uint16,
-    "U32": torch.uint32,
-    "U64": torch.uint64,
-}
-
 
 def _dtype_from_name(name: str) -> torch.dtype:
     dtype = getattr(torch, str(name).replace("torch.", ""), None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"Unknown dtype {name!r} in the offload index (expected e.g. 'float32', 'bfloat16')")
     return dtype
+
+
+def _inside(folder: str | os.PathLike, relative: str, what: str) -> str:
+    """Return ``folder/relative``; raise ValueError when it would leave ``folder`` (``..``, absolute, symlink)."""
+    base = os.path.realpath(os.fspath(folder))
+    target = os.path.realpath(os.path.join(base, relative))
+    if os.path.isabs(relative) or os.path.commonpath([base, target]) != base:
+        raise ValueError(
+            f"{what} {relative!r} leaves the offload folder {os.fspath(folder)!r}; offloaded names must stay "
+            "inside it (no '..', no absolute paths)"
+        )
+    return target
+
+
+def _check_index(index: Any, where: str) -> dict:
+    """Return ``index`` after checking it maps names to ``{"dtype": str, "shape": [int, ...]}`` entries."""
+    if not isinstance(index, Mapping):
+        raise TypeError(
+            f"offload index of {where} must be a dict of weight name -> {{'dtype', 'shape'}}, not {type(index).__name__}"
+        )
+    for name, info in index.items():
+        if not isinstance(info, Mapping):
+            raise ValueError(f"offload index entry {name!r} of {where} must be a dict, not {info!r}")
+        pointer = "safetensors_file" in info  # into a checkpoint: its own header describes the tensor
+        if pointer and "dtype" in info:
+            _dtype_from_name(info["dtype"])  # the dtype to convert to when read
+        if pointer and "shape" not in info:
+            continue
+        if "dtype" not in info and not pointer:
+            raise ValueError(f"offload index entry {name!r} of {where} has no 'dtype' (e.g. 'float32')")
+        shape = info.get("shape")
+        if not isinstance(shape, (list, tuple)) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            raise ValueError(
+                f"offload index entry {name!r} of {where} has shape {shape!r}; a shape is a list of "
+                "non-negative integers (no -1)"
+            )
+        if not pointer:
+            _dtype_from_name(info["dtype"])
+    return dict(index)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -106,8 +129,9 @@ def offload_weight(
             "Load its weights first (e.g. load_checkpoint_in_model)."
         )
     os.makedirs(offload_folder, exist_ok=True)
+    path = _inside(offload_folder, f"{weight_name}.dat", "weight name")
     tensor = weight.detach().to("cpu").contiguous()
-    _atomic_write_bytes(os.path.join(os.fspath(offload_folder), f"{weight_name}.dat"), tensor)
+    _atomic_write_bytes(path, tensor)
     if index is None:
         index = {}
     index[weight_name] = {"dtype": _dtype_name(tensor.dtype), "shape": list(tensor.shape)}
@@ -141,17 +165,19 @@ def load_offloaded_weight(weight_file: str | os.PathLike, weight_info: dict) -> 
         raise FileNotFoundError(
             f"Offloaded weight file {path!r} does not exist (is the offload folder complete?)"
         )
+    _check_index({os.path.basename(path): weight_info}, repr(path))
     dtype = _dtype_from_name(weight_info["dtype"])
     shape = list(weight_info["shape"])
-    raw = _map_file(path, os.path.getsize(path))
-    expected = torch.empty((), dtype=dtype).element_size()
+    size = os.path.getsize(path)
+    expected = dtype.itemsize
     for s in shape:
         expected *= s
-    if raw.numel() < expected:
+    if size != expected:
         raise ValueError(
-            f"Offloaded weight file {path!r} holds {raw.numel()} bytes, {shape} {dtype} needs {expected}"
+            f"Offloaded weight file {path!r} holds {size} bytes but its index entry ({shape} {dtype}) "
+            f"needs exactly {expected}: the file and index.json do not belong together; offload the weights again"
         )
-    return _view(raw, 0, dtype, shape)
+    return _view(_map_file(path, size), 0, dtype, shape)
 
 
 def save_offload_index(index: dict, offload_folder: str | os.PathLike) -> None:
@@ -163,8 +189,8 @@ def save_offload_index(index: dict, offload_folder: str | os.PathLike) -> None:
     current: dict = {}
     if os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
-            current = json.load(f)
-    current.update(index)
+            current = _check_index(json.load(f), repr(path))
+    current.update(_check_index(index, "save_offload_index"))
 
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -176,21 +202,26 @@ def save_offload_index(index: dict, offload_folder: str | os.PathLike) -> None:
 def offload_state_dict(save_dir: str | os.PathLike, state_dict: dict[str, torch.Tensor]) -> None:
     """Write every tensor of ``state_dict`` to ``save_dir`` plus its ``index.json``; return nothing.
 
-    The index is written last; if writing a weight fails, the files this call wrote are removed.
+    The weights are first written into a hidden staging folder inside ``save_dir``; only once all of
+    them are on disk do they replace the files of the same name, and the index is written last. A
+    failure on the way (a bad tensor, a full disk) leaves ``save_dir`` as it was, an earlier complete
+    offload included.
     """
     os.makedirs(save_dir, exist_ok=True)
+    for name in state_dict:
+        _inside(save_dir, f"{name}.dat", "weight name")
+    staging = os.path.join(os.fspath(save_dir), f".staging-{os.getpid()}")
     index: dict = {}
-    written: list[str] = []
     try:
         for name, tensor in state_dict.items():
-            index = offload_weight(tensor, name, save_dir, index=index)
-            written.append(os.path.join(os.fspath(save_dir), f"{name}.dat"))
+            index = offload_weight(tensor, name, staging, index=index)
+        for name in index:
+            final = os.path.join(os.fspath(save_dir), f"{name}.dat")
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            os.replace(os.path.join(staging, f"{name}.dat"), final)
         save_offload_index(index, save_dir)
-    except BaseException:
-        for path in written:
-            with contextlib.suppress(OSError):
-                os.remove(path)
-        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def load_offloaded_weights(model: nn.Module, index: dict, offload_folder: str | os.PathLike) -> None:
@@ -203,23 +234,21 @@ def load_offloaded_weights(model: nn.Module, index: dict, offload_folder: str | 
 
 
 class _SafetensorsFile:
-    """One safetensors file mapped once; tensors are views at their header offsets."""
+    """One safetensors file, its header checked (``read_header``) and its bytes mapped once; tensors are views."""
 
     def __init__(self, path: str) -> None:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"safetensors file {path!r} named in the offload index does not exist")
         self.path = path
-        with open(path, "rb") as f:
-            (header_len,) = struct.unpack("<Q", f.read(8))
-            self.header = json.loads(f.read(header_len))
-        self.data_start = 8 + header_len
+        header = read_header(path)
+        self.header, self.data_start = header.entries, header.data_start
         self.raw = _map_file(path, os.path.getsize(path))
 
     def tensor(self, key: str) -> torch.Tensor:
         info = self.header.get(key)
         if info is None:
             raise KeyError(f"{key!r} is not in the safetensors file {self.path!r}")
-        dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
+        dtype = SAFETENSORS_DTYPES.get(info["dtype"])
         start, _ = info["data_offsets"]
         view = None if dtype is None else _view(self.raw, self.data_start + start, dtype, info["shape"])
         if view is None:  # exotic dtype or misaligned tensor: let safetensors read it
@@ -260,7 +289,7 @@ class OffloadedWeightsLoader(Mapping):
                 )
             with open(path, encoding="utf-8") as f:
                 index = json.load(f)
-        self.index = {} if index is None else dict(index)
+        self.index = {} if index is None else _check_index(index, repr(self.save_folder or "the index"))
         self.all_keys = list(self.state_dict)
         self.all_keys.extend(key for key in self.index if key not in self.state_dict)
         self.device = device
@@ -268,9 +297,13 @@ class OffloadedWeightsLoader(Mapping):
         self._mapped: dict[str, torch.Tensor] = {}
 
     def _resolve(self, path: str) -> str:
-        if not os.path.isabs(path) and self.save_folder is not None and not os.path.exists(path):
-            return os.path.join(self.save_folder, path)
-        return path
+        # An absolute path points into a checkpoint (as load_checkpoint_and_dispatch writes them); a
+        # relative one is the offload folder's own, never the working directory's.
+        if os.path.isabs(path):
+            return path
+        if self.save_folder is None:
+            raise ValueError(f"safetensors_file {path!r} is relative but the loader has no `save_folder`")
+        return _inside(self.save_folder, path, "safetensors_file")
 
     def _mapped_tensor(self, key: str) -> torch.Tensor:
         # Only the mapped view is cached (it costs no memory); a dtype conversion is redone at each
@@ -289,7 +322,7 @@ class OffloadedWeightsLoader(Mapping):
                     raise ValueError(
                         f"{key!r} is offloaded to a .dat file but the loader has no `save_folder`."
                     )
-                tensor = load_offloaded_weight(os.path.join(self.save_folder, f"{key}.dat"), info)
+                tensor = load_offloaded_weight(_inside(self.save_folder, f"{key}.dat", "index key"), info)
             self._mapped[key] = tensor
         if "safetensors_file" in info and "dtype" in info:
             wanted = _dtype_from_name(info["dtype"])

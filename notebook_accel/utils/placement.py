@@ -17,7 +17,7 @@ from typing import Union
 
 from torch import nn
 
-from .devices import DISK, Device, device_key
+from .devices import DISK, Device, check_map_device, device_key
 
 __all__ = ["DeviceLookup", "DevicePlacement", "check_device_map", "require_offload_folder"]
 
@@ -93,6 +93,9 @@ def _uncovered(state_keys: Iterable[str], covered: set[str]) -> list[str]:
 def check_device_map(model: nn.Module, device_map: DeviceMap) -> None:
     """Raise ``ValueError`` when ``device_map`` names something ``model`` lacks or leaves a tensor unplaced.
 
+    Devices are not checked against this machine here (a map may be planned for another one);
+    ``DevicePlacement.check``, which the loaders use, does that.
+
     An unknown name comes with the closest existing names; uncovered parameters/buffers are all listed.
     """
     if not isinstance(device_map, dict):
@@ -147,11 +150,14 @@ class DevicePlacement:
 
     @classmethod
     def check(cls, model: nn.Module, device_map: DeviceMap | DevicePlacement) -> DevicePlacement:
-        """Return the placement of ``device_map`` on ``model``, checking it unless it already is one for ``model``."""
+        """Return the placement of ``device_map`` on ``model``, checking it (names and this machine's devices) unless it already is one for ``model``."""
         if isinstance(device_map, DevicePlacement):
             if device_map.is_for(model):
                 return device_map
             device_map = device_map.device_map
+        if isinstance(device_map, dict):
+            for key, value in device_map.items():
+                check_map_device(key, value)  # before any tensor moves: 3.5 or "cuda:7" never reach torch
         check_device_map(model, device_map)
         return cls(model, device_map)
 
