@@ -121,7 +121,7 @@ def test_warns_when_the_real_accelerate_is_installed_and_uninstall_restores_it()
     assert got["env"] is None and got["leftover"] == []
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
 def test_launcher_workers_see_the_alias(tmp_path, start_method):
     # A script (not -c): spawned workers pickle the function by value, and its global `accelerate`
     # by reference, which they can only resolve after installing the alias again.
