@@ -138,6 +138,16 @@ def main(mode: str = "ours") -> None:
     _run(results, "load_checkpoint_and_dispatch[single,sequential]",
          lambda: dispatch(os.path.join(single, "model.safetensors"), "sequential"))
     _run(results, "peft_lora_on_offloaded", lambda: _peft_on_offloaded(single, ids, root))
+
+    def missing_module() -> dict:
+        """Return the exception dispatch_model raises for a map that names a module the model lacks."""
+        try:
+            accelerate.dispatch_model(tiny_llama(), {"model.nope": "cpu", "model": "cpu"})
+        except Exception as err:
+            return {"type": type(err).__name__, "message": str(err)}
+        return {"type": None}
+
+    _run(results, "missing_module_map", missing_module)
     print(json.dumps(results))
 
 

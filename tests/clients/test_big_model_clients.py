@@ -83,6 +83,11 @@ def test_peft_lora_on_dispatched_partly_offloaded_base(ours):
     assert got["disk_on_meta"] > 0
 
 
+def test_map_naming_a_missing_module_raises_value_error(ours):
+    got = _ok(ours, "missing_module_map")
+    assert got["type"] == "ValueError" and "'model.nope'" in got["message"] and "Closest names" in got["message"]
+
+
 @pytest.mark.skipif(not REAL_INSTALLED, reason="needs the real accelerate installed (the clients extra pulls it)")
 def test_device_maps_match_the_real_accelerate(ours, tmp_path):
     real = json.loads(last_line(run_python(SCENARIO.format(mode="real"), cwd=tmp_path)))
@@ -95,3 +100,6 @@ def test_device_maps_match_the_real_accelerate(ours, tmp_path):
             assert got["device_map"] == theirs["device_map"], name
             compared += 1
     assert compared >= 8
+    # The same exception class for a map naming a module the model lacks (Accelerate reports the
+    # parameters left without a device; we name the unknown key and the closest real names).
+    assert real["missing_module_map"]["type"] == ours["missing_module_map"]["type"] == "ValueError"
