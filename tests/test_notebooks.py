@@ -23,6 +23,7 @@ EXPECTED = {
     "memory_estimation.ipynb",
     "handling_failures.ipynb",
     "transformers.ipynb",
+    "sharded_training.ipynb",
 }
 RUNNER = ROOT / "scripts" / "run_quickstart.py"
 
