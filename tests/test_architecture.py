@@ -93,7 +93,6 @@ KNOWN_VIOLATIONS: dict[str, str] = {
     "in-function import: notebook_accel.data_loader._shared_seed -> notebook_accel.utils.operations": "goldens",
     "in-function import: notebook_accel.data_loader._to_cpu -> notebook_accel.utils.operations": "goldens",
     "in-function import: notebook_accel.data_loader.prepare_data_loader -> notebook_accel.state": "goldens",
-    "in-function import: notebook_accel.launch.plan._cuda_device_count -> notebook_accel.utils.imports": "reliability",
     "in-function import: notebook_accel.logging.MultiProcessAdapter.log -> notebook_accel.state": "struct-core",
     "in-function import: notebook_accel.optimizer.AcceleratedOptimizer.__init__ -> notebook_accel.state": "struct-core",
     "in-function import: notebook_accel.optimizer.AcceleratedOptimizer.load_state_dict -> notebook_accel.utils.operations": "struct-core",
@@ -107,7 +106,6 @@ KNOWN_VIOLATIONS: dict[str, str] = {
     "in-function import: notebook_accel.utils.modeling.get_mixed_precision_context_manager -> notebook_accel.state": "struct-core",
     "in-function import: notebook_accel.utils.operations._world -> notebook_accel.state": "surface",
     "in-function import: notebook_accel.utils.other._state -> notebook_accel.state": "struct-core",
-    "in-function import: notebook_accel.utils.torch_xla.install_xla -> notebook_accel.launch.plan": "reliability",
     "in-function import: notebook_accel.widgets._machine._gpus -> notebook_accel.utils.imports": "dashboard",
     "in-function import: notebook_accel.widgets._machine._nvml_gpus -> notebook_accel.utils.imports": "dashboard",
     "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer.__init__ -> notebook_accel.utils.tied_params": "dashboard",
@@ -130,7 +128,6 @@ KNOWN_VIOLATIONS: dict[str, str] = {
     "in-function import: notebook_accel.widgets.offload_monitor.OffloadMonitor.chart_png -> notebook_accel.widgets._charts": "dashboard",
     "long function: notebook_accel.data_loader.prepare_data_loader": "goldens",
     "upward import: notebook_accel.utils.modeling -> notebook_accel.state (utils may not import state)": "struct-core",
-    "upward import: notebook_accel.utils.torch_xla -> notebook_accel.launch.plan (utils may not import launch)": "reliability",
 }
 
 

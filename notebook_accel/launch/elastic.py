@@ -19,7 +19,7 @@ import tempfile
 from typing import Any
 
 from .errors import LaunchError, RankFailure, order_failures, signal_name
-from .plan import LaunchPlan
+from .plan import LaunchPlan, threads_per_worker
 from .worker import _reset_state, to_cpu
 
 __all__ = ["launch_elastic"]
@@ -123,7 +123,7 @@ def launch_elastic(
             log_line_prefix_template=_template(log_line_prefix_template),
             logs_specs=DefaultLogsSpecs(log_dir=base, redirects=Std.ALL, tee=Std.ALL),
         )
-        threads = max(1, (os.cpu_count() or 1) // plan.num_processes)
+        threads = threads_per_worker(plan.num_processes)
         try:
             values = elastic_launch(config, entrypoint=_elastic_entry)(function, args, plan.env, threads)
         except ChildFailedError as exc:

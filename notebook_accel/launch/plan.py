@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from ..utils._accelerate_alias import alias_worker_env
 from ..utils.enums import MIXED_PRECISION_CHOICES
-from ..utils.environment import parse_flag_from_env
+from ..utils.environment import detect_platform, parse_flag_from_env
+from ..utils.imports import cuda_device_count
 from .ports import check_master_addr, parse_port
 
 logger = logging.getLogger(__name__)
@@ -76,15 +77,6 @@ def threads_per_worker(num_processes: int, omp_num_threads: str | None = None) -
     return max(1, (os.cpu_count() or 1) // num_processes)
 
 
-def detect_platform() -> str:
-    """Return ``"colab"``, ``"kaggle"`` or ``"local"`` from the environment of this process."""
-    if "google.colab" in sys.modules or any(k.startswith("COLAB_") for k in os.environ):
-        return "colab"
-    if "KAGGLE_KERNEL_RUN_TYPE" in os.environ or "KAGGLE_URL_BASE" in os.environ:
-        return "kaggle"
-    return "local"
-
-
 def _tpu_present() -> bool:
     return any(
         k in os.environ for k in ("COLAB_TPU_ADDR", "TPU_NAME", "XRT_TPU_CONFIG", "TPU_ACCELERATOR_TYPE")
@@ -92,9 +84,6 @@ def _tpu_present() -> bool:
 
 
 def _cuda_device_count() -> int:
-    # Imported here: it imports torch, which the launcher leaves out of its own import.
-    from ..utils.imports import cuda_device_count
-
     return cuda_device_count()
 
 

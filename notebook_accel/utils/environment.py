@@ -260,3 +260,12 @@ def _purge_tests(cls: type) -> None:
             wrapped = _purged(attr)
             wrapped._purges_env = True
             setattr(cls, name, wrapped)
+
+
+def detect_platform() -> str:
+    """Return ``"colab"``, ``"kaggle"`` or ``"local"`` from the environment of this process."""
+    if "google.colab" in sys.modules or any(k.startswith("COLAB_") for k in os.environ):
+        return "colab"
+    if "KAGGLE_KERNEL_RUN_TYPE" in os.environ or "KAGGLE_URL_BASE" in os.environ:
+        return "kaggle"
+    return "local"

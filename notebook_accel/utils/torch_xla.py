@@ -7,6 +7,8 @@ import logging
 import subprocess
 import sys
 
+from .environment import detect_platform
+
 __all__ = ["install_xla"]
 
 logger = logging.getLogger(__name__)
@@ -26,8 +28,6 @@ def install_xla(upgrade: bool = False) -> None:
     With ``upgrade`` torch itself is upgraded first. Outside Colab this raises RuntimeError: install
     torch_xla yourself there (it must match your torch version).
     """
-    from ..launch.plan import detect_platform  # the launcher's platform check: one notion of "Colab"
-
     if detect_platform() != "colab":
         raise RuntimeError(
             "install_xla only installs in Google Colab. Elsewhere install the torch_xla release matching "
