@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .data_loader import SeedableRandomSampler, find_sampler
 from .logging import get_logger
 from .state import PartialState
 from .utils.constants import (
@@ -32,10 +33,12 @@ from .utils.constants import (
     OPTIMIZER_NAME,
     RNG_STATE_NAME,
     SAFE_MODEL_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
     SAFE_WEIGHTS_NAME,
     SAMPLER_NAME,
     SCALER_NAME,
     SCHEDULER_NAME,
+    WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
 )
 from .utils.imports import (
@@ -48,6 +51,7 @@ from .utils.imports import (
     is_torch_xla_available,
     is_xpu_available,
 )
+from .utils.modeling import shard_checkpoint
 from .utils.other import _atomic_write, _fsync_tree, get_pretty_name, load, save
 from .utils.versions import is_torch_version
 
@@ -102,8 +106,6 @@ def _indexed(name: str, index: int) -> str:
 
 
 def _model_file(index: int, safe_serialization: bool) -> str:
-    from .utils.constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
-
     return _indexed(SAFE_WEIGHTS_NAME if safe_serialization else WEIGHTS_NAME, index)
 
 
@@ -122,7 +124,10 @@ def _torch_load(path: Path, map_location: Any = None) -> Any:
         return load(path, map_location=map_location)
     except pickle.UnpicklingError as exc:
         reason = str(exc).strip().splitlines()
-        detail = next((line for line in reason if "GLOBAL" in line or "Unsupported" in line), reason[0] if reason else "")
+        detail = next(
+            (line for line in reason if "GLOBAL" in line or "Unsupported" in line),
+            reason[0] if reason else "",
+        )
         raise pickle.UnpicklingError(
             f"checkpoint file {str(path)!r} holds objects other than tensors, plain containers and numpy arrays "
             f"({detail.strip()}); it was not loaded, because unpickling it could run code. If you wrote it and "
@@ -158,8 +163,6 @@ def _sampler_state(dataloader: Any) -> dict[str, Any] | None:
     loader with the same generator seed, so ``skip_first_batches`` replays the interrupted epoch's
     permutation; restoring the mid-epoch generator state would start the next permutation instead.
     """
-    from .data_loader import SeedableRandomSampler, find_sampler
-
     sampler = find_sampler(dataloader)
     if not isinstance(sampler, SeedableRandomSampler):
         return None
@@ -170,8 +173,6 @@ def _sampler_state(dataloader: Any) -> dict[str, Any] | None:
 
 
 def _load_sampler_state(dataloader: Any, state: dict[str, Any]) -> None:
-    from .data_loader import find_sampler
-
     sampler = find_sampler(dataloader)
     if "sampler" in state and hasattr(sampler, "load_state_dict"):
         sampler.load_state_dict(state["sampler"])
@@ -197,8 +198,6 @@ def save_accelerator_state(
     ``model_states`` holds state dicts (or modules) of the prepared models. The process with
     ``is_writer`` writes the shared files; every process writes its own RNG state.
     """
-    from .utils.constants import OPTIMIZER_NAME, RNG_STATE_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME
-
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     if is_writer:
@@ -239,8 +238,6 @@ def load_accelerator_state(
 
     ``load_model_func_kwargs`` go to ``load_state_dict`` of each model (e.g. ``strict=False``).
     """
-    from .utils.constants import OPTIMIZER_NAME, RNG_STATE_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME
-
     input_dir = Path(input_dir)
     recover_directory(input_dir)
     if not input_dir.is_dir():
@@ -364,9 +361,6 @@ def save_sharded_weights(
     state: dict[str, torch.Tensor], save_directory: Path, max_shard_size: int | str, safe_serialization: bool
 ) -> list[Path]:
     """Write ``state`` as one file or as shards plus an index; return the files written."""
-    from .utils.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
-    from .utils.modeling import shard_checkpoint
-
     weights_name = SAFE_WEIGHTS_NAME if safe_serialization else WEIGHTS_NAME
     index_name = SAFE_WEIGHTS_INDEX_NAME if safe_serialization else WEIGHTS_INDEX_NAME
     if safe_serialization:

@@ -36,8 +36,6 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         main_process_only = kwargs.pop("main_process_only", True)
         in_order = kwargs.pop("in_order", False)
         if in_order:
-            from .state import PartialState
-
             state = PartialState()
             enabled = self.isEnabledFor(level)
             for turn in range(state.num_processes):

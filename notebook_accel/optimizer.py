@@ -15,7 +15,7 @@ import torch
 from .state import AcceleratorState, GradientState
 from .utils.enums import DistributedType
 from .utils.imports import is_torch_xla_available
-from .utils.operations import honor_type
+from .utils.operations import honor_type, send_to_device
 from .utils.package_checks import is_lomo_available
 
 __all__ = ["AcceleratedOptimizer"]
@@ -45,8 +45,6 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         device_placement: bool = True,
         scaler: torch.amp.GradScaler | None = None,
     ) -> None:
-        from .state import AcceleratorState, GradientState
-
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
                 f"AcceleratedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}"
@@ -97,8 +95,6 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if self.device_placement:
-            from .utils.operations import send_to_device
-
             state_dict = send_to_device(state_dict, self.accelerator_state.device)
         self.optimizer.load_state_dict(state_dict)
 

@@ -14,8 +14,6 @@ from typing import Any
 from .state import AcceleratorState, GradientState
 
 __all__ = ["AcceleratedScheduler"]
-# Accelerate 1.15 serves these names at this path too (defined elsewhere).
-__all__ += ["AcceleratorState", "GradientState"]
 
 
 class AcceleratedScheduler:
@@ -31,39 +29,53 @@ class AcceleratedScheduler:
     def __init__(
         self, scheduler: Any, optimizers: Any, step_with_optimizer: bool = True, split_batches: bool = False
     ):
-        from .state import GradientState
-
-        if not hasattr(scheduler, "step"):
+        if not callable(getattr(scheduler, "step", None)):
             raise TypeError(
                 f"AcceleratedScheduler wraps an object with a step() method, got {type(scheduler).__name__}"
             )
         self.scheduler = scheduler
-        self.optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
+        self.optimizers = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
         self.split_batches = split_batches
         self.step_with_optimizer = step_with_optimizer
         self.gradient_state = GradientState()
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        if not self.step_with_optimizer:
-            self.scheduler.step(*args, **kwargs)
-            return
-        if not self.gradient_state.sync_gradients:
-            if self.gradient_state.adjust_scheduler and hasattr(self.scheduler, "_step_count"):
-                self.scheduler._step_count += 1
-            return
-        if any(getattr(opt, "step_was_skipped", False) for opt in self.optimizers):
-            return
-        if self.split_batches:
-            self.scheduler.step(*args, **kwargs)
-            return
-        from .state import AcceleratorState
-
-        total_steps = getattr(self.scheduler, "total_steps", None)
-        for _ in range(AcceleratorState().num_processes):
-            # OneCycleLR raises past its last step; the extra per-process steps stop there.
-            if total_steps is not None and self.scheduler._step_count > total_steps:
+        """Advance the wrapped schedule by as many of its steps as this optimizer step stands for."""
+        if self.step_with_optimizer and not self.gradient_state.sync_gradients:
+            self._count_accumulating_step()
+        # Only the steps taken on behalf of every process are bounded by a fixed-length schedule
+        # (OneCycleLR raises past its last step); a step the user asks for directly is not.
+        bounded = self.step_with_optimizer and not self.split_batches
+        for _ in range(self._schedule_steps()):
+            if bounded and self._schedule_finished():
                 break
             self.scheduler.step(*args, **kwargs)
+
+    def _schedule_steps(self) -> int:
+        """Return how many steps the schedule takes for this call (0 while accumulating or after a skip).
+
+        The schedule was written for one process: each synchronised optimizer step consumed one batch
+        per process, so it stands for ``num_processes`` schedule steps, or one when the batches were
+        split between the processes.
+        """
+        if not self.step_with_optimizer:
+            return 1
+        if not self.gradient_state.sync_gradients or self._optimizer_skipped():
+            return 0
+        return 1 if self.split_batches else AcceleratorState().num_processes
+
+    def _optimizer_skipped(self) -> bool:
+        # The fp16 scaler skips a step whose gradients overflowed; the schedule waits with it.
+        return any(getattr(optimizer, "step_was_skipped", False) for optimizer in self.optimizers)
+
+    def _count_accumulating_step(self) -> None:
+        # adjust_scheduler: the schedule counts accumulating micro-steps without changing the rate.
+        if self.gradient_state.adjust_scheduler and hasattr(self.scheduler, "_step_count"):
+            self.scheduler._step_count += 1
+
+    def _schedule_finished(self) -> bool:
+        total = getattr(self.scheduler, "total_steps", None)
+        return total is not None and self.scheduler._step_count > total
 
     # Read-through of the scheduler API.
     def get_last_lr(self) -> list[float]:

@@ -23,7 +23,9 @@ from .state import PartialState
 from .utils._worker_channel import send_event
 from .utils.enums import LoggerType
 from .utils.environment import str_to_bool
+from .utils.imports import is_package_available as _installed
 from .utils.operations import listify
+from .utils.other import _atomic_write
 from .utils.package_checks import (
     is_aim_available,
     is_clearml_available,
@@ -143,8 +145,6 @@ class JSONLinesTracker(GeneralTracker):
         self.run = self.path.open("a", encoding="utf-8")
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        from .utils.other import _atomic_write
-
         text = json.dumps(values, indent=2, sort_keys=True, default=repr) + "\n"
         _atomic_write(
             os.fspath(self.directory / "config.json"),
@@ -503,8 +503,6 @@ def filter_trackers(log_with: Any, logging_dir: str | os.PathLike | None = None)
     Raises ValueError for an unknown name (listing the valid ones) or for a tracker that needs
     a logging directory when none is set, ImportError for a named service that is not installed.
     """
-    from .utils.imports import is_package_available as _installed
-
     if log_with is None:
         return []
     items = log_with if isinstance(log_with, (list, tuple)) else [log_with]
