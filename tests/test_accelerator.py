@@ -577,3 +577,13 @@ def test_plugins_given_to_a_later_accelerator_are_not_ignored() -> None:
     assert isinstance(later.prepare(torch.nn.Linear(2, 2)), torch._dynamo.eval_frame.OptimizedModule)
     with pytest.raises(ValueError, match="fsdp_plugin was given, but this process's AcceleratorState"):
         Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
+
+
+def test_deepspeed_installed_on_cpu_without_oneccl_names_the_way_out(monkeypatch) -> None:
+    from notebook_accel import Accelerator, DeepSpeedPlugin
+    from notebook_accel.utils import imports
+
+    monkeypatch.setattr(imports, "is_deepspeed_available", lambda: True)
+    monkeypatch.setattr(imports, "is_package_available", lambda name, *a: name != "oneccl_bindings_for_pytorch")
+    with pytest.raises(RuntimeError, match=r"needs Intel's oneCCL bindings.*ParallelismConfig\(dp_shard_size=N\)"):
+        Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
