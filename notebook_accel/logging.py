@@ -48,16 +48,22 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         if not main_process_only or _process_index() == 0:
             self._emit(level, msg, args, kwargs)
 
+    def process(self, msg: Any, kwargs: Any) -> tuple[str, Any]:
+        """Return ``msg`` prefixed with ``[RANK N] `` (Accelerate 1.15's format) and ``kwargs``."""
+        return f"[RANK {_process_index()}] {msg}", kwargs
+
     def _emit(self, level: int, msg: Any, args: tuple, kwargs: dict) -> None:
         msg, kwargs = self.process(msg, kwargs)
-        # Point findCaller at the user's line: skip _emit() and log() (logging's own frames are skipped by it).
-        kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 2
+        # Accelerate 1.15 counts ``stacklevel`` from this adapter: the default 2 is the line that
+        # called ``logger.info``, 3 that line's caller, 1 the adapter itself. findCaller skips
+        # logging's own frames; one more level skips _emit(), the frame this call starts from.
+        kwargs["stacklevel"] = kwargs.get("stacklevel", 2) + 1
         self.logger.log(level, msg, *args, **kwargs)
 
     @functools.lru_cache(None)  # noqa: B019  (the cache is the point: one warning per message)
     def warning_once(self, *args: Any, **kwargs: Any) -> None:
         """Return nothing; like ``warning`` but a given message is emitted only the first time."""
-        self.warning(*args, stacklevel=kwargs.pop("stacklevel", 1) + 1, **kwargs)
+        self.warning(*args, stacklevel=kwargs.pop("stacklevel", 2) + 1, **kwargs)
 
 
 def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:

@@ -149,6 +149,12 @@ def test_failing_rank_raises_with_rank_pid_and_traceback():
     root = info.value.failures[0]
     assert root.rank == 1 and root.exc_type == "ValueError" and root.pid
     assert "_fail_on_rank_1" in root.traceback and "rank one is unhappy" in str(info.value)
+    # what Accelerate's launchers raise, so `except ChildFailedError` written for it catches ours
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    assert isinstance(info.value, ChildFailedError) and isinstance(info.value, RuntimeError)
+    assert info.value.get_first_failure() == (1, root)
+    assert info.value.format_msg() == str(info.value)
 
 
 def _killed_rank_1():

@@ -6,6 +6,7 @@ import logging
 
 import pytest
 
+import notebook_accel.logging as ours
 from notebook_accel.logging import MultiProcessAdapter, get_logger
 from notebook_accel.utils.environment import patch_environment
 from tests._dist import run_distributed
@@ -42,7 +43,7 @@ def test_main_process_only_uses_env_rank_without_state() -> None:
         adapter.info("shown on rank 1", main_process_only=False)
     adapter.info("rank 0 %s", "args")
     adapter.debug("below level")
-    assert [r.getMessage() for r in records] == ["shown on rank 1", "rank 0 args"]
+    assert [r.getMessage() for r in records] == ["[RANK 1] shown on rank 1", "[RANK 0] rank 0 args"]
 
 
 def test_an_existing_state_decides_the_rank_over_the_environment() -> None:
@@ -53,7 +54,7 @@ def test_an_existing_state_decides_the_rank_over_the_environment() -> None:
     assert PartialState().process_index == 0
     with patch_environment(RANK="1"):  # e.g. left over in the kernel's environment
         adapter.info("main process per the state")
-    assert [r.getMessage() for r in records] == ["main process per the state"]
+    assert [r.getMessage() for r in records] == ["[RANK 0] main process per the state"]
     with patch_environment(RANK="one"):
         PartialState._reset_state()
         with pytest.raises(ValueError, match=r"environment variable RANK='one' is not an integer"):
@@ -68,13 +69,32 @@ def test_caller_location_is_the_user_line() -> None:
     adapter.warning_once("once")
     adapter.warning_once("once")
     assert [r.funcName for r in records] == ["test_caller_location_is_the_user_line"] * 3
-    assert [r.getMessage() for r in records] == ["here", "direct", "once"]
+    assert [r.getMessage() for r in records] == ["[RANK 0] here", "[RANK 0] direct", "[RANK 0] once"]
+
+
+def _log_from_helper(adapter: MultiProcessAdapter, level: int) -> None:
+    adapter.info("from helper", stacklevel=level)
+
+
+def test_stacklevel_counts_as_in_accelerate() -> None:
+    # Accelerate 1.15: 2 (the default) is the line calling .info, 3 its caller, 1 the adapter itself.
+    _, records = _capture("na.test.stacklevel")
+    adapter = get_logger("na.test.stacklevel", log_level="INFO")
+    _log_from_helper(adapter, 2)
+    _log_from_helper(adapter, 3)
+    _log_from_helper(adapter, 1)
+    assert [r.funcName for r in records[:2]] == [
+        "_log_from_helper",
+        "test_stacklevel_counts_as_in_accelerate",
+    ]
+    assert records[1].pathname == __file__
+    assert records[2].pathname == ours.__file__
 
 
 def test_in_order_single_process() -> None:
     _, records = _capture("na.test.single")
     get_logger("na.test.single", log_level="INFO").info("alone", in_order=True)
-    assert [r.getMessage() for r in records] == ["alone"]
+    assert [r.getMessage() for r in records] == ["[RANK 0] alone"]
 
 
 def _worker(path: str):
@@ -105,8 +125,8 @@ def test_main_process_only_and_in_order_across_two_processes(tmp_path) -> None:
     assert run_distributed(_worker, nprocs=2, args=(str(path),)) == [0, 1]
     lines = path.read_text().splitlines()
     assert sorted(lines[:3]) == [
-        "everyone from 0",
-        "everyone from 1",
-        "main-only from 0",
+        "[RANK 0] everyone from 0",
+        "[RANK 0] main-only from 0",
+        "[RANK 1] everyone from 1",
     ]  # no "main-only from 1"
-    assert lines[3:] == ["ordered 0", "ordered 1", "ordered again 0", "ordered again 1"]
+    assert lines[3:] == [f"[RANK {r}] ordered {a}{r}" for a in ("", "again ") for r in (0, 1)]

@@ -35,8 +35,7 @@ from tests._dist import run_distributed
         RuntimeError("XPU out of memory. Tried to allocate"),
         RuntimeError("NPU out of memory. Tried to allocate"),
         RuntimeError("MPS backend out of memory (MPS allocated: 1 GB)"),
-        torch.OutOfMemoryError("anything"),
-        MemoryError(),
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
     ],
 )
 def test_should_reduce_batch_size_recognises_oom(error) -> None:
@@ -47,6 +46,30 @@ def test_should_reduce_batch_size_ignores_other_errors() -> None:
     assert not should_reduce_batch_size(RuntimeError("shape mismatch"))
     assert not should_reduce_batch_size(ValueError("CUDA out of memory."))
     assert not should_reduce_batch_size(RuntimeError("CUDA out of memory.", "two args"))
+    # as in Accelerate 1.15: the message decides, and a Python MemoryError is not an allocator OOM
+    assert not should_reduce_batch_size(torch.OutOfMemoryError("anything"))
+    assert not should_reduce_batch_size(MemoryError())
+
+
+def test_memory_error_propagates_without_retry() -> None:
+    tried = []
+
+    @find_executable_batch_size(starting_batch_size=4)
+    def train(batch_size):
+        tried.append(batch_size)
+        raise MemoryError("host ran out")
+
+    with pytest.raises(MemoryError, match="host ran out"):
+        train()
+    assert tried == [4]
+
+
+def test_starting_at_zero_raises_when_called() -> None:
+    calls = []
+    train = find_executable_batch_size(lambda batch_size: calls.append(batch_size), starting_batch_size=0)
+    with pytest.raises(RuntimeError, match=r"No executable batch size found, reached zero\."):
+        train()
+    assert calls == []
 
 
 def test_batch_size_shrinks_by_a_tenth_until_it_fits_and_remembers() -> None:
@@ -170,8 +193,8 @@ def test_function_must_take_batch_size_first() -> None:
         def train(model, batch_size):
             return batch_size
 
-    with pytest.raises(ValueError, match="starting_batch_size must be a positive int"):
-        find_executable_batch_size(lambda batch_size: 1, starting_batch_size=0)
+    with pytest.raises(ValueError, match="starting_batch_size must be an int >= 0, got -1"):
+        find_executable_batch_size(lambda batch_size: 1, starting_batch_size=-1)
     with pytest.raises(TypeError, match="decorates a function"):
         find_executable_batch_size(42)
 

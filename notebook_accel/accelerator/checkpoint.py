@@ -73,16 +73,20 @@ class _CheckpointMixin:
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Include ``objects`` (each with ``state_dict``/``load_state_dict``) in ``save_state``/``load_state``."""
         invalid = [
-            f"item {i} ({type(obj).__name__})"
-            for i, obj in enumerate(objects)
+            obj
+            for obj in objects
             if not (
                 callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
             )
         ]
         if invalid:
+            # Accelerate 1.15's wording, which users match on (its index counts the invalid items).
+            items = "".join(
+                f"\n\t- Item at index {i}, `{type(obj).__name__}`" for i, obj in enumerate(invalid)
+            )
             raise ValueError(
-                "register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
-                f"these have not: {', '.join(invalid)}"
+                "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. "
+                f"The following inputs are invalid:{items}"
             )
         self._custom_objects.extend(objects)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import signal as _signal
 from dataclasses import dataclass, field
 
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
 __all__ = ["LaunchError", "RankFailure"]
 
 # How many of the non-root failures get a traceback excerpt in ``str(LaunchError)``.
@@ -88,18 +90,34 @@ def order_failures(failures: list[RankFailure], window: float = 2.0) -> list[Ran
     return ordered
 
 
-class LaunchError(RuntimeError):
-    """A launch failed: ``.failures`` lists every failed rank, root cause first."""
+class LaunchError(ChildFailedError, RuntimeError):
+    """A launch failed: ``.failures`` lists every failed rank, root cause first.
+
+    It is a torch elastic ``ChildFailedError`` (what Accelerate's launchers raise), so code written
+    for Accelerate catches it; ``get_first_failure()`` gives the root cause's rank and failure.
+    """
 
     def __init__(
         self, failures: list[RankFailure], summary: str | None = None, stacks: str | None = None
     ) -> None:
-        self.failures = list(failures)
+        self.name = "notebook_launcher"
+        self.failures = list(failures)  # type: ignore[assignment]  (a list here, root cause first)
         self.summary = summary
         self.stacks = stacks
         """Where each rank was when the launch was stopped, interrupted or timed out (their stacks)."""
         text = self._render()
-        super().__init__(f"{text}\n\n{stacks}" if stacks else text)
+        # ChildFailedError.__init__ wants torch's ProcessFailure records read from error files; our
+        # ranks report through pipes, so the message is built here instead.
+        RuntimeError.__init__(self, f"{text}\n\n{stacks}" if stacks else text)
+
+    def get_first_failure(self) -> tuple[int, RankFailure | None]:
+        """Return ``(rank, failure)`` of the root cause (``(-1, None)`` when no rank failed)."""
+        root = self.root_cause
+        return (root.rank, root) if root is not None else (-1, None)
+
+    def format_msg(self, boarder_delim: str = "=", section_delim: str = "-") -> str:
+        """Return the message: the root cause (rank, pid, type, traceback) first, then the others."""
+        return str(self)
 
     @property
     def root_cause(self) -> RankFailure | None:

@@ -86,12 +86,11 @@ def release_memory(*objects: Any) -> list[None]:
 
 
 def should_reduce_batch_size(exception: BaseException) -> bool:
-    """Return whether ``exception`` is an out-of-memory error that a smaller batch could avoid."""
-    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
-    if oom_type is not None and isinstance(exception, oom_type):
-        return True
-    if isinstance(exception, MemoryError):
-        return True
+    """Return whether ``exception`` is an out-of-memory error that a smaller batch could avoid.
+
+    As in Accelerate 1.15 only the allocator's message decides (``torch.OutOfMemoryError`` is a
+    RuntimeError carrying one); a Python ``MemoryError`` is not retried: it propagates.
+    """
     if (
         isinstance(exception, RuntimeError)
         and len(exception.args) == 1
@@ -139,12 +138,13 @@ def find_executable_batch_size(
         )
     if not callable(function):
         raise TypeError(f"find_executable_batch_size decorates a function, got {function!r}")
+    # 0 is accepted here, as in Accelerate: calling then raises "No executable batch size found".
     if (
         isinstance(starting_batch_size, bool)
         or not isinstance(starting_batch_size, int)
-        or starting_batch_size < 1
+        or starting_batch_size < 0
     ):
-        raise ValueError(f"starting_batch_size must be a positive int, got {starting_batch_size!r}")
+        raise ValueError(f"starting_batch_size must be an int >= 0, got {starting_batch_size!r}")
     if reduce_batch_size_fn is not None and not callable(reduce_batch_size_fn):
         raise TypeError(
             f"reduce_batch_size_fn must be a callable taking no arguments, got {reduce_batch_size_fn!r}"
