@@ -208,6 +208,7 @@ class AlignDevicesHook(ModelHook):
     @execution_device.setter
     def execution_device(self, value: Any) -> None:
         self._device = None if value is None else torch_device(value)
+        self._label = _exec_label(self._device)  # spelled once: telemetry events carry it
         self._execution_device = value
 
     def __repr__(self) -> str:
@@ -273,8 +274,8 @@ class AlignDevicesHook(ModelHook):
                 events.HookEvent(
                     "forward",
                     self.module_name,
-                    _exec_label(self._device),
-                    _exec_label(self._device),
+                    self._label,
+                    self._label,
                     sum(s.nbytes for s in self._slots),
                     now - self._t_forward,
                     now,
@@ -391,7 +392,7 @@ class AlignDevicesHook(ModelHook):
         for slot in self._slots:
             source = self._sources.get(slot.name, "cpu")
             by_source[source] = by_source.get(source, 0) + slot.nbytes
-        device = _exec_label(self._device)
+        device = self._label
         for source, nbytes in by_source.items():
             events.emit(
                 events.HookEvent(kind, self.module_name, device, source, nbytes, seconds, now, prefetched)

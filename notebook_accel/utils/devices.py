@@ -93,11 +93,12 @@ def torch_device(device: Device) -> torch.device:
 
 def device_label(device: Device) -> str:
     """Return the label of ``device`` for events and reprs: ``"cuda:0"`` (never bare ``"cuda"``), ``"cpu"``, ``"disk"``."""
-    if isinstance(device, int) and not isinstance(device, bool):
-        return f"cuda:{device}"
-    if is_disk(device):
-        return DISK
-    device = torch.device(device)
+    if not isinstance(device, torch.device):
+        if isinstance(device, int) and not isinstance(device, bool):
+            return f"cuda:{device}"
+        if is_disk(device):
+            return DISK
+        device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         return "cuda:0"
     return str(device)
