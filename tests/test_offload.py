@@ -172,3 +172,20 @@ def test_has_offloaded_params_and_align_module_device() -> None:
     with align_module_device(lin, execution_device="meta"):
         assert lin.weight.device.type == "meta"
     assert lin._hf_hook.execution_device == "cpu"
+
+
+def test_relative_safetensors_file_inside_the_folder_first_then_the_working_directory(tmp_path, monkeypatch):
+    # Accelerate opens a relative safetensors_file from the working directory; peft 0.21 writes its
+    # adapters' offload index that way. A file inside the offload folder still wins.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "off" / "cwd").mkdir(parents=True)
+    save_file({"w": torch.ones(2)}, tmp_path / "cwd" / "a.safetensors")
+    index = {"w": {"safetensors_file": "cwd/a.safetensors", "weight_name": "w", "dtype": "float32", "shape": [2]}}
+    loader = OffloadedWeightsLoader(save_folder=tmp_path / "off", index=index)
+    assert torch.equal(loader["w"], torch.ones(2))
+    save_file({"w": torch.zeros(2)}, tmp_path / "off" / "cwd" / "a.safetensors")
+    assert torch.equal(OffloadedWeightsLoader(save_folder=tmp_path / "off", index=index)["w"], torch.zeros(2))
+    missing = {"w": {**index["w"], "safetensors_file": "nowhere/a.safetensors"}}
+    with pytest.raises(FileNotFoundError, match="nowhere/a.safetensors"):
+        OffloadedWeightsLoader(save_folder=tmp_path / "off", index=missing)["w"]

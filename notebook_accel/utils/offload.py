@@ -298,12 +298,19 @@ class OffloadedWeightsLoader(Mapping):
 
     def _resolve(self, path: str) -> str:
         # An absolute path points into a checkpoint (as load_checkpoint_and_dispatch writes them); a
-        # relative one is the offload folder's own, never the working directory's.
+        # relative one is the offload folder's own. Only when no such file is there but one exists
+        # relative to the working directory is that one read: Accelerate opens relative paths from the
+        # working directory, and peft 0.21 writes its adapters' offload index that way.
         if os.path.isabs(path):
             return path
         if self.save_folder is None:
+            if os.path.isfile(path):
+                return os.path.abspath(path)
             raise ValueError(f"safetensors_file {path!r} is relative but the loader has no `save_folder`")
-        return _inside(self.save_folder, path, "safetensors_file")
+        inside = _inside(self.save_folder, path, "safetensors_file")
+        if not os.path.exists(inside) and os.path.isfile(path):
+            return os.path.abspath(path)
+        return inside
 
     def _mapped_tensor(self, key: str) -> torch.Tensor:
         # Only the mapped view is cached (it costs no memory); a dtype conversion is redone at each
