@@ -33,6 +33,8 @@ _TABLE: dict[str, str] = {
     "infer_auto_device_map": ".utils",
     # utilities re-exported at the top level
     "DistributedType": ".utils",
+    "DDPCommunicationHookType": ".utils",
+    "is_rich_available": ".utils",
     "AutocastKwargs": ".utils",
     "DistributedDataParallelKwargs": ".utils",
     "GradScalerKwargs": ".utils",

@@ -46,6 +46,9 @@ from .utils.versions import compare_versions, is_torch_version
 
 __all__ = [
     "BatchSamplerShard",
+    "DataLoaderAdapter",
+    "DataLoaderStateMixin",
+    "get_sampler",
     "DataLoaderDispatcher",
     "DataLoaderShard",
     "IterableDatasetShard",
@@ -148,6 +151,20 @@ class _DataLoaderStateMixin:
             gs._set_end_of_dataloader(self.end_of_dataloader)
             gs._set_remainder(self.remainder)
 
+    # Accelerate 1.15's public names for the same book-keeping (custom loaders call them).
+    def reset(self) -> None:
+        """Forget the end-of-data flag and the remainder (a new iteration starts)."""
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    def begin(self) -> None:
+        """Start an iteration: reset, and register this loader as GradientState's active one."""
+        self._begin()
+
+    def end(self) -> None:
+        """Finish an iteration: this loader stops being GradientState's active one."""
+        self._finish()
+
     def _compute_remainder(self) -> int:
         # Known up front from the length of what is iterated: for a sharded stream that is the
         # padded stream (so 0: its padding completes the last batch and gather_for_metrics keeps
@@ -162,6 +179,10 @@ class _DataLoaderStateMixin:
             length *= self.dataset.num_processes
         total = self.total_batch_size
         return length % total if total else -1
+
+
+# Accelerate's name for the mixin (custom loaders subclass it).
+DataLoaderStateMixin = _DataLoaderStateMixin
 
 
 class DataLoaderShard(_DataLoaderStateMixin, DataLoader):
@@ -427,6 +448,64 @@ def find_sampler(dataloader: Any) -> Sampler | None:
             return getattr(obj, "sampler", None)
         obj, seen = inner, seen + 1
     return getattr(dataloader, "sampler", None)
+
+
+def get_sampler(dataloader: Any) -> Sampler | None:
+    """Return the sampler that orders ``dataloader``'s samples (looking through batch samplers and shard wrappers)."""
+    return find_sampler(dataloader)
+
+
+class DataLoaderAdapter(DataLoader):
+    """A ``DataLoader`` (or, with ``use_stateful_dataloader``, torchdata's ``StatefulDataLoader``) to prepare.
+
+    With the stateful loader, iteration, ``state_dict`` and ``load_state_dict`` go to a
+    ``StatefulDataLoader`` built with the same arguments (resuming mid-epoch); without it this is a
+    plain DataLoader whose ``state_dict`` raises, naming the flag to set.
+    """
+
+    def __init__(
+        self, dataset: Any, use_stateful_dataloader: bool = False, batch_sampler: Any = None, **kwargs: Any
+    ):
+        super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
+        self.use_stateful_dataloader = use_stateful_dataloader
+        self.base_dataloader: Any = self
+        if use_stateful_dataloader:
+            if not is_torchdata_stateful_dataloader_available():
+                raise ImportError(
+                    "use_stateful_dataloader=True needs torchdata's StatefulDataLoader: pip install 'torchdata>=0.8.0'"
+                )
+            from torchdata.stateful_dataloader import StatefulDataLoader
+
+            self.base_dataloader = StatefulDataLoader(dataset, batch_sampler=batch_sampler, **kwargs)
+
+    def __iter__(self):
+        if self.base_dataloader is self:
+            return super().__iter__()
+        return iter(self.base_dataloader)
+
+    def __len__(self) -> int:
+        return super().__len__() if self.base_dataloader is self else len(self.base_dataloader)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the stateful loader's position (needs ``use_stateful_dataloader=True``)."""
+        if self.base_dataloader is self:
+            raise ValueError(
+                "state_dict() needs a stateful loader: build it with use_stateful_dataloader=True "
+                "(DataLoaderConfiguration(use_stateful_dataloader=True) in an Accelerator)"
+            )
+        return self.adjust_state_dict_for_prefetch(self.base_dataloader.state_dict())
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume the stateful loader at the position ``state_dict`` describes."""
+        if self.base_dataloader is self:
+            raise ValueError(
+                "load_state_dict() needs a stateful loader: build it with use_stateful_dataloader=True"
+            )
+        self.base_dataloader.load_state_dict(state_dict)
+
+    def adjust_state_dict_for_prefetch(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """Return ``state_dict`` as is: this loader yields batches as it fetches them (no batch held ahead)."""
+        return state_dict
 
 
 def _loader_kwargs(dataloader: DataLoader) -> dict[str, Any]:

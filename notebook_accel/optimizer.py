@@ -7,6 +7,7 @@ whether the scaler skipped the step (inf/NaN gradients) so the scheduler can ski
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ from .utils.imports import is_torch_xla_available
 from .utils.operations import honor_type, send_to_device
 from .utils.package_checks import is_lomo_available
 
-__all__ = ["AcceleratedOptimizer"]
+__all__ = ["AcceleratedOptimizer", "move_to_device", "patch_optimizer_step"]
 # Accelerate 1.15 serves these names at this path too (defined elsewhere).
 __all__ += [
     "AcceleratorState",
@@ -149,3 +150,23 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+
+
+def move_to_device(state: Any, device: Any) -> Any:
+    """Return ``state`` (an optimizer state: nested lists/tuples/dicts) with every tensor on ``device``."""
+    return send_to_device(state, device)
+
+
+def patch_optimizer_step(accelerated_optimizer: AcceleratedOptimizer, method: Callable) -> Callable:
+    """Return ``method`` (the wrapped optimizer's step) patched to record on ``accelerated_optimizer`` that it ran.
+
+    A GradScaler skips ``optimizer.step`` after inf/NaN gradients; the flag
+    ``accelerated_optimizer._accelerate_step_called`` tells whether the step really happened.
+    """
+
+    @functools.wraps(method)
+    def patched_step(*args: Any, **kwargs: Any) -> Any:
+        accelerated_optimizer._accelerate_step_called = True
+        return method(*args, **kwargs)
+
+    return patched_step

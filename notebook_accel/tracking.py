@@ -11,10 +11,12 @@ whose package is installed.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,6 @@ from .state import PartialState
 from .utils._worker_channel import send_event
 from .utils.enums import LoggerType
 from .utils.environment import str_to_bool
-from .utils.imports import is_package_available as _installed
 from .utils.operations import listify
 from .utils.other import _atomic_write
 from .utils.package_checks import (
@@ -32,6 +33,7 @@ from .utils.package_checks import (
     is_comet_ml_available,
     is_dvclive_available,
     is_mlflow_available,
+    is_package_available,
     is_swanlab_available,
     is_tensorboard_available,
     is_trackio_available,
@@ -53,6 +55,9 @@ __all__ = [
     "TrackioTracker",
     "WandBTracker",
     "filter_trackers",
+    "get_available_trackers",
+    "on_main_process",
+    "register_tracker_class",
 ]
 # Accelerate 1.15 serves these names at this path too (defined elsewhere).
 __all__ += [
@@ -326,16 +331,51 @@ class MLflowTracker(GeneralTracker):
     name = "mlflow"
     requires_logging_directory = False
 
-    def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        experiment_name: str | None = None,
+        logging_dir: str | os.PathLike | None = None,
+        run_id: str | None = None,
+        tags: dict[str, Any] | str | None = None,
+        nested_run: bool | None = False,
+        run_name: str | None = None,
+        description: str | None = None,
+    ) -> None:
         super().__init__()
         mlflow = _require("mlflow", "mlflow", self.name)
         self._mlflow = mlflow
+        # MLflow's own environment variables win over the arguments, as in MLflow's tools.
+        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", experiment_name)
+        run_id = os.environ.get("MLFLOW_RUN_ID", run_id)
+        tags = os.environ.get("MLFLOW_TAGS", tags)
+        if isinstance(tags, str):
+            try:
+                tags = json.loads(tags)
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"MLflowTracker: tags must be a dict or its JSON text, got {tags!r}"
+                ) from error
+        nested_run = (
+            str_to_bool(os.environ["MLFLOW_NESTED_RUN"], to_bool=True)
+            if "MLFLOW_NESTED_RUN" in os.environ
+            else nested_run
+        )
         if logging_dir is not None:
             mlflow.set_tracking_uri(str(logging_dir))
-        experiment = mlflow.get_experiment_by_name(run_name)
-        experiment_id = experiment.experiment_id if experiment else mlflow.create_experiment(run_name)
+        experiment = mlflow.get_experiment_by_name(experiment_name) if experiment_name else None
+        if experiment_name and experiment is None:
+            experiment_id = mlflow.create_experiment(experiment_name)
+        else:
+            experiment_id = experiment.experiment_id if experiment else None
         self.run_name = run_name
-        self.run = mlflow.start_run(experiment_id=experiment_id, **kwargs)
+        self.run = mlflow.start_run(
+            run_id=run_id,
+            experiment_id=experiment_id,
+            run_name=run_name,
+            nested=bool(nested_run),
+            tags=tags,
+            description=description,
+        )
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         # MLflow caps parameter values at 500 characters; longer ones are dropped with a note.
@@ -479,6 +519,47 @@ LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
 _EXTRA_TRACKERS: dict[str, type[GeneralTracker]] = {NotebookTracker.name: NotebookTracker}
 
 
+def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
+    """Make ``log_with=tracker_class.name`` choose ``tracker_class``, like the built-in trackers.
+
+    The class must subclass GeneralTracker with a non-empty ``name`` and a ``requires_logging_directory``
+    attribute; it is built with the project name first (and the logging directory when it requires one).
+    Register it before creating the Accelerator that uses it.
+    """
+    if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
+        raise TypeError(f"register_tracker_class takes a GeneralTracker subclass, got {tracker_class!r}")
+    name = getattr(tracker_class, "name", None)
+    if not isinstance(name, str) or not name:
+        raise ValueError(
+            f"{tracker_class.__name__} needs a non-empty `name` class attribute to be registered"
+        )
+    if not isinstance(getattr(tracker_class, "requires_logging_directory", None), bool):
+        raise ValueError(
+            f"{tracker_class.__name__} needs a `requires_logging_directory` class attribute (True or False)"
+        )
+    _EXTRA_TRACKERS[name] = tracker_class
+
+
+def get_available_trackers() -> list[LoggerType]:
+    """Return the trackers (LoggerType members) whose package is installed here."""
+    return [LoggerType(name) for name, package in _PACKAGES.items() if is_package_available(package)]
+
+
+def on_main_process(function: Callable) -> Callable:
+    """Return a tracker method that runs on the main process only when its tracker has ``main_process_only``.
+
+    The process is asked at call time, so decorating does not build the process state.
+    """
+
+    @functools.wraps(function)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "main_process_only", False) and not PartialState().is_main_process:
+            return None
+        return function(self, *args, **kwargs)
+
+    return wrapper
+
+
 def _tracker_class(name: str) -> type[GeneralTracker] | None:
     return LOGGER_TYPE_TO_CLASS.get(name) or _EXTRA_TRACKERS.get(name)
 
@@ -513,7 +594,7 @@ def filter_trackers(log_with: Any, logging_dir: str | os.PathLike | None = None)
             continue
         name = str(getattr(item, "value", item)).lower()
         if name == "all":
-            chosen.extend(n for n, pkg in _PACKAGES.items() if _installed(pkg) and n not in chosen)
+            chosen.extend(n for n, pkg in _PACKAGES.items() if is_package_available(pkg) and n not in chosen)
             continue
         cls = _tracker_class(name)
         if cls is None:
@@ -521,7 +602,7 @@ def filter_trackers(log_with: Any, logging_dir: str | os.PathLike | None = None)
                 f"log_with={item!r} is not a known tracker; choose from "
                 f"{sorted([*LOGGER_TYPE_TO_CLASS, *_EXTRA_TRACKERS]) + ['all']} or pass a GeneralTracker instance"
             )
-        if name in _PACKAGES and not _installed(_PACKAGES[name]):
+        if name in _PACKAGES and not is_package_available(_PACKAGES[name]):
             raise ImportError(
                 f"log_with={name!r} requires `{_PACKAGES[name]}`: pip install {_PACKAGES[name]}"
             )

@@ -88,7 +88,6 @@ KNOWN_VIOLATIONS: dict[str, str] = {
     "in-function import: notebook_accel.data_loader.prepare_data_loader -> notebook_accel.state": "goldens",
     "in-function import: notebook_accel.utils.configs.DataLoaderConfiguration.__post_init__ -> notebook_accel.utils.imports": "lead",
     "in-function import: notebook_accel.utils.deepspeed_plugin.DeepSpeedPlugin.require_deepspeed -> notebook_accel.utils.imports": "lead",
-    "in-function import: notebook_accel.utils.kwargs.FP8RecipeKwargs.check_engine -> notebook_accel.utils.imports": "lead",
     "in-function import: notebook_accel.utils.modeling.get_mixed_precision_context_manager -> notebook_accel.state": "struct-core",
     "in-function import: notebook_accel.utils.operations._world -> notebook_accel.state": "surface",
     "in-function import: notebook_accel.utils.other._state -> notebook_accel.state": "struct-core",

@@ -161,6 +161,9 @@ _HANDLER_SLOTS = {
     "InitProcessGroupKwargs": "init",
     "AutocastKwargs": "autocast",
     "FP8RecipeKwargs": "fp8",
+    "TERecipeKwargs": "fp8",
+    "MSAMPRecipeKwargs": "fp8",
+    "AORecipeKwargs": "fp8",
     "ProfileKwargs": "profile",
 }
 

@@ -13,7 +13,7 @@ import torch
 
 from ..utils import imports
 from ..utils.enums import DistributedType
-from ..utils.kwargs import FP8RecipeKwargs
+from ..utils.fp8_recipes import TERecipeKwargs
 
 __all__: list[str] = []
 
@@ -88,7 +88,8 @@ def check_engines(state: Any, megatron_lm_plugin: Any, mixed_precision: str, fp8
         )
     if mixed_precision == "fp8":
         if fp8_handler is None:
-            fp8_handler = FP8RecipeKwargs()
+            # 1.15's default FP8 engine is TransformerEngine (FP8RecipeKwargs is deprecated).
+            fp8_handler = TERecipeKwargs()
         fp8_handler.check_engine()
 
 

@@ -39,7 +39,18 @@ from .gradient import GradientState
 from .process import AcceleratorState, PartialState
 
 # Besides the singletons, names code written for Accelerate imports from accelerate.state.
-__all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState", "parse_flag_from_env"]
+from .shared import ThreadLocalSharedDict, do_nothing, is_initialized
+
+__all__ = [
+    "AcceleratorState",
+    "DistributedType",
+    "GradientState",
+    "PartialState",
+    "ThreadLocalSharedDict",
+    "do_nothing",
+    "is_initialized",
+    "parse_flag_from_env",
+]
 # Accelerate 1.15 serves these names at this path too (defined elsewhere).
 __all__ += [
     "DynamoBackend",

@@ -58,7 +58,6 @@ _add(
     "KwargsHandler",
     "AutocastKwargs",
     "DistributedDataParallelKwargs",
-    "FP8RecipeKwargs",
     "GradScalerKwargs",
     "InitProcessGroupKwargs",
     "ProfileKwargs",
@@ -326,6 +325,7 @@ _add(
     "model_has_dtensor",
     "recursive_getattr",
 )
+_add(".fp8_recipes", "AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs")
 
 __all__ = sorted(_TABLE)
 __getattr__, __dir__ = attach(__name__, _TABLE)

@@ -12,18 +12,25 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any, Literal
 
+from .._lazy import attach
 from ._validation import choice
 from .enums import DDPCommunicationHookType
 
 __all__ = [
     "AutocastKwargs",
     "DistributedDataParallelKwargs",
-    "FP8RecipeKwargs",
     "GradScalerKwargs",
     "InitProcessGroupKwargs",
     "KwargsHandler",
     "ProfileKwargs",
 ]
+# The FP8 recipes subclass KwargsHandler, so they live in utils.fp8_recipes and resolve here at first use.
+_FP8_RECIPES = dict.fromkeys(
+    ("AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs"),
+    "notebook_accel.utils.fp8_recipes",
+)
+__all__ += sorted(_FP8_RECIPES)
+__getattr__, __dir__ = attach(__name__, _FP8_RECIPES)
 
 
 class KwargsHandler:
@@ -209,100 +216,6 @@ class InitProcessGroupKwargs(KwargsHandler):
                 )
             if self.timeout.total_seconds() <= 0:
                 raise ValueError(f"InitProcessGroupKwargs: timeout must be positive, got {self.timeout!r}")
-
-
-_FP8_BACKENDS = ("MSAMP", "TE")
-_FP8_FORMATS = ("E4M3", "HYBRID")
-_OPT_LEVELS = ("O1", "O2")
-_AMAX_ALGOS = ("max", "most_recent")
-
-
-@dataclass
-class FP8RecipeKwargs(KwargsHandler):
-    """Configure FP8 mixed precision through TransformerEngine (``backend="te"``) or MS-AMP (``"msamp"``).
-
-    Examples: ``FP8RecipeKwargs(backend="te", fp8_format="HYBRID")``,
-    ``FP8RecipeKwargs(backend="msamp", optimization_level="O2")``. The engine is only needed when the
-    recipe is used (``check_engine()`` / ``to_te_recipe()``), not to build the configuration.
-    """
-
-    backend: Literal["MSAMP", "TE"] = "MSAMP"
-    """The FP8 engine: "msamp" (MS-AMP) or "te" (TransformerEngine), case-insensitive."""
-    opt_level: Literal["O1", "O2"] = "O2"
-    """MS-AMP optimisation level: "O1" (fp8 weight gradients and all-reduce) or "O2" (also 8-bit optimizer states)."""
-    margin: int = 0
-    """TransformerEngine: margin for the scaling factor computation."""
-    interval: int = 1
-    """TransformerEngine: how often (in steps) the scaling factor is recomputed."""
-    fp8_format: Literal["E4M3", "HYBRID"] = "E4M3"
-    """TransformerEngine: "E4M3" everywhere, or "HYBRID" (E4M3 forward, E5M2 backward)."""
-    amax_history_len: int = 1
-    """TransformerEngine: length of the amax history used for scaling."""
-    amax_compute_algo: Literal["max", "most_recent"] = "most_recent"
-    """TransformerEngine: "max" over the history or the "most_recent" amax."""
-    override_linear_precision: tuple[bool, bool, bool] = (False, False, False)
-    """TransformerEngine: run the fprop, dgrad, wgrad GEMMs in higher precision."""
-    optimization_level: str | None = None
-    """Alias of ``opt_level`` (the spelling the MS-AMP example uses)."""
-
-    def __post_init__(self) -> None:
-        owner = "FP8RecipeKwargs"
-        self.backend = str(self.backend).upper()
-        choice(owner, "backend", self.backend, _FP8_BACKENDS)
-        if self.optimization_level is not None:
-            self.opt_level = self.optimization_level
-            self.optimization_level = None
-        # The MS-AMP docs write the level with a zero ("02"); read it as the letter O.
-        level = str(self.opt_level).upper()
-        if level[:1] == "0":
-            level = "O" + level[1:]
-        self.opt_level = level
-        choice(owner, "opt_level", self.opt_level, _OPT_LEVELS)
-        self.fp8_format = str(self.fp8_format).upper()
-        choice(owner, "fp8_format", self.fp8_format, _FP8_FORMATS)
-        choice(owner, "amax_compute_algo", self.amax_compute_algo, _AMAX_ALGOS)
-        for name, minimum in (("margin", 0), ("interval", 1), ("amax_history_len", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{owner}: {name} must be an int >= {minimum}, got {value!r}")
-        olp = tuple(self.override_linear_precision)
-        if len(olp) != 3 or not all(isinstance(v, bool) for v in olp):
-            raise ValueError(
-                f"{owner}: override_linear_precision must be three bools (fprop, dgrad, wgrad), "
-                f"got {self.override_linear_precision!r}"
-            )
-        self.override_linear_precision = olp
-
-    def check_engine(self) -> None:
-        """Raise ImportError naming the package to install when the selected engine is missing."""
-        from .imports import is_msamp_available, is_transformer_engine_available
-
-        if self.backend == "TE" and not is_transformer_engine_available():
-            raise ImportError(
-                "FP8RecipeKwargs(backend='te') requires `transformer_engine`: "
-                "pip install 'transformer_engine[pytorch]' (needs an NVIDIA Hopper/Ada GPU)"
-            )
-        if self.backend == "MSAMP" and not is_msamp_available():
-            raise ImportError(
-                "FP8RecipeKwargs(backend='msamp') requires `msamp` (MS-AMP): "
-                "see https://azure.github.io/MS-AMP/docs/getting-started/installation"
-            )
-
-    def to_te_recipe(self) -> Any:
-        """Return the ``transformer_engine.common.recipe.DelayedScaling`` this configuration describes."""
-        if self.backend != "TE":
-            raise ValueError(f"to_te_recipe() needs backend='te', this recipe uses backend={self.backend!r}")
-        self.check_engine()
-        from transformer_engine.common import recipe
-
-        return recipe.DelayedScaling(
-            margin=self.margin,
-            interval=self.interval,
-            fp8_format=getattr(recipe.Format, self.fp8_format),
-            amax_history_len=self.amax_history_len,
-            amax_compute_algo=self.amax_compute_algo,
-            override_linear_precision=self.override_linear_precision,
-        )
 
 
 _PROFILER_ACTIVITIES = ("cpu", "xpu", "mtia", "cuda", "hpu")

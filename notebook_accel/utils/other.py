@@ -16,7 +16,15 @@ from typing import Any
 import torch
 
 from .._lazy import attach
-from .compilation import is_compiled_module
+from .compilation import (
+    compile_regions,
+    compile_regions_deepspeed,
+    compile_regions_fsdp2,
+    has_compiled_regions,
+    has_repeated_blocks,
+    is_compiled_module,
+    is_repeated_blocks,
+)
 from .constants import FSDP_PYTORCH_VERSION
 from .enums import DistributedType
 from .imports import is_torch_distributed_available, is_torch_xla_available, is_weights_only_available
@@ -26,6 +34,13 @@ from .tensors import id_tensor_storage
 from .versions import is_torch_version
 
 __all__ = [
+    "get_module_class_from_name",
+    "compile_regions",
+    "compile_regions_deepspeed",
+    "compile_regions_fsdp2",
+    "has_compiled_regions",
+    "has_repeated_blocks",
+    "is_repeated_blocks",
     "get_free_port",
     "is_compiled_module",
     "is_port_in_use",
@@ -406,3 +421,17 @@ def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
         return torch.load(f, map_location=map_location, **kwargs)
     with torch.serialization.safe_globals(TORCH_SAFE_GLOBALS):
         return torch.load(f, map_location=map_location, **kwargs)
+
+
+def get_module_class_from_name(module: torch.nn.Module, name: str) -> type | None:
+    """Return the class called ``name`` among ``module`` and its submodules (breadth first), or None.
+
+    Used to turn layer class names (``"GPT2Block"``) into classes, e.g. for an FSDP wrap policy.
+    """
+    queue = [module]
+    while queue:
+        current = queue.pop(0)
+        if type(current).__name__ == name:
+            return type(current)
+        queue.extend(current.children())
+    return None

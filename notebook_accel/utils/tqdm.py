@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._lazy import attach
 from .other import _state
 from .package_checks import is_tqdm_available
 
-__all__ = ["tqdm"]
+__all__ = ["is_tqdm_available", "tqdm"]
+# Accelerate serves PartialState here too; state sits above utils, so it resolves at first use.
+_REEXPORTED_LAZILY = {"PartialState": "notebook_accel.state"}
+__all__ += sorted(_REEXPORTED_LAZILY)
+__getattr__, __dir__ = attach(__name__, _REEXPORTED_LAZILY)
 
 
 def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
