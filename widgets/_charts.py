@@ -22,11 +22,11 @@ def _new_figure(width: float, height: float):  # noqa: ANN202 - matplotlib types
     return fig
 
 
-def _to_png(fig) -> bytes:  # noqa: ANN001
+def _to_png(fig, **margins: float) -> bytes:  # noqa: ANN001
     buf = io.BytesIO()
     # Fixed margins rather than tight_layout (a second layout pass), and light PNG compression: the
     # panels redraw on every control change, where encoding time matters more than a few KiB.
-    fig.subplots_adjust(left=0.12, right=0.98, top=0.88, bottom=0.14)
+    fig.subplots_adjust(**{"left": 0.12, "right": 0.98, "top": 0.88, "bottom": 0.14, **margins})
     fig.savefig(buf, format="png", pil_kwargs={"compress_level": 1})
     return buf.getvalue()
 

@@ -31,6 +31,8 @@ def metrics_png(series: dict[str, tuple[list[float], list[float]]], width: float
     names = list(series)[:_MAX_CHARTS]
     cols = min(3, max(1, len(names)))
     rows = (len(names) + cols - 1) // cols
+    from matplotlib.ticker import MaxNLocator
+
     fig = _new_figure(width, 2.2 * max(1, rows))
     for i, name in enumerate(names):
         ax = fig.add_subplot(rows, cols, i + 1)
@@ -40,5 +42,6 @@ def metrics_png(series: dict[str, tuple[list[float], list[float]]], width: float
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(True, alpha=0.3)
-    fig.subplots_adjust(wspace=0.35, hspace=0.6)
-    return _to_png(fig)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+    # Room below each row for its "step" label, and between charts for the value ticks.
+    return _to_png(fig, left=0.07, bottom=0.2 / rows, wspace=0.3, hspace=0.8)
