@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -152,8 +152,11 @@ def _prompts(page: Page) -> list[str]:
     return page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt").all_inner_texts()
 
 
-def _run_all(page: Page, name: str) -> None:
-    """Run every cell through the Run menu and wait until the kernel is done; fail on a cell error."""
+def _run_all(page: Page, name: str, during: Callable[[Page], None] | None = None) -> None:
+    """Run every cell through the Run menu and wait until the kernel is done; fail on a cell error.
+
+    ``during(page)`` is called between polls while cells run (to look at live panels).
+    """
     page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=60_000)
     # The kernel must be up before "Run All" (otherwise the command is queued behind its start).
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
@@ -168,8 +171,12 @@ def _run_all(page: Page, name: str) -> None:
         started = started or busy or all(re.search(r"\[\d+\]", p) for p in prompts)
         if started and not busy:
             break
+        if during is not None:
+            during(page)
         time.sleep(0.5)
     else:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / f"{Path(name).stem}-timed-out.png"))
         pytest.fail(f"{name}: cells still running after {RUN_TIMEOUT} s: {_prompts(page)}")
     not_run = [i for i, p in enumerate(_prompts(page)) if not re.search(r"\[\d+\]", p)]
     if not_run:
@@ -178,12 +185,12 @@ def _run_all(page: Page, name: str) -> None:
         pytest.fail(f"{name}: code cells {not_run} did not run (an earlier cell failed):\n{text}")
 
 
-def _open_and_run(browser, lab: str, name: str) -> Page:  # noqa: ANN001 - playwright Browser
+def _open_and_run(browser, lab: str, name: str, during=None) -> Page:  # noqa: ANN001 - playwright Browser
     # 1280 px: a common laptop width, where the panels must fit without horizontal overflow.
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
     page.set_default_timeout(30_000)
     page.goto(lab.format(name=name), wait_until="domcontentloaded")
-    _run_all(page, name)
+    _run_all(page, name, during)
     return page
 
 
@@ -209,9 +216,51 @@ def _no_widget_errors(page: Page, name: str) -> None:
     assert broken.count() == 0, f"{name}: a widget failed to render: {broken.all_inner_texts()}"
 
 
+_STATUS_ROWS_JS = (
+    "t => [...t.querySelectorAll('tbody tr')].map(r => [...r.cells].map(c => c.innerText.trim()))"
+)
+
+
+def _watch_dashboard(seen: dict) -> Callable[[Page], None]:
+    """Return a ``during`` callback noting, while the dashboard launch runs, a bar, a chart and usage numbers."""
+
+    def look(page: Page) -> None:
+        if seen.get("all"):
+            return
+        panel = page.locator(".jp-OutputArea-output", has=page.locator(".widget-hprogress")).last
+        try:
+            if panel.count() == 0:
+                return
+            rows = panel.locator("table").first.evaluate(_STATUS_ROWS_JS, timeout=2000)
+            running = [r for r in rows if len(r) > 6 and r[2] == "running"]
+            if not running:
+                return
+            # CPU % is a number and memory a size in every running rank's row.
+            if all(
+                re.fullmatch(r"\d+", r[4]) and re.fullmatch(r"[\d.]+ (KiB|MiB|GiB)", r[5]) for r in running
+            ):
+                seen["usage"] = running
+            label = panel.locator(".widget-hprogress").first.locator("xpath=..").inner_text(timeout=2000)
+            if re.search(r"\[rank 0\] epoch \d+: +\d+%", label):
+                seen["bar"] = label
+            chart = panel.locator(".widget-image").first
+            if chart.count() and chart.evaluate("img => img.naturalWidth", timeout=2000) > 20:
+                seen["chart"] = True
+        except Exception as exc:  # the output re-rendered between two calls: look again next poll
+            seen.setdefault("errors", []).append(repr(exc)[:200])
+            return
+        if {"usage", "bar", "chart"} <= set(seen):
+            seen["all"] = True
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            panel.screenshot(path=str(SCREENSHOTS / "quickstart-dashboard-running.png"))
+
+    return look
+
+
 def test_quickstart_launch_panel_has_one_tab_per_rank(browser, lab: str) -> None:  # noqa: ANN001
     name = "quickstart.ipynb"
-    page = _open_and_run(browser, lab, name)
+    seen: dict = {}
+    page = _open_and_run(browser, lab, name, during=_watch_dashboard(seen))
     panel = None
     try:
         _no_widget_errors(page, name)
@@ -240,6 +289,8 @@ def test_quickstart_launch_panel_has_one_tab_per_rank(browser, lab: str) -> None
         assert states.count("succeeded") >= 2, (
             f"the status table does not show both ranks succeeded: {states!r}"
         )
+        # The training dashboard, seen while it ran: a live bar, a metric chart, CPU % and memory numbers.
+        assert seen.get("all"), f"the running dashboard did not show a bar, a chart and usage numbers: {seen}"
     finally:
         _screenshot(page, name, panel)
         page.close()
