@@ -9,8 +9,29 @@ layering one-way: a low-level module never pays for importing a high-level one.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
+
+
+class _Facade(types.ModuleType):
+    """A facade package with a public name that is also one of its submodules (``utils.tqdm``).
+
+    Importing a submodule binds it on its package, which would hide the public name of the same
+    name for good (``from notebook_accel.utils import tqdm`` gave the module once any code had run
+    ``from .tqdm import tqdm``). As in Accelerate, whose ``utils/__init__`` rebinds the name after
+    the import, the package attribute stays the public object; the submodule is in sys.modules.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if (
+            isinstance(value, types.ModuleType)
+            and name in self.__dict__.get("_shadowed_by_submodule", ())
+            and value.__name__ == f"{self.__name__}.{name}"
+        ):
+            return
+        super().__setattr__(name, value)
 
 
 def attach(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
@@ -19,6 +40,12 @@ def attach(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], Any]
     ``table`` maps a public name to the module (absolute, or relative to ``package`` when it starts
     with a dot) that defines it.
     """
+
+    shadowed = frozenset(n for n, m in table.items() if m in (f".{n}", f"{package}.{n}"))
+    module = sys.modules.get(package)
+    if shadowed and module is not None and type(module) is types.ModuleType:
+        module._shadowed_by_submodule = shadowed
+        module.__class__ = _Facade
 
     def __getattr__(name: str) -> Any:
         try:

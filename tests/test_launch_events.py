@@ -320,3 +320,19 @@ def test_notebook_accel_utils_tqdm_shows_the_main_process_bar_only() -> None:
     assert (bar.rank, bar.n, bar.total, bar.closed) == (0, STEPS, STEPS, True)
     assert [line.text for line in handle.lines(0)] == [bar.text] and "1000/1000" in bar.text
     assert handle.lines(1) == []
+
+
+def test_utils_tqdm_stays_the_function_after_its_module_is_imported() -> None:
+    import subprocess
+
+    # A fresh interpreter: which of the two gets bound depends on what was imported before.
+    code = (
+        "import notebook_accel.utils.modeling\n"  # runs `from .tqdm import tqdm`
+        "from notebook_accel.utils import tqdm\n"
+        "import sys, types\n"
+        "assert callable(tqdm) and not isinstance(tqdm, types.ModuleType), tqdm\n"
+        "assert isinstance(sys.modules['notebook_accel.utils.tqdm'], types.ModuleType)\n"
+        "print(list(tqdm(range(3), disable=True)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[0, 1, 2]", out.stderr[-2000:]
