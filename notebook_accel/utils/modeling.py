@@ -1,7 +1,9 @@
 """``accelerate.utils`` modeling names, re-exported from the topic modules that define them.
 
-sizes: byte accounting; device_memory: budgets; device_map: planning and checks; tied_params: shared weights;
-tensors: moving one tensor; checkpoints: reading and sharding checkpoints.
+sizes: byte accounting; device_memory: budgets; device_map: strategies, planning (planner) and cleaning;
+placement: checking a map against its model, once per load; devices: how a device is spelled; tied_params:
+shared weights; tensors: moving one tensor; checkpoints: reading and sharding checkpoints. The helpers reading
+a hooked model's offloaded weights live in ``notebook_accel.hooks.offloaded`` and are resolved from here.
 
 Beyond Accelerate's names: ``plan_device_map`` returns a ``DeviceMapPlan`` (the map plus per-device bytes,
 reserved room and, with ``verbose``, the decisions; it renders as an HTML table in a notebook);
