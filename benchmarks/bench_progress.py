@@ -29,8 +29,9 @@ import os
 import statistics
 import time
 
-from notebook_accel import notebook_launcher
 from notebook_accel.widgets import LaunchPanel
+
+from notebook_accel import notebook_launcher
 
 
 def _loop(steps: int, with_bar: bool) -> float:
