@@ -250,3 +250,53 @@ def test_scheduler_stops_a_fixed_length_schedule_at_its_end(monkeypatch) -> None
 def test_scheduler_needs_a_step_method() -> None:
     with pytest.raises(TypeError, match="wraps an object with a step\\(\\) method, got str"):
         AcceleratedScheduler("cosine", [])
+
+
+# --- checkpoints ---------------------------------------------------------------------------------
+
+
+def test_checkpointer_saves_and_restores_registered_objects_without_an_accelerator(tmp_path) -> None:
+    from notebook_accel.accelerator.checkpoint import Checkpointer, PreparedObjects
+    from notebook_accel.utils import ProjectConfiguration
+
+    class Counter:
+        def __init__(self) -> None:
+            self.count = 0
+
+        def state_dict(self) -> dict:
+            return {"count": self.count}
+
+        def load_state_dict(self, state: dict) -> None:
+            self.count = state["count"]
+
+    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=1)
+    prepared = PreparedObjects()
+    checkpointer = Checkpointer(config, AcceleratorState(cpu=True), prepared)
+    counter = Counter()
+    checkpointer.register(counter)
+    seen = []
+    handle = checkpointer.add_save_hook(lambda models, weights, folder: seen.append(folder))
+    counter.count = 3
+    first = checkpointer.save(None, [], step=7, scaler=None, safe_serialization=True)
+    counter.count = 5
+    second = checkpointer.save(None, [], step=8, scaler=None, safe_serialization=True)
+    handle.remove()
+    assert first.endswith("checkpoint_0") and second.endswith("checkpoint_1") and len(seen) == 2
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_1"]  # total_limit=1
+    counter.count = 0
+    config.iteration = 0  # a fresh run: loading the latest checkpoint continues its numbering
+    saved = checkpointer.load(None, unwrap=lambda m: m, scaler=None)
+    assert counter.count == 5 and saved["step"] == 8 and config.iteration == 2
+    with pytest.raises(ValueError, match=r"The following inputs are invalid:\n\t- Item at index 0, `int`"):
+        checkpointer.register(3)
+
+
+def test_free_memory_empties_the_registries_in_place() -> None:
+    from notebook_accel import Accelerator
+
+    acc = Accelerator(cpu=True)
+    models = acc._models
+    acc.prepare(torch.nn.Linear(2, 2))
+    assert acc._checkpointer.prepared.models is models and len(models) == 1
+    acc.free_memory()
+    assert acc._models is models and models == []

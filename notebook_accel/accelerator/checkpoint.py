@@ -1,77 +1,79 @@
-"""Checkpoint verbs of the Accelerator: save / save_model / save_state / load_state and their hooks.
+"""save_state / load_state for one Accelerator: which folder, which process writes, what goes in.
 
-A mixin of :class:`notebook_accel.accelerator.Accelerator`, kept apart so each file reads in one
-sitting; the file formats and the atomic folder swap live in :mod:`notebook_accel.checkpointing`.
+:class:`PreparedObjects` holds what the Accelerator prepared or registered (models, optimizers,
+schedulers, dataloaders, custom objects and the pre-hooks); :class:`Checkpointer` writes and reads
+them. Both are explicit objects the Accelerator builds and hands what they need (the project
+configuration, the process state), so the checkpoint logic reads no Accelerator attribute. The
+file formats and the atomic folder swap live in :mod:`notebook_accel.checkpointing`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.utils.hooks import RemovableHandle
 
 from .. import checkpointing as _ckpt
-from ..data_loader import skip_first_batches
+from ..utils.configs import ProjectConfiguration
 from ..utils.enums import DistributedType
-from ..utils.other import save
 
-__all__: list[str] = []
+__all__ = ["Checkpointer", "PreparedObjects"]
 
 
-class _CheckpointMixin:
-    """save, save_model, save_state, load_state, pre-hooks, register_for_checkpointing, skip_first_batches."""
+@dataclasses.dataclass
+class PreparedObjects:
+    """What an Accelerator prepared or registered, in preparation order (what a checkpoint holds)."""
 
-    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
-        """Save ``obj`` to ``f`` once per machine (see ``utils.save``)."""
-        save(
-            obj,
-            f,
-            save_on_each_node=self.project_configuration.save_on_each_node,
-            safe_serialization=safe_serialization,
-        )
+    models: list[torch.nn.Module] = dataclasses.field(default_factory=list)
+    optimizers: list[Any] = dataclasses.field(default_factory=list)
+    schedulers: list[Any] = dataclasses.field(default_factory=list)
+    dataloaders: list[Any] = dataclasses.field(default_factory=list)
+    custom_objects: list[Any] = dataclasses.field(default_factory=list)
+    save_hooks: OrderedDict[int, Callable] = dataclasses.field(default_factory=OrderedDict)
+    load_hooks: OrderedDict[int, Callable] = dataclasses.field(default_factory=OrderedDict)
 
-    def _is_writer(self) -> bool:
-        return (
-            self.is_local_main_process
-            if self.project_configuration.save_on_each_node
-            else self.is_main_process
-        )
+    def forget_prepared(self) -> None:
+        """Empty the prepared-object lists in place (registered objects and hooks stay)."""
+        for objects in (self.models, self.optimizers, self.schedulers, self.dataloaders):
+            objects.clear()
 
-    def save_model(
-        self,
-        model: torch.nn.Module,
-        save_directory: str | os.PathLike,
-        max_shard_size: int | str = "10GB",
-        safe_serialization: bool = True,
-    ) -> None:
-        """Write ``model``'s weights to ``save_directory`` (safetensors, sharded with an index past ``max_shard_size``)."""
-        save_directory = Path(save_directory)
-        if save_directory.is_file():
-            raise ValueError(f"save_model needs a directory, but {str(save_directory)!r} is a file")
-        state_dict = self.get_state_dict(model)
-        if self._is_writer():
-            save_directory.mkdir(parents=True, exist_ok=True)
-            _ckpt.save_sharded_weights(state_dict, save_directory, max_shard_size, safe_serialization)
 
-    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
-        """Call ``hook(models, weights, output_dir)`` before ``save_state`` writes; return a removable handle."""
-        handle = RemovableHandle(self._save_model_state_pre_hook)
-        self._save_model_state_pre_hook[handle.id] = hook
-        return handle
+class Checkpointer:
+    """Write and read checkpoint folders of the objects in ``prepared``.
 
-    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
-        """Call ``hook(models, input_dir)`` before ``load_state`` reads; return a removable handle."""
-        handle = RemovableHandle(self._load_model_state_pre_hook)
-        self._load_model_state_pre_hook[handle.id] = hook
-        return handle
+    Args:
+        config: the Accelerator's ProjectConfiguration (folder naming, ``total_limit``,
+            ``save_on_each_node``; its ``iteration`` advances with each automatic checkpoint).
+        state: the process state (rank, device, distributed type).
+        prepared: the objects to save and restore.
+    """
 
-    def register_for_checkpointing(self, *objects: Any) -> None:
-        """Include ``objects`` (each with ``state_dict``/``load_state_dict``) in ``save_state``/``load_state``."""
+    def __init__(self, config: ProjectConfiguration, state: Any, prepared: PreparedObjects) -> None:
+        self.config = config
+        self.state = state
+        self.prepared = prepared
+
+    def is_writer(self) -> bool:
+        """Return whether this process writes files (once per machine or once per run)."""
+        if self.config.save_on_each_node:
+            return self.state.is_local_main_process
+        return self.state.is_main_process
+
+    def register(self, *objects: Any) -> None:
+        """Add ``objects`` (each with ``state_dict``/``load_state_dict``) to every checkpoint."""
         invalid = [
             obj
             for obj in objects
@@ -88,129 +90,168 @@ class _CheckpointMixin:
                 "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. "
                 f"The following inputs are invalid:{items}"
             )
-        self._custom_objects.extend(objects)
+        self.prepared.custom_objects.extend(objects)
 
-    def save_state(
-        self,
-        output_dir: str | os.PathLike | None = None,
-        safe_serialization: bool = True,
-        **save_model_func_kwargs: Any,
-    ) -> str:
-        """Save models, optimizers, schedulers, samplers, scaler, RNG states and registered objects; return the folder.
+    @staticmethod
+    def _add_hook(hooks: OrderedDict[int, Callable], hook: Callable[..., None]) -> RemovableHandle:
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = hook
+        return handle
 
-        With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the folder is
-        ``project_dir/checkpoints/checkpoint_{iteration}`` and ``total_limit`` prunes the oldest
-        once the new one is complete.
-        The folder appears only once complete (written under a temporary name, then renamed).
-        Pre-hooks receive the temporary folder as ``output_dir``. ``save_model_func_kwargs`` are
-        accepted for compatibility (Accelerate hands them to DeepSpeed's saver); the DDP and FSDP
-        paths here have no use for them.
-        """
-        config = self.project_configuration
-        if config.automatic_checkpoint_naming:
-            if config.project_dir is None:
+    def add_save_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` before each save writes; return a removable handle."""
+        return self._add_hook(self.prepared.save_hooks, hook)
+
+    def add_load_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` before each load reads; return a removable handle."""
+        return self._add_hook(self.prepared.load_hooks, hook)
+
+    def save_model(
+        self, state_dict: dict[str, torch.Tensor], save_directory: Path, max_shard_size: Any, safe: bool
+    ) -> None:
+        """Write ``state_dict`` to ``save_directory`` on the writing process (sharded past ``max_shard_size``)."""
+        if self.is_writer():
+            save_directory.mkdir(parents=True, exist_ok=True)
+            _ckpt.save_sharded_weights(state_dict, save_directory, max_shard_size, safe)
+
+    def _save_target(self, output_dir: str | os.PathLike | None) -> Path:
+        """Return the folder a save writes: ``output_dir``, or the next automatic checkpoint folder."""
+        config = self.config
+        if not config.automatic_checkpoint_naming:
+            if output_dir is None:
                 raise ValueError(
-                    "automatic_checkpoint_naming needs a project_dir: ProjectConfiguration(project_dir=...)"
+                    "save_state needs output_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)"
                 )
-            root = Path(config.project_dir) / "checkpoints"
-            if self._is_writer():
-                root.mkdir(parents=True, exist_ok=True)
-            target = root / f"checkpoint_{config.iteration}"
-            if target.exists():
-                raise ValueError(
-                    f"checkpoint folder {str(target)!r} already exists: set "
-                    "accelerator.project_configuration.iteration to the number to continue from"
-                )
-        elif output_dir is None:
+            return Path(output_dir).expanduser()
+        if config.project_dir is None:
             raise ValueError(
-                "save_state needs output_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)"
+                "automatic_checkpoint_naming needs a project_dir: ProjectConfiguration(project_dir=...)"
             )
-        else:
-            target = Path(output_dir).expanduser()
-        self.wait_for_everyone()
-        writer = self._is_writer()
-        weights = [self.get_state_dict(model) for model in self._models]
-        optimizers = self._optimizers
-        if self.distributed_type == DistributedType.FSDP:
-            # Sharded optimizer state: every process takes part in gathering the full one.
-            optimizers = [_FullOptimizerState(self._models, opt, self.device) for opt in self._optimizers]
+        root = Path(config.project_dir) / "checkpoints"
+        if self.is_writer():
+            root.mkdir(parents=True, exist_ok=True)
+        target = root / f"checkpoint_{config.iteration}"
+        if target.exists():
+            raise ValueError(
+                f"checkpoint folder {str(target)!r} already exists: set "
+                "accelerator.project_configuration.iteration to the number to continue from"
+            )
+        return target
+
+    def _optimizer_states(self) -> list[Any]:
+        prepared = self.prepared
+        if self.state.distributed_type != DistributedType.FSDP:
+            return prepared.optimizers
+        # Sharded optimizer state: every process takes part in gathering the full one.
+        return [_FullOptimizerState(prepared.models, opt, self.state.device) for opt in prepared.optimizers]
+
+    def save(
+        self,
+        output_dir: str | os.PathLike | None,
+        weights: list[dict[str, torch.Tensor]],
+        step: int,
+        scaler: Any,
+        safe_serialization: bool,
+    ) -> str:
+        """Write a checkpoint of ``weights`` (one state dict per model) and every prepared object; return its folder.
+
+        The folder appears only once complete (written under a temporary name, then renamed);
+        pre-hooks see the temporary folder. Automatic checkpoints beyond ``total_limit`` are pruned,
+        oldest first, once the new one is complete.
+        """
+        target = self._save_target(output_dir)
+        self.state.wait_for_everyone()
+        writer, prepared = self.is_writer(), self.prepared
+        optimizers = self._optimizer_states()
         with _ckpt.atomic_directory(target, self.state, writer) as tmp:
-            for hook in self._save_model_state_pre_hook.values():
-                hook(self._models, weights, str(tmp))
+            for hook in prepared.save_hooks.values():
+                hook(prepared.models, weights, str(tmp))
             _ckpt.save_accelerator_state(
                 tmp,
                 weights,
                 optimizers,
-                self._schedulers,
-                self._dataloaders,
-                self.process_index,
-                self.step,
-                scaler=self.scaler,
-                save_on_each_node=config.save_on_each_node,
+                prepared.schedulers,
+                prepared.dataloaders,
+                self.state.process_index,
+                step,
+                scaler=scaler,
+                save_on_each_node=self.config.save_on_each_node,
                 safe_serialization=safe_serialization,
                 is_writer=writer,
             )
             if writer:
-                for i, obj in enumerate(self._custom_objects):
+                for i, obj in enumerate(prepared.custom_objects):
                     _ckpt.save_custom_state(obj, tmp, i)
-        if config.automatic_checkpoint_naming and config.total_limit is not None and writer:
-            # Pruned only once the new checkpoint is complete: a failed save never costs an old one.
-            folders = _ckpt.checkpoint_folders(config.project_dir)
-            for old in folders[: max(len(folders) - config.total_limit, 0)]:
-                shutil.rmtree(old)
-        config.iteration += 1
+        self._prune(writer)
+        self.config.iteration += 1
         return str(target)
 
-    def load_state(self, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any) -> None:
-        """Restore everything ``save_state`` wrote (the latest automatic checkpoint when ``input_dir`` is None)."""
-        config = self.project_configuration
+    def _prune(self, writer: bool) -> None:
+        config = self.config
+        if not (config.automatic_checkpoint_naming and config.total_limit is not None and writer):
+            return
+        folders = _ckpt.checkpoint_folders(config.project_dir)
+        for old in folders[: max(len(folders) - config.total_limit, 0)]:
+            shutil.rmtree(old)
+
+    def _load_source(self, input_dir: str | os.PathLike | None) -> Path:
+        """Return the folder a load reads: ``input_dir``, or the latest automatic checkpoint."""
+        config = self.config
         if input_dir is not None:
             source = Path(input_dir).expanduser()
             _ckpt.recover_directory(source)  # a save killed between its two renames hid it
             if not source.is_dir():
                 raise FileNotFoundError(f"load_state: checkpoint folder {str(source)!r} does not exist")
-        elif config.automatic_checkpoint_naming:
-            folders = _ckpt.checkpoint_folders(config.project_dir or ".")
-            if not folders:
-                raise FileNotFoundError(
-                    f"load_state: no checkpoints/checkpoint_* folder in {config.project_dir!r}"
-                )
-            source = folders[-1]
-        else:
+            return source
+        if not config.automatic_checkpoint_naming:
             raise ValueError(
                 "load_state needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)"
             )
-        models = [self.unwrap_model(m) for m in self._models]
-        optimizers = self._optimizers
-        if self.distributed_type == DistributedType.FSDP:
-            models = [_FullModelState(m) for m in self._models]
-            optimizers = [_FullOptimizerState(self._models, opt, self.device) for opt in self._optimizers]
-        for hook in self._load_model_state_pre_hook.values():
-            hook(self._models, str(source))
+        folders = _ckpt.checkpoint_folders(config.project_dir or ".")
+        if not folders:
+            raise FileNotFoundError(
+                f"load_state: no checkpoints/checkpoint_* folder in {config.project_dir!r}"
+            )
+        return folders[-1]
+
+    def load(
+        self,
+        input_dir: str | os.PathLike | None,
+        unwrap: Callable[[torch.nn.Module], torch.nn.Module],
+        scaler: Any,
+        **load_model_func_kwargs: Any,
+    ) -> dict[str, Any]:
+        """Restore every prepared object from a checkpoint; return the Accelerator attributes it saved (``step``).
+
+        ``unwrap`` takes a prepared model to the module whose state dict the checkpoint holds.
+        """
+        source = self._load_source(input_dir)
+        prepared = self.prepared
+        if self.state.distributed_type == DistributedType.FSDP:
+            models: list[Any] = [_FullModelState(m) for m in prepared.models]
+        else:
+            models = [unwrap(m) for m in prepared.models]
+        optimizers = self._optimizer_states()
+        for hook in prepared.load_hooks.values():
+            hook(prepared.models, str(source))
         override = _ckpt.load_accelerator_state(
             source,
             models,
             optimizers,
-            self._schedulers,
-            self._dataloaders,
-            self.process_index,
-            scaler=self.scaler,
+            prepared.schedulers,
+            prepared.dataloaders,
+            self.state.process_index,
+            scaler=scaler,
             **load_model_func_kwargs,
         )
-        self.step = override.get("step", self.step)
-        for i, obj in enumerate(self._custom_objects):
+        for i, obj in enumerate(prepared.custom_objects):
             _ckpt.load_custom_state(obj, source, i)
-        if config.automatic_checkpoint_naming and source.name.startswith("checkpoint_"):
-            config.iteration = int(source.name.split("_")[-1]) + 1
-
-    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
-        """Return ``dataloader`` resuming after its first ``num_batches`` batches (mid-epoch resume)."""
-        return skip_first_batches(dataloader, num_batches=num_batches)
+        if self.config.automatic_checkpoint_naming and source.name.startswith("checkpoint_"):
+            self.config.iteration = int(source.name.split("_")[-1]) + 1
+        return override
 
 
 def _full_options(device: torch.device, strict: bool = True) -> Any:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
     return StateDictOptions(full_state_dict=True, cpu_offload=device.type != "cpu", strict=strict)
 
 
@@ -224,8 +265,6 @@ class _FullModelState:
         return {}  # no tied aliases to account for: the full state dict names every tensor
 
     def load_state_dict(self, state: dict[str, torch.Tensor], strict: bool = True) -> Any:
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
         return set_model_state_dict(
             self.model, state, options=_full_options(torch.device("cpu"), strict=strict)
         )
@@ -245,11 +284,7 @@ class _FullOptimizerState:
         self.device = device
 
     def state_dict(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
         return get_optimizer_state_dict(self.model, self.optimizer, options=_full_options(self.device))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
         set_optimizer_state_dict(self.model, self.optimizer, state, options=_full_options(self.device))

@@ -14,11 +14,13 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
-from ..data_loader import prepare_data_loader
+from ..data_loader import prepare_data_loader, skip_first_batches
 from ..optimizer import AcceleratedOptimizer
 from ..scheduler import AcceleratedScheduler
 from ..state import AcceleratorState, GradientState
@@ -27,12 +29,12 @@ from ..utils import operations as _ops
 from ..utils.compilation import is_compiled_module
 from ..utils.enums import DistributedType, PrecisionType
 from ..utils.memory import release_memory
-from ..utils.other import extract_model_from_parallel
+from ..utils.other import extract_model_from_parallel, save
 from . import fsdp as _fsdp
 from . import mesh as _mesh
 from . import profiling as _profiling
 from . import wrapping as _model
-from .checkpoint import _CheckpointMixin, _full_options
+from .checkpoint import Checkpointer, PreparedObjects, _full_options
 from .flags import SPLIT_BATCHES_UNSET, AcceleratorFlags, check_accumulation_steps, resolve_flags
 from .precision import Precision
 from .tracking import _TrackingMixin
@@ -42,7 +44,7 @@ __all__ = ["Accelerator"]
 logger = logging.getLogger(__name__)
 
 
-class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
+class Accelerator(_TrackingMixin, _mesh.ParallelismMixin):
     """Prepare a training loop for the current process world (single process, DDP, FSDP, mixed precision).
 
     Parameters follow Accelerate's: ``device_placement`` (move models and batches to the device),
@@ -163,13 +165,16 @@ class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
         self.scaler = self.precision.grad_scaler(self.distributed_type, self.scaler_handler)
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
-        self._models: list[torch.nn.Module] = []
-        self._optimizers: list[AcceleratedOptimizer] = []
-        self._schedulers: list[AcceleratedScheduler] = []
-        self._dataloaders: list[Any] = []
-        self._custom_objects: list[Any] = []
-        self._save_model_state_pre_hook: OrderedDict[int, Callable] = OrderedDict()
-        self._load_model_state_pre_hook: OrderedDict[int, Callable] = OrderedDict()
+        prepared = PreparedObjects()
+        self._checkpointer = Checkpointer(self.project_configuration, self.state, prepared)
+        # The registries under the attribute names Accelerate code reads; the same list objects.
+        self._models: list[torch.nn.Module] = prepared.models
+        self._optimizers: list[AcceleratedOptimizer] = prepared.optimizers
+        self._schedulers: list[AcceleratedScheduler] = prepared.schedulers
+        self._dataloaders: list[Any] = prepared.dataloaders
+        self._custom_objects: list[Any] = prepared.custom_objects
+        self._save_model_state_pre_hook: OrderedDict[int, Callable] = prepared.save_hooks
+        self._load_model_state_pre_hook: OrderedDict[int, Callable] = prepared.load_hooks
         self.deepspeed_engine_wrapped: Any = None
 
     # ------------------------------------------------------------------ state read-through
@@ -386,13 +391,8 @@ class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
         config = self.parallelism_config
         if config is not None and config.tp_enabled and self.torch_device_mesh is not None:
             model = _mesh.apply_tensor_parallel(model, self.torch_device_mesh, config)
-        if not evaluation_mode and self.num_processes > 1:
-            if self.distributed_type in _model._DATA_PARALLEL_TYPES and self.data_parallel_world()[0] > 1:
-                model = _model.wrap_ddp(model, self.state, self.ddp_handler)
-            elif self.distributed_type == DistributedType.FSDP:
-                if self.native_amp:  # keeps a policy the user set on the plugin
-                    self.state.fsdp_plugin.set_mixed_precision(self.mixed_precision)
-                model = _fsdp.prepare_fsdp(self, model)
+        if not evaluation_mode:
+            model = _model.wrap_for_distributed_type(self, model)
         dynamo = self.dynamo_plugin
         if dynamo is not None and str(dynamo.backend.value).upper() != "NO" and not is_compiled_module(model):
             model = _model.compile_model(model, dynamo)
@@ -690,7 +690,7 @@ class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
 
     def free_memory(self, *objects: Any) -> Any:
         """Forget the prepared objects, release ``objects`` and the device cache; return the released list."""
-        self._schedulers, self._optimizers, self._models, self._dataloaders = [], [], [], []
+        self._checkpointer.prepared.forget_prepared()
         self.deepspeed_engine_wrapped = None
         self.step = 0
         return release_memory(*objects)
@@ -698,6 +698,62 @@ class Accelerator(_CheckpointMixin, _TrackingMixin, _mesh.ParallelismMixin):
     def clear(self, *objects: Any) -> Any:
         """Alias of :meth:`free_memory`."""
         return self.free_memory(*objects)
+
+    # ------------------------------------------------------------------ checkpoints (see .checkpoint)
+    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
+        """Save ``obj`` to ``f`` once per machine (see ``utils.save``)."""
+        on_each_node = self.project_configuration.save_on_each_node
+        save(obj, f, save_on_each_node=on_each_node, safe_serialization=safe_serialization)
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write ``model``'s weights to ``save_directory`` (safetensors, sharded with an index past ``max_shard_size``)."""
+        save_directory = Path(save_directory)
+        if save_directory.is_file():
+            raise ValueError(f"save_model needs a directory, but {str(save_directory)!r} is a file")
+        state_dict = self.get_state_dict(model)  # every process takes part (FSDP gathers)
+        self._checkpointer.save_model(state_dict, save_directory, max_shard_size, safe_serialization)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` before ``save_state`` writes; return a removable handle."""
+        return self._checkpointer.add_save_hook(hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` before ``load_state`` reads; return a removable handle."""
+        return self._checkpointer.add_load_hook(hook)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Include ``objects`` (each with ``state_dict``/``load_state_dict``) in ``save_state``/``load_state``."""
+        self._checkpointer.register(*objects)
+
+    def save_state(
+        self,
+        output_dir: str | os.PathLike | None = None,
+        safe_serialization: bool = True,
+        **save_model_func_kwargs: Any,
+    ) -> str:
+        """Save models, optimizers, schedulers, samplers, scaler, RNG states and registered objects; return the folder.
+
+        With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the folder is
+        ``project_dir/checkpoints/checkpoint_{iteration}`` (see :meth:`.checkpoint.Checkpointer.save`).
+        ``save_model_func_kwargs`` are accepted for compatibility (DeepSpeed's saver takes them).
+        """
+        weights = [self.get_state_dict(model) for model in self._models]
+        return self._checkpointer.save(output_dir, weights, self.step, self.scaler, safe_serialization)
+
+    def load_state(self, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any) -> None:
+        """Restore everything ``save_state`` wrote (the latest automatic checkpoint when ``input_dir`` is None)."""
+        saved = self._checkpointer.load(input_dir, self.unwrap_model, self.scaler, **load_model_func_kwargs)
+        self.step = saved.get("step", self.step)
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """Return ``dataloader`` resuming after its first ``num_batches`` batches (mid-epoch resume)."""
+        return skip_first_batches(dataloader, num_batches=num_batches)
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """Return the full state dict of ``model`` (gathered from shards under FSDP / ZeRO-3)."""

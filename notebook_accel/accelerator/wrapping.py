@@ -14,6 +14,7 @@ import torch
 from ..utils import imports
 from ..utils.enums import DistributedType
 from ..utils.fp8_recipes import TERecipeKwargs
+from . import fsdp as _fsdp
 
 __all__: list[str] = []
 
@@ -29,6 +30,27 @@ _DATA_PARALLEL_TYPES = (
     DistributedType.MULTI_HPU,
     DistributedType.MULTI_XPU,
 )
+
+
+def wrap_for_distributed_type(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+    """Return ``model`` in the wrapper its Accelerator's distributed type trains with (unchanged if none).
+
+    The one place the wrapper is chosen: DistributedDataParallel for the data-parallel types
+    (when there is more than one data-parallel rank), FSDP (version 1 or 2, per the plugin) under
+    FSDP. A new engine adds its branch here.
+    """
+    if accelerator.num_processes <= 1:
+        return model
+    distributed_type = accelerator.distributed_type
+    if distributed_type in _DATA_PARALLEL_TYPES:
+        if accelerator.data_parallel_world()[0] > 1:
+            return wrap_ddp(model, accelerator.state, accelerator.ddp_handler)
+        return model
+    if distributed_type == DistributedType.FSDP:
+        if accelerator.native_amp:  # keeps a policy the user set on the plugin
+            accelerator.state.fsdp_plugin.set_mixed_precision(accelerator.mixed_precision)
+        return _fsdp.prepare_fsdp(accelerator, model)
+    return model
 
 
 def wrap_ddp(model: torch.nn.Module, state: Any, ddp_handler: Any) -> torch.nn.Module:
