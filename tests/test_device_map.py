@@ -110,6 +110,38 @@ def test_tied_parameters_end_up_together() -> None:
     assert where("embed.weight") == where("head.weight")
 
 
+class _BiasedHeadLM(nn.Module):
+    """embed tied to a head that also has a bias: placing embed brings the head's own bytes along."""
+
+    def __init__(self, n: int = 4, d: int = 16, vocab: int = 256) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+        self.final = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=True)
+        self.head.weight = self.embed.weight
+
+
+@pytest.mark.parametrize(
+    ("budget0", "expected"),
+    [
+        # recorded with Accelerate 1.15's infer_auto_device_map on the same model and budgets
+        (20924, {"": 1}),
+        (25424, {"embed": 0, "head": 0, "final": 1, "blocks": 1}),
+        (
+            29924,
+            {"embed": 0, "head": 0, "blocks.0": 0, "blocks.1": 1, "blocks.2": 1, "blocks.3": 1, "final": 1},
+        ),
+    ],
+)
+def test_tied_partner_bytes_count_against_the_budget(budget0: int, expected: dict) -> None:
+    # The head placed with embed costs its bias too: not counting it over-fills device 0.
+    with torch.device("meta"):
+        model = _BiasedHeadLM()
+    budget = {0: budget0, 1: 10**7, "cpu": 10**9}
+    assert infer_auto_device_map(model, max_memory=budget, no_split_module_classes=["Block"]) == expected
+
+
 def test_clean_result_false_keeps_fine_entries() -> None:
     model = meta_lm()
     dm = infer_auto_device_map(model, max_memory={0: 10**9}, clean_result=False)
