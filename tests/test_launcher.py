@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from notebook_accel.launch import LaunchError, LaunchHandle, OutputLine
 from notebook_accel.launchers import debug_launcher, notebook_launcher
@@ -150,11 +151,27 @@ def test_failing_rank_raises_with_rank_pid_and_traceback():
     assert root.rank == 1 and root.exc_type == "ValueError" and root.pid
     assert "_fail_on_rank_1" in root.traceback and "rank one is unhappy" in str(info.value)
     # what Accelerate's launchers raise, so `except ChildFailedError` written for it catches ours
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
     assert isinstance(info.value, ChildFailedError) and isinstance(info.value, RuntimeError)
     assert info.value.get_first_failure() == (1, root)
     assert info.value.format_msg() == str(info.value)
+
+
+def _rank_1_fails_rank_0_ignores_sigterm():
+    if int(os.environ["RANK"]) == 1:
+        time.sleep(0.5)  # let rank 0 install its handlers first
+        raise ValueError("rank one is unhappy")
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    time.sleep(30)  # ends normally unless killed
+
+
+def test_a_rank_ignoring_sigterm_is_killed():
+    handle = notebook_launcher(_rank_1_fails_rank_0_ignores_sigterm, num_processes=2, sinks=[], block=False)
+    with pytest.raises(LaunchError, match=r"rank 1 \(pid \d+\) ValueError: rank one is unhappy"):
+        handle.result()
+    rank0 = handle.status()[0]
+    # SIGTERM was ignored, so the stop escalated; without SIGKILL rank 0 would end its sleep normally
+    assert rank0.state == "stopped" and rank0.exitcode == -signal.SIGKILL
 
 
 def _killed_rank_1():
