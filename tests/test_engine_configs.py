@@ -277,3 +277,33 @@ def test_megatron_plugin_new_fields() -> None:
         MegatronLMPlugin(hidden_dropout=1.5)
     with pytest.raises(ValueError, match="context_parallel_size must be a positive int"):
         MegatronLMPlugin(context_parallel_size=0)
+
+
+# ---------------------------------------------------------------------------------------------- FSDP2 helpers
+
+
+def test_fsdp2_helpers_order_names_and_retie() -> None:
+    from notebook_accel.utils.fsdp_utils import (
+        ensure_weights_retied,
+        fsdp2_canonicalize_names,
+        get_module_children_bottom_up,
+    )
+
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False))
+    model[1].weight = model[0].weight  # tied input and output embeddings
+    assert get_module_children_bottom_up(model) == [model[0], model[1], model]
+    assert [name for name, _ in get_module_children_bottom_up(model, return_fqns=True)] == ["0", "1", ""]
+    assert fsdp2_canonicalize_names({"layers.0._checkpoint_wrapped_module.w": 1, "_orig_mod.b": 2}) == {
+        "layers.0.w": 1,
+        "b": 2,
+    }
+    with torch.device("meta"):
+        meta = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False))
+    meta[1].weight = meta[0].weight
+    init = ensure_weights_retied(lambda m: m.to_empty(device="cpu", recurse=False), meta, torch.device("cpu"))
+    for module in meta.modules():
+        init(module)
+    assert meta[1].weight is meta[0].weight and meta[0].weight.device.type == "cpu"
+    untied = torch.nn.Linear(2, 2)
+    fn = lambda m: None  # noqa: E731
+    assert ensure_weights_retied(fn, untied, torch.device("cpu")) is fn  # nothing tied: unchanged

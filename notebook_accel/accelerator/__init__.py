@@ -30,7 +30,7 @@ from ..utils.compilation import (
     compile_regions_fsdp2,
     is_compiled_module,
 )
-from ..utils.configs import ProjectConfiguration
+from ..utils.configs import DataLoaderConfiguration, ProjectConfiguration
 from ..utils.constants import (
     DTENSOR_PYTORCH_VERSION,
     FSDP2_PYTORCH_VERSION,
@@ -48,6 +48,16 @@ from ..utils.constants import (
 from ..utils.deepspeed_plugin import DeepSpeedPlugin
 from ..utils.enums import DistributedType, DynamoBackend, FP8BackendType, LoggerType, PrecisionType, RNGType
 from ..utils.environment import parse_choice_from_env
+from ..utils.fsdp2 import (
+    ensure_weights_retied,
+    fsdp2_apply_ac,
+    fsdp2_canonicalize_names,
+    fsdp2_prepare_model,
+    fsdp2_switch_optimizer_parameters,
+    get_fsdp2_grad_scaler,
+)
+from ..utils.fsdp_plugin import FullyShardedDataParallelPlugin
+from ..utils.fsdp_utils import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
 from ..utils.grad_scaler import get_grad_scaler
 from ..utils.imports import (
     is_bf16_available,
@@ -64,6 +74,7 @@ from ..utils.kwargs import (
     GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
+    ProfileKwargs,
 )
 from ..utils.megatron_plugin import MegatronLMPlugin
 from ..utils.memory import release_memory
@@ -95,7 +106,8 @@ from ..utils.package_checks import (
     is_torchao_available,
     is_transformer_engine_available,
 )
-from ..utils.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
+from ..utils.parallelism import ParallelismConfig
+from ..utils.plugins import GradientAccumulationPlugin, TorchDynamoPlugin, TorchTensorParallelPlugin
 from ..utils.versions import compare_versions, is_torch_version
 from .core import Accelerator
 
@@ -186,6 +198,24 @@ __all__ += [
     "save_custom_state",
     "skip_first_batches",
     "wait_for_everyone",
+]
+# The engines' configurations and FSDP helpers (issue 15).
+__all__ += [
+    "DataLoaderConfiguration",
+    "FullyShardedDataParallelPlugin",
+    "ParallelismConfig",
+    "ProfileKwargs",
+    "TorchTensorParallelPlugin",
+    "ensure_weights_retied",
+    "fsdp2_apply_ac",
+    "fsdp2_canonicalize_names",
+    "fsdp2_prepare_model",
+    "fsdp2_switch_optimizer_parameters",
+    "get_fsdp2_grad_scaler",
+    "load_fsdp_model",
+    "load_fsdp_optimizer",
+    "save_fsdp_model",
+    "save_fsdp_optimizer",
 ]
 _REEXPORTED_LAZILY = {
     "get_state_dict_offloaded_model": "notebook_accel.hooks.offloaded",

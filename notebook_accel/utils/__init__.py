@@ -84,6 +84,7 @@ _add(
 )
 _add(
     ".fsdp2",
+    "ensure_weights_retied",
     "fsdp2_apply_ac",
     "fsdp2_canonicalize_names",
     "fsdp2_load_full_state_dict",

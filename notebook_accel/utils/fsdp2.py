@@ -33,6 +33,7 @@ __all__ = [
     "fsdp2_load_full_state_dict",
     "fsdp2_prepare_auto_wrap_policy",
     "fsdp2_prepare_model",
+    "ensure_weights_retied",
     "fsdp2_switch_optimizer_parameters",
     "get_fsdp2_grad_scaler",
     "get_module_children_bottom_up",
@@ -45,17 +46,52 @@ logger = logging.getLogger(__name__)
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 
 
-def get_module_children_bottom_up(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Return every module of ``model``, children before their parents and ``model`` last (post-order)."""
-    order: list[torch.nn.Module] = []
+def get_module_children_bottom_up(model: torch.nn.Module, return_fqns: bool = False) -> list[Any]:
+    """Return every module of ``model``, children before their parents and ``model`` last (post-order).
 
-    def visit(module: torch.nn.Module) -> None:
-        for child in module.children():
-            visit(child)
-        order.append(module)
+    With ``return_fqns`` each entry is a ``(qualified name, module)`` pair (``""`` for ``model``).
+    """
+    order: list[tuple[str, torch.nn.Module]] = []
 
-    visit(model)
-    return order
+    def visit(prefix: str, module: torch.nn.Module) -> None:
+        for name, child in module.named_children():
+            visit(f"{prefix}.{name}" if prefix else name, child)
+        order.append((prefix, module))
+
+    visit("", model)
+    return order if return_fqns else [module for _, module in order]
+
+
+def ensure_weights_retied(param_init_fn: Any, model: torch.nn.Module, device: Any) -> Any:
+    """Return ``param_init_fn`` wrapped so that weights tied in ``model`` are tied again after it runs.
+
+    Materialising a module created on the meta device (``to_empty`` + init) gives each parameter its own
+    storage, which silently unties shared weights (e.g. input and output embeddings); the wrapper points
+    every alias back at the first owner.
+    """
+    owners: dict[int, tuple[torch.nn.Module, str]] = {}
+    aliases: dict[torch.nn.Module, list[tuple[str, torch.nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in owners:
+                owner, owner_name = owners[id(param)]
+                aliases.setdefault(module, []).append((name, owner, owner_name))
+            else:
+                owners[id(param)] = (module, name)
+    if not aliases:
+        return param_init_fn
+
+    def init_and_retie(module: torch.nn.Module) -> Any:
+        result = (
+            param_init_fn(module)
+            if param_init_fn is not None
+            else module.to_empty(device=device, recurse=False)
+        )
+        for name, owner, owner_name in aliases.get(module, []):
+            setattr(module, name, getattr(owner, owner_name))
+        return result
+
+    return init_and_retie
 
 
 def fsdp2_prepare_auto_wrap_policy(

@@ -25,7 +25,7 @@ from ._validation import choice as _choice
 from ._validation import env as _env
 from .environment import parse_flag_from_env, str_to_bool
 
-__all__ = ["FullyShardedDataParallelPlugin"]
+__all__ = ["FullyShardedDataParallelPlugin", "get_module_class_from_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,14 @@ def _enum_by_name(name: str, value: Any, choices: tuple, enum_cls: Any) -> Any:
 def _flag(value: Any, var: str, default: bool) -> bool:
     """Return ``value`` when set, else the boolean environment variable ``var`` (or ``default``)."""
     return parse_flag_from_env(var, default) if value is None else bool(value)
+
+
+def get_module_class_from_name(module: torch.nn.Module, name: str) -> type | None:
+    """Return the class called ``name`` among ``module`` and its submodules, or None."""
+    for sub in module.modules():
+        if sub.__class__.__name__ == name:
+            return sub.__class__
+    return None
 
 
 @dataclass
@@ -374,13 +382,7 @@ class FullyShardedDataParallelPlugin:
             )
 
     # ------------------------------------------------------------------------------ wrap policy
-    @staticmethod
-    def get_module_class_from_name(module: torch.nn.Module, name: str) -> type | None:
-        """Return the class called ``name`` among ``module`` and its submodules, or None."""
-        for sub in module.modules():
-            if sub.__class__.__name__ == name:
-                return sub.__class__
-        return None
+    get_module_class_from_name = staticmethod(get_module_class_from_name)
 
     def layer_classes(self, model: torch.nn.Module) -> set[type]:
         """Return the layer classes transformer_based_wrap shards in ``model`` (raise naming a missing one)."""

@@ -32,8 +32,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from .allocation import get_non_persistent_buffers
+from .compilation import is_compiled_module
 from .constants import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 from .fsdp2 import (
+    ensure_weights_retied,
     fsdp2_apply_ac,
     fsdp2_canonicalize_names,
     fsdp2_load_full_state_dict,
@@ -44,7 +47,9 @@ from .fsdp2 import (
     get_module_children_bottom_up,
     get_parameters_from_modules,
 )
-from .other import _atomic_write
+from .fsdp_plugin import get_module_class_from_name
+from .other import _atomic_write, is_peft_model, save
+from .versions import is_torch_version
 
 __all__ = [
     "FSDP_MODEL_NAME",
@@ -53,6 +58,7 @@ __all__ = [
     "WEIGHTS_NAME",
     "disable_fsdp_ram_efficient_loading",
     "enable_fsdp_ram_efficient_loading",
+    "ensure_weights_retied",
     "fsdp2_apply_ac",
     "fsdp2_canonicalize_names",
     "fsdp2_load_full_state_dict",
@@ -61,11 +67,17 @@ __all__ = [
     "fsdp2_switch_optimizer_parameters",
     "get_fsdp2_grad_scaler",
     "get_module_children_bottom_up",
+    "get_module_class_from_name",
+    "get_non_persistent_buffers",
     "get_parameters_from_modules",
+    "is_compiled_module",
+    "is_peft_model",
+    "is_torch_version",
     "load_fsdp_model",
     "load_fsdp_optimizer",
     "merge_fsdp_weights",
     "save_fsdp_model",
+    "save",
     "save_fsdp_optimizer",
 ]
 
