@@ -563,98 +563,117 @@ def prepare_data_loader(
     process_index = state.process_index if process_index is None else process_index
     # DataLoader batches are CPU tensors already: skip a per-batch no-op move on CPU runs.
     device = device if put_on_device and device is not None and torch.device(device).type != "cpu" else None
-    dataset = dataloader.dataset
-    is_iterable = isinstance(dataset, IterableDataset)
+    is_iterable = isinstance(dataloader.dataset, IterableDataset)
     if dispatch_batches is None:
         # A stream is read once, on process 0, unless asked otherwise (Accelerate's default).
         dispatch_batches = bool(put_on_device and is_iterable)
+    _check_options(
+        dataloader.batch_size, num_processes, split_batches, dispatch_batches, use_stateful_dataloader
+    )
+    if dispatch_batches:
+        return _dispatching_loader(dataloader, split_batches, non_blocking, slice_fn_for_dispatch, device)
     kwargs = _loader_kwargs(dataloader)
+    rng_types = list(rng_types) if rng_types else []
+    if is_iterable:
+        kwargs.pop("generator", None)
+        dataset, loader_args, synchronized_generator = _sharded_stream(
+            dataloader, num_processes, process_index, split_batches
+        )
+    else:
+        dataset = dataloader.dataset
+        batch_sampler, synchronized_generator = _shard_batch_sampler(
+            dataloader, num_processes, process_index, split_batches, even_batches,
+            use_seedable_sampler, data_seed, rng_types,
+        )  # fmt: skip
+        loader_args = {"batch_sampler": batch_sampler}
     batch_size = dataloader.batch_size
-    drop_last = dataloader.drop_last
+    return DataLoaderShard(
+        dataset,
+        device=device,
+        rng_types=_usable_rng_types(rng_types, synchronized_generator),
+        synchronized_generator=synchronized_generator,
+        _drop_last=dataloader.drop_last,
+        _non_blocking=non_blocking,
+        _total_batch_size=None
+        if batch_size is None
+        else batch_size * (1 if split_batches else num_processes),
+        use_stateful_dataloader=use_stateful_dataloader,
+        **loader_args,
+        **kwargs,
+    )
+
+
+def _check_options(
+    batch_size: int | None,
+    num_processes: int,
+    split_batches: bool,
+    dispatch_batches: bool,
+    use_stateful_dataloader: bool,
+) -> None:
+    """Raise ValueError for option combinations ``prepare_data_loader`` cannot serve."""
     if split_batches and batch_size is not None and batch_size % num_processes != 0:
         raise ValueError(
             f"split_batches=True needs a batch size that is a round multiple of num_processes, got "
             f"batch_size={batch_size} for num_processes={num_processes}: change the batch size or use "
             "split_batches=False"
         )
-
     if dispatch_batches and use_stateful_dataloader:
         raise ValueError(
             "use_stateful_dataloader=True is not available with dispatch_batches=True (process 0 reads for "
             "everyone): set DataLoaderConfiguration(dispatch_batches=False)"
         )
-    if dispatch_batches:
-        kwargs.pop("generator", None)
-        loader_args = (
-            {
-                "batch_size": batch_size,
-                "drop_last": drop_last,
-                "shuffle": isinstance(dataloader.sampler, RandomSampler),
-            }
-            if batch_size is not None or is_iterable
-            else {"batch_sampler": dataloader.batch_sampler}
-        )
-        if is_iterable:
-            loader_args.pop("shuffle")
-        elif isinstance(dataloader.sampler, RandomSampler):
-            loader_args.pop("shuffle")
-            loader_args["sampler"] = dataloader.sampler
-        return DataLoaderDispatcher(
-            dataset,
-            split_batches=split_batches,
-            _drop_last=drop_last,
-            _non_blocking=non_blocking,
-            slice_fn=slice_fn_for_dispatch,
-            device=device,
-            **loader_args,
-            **kwargs,
-        )
 
-    rng_types = list(rng_types) if rng_types else []
-    synchronized_generator = None
-    total_batch_size = None
-    if batch_size is not None:
-        total_batch_size = batch_size if split_batches else batch_size * num_processes
 
-    if is_iterable:
-        kwargs.pop("generator", None)
-        if hasattr(dataset, "generator") and isinstance(dataset.generator, torch.Generator):
-            synchronized_generator = dataset.generator
-        if num_processes > 1:
-            dataset = IterableDatasetShard(
-                dataset,
-                batch_size=batch_size or 1,
-                drop_last=drop_last,
-                num_processes=num_processes,
-                process_index=process_index,
-                split_batches=split_batches,
-            )
-            batch_size = (batch_size or 1) // num_processes if split_batches else batch_size
-        loader_args = {"batch_size": batch_size, "drop_last": drop_last}
+def _dispatching_loader(
+    dataloader: DataLoader,
+    split_batches: bool,
+    non_blocking: bool,
+    slice_fn: Any,
+    device: torch.device | None,
+) -> DataLoaderDispatcher:
+    """Return a :class:`DataLoaderDispatcher` over ``dataloader``'s data, sampler and batch size."""
+    kwargs = _loader_kwargs(dataloader)
+    kwargs.pop("generator", None)
+    batch_size, drop_last = dataloader.batch_size, dataloader.drop_last
+    if isinstance(dataloader.dataset, IterableDataset):
+        loader_args: dict[str, Any] = {"batch_size": batch_size, "drop_last": drop_last}
+    elif batch_size is None:
+        loader_args = {"batch_sampler": dataloader.batch_sampler}
+    elif isinstance(dataloader.sampler, RandomSampler):
+        # Process 0 keeps the user's sampler (and its generator): it alone draws the order.
+        loader_args = {"batch_size": batch_size, "drop_last": drop_last, "sampler": dataloader.sampler}
     else:
-        batch_sampler, synchronized_generator = _shard_batch_sampler(
-            dataloader,
-            num_processes,
-            process_index,
-            split_batches,
-            even_batches,
-            use_seedable_sampler,
-            data_seed,
-            rng_types,
-        )
-        loader_args = {"batch_sampler": batch_sampler}
-    return DataLoaderShard(
-        dataset,
-        device=device,
-        rng_types=_usable_rng_types(rng_types, synchronized_generator),
-        synchronized_generator=synchronized_generator,
+        loader_args = {"batch_size": batch_size, "drop_last": drop_last, "shuffle": False}
+    return DataLoaderDispatcher(
+        dataloader.dataset,
+        split_batches=split_batches,
         _drop_last=drop_last,
         _non_blocking=non_blocking,
-        _total_batch_size=total_batch_size,
-        use_stateful_dataloader=use_stateful_dataloader,
+        slice_fn=slice_fn,
+        device=device,
         **loader_args,
         **kwargs,
     )
+
+
+def _sharded_stream(
+    dataloader: DataLoader, num_processes: int, process_index: int, split_batches: bool
+) -> tuple[Any, dict[str, Any], torch.Generator | None]:
+    """Return ``(dataset, loader arguments, generator to synchronise)`` for this process's part of a stream."""
+    dataset, batch_size, drop_last = dataloader.dataset, dataloader.batch_size, dataloader.drop_last
+    generator = getattr(dataset, "generator", None)
+    synchronized_generator = generator if isinstance(generator, torch.Generator) else None
+    if num_processes > 1:
+        dataset = IterableDatasetShard(
+            dataset,
+            batch_size=batch_size or 1,
+            drop_last=drop_last,
+            num_processes=num_processes,
+            process_index=process_index,
+            split_batches=split_batches,
+        )
+        batch_size = (batch_size or 1) // num_processes if split_batches else batch_size
+    return dataset, {"batch_size": batch_size, "drop_last": drop_last}, synchronized_generator
 
 
 def _data_parallel_share(mesh: Any) -> tuple[int, int]:
