@@ -34,9 +34,10 @@ from .utils.device_info import check_cuda_p2p_ib_support, get_current_device_typ
 from .utils.enums import PrecisionType
 from .utils.environment import are_libraries_initialized, patch_environment
 from .utils.imports import is_mps_available, is_rocm_available
+from .utils.launch import PrepareForLaunch
 from .utils.versions import is_torch_version
 
-__all__ = ["debug_launcher", "notebook_launcher"]
+__all__ = ["PrepareForLaunch", "debug_launcher", "notebook_launcher", "test_launch"]
 # Accelerate 1.15 serves these names at this path too (defined elsewhere).
 __all__ += [
     "AcceleratorState",
@@ -325,3 +326,8 @@ def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2)
     the CPU (ACCELERATE_USE_CPU=1) even where CUDA devices exist.
     """
     return _launch(LaunchRequest(function=function, args=args, num_processes=num_processes, force_cpu=True))
+
+
+def test_launch() -> None:
+    """Build a ``PartialState`` (raises if this process cannot join its launch); Accelerate's launch self-check."""
+    PartialState()

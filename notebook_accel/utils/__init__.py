@@ -327,6 +327,7 @@ _add(
     "recursive_getattr",
 )
 _add(".fp8_recipes", "AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs")
+_add(".launch", "PrepareForLaunch")
 
 __all__ = sorted(_TABLE)
 __getattr__, __dir__ = attach(__name__, _TABLE)

@@ -66,7 +66,10 @@ class TERecipeKwargs(KwargsHandler):
             self.amax_history_len = _from_env("amax_history_len", 1024, int)
         self.amax_compute_algo = self.amax_compute_algo or _from_env("amax_compute_algo", "most_recent")
         if self.override_linear_precision is None:
-            self.override_linear_precision = (False, False, False)
+            # setup_fp8_env writes the three flags as ACCELERATE_FP8_OVERRIDE_FPROP / _DGRAD / _WGRAD.
+            self.override_linear_precision = tuple(
+                _from_env(f"override_{gemm}", False, _flag) for gemm in ("fprop", "dgrad", "wgrad")
+            )
         if self.use_mxfp8_block_scaling is None:
             self.use_mxfp8_block_scaling = _from_env("use_mxfp8_block_scaling", False, _flag)
         choice(owner, "fp8_format", self.fp8_format, _FP8_FORMATS)

@@ -140,6 +140,7 @@ _FROM_HOOKS = dict.fromkeys(
     ),
     "notebook_accel.hooks.offloaded",
 )
+_FROM_HOOKS["AcceleratorState"] = "notebook_accel.state"  # served here by Accelerate too; state is above utils
 __all__ += sorted(_FROM_HOOKS)
 __getattr__, __dir__ = attach(__name__, _FROM_HOOKS)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 from .._lazy import attach
@@ -27,3 +29,17 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
     if main_process_only and not _state().is_local_main_process:
         kwargs["disable"] = True
     return _tqdm(*args, **kwargs)
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as its ``tqdm`` function.
+
+    ``notebook_accel.utils.tqdm`` names both this module and the function (as in Accelerate). Importing
+    the module binds the package attribute to the module; calling it still makes a progress bar.
+    """
+
+    def __call__(self, *args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
+        return tqdm(*args, main_process_only=main_process_only, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
