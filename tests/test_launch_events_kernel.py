@@ -1,0 +1,77 @@
+"""Live progress bars in a real ipykernel cell, without a panel: one updatable output, final lines printed."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+
+import pytest
+
+jupyter_client = pytest.importorskip("jupyter_client")
+pytest.importorskip("ipykernel")
+
+pytestmark = pytest.mark.timeout(180)
+
+_CELL = """
+from notebook_accel import notebook_launcher
+
+def loop():
+    import time
+    from tqdm.auto import tqdm  # first imported in the worker: tqdm.notebook, as in a real notebook
+    for i in tqdm(range(200), desc="cellbar", mininterval=0.01):
+        time.sleep(0.005)
+        if i == 100:
+            print("half way", flush=True)
+    return 1
+
+print(notebook_launcher(loop, num_processes=2))
+"""
+
+
+def _run(client, code: str, timeout: float = 120) -> list[dict]:  # noqa: ANN001
+    """Return every iopub message of the cell running ``code``, until the kernel is idle again."""
+    msg_id = client.execute(textwrap.dedent(code))
+    deadline = time.monotonic() + timeout
+    messages = []
+    while True:
+        msg = client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        messages.append(msg)
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return messages
+
+
+def test_bars_live_in_the_cell_and_leave_one_line_each() -> None:
+    km = jupyter_client.KernelManager(kernel_name="python3")
+    km.start_kernel(extra_arguments=["--HistoryManager.enabled=False"])
+    client = km.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        messages = _run(client, _CELL)
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel(now=True)
+    errors = [m["content"] for m in messages if m["msg_type"] == "error"]
+    assert not errors, errors
+    shown = [m["content"] for m in messages if m["msg_type"] == "display_data"]
+    updates = [m["content"] for m in messages if m["msg_type"] == "update_display_data"]
+    # One output shows the main process's bar and is redrawn in place.
+    assert len(shown) == 1, shown
+    display_id = shown[0]["transient"]["display_id"]
+    assert shown[0]["data"]["text/plain"].startswith("[rank 0] cellbar:")
+    assert "<progress" in shown[0]["data"]["text/html"]
+    assert updates and all(u["transient"]["display_id"] == display_id for u in updates)
+    assert all("[rank 1]" not in u["data"]["text/plain"] for u in updates)  # main process only
+    assert updates[-1]["data"]["text/plain"] == ""  # every bar closed: the live output is empty
+    streams = {"stdout": "", "stderr": ""}
+    for m in messages:
+        if m["msg_type"] == "stream":
+            streams[m["content"]["name"]] += m["content"]["text"]
+    assert "[rank 0] half way" in streams["stdout"] and "[rank 1] half way" in streams["stdout"]
+    assert "[1, 1]" in streams["stdout"]
+    # Each rank's bar leaves one line, its final state; no redraws, no widget traffic from the workers.
+    bar_lines = [line for line in streams["stderr"].splitlines() if "cellbar" in line]
+    assert len(bar_lines) == 2 and all("200/200" in line for line in bar_lines), streams["stderr"]
+    assert "comm_open" not in streams["stderr"]
