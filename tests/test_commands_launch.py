@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent(
     from notebook_accel import PartialState
 
     state = PartialState()
-    out = {"rank": state.process_index, "world": state.num_processes, "type": str(state.distributed_type),
+    out = {"rank": state.process_index, "world": state.num_processes, "type": state.distributed_type.value,
            "precision": os.environ.get("ACCELERATE_MIXED_PRECISION"), "argv": sys.argv[1:]}
     with open(os.path.join(sys.argv[1], f"rank_{state.process_index}.json"), "w") as f:
         json.dump(out, f)
