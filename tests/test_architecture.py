@@ -88,9 +88,7 @@ KNOWN_VIOLATIONS: dict[str, str] = {
     "in-function import: notebook_accel.data_loader.prepare_data_loader -> notebook_accel.state": "goldens",
     "in-function import: notebook_accel.utils.configs.DataLoaderConfiguration.__post_init__ -> notebook_accel.utils.imports": "lead",
     "in-function import: notebook_accel.utils.deepspeed_plugin.DeepSpeedPlugin.require_deepspeed -> notebook_accel.utils.imports": "lead",
-    "in-function import: notebook_accel.utils.modeling.get_mixed_precision_context_manager -> notebook_accel.state": "struct-core",
     "in-function import: notebook_accel.utils.operations._world -> notebook_accel.state": "surface",
-    "in-function import: notebook_accel.utils.other._state -> notebook_accel.state": "struct-core",
     "in-function import: notebook_accel.widgets._machine._gpus -> notebook_accel.utils.imports": "dashboard",
     "in-function import: notebook_accel.widgets._machine._nvml_gpus -> notebook_accel.utils.imports": "dashboard",
     "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer.__init__ -> notebook_accel.utils.tied_params": "dashboard",
@@ -112,7 +110,6 @@ KNOWN_VIOLATIONS: dict[str, str] = {
     "in-function import: notebook_accel.widgets.offload_monitor.OffloadMonitor._placement -> notebook_accel.telemetry": "dashboard",
     "in-function import: notebook_accel.widgets.offload_monitor.OffloadMonitor.chart_png -> notebook_accel.widgets._charts": "dashboard",
     "long function: notebook_accel.data_loader.prepare_data_loader": "goldens",
-    "upward import: notebook_accel.utils.modeling -> notebook_accel.state (utils may not import state)": "struct-core",
 }
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import torch
+
 from .._lazy import attach
 from .allocation import (
     check_device_same,
@@ -53,7 +55,7 @@ from .imports import (
 from .kwargs import AutocastKwargs
 from .memory import clear_device_cache
 from .offload import load_offloaded_weight, load_offloaded_weights, offload_weight, save_offload_index
-from .other import is_peft_model
+from .other import _accelerator_state, is_peft_model
 from .package_checks import is_peft_available, is_tqdm_available
 from .sizes import (
     calculate_maximum_sizes,
@@ -153,11 +155,7 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
     """
     if not native_amp:
         return contextlib.nullcontext()
-    import torch
-
-    from ..state import AcceleratorState
-
-    state = AcceleratorState()
+    state = _accelerator_state()
     precision = getattr(state, "mixed_precision", "no")
     precision = str(getattr(precision, "value", precision))
     if precision not in ("fp16", "bf16"):

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from .._lazy import attach
+from ..state import AcceleratorState, PartialState
 from .compilation import (
     compile_regions,
     compile_regions_deepspeed,
@@ -73,12 +74,11 @@ __all__ += [
     "is_weights_only_available",
 ]
 _REEXPORTED_LAZILY = {
-    "PartialState": "notebook_accel.state",
     "get_logger": "notebook_accel.logging",
     # config_file writes through this module's _atomic_write, so it is served lazily (no import circle).
     "write_basic_config": "notebook_accel.utils.config_file",
 }
-__all__ += sorted(_REEXPORTED_LAZILY)
+__all__ += ["PartialState", *sorted(_REEXPORTED_LAZILY)]
 __getattr__, __dir__ = attach(__name__, _REEXPORTED_LAZILY)
 
 
@@ -165,10 +165,13 @@ def _unwrap_children(model: torch.nn.Module, keep_torch_compile: bool) -> None:
                 setattr(parent, name, inner)
 
 
-def _state():
-    from ..state import PartialState
-
+def _state() -> PartialState:
     return PartialState()
+
+
+def _accelerator_state() -> AcceleratorState:
+    # For utils modules that need the mixed precision: only this module and operations read the state.
+    return AcceleratorState()
 
 
 def wait_for_everyone() -> None:
