@@ -109,7 +109,6 @@ KNOWN_VIOLATIONS: dict[str, str] = {
     "in-function import: notebook_accel.widgets.offload_monitor.OffloadMonitor._html -> notebook_accel.widgets._charts": "dashboard",
     "in-function import: notebook_accel.widgets.offload_monitor.OffloadMonitor._placement -> notebook_accel.telemetry": "dashboard",
     "in-function import: notebook_accel.widgets.offload_monitor.OffloadMonitor.chart_png -> notebook_accel.widgets._charts": "dashboard",
-    "long function: notebook_accel.data_loader.prepare_data_loader": "goldens",
 }
 
 
