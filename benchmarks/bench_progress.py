@@ -3,8 +3,10 @@
     .venv/bin/python benchmarks/bench_progress.py              # 5 rounds, 10,000 steps
     .venv/bin/python benchmarks/bench_progress.py --rounds 9 --steps 20000
 
-Each worker times its own loop (``time.perf_counter`` around ``for _ in tqdm(range(steps))`` doing a
-small matmul per step) and returns it; the figure is the median over rounds of the slower rank's loop.
+Each worker times its own loop (``for _ in tqdm(range(steps))`` doing a small matmul per step), in
+wall time and in CPU time (``time.process_time``: what the loop itself costs, much less disturbed by
+other processes on a busy machine), and returns both; the figures are medians over rounds of the
+slower rank's loop.
 Three settings run interleaved, round after round, in this one process:
 
 - ``no bar``: the same loop without tqdm (the floor);
@@ -18,7 +20,8 @@ Three settings run interleaved, round after round, in this one process:
 ``launcher_cpu_s`` is this process's CPU time during each launch (what the launcher and the panel
 take from the cores the workers run on).
 
-The goal of the events is ``panel / text <= 1.03``. Prints JSON with the medians and the load average.
+The goal of the events is ``panel / text <= 1.03``. Prints JSON with the medians (wall and CPU) and the
+load average.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from notebook_accel.widgets import LaunchPanel
 from notebook_accel import notebook_launcher
 
 
-def _loop(steps: int, with_bar: bool) -> float:
+def _loop(steps: int, with_bar: bool) -> tuple[float, float]:
     import time as _time
 
     import torch
@@ -43,13 +46,13 @@ def _loop(steps: int, with_bar: bool) -> float:
     torch.set_num_threads(1)
     a = torch.randn(32, 32)
     iterator = tqdm(range(steps), desc="bench") if with_bar else range(steps)
-    start = _time.perf_counter()
+    start, cpu = _time.perf_counter(), _time.process_time()
     for _ in iterator:
         a = torch.tanh(a @ a)  # a small step: a few microseconds, so the bar's own cost shows
-    return _time.perf_counter() - start
+    return _time.perf_counter() - start, _time.process_time() - cpu
 
 
-def _run(setting: str, steps: int) -> tuple[float, float]:
+def _run(setting: str, steps: int) -> tuple[float, float, float]:
     with_bar = setting != "no bar"
     bars = "main" if setting in ("events", "panel") else "text"
     cpu = sum(os.times()[:2])
@@ -64,7 +67,7 @@ def _run(setting: str, steps: int) -> tuple[float, float]:
     if panel is not None:
         assert panel.bars() and panel.bars()[0].n == steps, "the panel never saw the bar reach the end"
         panel.close()
-    return max(times), sum(os.times()[:2]) - cpu
+    return max(t[0] for t in times), max(t[1] for t in times), sum(os.times()[:2]) - cpu
 
 
 def main() -> None:
@@ -75,16 +78,19 @@ def main() -> None:
     settings = ["no bar", "text", "events", "panel"]
     _run("text", 200)  # warm-up: imports, first fork
     samples: dict[str, list[float]] = {s: [] for s in settings}
+    loop_cpu: dict[str, list[float]] = {s: [] for s in settings}
     cpu: dict[str, list[float]] = {s: [] for s in settings}
     load_before = os.getloadavg()
     started = time.perf_counter()
     for i in range(args.rounds):
         # Rotate the order each round so that no setting always runs first (or last).
         for setting in settings[i % len(settings) :] + settings[: i % len(settings)]:
-            loop, launcher_cpu = _run(setting, args.steps)
+            loop, worker_cpu, launcher_cpu = _run(setting, args.steps)
             samples[setting].append(loop)
+            loop_cpu[setting].append(worker_cpu)
             cpu[setting].append(launcher_cpu)
     medians = {s: statistics.median(v) for s, v in samples.items()}
+    cpu_medians = {s: statistics.median(v) for s, v in loop_cpu.items()}
     print(
         json.dumps(
             {
@@ -92,6 +98,9 @@ def main() -> None:
                 "rounds": args.rounds,
                 "median_loop_s": {s: round(m, 4) for s, m in medians.items()},
                 "samples_s": {s: [round(x, 4) for x in v] for s, v in samples.items()},
+                "median_loop_cpu_s": {s: round(m, 4) for s, m in cpu_medians.items()},
+                "cpu_panel_over_text": round(cpu_medians["panel"] / cpu_medians["text"], 4),
+                "cpu_events_over_text": round(cpu_medians["events"] / cpu_medians["text"], 4),
                 "launcher_cpu_s": {s: round(statistics.median(v), 3) for s, v in cpu.items()},
                 "panel_over_text": round(medians["panel"] / medians["text"], 4),
                 "events_over_text": round(medians["events"] / medians["text"], 4),
