@@ -38,6 +38,7 @@ from ..utils.imports import (
     is_torch_xla_available,
     is_xpu_available,
 )
+from ..utils.launch import PrepareForLaunch
 from .config.config_args import SageMakerConfig, default_config_file, load_config_from_file
 from .utils import CustomArgumentParser
 
@@ -48,6 +49,7 @@ __all__ = [
     "CustomArgumentParser",
     "CustomHelpFormatter",
     "DistributedType",
+    "PrepareForLaunch",
     "SageMakerConfig",
     "check_cuda_p2p_ib_support",
     "clean_option",

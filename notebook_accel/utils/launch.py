@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from .._lazy import attach
 from .constants import DEEPSPEED_MULTINODE_LAUNCHERS
 from .enums import DistributedType, DynamoBackend, PrecisionType, SageMakerDistributedType
 from .environment import str_to_bool
@@ -53,6 +54,10 @@ __all__ += [
     "merge_dicts",
     "str_to_bool",
 ]
+# The config-file dataclass lives with the commands that read the file (above utils): served lazily.
+_LAZY = {"SageMakerConfig": "notebook_accel.commands.config.config_args"}
+__all__ += sorted(_LAZY)
+__getattr__, __dir__ = attach(__name__, _LAZY)
 
 
 def env_var_path_add(env_var_name: str, path_to_add: str) -> str:
