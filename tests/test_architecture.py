@@ -86,8 +86,6 @@ KNOWN_VIOLATIONS: dict[str, str] = {
     "in-function import: notebook_accel.data_loader._shared_seed -> notebook_accel.utils.operations": "goldens",
     "in-function import: notebook_accel.data_loader._to_cpu -> notebook_accel.utils.operations": "goldens",
     "in-function import: notebook_accel.data_loader.prepare_data_loader -> notebook_accel.state": "goldens",
-    "in-function import: notebook_accel.utils.configs.DataLoaderConfiguration.__post_init__ -> notebook_accel.utils.imports": "lead",
-    "in-function import: notebook_accel.utils.deepspeed_plugin.DeepSpeedPlugin.require_deepspeed -> notebook_accel.utils.imports": "lead",
     "in-function import: notebook_accel.utils.operations._world -> notebook_accel.state": "surface",
     "in-function import: notebook_accel.widgets._machine._gpus -> notebook_accel.utils.imports": "dashboard",
     "in-function import: notebook_accel.widgets._machine._nvml_gpus -> notebook_accel.utils.imports": "dashboard",

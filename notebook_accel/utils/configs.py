@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from . import imports
 from ._validation import choice
 
 __all__ = ["BnbQuantizationConfig", "DataLoaderConfiguration", "ProjectConfiguration"]
@@ -164,9 +165,7 @@ class DataLoaderConfiguration:
         ):
             raise TypeError(f"{owner}: data_seed must be an int or None, got {self.data_seed!r}")
         if self.use_stateful_dataloader:
-            from .imports import is_package_available
-
-            if not is_package_available("torchdata"):
+            if not imports.is_package_available("torchdata"):
                 raise ImportError(
                     f"{owner}: use_stateful_dataloader=True requires `torchdata`: pip install 'torchdata>=0.8'"
                 )

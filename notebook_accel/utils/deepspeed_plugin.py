@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from . import imports
 from ._validation import choice as _choice
 from ._validation import env as _env
 from ._validation import positive_int as _positive_int
@@ -308,9 +309,7 @@ class DeepSpeedPlugin:
     @staticmethod
     def require_deepspeed() -> None:
         """Raise ImportError naming ``deepspeed`` when it is not installed."""
-        from .imports import is_deepspeed_available
-
-        if not is_deepspeed_available():
+        if not imports.is_deepspeed_available():
             raise ImportError("DeepSpeedPlugin requires `deepspeed` to prepare models: pip install deepspeed")
 
     def zero3_init_context_manager(self, enable: bool = False):
