@@ -233,6 +233,12 @@ def test_event_hub_lines_and_live_ranks() -> None:
     hub.dispatch(0, "metrics", {"step": 0})
     assert seen == [("bar", 0), ("bar", 1), ("bar", 0), ("bar", 0), ("bar", 1)]
     assert hub.metrics() == [{"step": 0}]
+    # A bar per batch: only the newest closed bars are kept, open ones always.
+    hub.dispatch(2, "bar", {**base, "id": 0, "text": "open", "closed": False, "leave": True})
+    for i in range(1, 251):
+        hub.dispatch(2, "bar", {**base, "id": i, "text": f"b{i}", "closed": True, "leave": False})
+    kept = hub.bars(2)
+    assert len(kept) == 101 and kept[0].text == "open" and [b.id for b in kept[1:]] == list(range(151, 251))
 
 
 def test_apply_usage_keeps_peaks() -> None:

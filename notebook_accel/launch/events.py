@@ -26,6 +26,8 @@ __all__ = ["BarState", "EventHub", "FrameDecoder"]
 
 logger = logging.getLogger(__name__)
 
+_KEPT_CLOSED_BARS = 100  # per rank: a loop opening a bar per batch must not grow the launcher's memory
+
 
 class FrameDecoder:
     """Cut a byte stream into the messages it frames (a partial frame waits for the next bytes)."""
@@ -131,6 +133,8 @@ class EventHub:
             if kind == "bar":
                 state = BarState(rank, **{k: payload[k] for k in _BAR_FIELDS})
                 self._bars[(rank, state.id)] = state
+                if state.closed:
+                    self._prune_closed(rank)
                 if state.closed and state.leave:
                     lines.append(OutputLine(rank, state.stream, state.text, time.time()))
                 item: Any = state
@@ -165,6 +169,11 @@ class EventHub:
         if lines:
             self._notify(subscribers, "bar", rank, None)
         return lines
+
+    def _prune_closed(self, rank: int) -> None:
+        closed = [key for key, b in self._bars.items() if b.rank == rank and b.closed]
+        for key in closed[: max(0, len(closed) - _KEPT_CLOSED_BARS)]:  # oldest first (insertion order)
+            del self._bars[key]
 
     @staticmethod
     def _notify(subscribers: list, kind: str, rank: int, item: Any) -> None:
