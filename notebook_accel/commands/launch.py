@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 from ..utils.constants import DEEPSPEED_MULTINODE_LAUNCHERS, TORCH_DYNAMO_MODES
-from ..utils.enums import ComputeEnvironment, DistributedType
+from ..utils.enums import MIXED_PRECISION_CHOICES, ComputeEnvironment, DistributedType
 from ..utils.environment import (
     check_cuda_p2p_ib_support,
     convert_dict_to_env_variables,
@@ -142,7 +142,7 @@ def launch_command_parser(subparsers=None):
     add("--use_deepspeed", action="store_true", help="Launch through DeepSpeed (needs deepspeed).")
     add("--use_fsdp", action="store_true", help="Use FullyShardedDataParallel in the Accelerator.")
     add("--use_megatron_lm", action="store_true", help="Use Megatron-LM (needs megatron-core).")
-    add("--mixed_precision", choices=["no", "fp16", "bf16", "fp8"], default=None, help="Mixed precision mode.")
+    add("--mixed_precision", choices=list(MIXED_PRECISION_CHOICES), default=None, help="Mixed precision mode.")
     add("--num_processes", type=int, default=None, help="Processes to start in all (over all machines).")
     add("--num_machines", type=int, default=None, help="Machines taking part.")
     add("--machine_rank", type=int, default=None, help="This machine's rank (0 is the main one).")
