@@ -27,6 +27,7 @@ from .launch.output import LogDirSink, OutputLine, PrintSink
 from .launch.plan import LaunchPlan, check_cuda_not_initialised, resolve_plan
 from .launch.ports import DEFAULT_PORT, host_store
 from .launch.request import LaunchRequest
+from .launch.restarts import run_with_restarts
 from .launch.xla import launch_xla
 from .state import AcceleratorState, PartialState
 from .utils.constants import ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION
@@ -155,9 +156,12 @@ def notebook_launcher(
         master_addr: address of the rank-0 node.
         node_rank, num_nodes: this machine's rank and the number of machines; ``num_nodes > 1``
             runs through torch.distributed.elastic (see ``notebook_accel.launch.elastic``).
-        rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval: elastic
-            rendezvous settings of ``num_nodes > 1`` (as in torchrun); set on a single node they
-            raise ValueError (``rdzv_id`` names the run's log folder there).
+        rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id: elastic rendezvous settings of
+            ``num_nodes > 1`` (as in torchrun); set on a single node they raise ValueError
+            (``rdzv_id`` names the run's log folder there).
+        max_restarts, monitor_interval: after a rank fails, restart the whole group up to
+            ``max_restarts`` times, ``monitor_interval`` seconds after the failure (on one machine
+            as through torch elastic; each restart is announced; needs ``block=True`` there).
         log_line_prefix_template: prefix of each output line, e.g. "[{rank}]: " (``${rank}``,
             ``{local_rank}``, ``{role_name}`` work too); default "[rank N] ".
         block: False returns a ``LaunchHandle`` at once (status, live output, stacks, wait/result/stop).
@@ -224,12 +228,26 @@ def _launch(request: LaunchRequest) -> list[Any] | LaunchHandle:
     needs_worker = not request.block or any(
         getattr(request, name) not in (None, False) for name in _WORKER_OPTIONS
     )
+    needs_worker = needs_worker or request.max_restarts > 0  # a failed process is restarted from here
     if plan.in_process and not needs_worker:
         _announce(_build_sinks(plan, request), plan.describe())
         return [request.function(*request.args)]
     if plan.in_process:
         plan = _with_workers(plan)
-    return _launch_workers(request, plan)
+    if request.max_restarts == 0:
+        return _launch_workers(request, plan)
+    if not request.block:
+        raise ValueError(
+            f"max_restarts={request.max_restarts} needs block=True (each restart is a new group of "
+            "processes; a handle follows one group): use block=True, or max_restarts=0 with block=False"
+        )
+    sinks = _build_sinks(plan, request)
+    return run_with_restarts(
+        lambda restart: _launch_workers(request, plan),
+        request.max_restarts,
+        request.monitor_interval,
+        lambda text: _announce(sinks, text),
+    )
 
 
 def _launch_workers(request: LaunchRequest, plan: LaunchPlan) -> list[Any] | LaunchHandle:

@@ -65,7 +65,7 @@ def _one(x):
         ({"hang_timeout": 0}, ValueError, "hang_timeout=0 must be a positive number"),
         ({"on_hang": "ignore"}, ValueError, "on_hang='ignore' is not one of"),
         ({"block": "yes"}, TypeError, "block='yes' must be True or False"),
-        ({"max_restarts": 3}, ValueError, "max_restarts=3 only applies to multi-node launches"),
+        ({"max_restarts": 3, "block": False}, ValueError, "max_restarts=3 needs block=True"),
         ({"rdzv_endpoint": "10.0.0.1:29400"}, ValueError, "rdzv_endpoint='10.0.0.1:29400' only applies"),
         ({"num_nodes": 2, "timeout": 5}, ValueError, "timeout=5 is not available with num_nodes > 1"),
         ({"num_nodes": 2, "sinks": []}, ValueError, r"sinks=\(\) is not available with num_nodes > 1"),
@@ -646,3 +646,48 @@ def test_device_map_values_are_checked_up_front_by_every_loader(tmp_path, value,
     with pytest.raises(ValueError, match=match):
         load_checkpoint_in_model(model, str(tmp_path / "m.safetensors"), device_map={"": value})
     assert next(model.parameters()).dtype == torch.float32  # Module.to(3.5) made it float64 before
+
+
+def _fail_first_tries(counter_dir: str, failures: int, failing_rank: int = 1) -> int:
+    """Return how many times this rank ran before; ``failing_rank`` raises on its first ``failures`` tries."""
+    path = os.path.join(counter_dir, f"rank{_rank()}")
+    tries = os.path.getsize(path) if os.path.exists(path) else 0
+    with open(path, "a") as f:
+        f.write("x")
+    if _rank() == failing_rank and tries < failures:
+        raise ValueError(f"try {tries} fails")
+    return tries
+
+
+def test_max_restarts_restarts_the_group_on_one_machine(tmp_path):
+    sink = Collect()
+    out = notebook_launcher(
+        _fail_first_tries, args=(str(tmp_path), 2), num_processes=2, max_restarts=2, monitor_interval=0.05,
+        sinks=[sink],
+    )  # fmt: skip
+    assert out == [2, 2]  # the third group succeeded; every rank ran three times
+    restarts = [text for text in sink.announced if text.startswith("restarting the group")]
+    assert len(restarts) == 2
+    assert "(restart 1 of 2) after rank 1" in restarts[0] and "ValueError: try 0 fails" in restarts[0]
+    assert "(restart 2 of 2)" in restarts[1] and "ValueError: try 1 fails" in restarts[1]
+
+
+def test_max_restarts_exhausted_raises_the_last_failure(tmp_path):
+    snap = Snapshot()
+    with pytest.raises(LaunchError, match=r"rank 1 \(pid \d+\) ValueError: try 1 fails") as info:
+        notebook_launcher(
+            _fail_first_tries, args=(str(tmp_path), 5), num_processes=2, max_restarts=1, monitor_interval=0.05,
+            sinks=[],
+        )  # fmt: skip
+    assert "all 2 attempts failed (max_restarts=1)" in str(info.value)
+    assert "_fail_first_tries" in info.value.failures[0].traceback
+    assert os.path.getsize(tmp_path / "rank1") == 2
+    snap.assert_clean()
+
+
+def test_max_restarts_restarts_a_single_process(tmp_path):
+    # one process runs in a worker when it may need restarting (a failure must not end the kernel's call)
+    out = notebook_launcher(
+        _fail_first_tries, args=(str(tmp_path), 1, 0), num_processes=1, max_restarts=1, sinks=[]
+    )
+    assert out == [1] and os.path.getsize(tmp_path / "rank0") == 2

@@ -39,8 +39,6 @@ _ELASTIC_ONLY = {
     "rdzv_backend": "static",
     "rdzv_endpoint": "",
     "rdzv_conf": None,
-    "max_restarts": 0,
-    "monitor_interval": 0.1,
 }
 
 
