@@ -6,7 +6,6 @@ import logging
 import math
 from typing import Union
 
-import psutil
 import torch
 from torch import nn
 
@@ -58,6 +57,10 @@ def _cgroup_memory_left() -> int | None:
 
 
 def _available_cpu_memory() -> int:
+    # Imported here: psutil (with the C extension and `resource` it loads) adds ~2.3 MB to every process
+    # that imports the device-map code (benchmarks/bench_loading.py's peak RSS), and only this query needs it.
+    import psutil
+
     available = psutil.virtual_memory().available
     left = _cgroup_memory_left()
     return available if left is None else min(available, left)
