@@ -114,14 +114,14 @@ def _torch_save(obj: Any, path: Path) -> None:
     _atomic_write(os.fspath(path), lambda tmp: torch.save(obj, tmp))
 
 
-def _torch_load(path: Path, map_location: Any = None) -> Any:
+def _torch_load(path: Path, map_location: Any = None, **load_kwargs: Any) -> Any:
     """Return the objects in ``path`` read with ``weights_only=True`` (tensors, containers, numpy arrays).
 
     Everything ``save_state`` writes loads this way; anything else (a class, a ``__reduce__`` that
     would run code) is refused with an error naming the file, and nothing in it runs.
     """
     try:
-        return load(path, map_location=map_location)
+        return load(path, map_location=map_location, **load_kwargs)
     except pickle.UnpicklingError as exc:
         reason = str(exc).strip().splitlines()
         detail = next(
@@ -191,6 +191,7 @@ def save_accelerator_state(
     scaler: Any = None,
     save_on_each_node: bool = False,
     safe_serialization: bool = True,
+    *,
     is_writer: bool = True,
 ) -> Path:
     """Write the training state into ``output_dir`` (which must exist); return its path.
@@ -232,12 +233,20 @@ def load_accelerator_state(
     process_index: int,
     scaler: Any = None,
     map_location: Any = None,
+    load_kwargs: dict | None = None,
     **load_model_func_kwargs: Any,
 ) -> dict[str, Any]:
     """Restore the state written by :func:`save_accelerator_state`; return attributes to restore (``step``).
 
-    ``load_model_func_kwargs`` go to ``load_state_dict`` of each model (e.g. ``strict=False``).
+    ``load_kwargs`` go to every ``torch.load`` of optimizer, scheduler, sampler, scaler and RNG files
+    (e.g. ``mmap=True``); they always load with ``weights_only=True``. ``load_model_func_kwargs`` go
+    to ``load_state_dict`` of each model (e.g. ``strict=False``).
     """
+    load_kwargs = dict(load_kwargs or {})
+    if load_kwargs.pop("weights_only", True) is not True:
+        raise ValueError(
+            "load_accelerator_state: checkpoints load with weights_only=True only; drop weights_only from load_kwargs"
+        )
     input_dir = Path(input_dir)
     recover_directory(input_dir)
     if not input_dir.is_dir():
@@ -257,26 +266,26 @@ def load_accelerator_state(
     for i, optimizer in enumerate(optimizers):
         path = input_dir / f"{_indexed(OPTIMIZER_NAME, i)}.bin"
         _require(path, f"optimizer {i}")
-        optimizer.load_state_dict(_torch_load(path, map_location))
+        optimizer.load_state_dict(_torch_load(path, map_location, **load_kwargs))
     for i, scheduler in enumerate(schedulers):
         path = input_dir / f"{_indexed(SCHEDULER_NAME, i)}.bin"
         _require(path, f"scheduler {i}")
-        scheduler.load_state_dict(_torch_load(path))
+        scheduler.load_state_dict(_torch_load(path, **load_kwargs))
     for i, dataloader in enumerate(dataloaders):
         path = input_dir / f"{_indexed(SAMPLER_NAME, i)}.bin"
         if path.exists():
-            _load_sampler_state(dataloader, _torch_load(path))
+            _load_sampler_state(dataloader, _torch_load(path, **load_kwargs))
         position = input_dir / f"{_indexed(DATALOADER_STATE_NAME, i)}.bin"
         if getattr(dataloader, "use_stateful_dataloader", False) and position.exists():
-            dataloader.load_state_dict(_torch_load(position))
+            dataloader.load_state_dict(_torch_load(position, **load_kwargs))
     if scaler is not None:
         path = input_dir / SCALER_NAME
         _require(path, "the fp16 gradient scaler")
-        scaler.load_state_dict(_torch_load(path))
+        scaler.load_state_dict(_torch_load(path, **load_kwargs))
     override: dict[str, Any] = {}
     rng_path = input_dir / f"{RNG_STATE_NAME}_{process_index}.pkl"
     if rng_path.exists():
-        rng = _torch_load(rng_path)
+        rng = _torch_load(rng_path, **load_kwargs)
         _set_rng_state(rng)
         override["step"] = rng.get("step", 0)
     else:

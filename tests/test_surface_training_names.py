@@ -202,3 +202,25 @@ def test_get_module_class_from_name() -> None:
     assert get_module_class_from_name(model, "GELU") is torch.nn.GELU
     assert get_module_class_from_name(model, "Sequential") is torch.nn.Sequential
     assert get_module_class_from_name(model, "Conv2d") is None
+
+
+def test_load_accelerator_state_passes_load_kwargs(tmp_path, monkeypatch) -> None:
+    import notebook_accel.checkpointing as checkpointing
+    from notebook_accel.checkpointing import load_accelerator_state, save_accelerator_state
+
+    PartialState()
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    save_accelerator_state(tmp_path, [model], [optimizer], [], [], 0, step=3)
+    seen = []
+    original = checkpointing.load
+
+    def spy(path, map_location=None, **kwargs):
+        seen.append(kwargs)
+        return original(path, map_location=map_location, **kwargs)
+
+    monkeypatch.setattr(checkpointing, "load", spy)
+    out = load_accelerator_state(tmp_path, [model], [optimizer], [], [], 0, load_kwargs={"mmap": True})
+    assert out["step"] == 3 and seen and all(kwargs == {"mmap": True} for kwargs in seen)
+    with pytest.raises(ValueError, match="weights_only=True only"):
+        load_accelerator_state(tmp_path, [model], [optimizer], [], [], 0, load_kwargs={"weights_only": False})

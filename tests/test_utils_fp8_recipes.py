@@ -93,3 +93,15 @@ def test_accelerator_takes_the_new_recipes_as_handlers() -> None:
         assert sort_kwargs_handlers([handler]) == {"fp8": handler}
     with pytest.raises(ValueError, match="two"):
         sort_kwargs_handlers([TERecipeKwargs(), MSAMPRecipeKwargs()])
+
+
+def test_deepspeed_plugin_msamp_fields(monkeypatch) -> None:
+    from notebook_accel.utils import DeepSpeedPlugin
+
+    assert DeepSpeedPlugin().enable_msamp is False and DeepSpeedPlugin().msamp_opt_level == "O1"
+    monkeypatch.setenv("ACCELERATE_FP8_BACKEND", "msamp")
+    monkeypatch.setenv("ACCELERATE_FP8_OPT_LEVEL", "02")
+    plugin = DeepSpeedPlugin()
+    assert plugin.enable_msamp is True and plugin.msamp_opt_level == "O2"
+    with pytest.raises(ValueError, match=r"msamp_opt_level='O3' is not valid"):
+        DeepSpeedPlugin(msamp_opt_level="O3")

@@ -23,7 +23,8 @@ from ..logging import get_logger
 from ..optimizer import AcceleratedOptimizer
 from ..scheduler import AcceleratedScheduler
 from ..state import AcceleratorState, GradientState, PartialState
-from ..tracking import GeneralTracker, filter_trackers
+from ..tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, filter_trackers
+from ..utils.ao import convert_model_to_fp8_ao
 from ..utils.compilation import (
     compile_regions,
     compile_regions_deepspeed,
@@ -48,6 +49,7 @@ from ..utils.constants import (
 from ..utils.deepspeed_plugin import DeepSpeedPlugin
 from ..utils.enums import DistributedType, DynamoBackend, FP8BackendType, LoggerType, PrecisionType, RNGType
 from ..utils.environment import parse_choice_from_env
+from ..utils.fp8_recipes import AORecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
 from ..utils.fsdp2 import (
     ensure_weights_retied,
     fsdp2_apply_ac,
@@ -108,6 +110,7 @@ from ..utils.package_checks import (
 )
 from ..utils.parallelism import ParallelismConfig
 from ..utils.plugins import GradientAccumulationPlugin, TorchDynamoPlugin, TorchTensorParallelPlugin
+from ..utils.transformer_engine import apply_fp8_autowrap, convert_model
 from ..utils.versions import compare_versions, is_torch_version
 from .core import Accelerator
 
@@ -124,6 +127,13 @@ __all__ = [
 ]
 # Accelerate 1.15 serves these names at this path too (defined elsewhere).
 __all__ += [
+    "AORecipeKwargs",
+    "LOGGER_TYPE_TO_CLASS",
+    "MSAMPRecipeKwargs",
+    "TERecipeKwargs",
+    "apply_fp8_autowrap",
+    "convert_model",
+    "convert_model_to_fp8_ao",
     "AutocastKwargs",
     "DTENSOR_PYTORCH_VERSION",
     "DataLoaderDispatcher",

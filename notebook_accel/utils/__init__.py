@@ -328,6 +328,14 @@ _add(
 )
 _add(".fp8_recipes", "AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs")
 _add(".launch", "PrepareForLaunch")
+_add(".ao", "convert_model_to_fp8_ao", "filter_first_and_last_linear_layers", "has_ao_layers")
+_add(
+    ".transformer_engine",
+    "apply_fp8_autowrap",
+    "contextual_fp8_autocast",
+    "convert_model",
+    "has_transformer_engine_layers",
+)
 
 __all__ = sorted(_TABLE)
 __getattr__, __dir__ = attach(__name__, _TABLE)

@@ -105,6 +105,10 @@ class DeepSpeedPlugin:
     """Gather 16-bit weights when saving a ZeRO-3 model."""
     transformer_moe_cls_names: str = None
     """Comma-separated MoE layer class names (ZeRO 3 leaf modules)."""
+    enable_msamp: bool = None
+    """Train in FP8 with the MS-AMP backend (``ACCELERATE_FP8_BACKEND=MSAMP`` when unset)."""
+    msamp_opt_level: str | None = None
+    """MS-AMP optimisation level, "O1" or "O2" (default "O1"); only with ``enable_msamp``."""
 
     def __post_init__(self) -> None:
         owner = "DeepSpeedPlugin"
@@ -144,6 +148,7 @@ class DeepSpeedPlugin:
             )
         if self.zero3_init_flag is None:
             self.zero3_init_flag = parse_flag_from_env("ACCELERATE_DEEPSPEED_ZERO3_INIT", False)
+        self._resolve_msamp(owner)
 
         if self.hf_ds_config is None:
             self.deepspeed_config = self._build_config()
@@ -195,6 +200,15 @@ class DeepSpeedPlugin:
                     attr,
                     value.lower() if attr.endswith("_device") and isinstance(value, str) else value,
                 )
+
+    def _resolve_msamp(self, owner: str) -> None:
+        if self.enable_msamp is None:
+            self.enable_msamp = _env("ACCELERATE_FP8_BACKEND", "").upper() == "MSAMP"
+        if self.msamp_opt_level is None:
+            self.msamp_opt_level = _env("ACCELERATE_FP8_OPT_LEVEL", "O1")
+        level = str(self.msamp_opt_level).upper()
+        self.msamp_opt_level = "O" + level[1:] if level[:1] == "0" else level
+        _choice(owner, "msamp_opt_level", self.msamp_opt_level, ("O1", "O2"))
 
     def _validate_config(self) -> None:
         owner = "DeepSpeedPlugin"

@@ -32,6 +32,7 @@ from .imports import is_torch_distributed_available, is_torch_xla_available, is_
 from .network import get_free_port, is_port_in_use
 from .package_checks import is_deepspeed_available, is_numpy_available, is_peft_available
 from .tensors import id_tensor_storage
+from .transformer_engine import convert_model
 from .versions import is_torch_version
 
 __all__ = [
@@ -61,6 +62,8 @@ __all__ = [
     "save",
     "wait_for_everyone",
 ]
+# Accelerate 1.15 serves these names at this path too (defined elsewhere).
+__all__ += ["convert_model"]
 # Accelerate 1.15 serves these names at this path too (defined elsewhere).
 __all__ += [
     "DistributedType",

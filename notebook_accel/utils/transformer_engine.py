@@ -1,0 +1,104 @@
+"""NVIDIA TransformerEngine FP8: swapping layers for TE's and running the forward under ``fp8_autocast``.
+
+Everything here needs ``transformer_engine`` (``pip install 'transformer_engine[pytorch]'``, an NVIDIA
+Ada or Hopper GPU); ``has_transformer_engine_layers`` answers without it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .operations import GatheredParameters
+from .package_checks import is_transformer_engine_available
+
+__all__ = [
+    "GatheredParameters",
+    "apply_fp8_autowrap",
+    "contextual_fp8_autocast",
+    "convert_model",
+    "has_transformer_engine_layers",
+    "is_transformer_engine_available",
+]
+
+
+def _te() -> Any:
+    if not is_transformer_engine_available():
+        raise ImportError(
+            "TransformerEngine FP8 needs transformer_engine: pip install 'transformer_engine[pytorch]' "
+            "(an NVIDIA Ada or Hopper GPU)"
+        )
+    import transformer_engine.pytorch as te
+
+    return te
+
+
+def has_transformer_engine_layers(model: nn.Module) -> bool:
+    """Return whether ``model`` holds TransformerEngine layers (Linear, LayerNorm, ... of ``transformer_engine``)."""
+    return any(type(m).__module__.startswith("transformer_engine") for m in model.modules())
+
+
+def convert_model(
+    model: nn.Module,
+    to_transformer_engine: bool = True,
+    _convert_linear: bool = True,
+    _convert_ln: bool = True,
+) -> None:
+    """Swap, in place and recursively, ``nn.Linear`` / ``nn.LayerNorm`` for TE's (or back, ``to_transformer_engine=False``).
+
+    Weights are copied; TE's layers need in/out features divisible by 16 for FP8.
+    """
+    te = _te()
+    for name, child in model.named_children():
+        if to_transformer_engine and _convert_linear and isinstance(child, nn.Linear):
+            new = te.Linear(
+                child.in_features,
+                child.out_features,
+                bias=child.bias is not None,
+                params_dtype=child.weight.dtype,
+            )
+        elif to_transformer_engine and _convert_ln and isinstance(child, nn.LayerNorm):
+            new = te.LayerNorm(child.normalized_shape[0], eps=child.eps, params_dtype=child.weight.dtype)
+        elif not to_transformer_engine and _convert_linear and isinstance(child, te.Linear):
+            new = nn.Linear(
+                child.in_features, child.out_features, bias=child.bias is not None, dtype=child.weight.dtype
+            )
+        elif not to_transformer_engine and _convert_ln and isinstance(child, te.LayerNorm):
+            new = nn.LayerNorm(child.weight.shape[0], eps=child.eps, dtype=child.weight.dtype)
+        else:
+            convert_model(child, to_transformer_engine, _convert_linear, _convert_ln)
+            continue
+        with torch.no_grad():
+            new.weight.copy_(child.weight)
+            if getattr(child, "bias", None) is not None:
+                new.bias.copy_(child.bias)
+        setattr(model, name, new.to(child.weight.device))
+
+
+def contextual_fp8_autocast(
+    model_forward: Callable, fp8_recipe: Any, use_during_eval: bool = False
+) -> Callable:
+    """Return ``model_forward`` run under TE's ``fp8_autocast`` while training (and in eval with ``use_during_eval``)."""
+    te = _te()
+
+    @functools.wraps(model_forward)
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        enabled = use_during_eval or self.training
+        with te.fp8_autocast(enabled=enabled, fp8_recipe=fp8_recipe):
+            return model_forward(*args, **kwargs)
+
+    forward.__wrapped__ = model_forward
+    return forward
+
+
+def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: Any) -> nn.Module:
+    """Return ``model`` with its forward wrapped by ``contextual_fp8_autocast`` for ``fp8_recipe_handler``'s recipe."""
+    recipe = fp8_recipe_handler.to_te_recipe() if fp8_recipe_handler is not None else None
+    use_during_eval = bool(getattr(fp8_recipe_handler, "use_autocast_during_eval", False))
+    wrapped = contextual_fp8_autocast(model.forward, recipe, use_during_eval)
+    model.forward = functools.partial(wrapped, model)
+    return model

@@ -1,0 +1,52 @@
+"""FP8 layer selection (torchao) and TransformerEngine entry points: plain-PyTorch parts run, engines are named."""
+
+from __future__ import annotations
+
+import pytest
+from torch import nn
+
+from notebook_accel.utils.ao import (
+    convert_model_to_fp8_ao,
+    filter_first_and_last_linear_layers,
+    filter_linear_layers,
+    find_first_last_linear_layers,
+    has_ao_layers,
+)
+from notebook_accel.utils.fp8_recipes import TERecipeKwargs
+from notebook_accel.utils.transformer_engine import (
+    apply_fp8_autowrap,
+    contextual_fp8_autocast,
+    convert_model,
+    has_transformer_engine_layers,
+)
+
+
+def _model() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.Linear(32, 8), nn.Linear(32, 16))
+
+
+def test_first_and_last_linear_layers_are_kept_out() -> None:
+    model = _model()
+    assert find_first_last_linear_layers(model) == ("0", "4")
+    assert find_first_last_linear_layers(nn.ReLU()) == (None, None)
+    verdicts = {name: filter_linear_layers(m, name, ["0"]) for name, m in model.named_modules()}
+    # "0" is listed, "3" has 8 output features (not divisible by 16); other modules pass.
+    assert verdicts == {"": True, "0": False, "1": True, "2": True, "3": False, "4": True}
+    # Called on one layer, that layer is its own first and last linear layer (named "").
+    assert filter_first_and_last_linear_layers(nn.Linear(16, 16), "0")
+    assert not filter_first_and_last_linear_layers(nn.Linear(16, 16), "")
+    assert not filter_first_and_last_linear_layers(nn.Sequential(nn.Linear(16, 16)), "0")
+    assert not filter_first_and_last_linear_layers(nn.Linear(16, 8), "x")
+    assert not has_ao_layers(model)
+
+
+def test_engines_are_named_when_missing() -> None:
+    with pytest.raises(ImportError, match="pip install torchao"):
+        convert_model_to_fp8_ao(_model())
+    assert not has_transformer_engine_layers(_model())
+    with pytest.raises(ImportError, match=r"pip install 'transformer_engine\[pytorch\]'"):
+        convert_model(_model())
+    with pytest.raises(ImportError, match="transformer_engine"):
+        contextual_fp8_autocast(_model().forward, None)
+    with pytest.raises(ImportError, match="transformer_engine"):
+        apply_fp8_autowrap(_model(), TERecipeKwargs())
