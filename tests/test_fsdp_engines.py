@@ -330,3 +330,31 @@ def test_bad_sizes_and_a_model_without_tp_plan_raise() -> None:
     first, second = run_distributed(_bad_sizes_worker, nprocs=2, timeout=120)[0].split(" || ")
     assert "sizes multiply to 4 (dp_replicate_size=1, dp_shard_size=4" in first and "2 processes" in first
     assert "ParallelismConfig(tp_size=2): TinyTransformer has no tensor-parallel plan" in second
+
+
+def _ram_efficient_worker() -> dict:
+    from notebook_accel.utils import FullyShardedDataParallelPlugin
+
+    out = {}
+    for version in (1, 2):
+        plugin = FullyShardedDataParallelPlugin(
+            fsdp_version=version, cpu_ram_efficient_loading=True, auto_wrap_policy="transformer_based_wrap"
+        )
+        acc = _fresh_accelerator(fsdp_plugin=plugin)
+        if acc.process_index == 0:
+            model = TinyTransformer()
+        else:  # only rank 0 loads the weights; the others hold an empty (meta) model
+            with torch.device("meta"):
+                model = TinyTransformer()
+        model = acc.prepare(model)
+        out[version] = acc.get_state_dict(model)
+    return out
+
+
+def test_cpu_ram_efficient_loading_fills_meta_ranks_from_rank0() -> None:
+    results = run_distributed(_ram_efficient_worker, nprocs=2, timeout=300)
+    reference = TinyTransformer().state_dict()
+    for version in (1, 2):
+        for rank, r in enumerate(results):
+            for name, value in reference.items():
+                assert torch.equal(r[version][name], value), (version, rank, name)

@@ -50,7 +50,13 @@ def _wrap_fsdp1(model: torch.nn.Module, state: Any, plugin: Any) -> torch.nn.Mod
         kwargs["ignored_modules"] = ignored
     kwargs["device_id"] = state.device
     if state.device.type == "cpu" and kwargs.get("sync_module_states"):
-        # FSDP1's own sync broadcasts from GPU memory only; on CPU (gloo) broadcast rank 0's weights first.
+        # FSDP1's own sync broadcasts from GPU memory only; on CPU (gloo) broadcast rank 0's weights first,
+        # after giving ranks that hold a meta model (cpu_ram_efficient_loading) real, empty storage.
+        if any(t.is_meta for t in list(model.parameters()) + list(model.buffers())):
+            if plugin.param_init_fn is not None:
+                model.apply(plugin.param_init_fn)
+            else:
+                model.to_empty(device=state.device)
         with torch.no_grad():
             for tensor in list(model.parameters()) + list(model.buffers()):
                 dist.broadcast(tensor.data, src=0)
