@@ -169,7 +169,11 @@ def test_fsdp1_and_fsdp2_match_ddp_and_round_trip_checkpoints(tmp_path) -> None:
             torch.testing.assert_close(r0[engine][name], ddp_value, rtol=0, atol=1e-5, msg=f"{engine} {name}")
         assert r0[f"{engine}_norms"] == pytest.approx(r0["ddp_norms"], abs=1e-5)
     assert r0["fsdp1_type"] and r0["fsdp1_units"] == 3  # the root and the two Block layers
-    assert r0["fsdp2_checkpointed"] and r0["fsdp2_sharded"] == [True, True, False] and r0["fsdp2_local_rows"] == WIDTH // 2
+    assert (
+        r0["fsdp2_checkpointed"]
+        and r0["fsdp2_sharded"] == [True, True, False]
+        and r0["fsdp2_local_rows"] == WIDTH // 2
+    )
     assert r0["fsdp2_unwrapped_keys"]
     for check in ("fsdp1_full_rt", "fsdp2_sharded_rt", "fsdp2_full_rt"):
         for r in results:

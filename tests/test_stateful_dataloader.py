@@ -70,7 +70,9 @@ def test_state_dict_needs_a_stateful_loader() -> None:
     from notebook_accel.state import PartialState
 
     PartialState(cpu=True)
-    loader = prepare_data_loader(DataLoader(TensorDataset(torch.arange(4)), batch_size=2), num_processes=1, process_index=0)
+    loader = prepare_data_loader(
+        DataLoader(TensorDataset(torch.arange(4)), batch_size=2), num_processes=1, process_index=0
+    )
     with pytest.raises(ValueError, match="use_stateful_dataloader=True"):
         loader.state_dict()
     stateful = prepare_data_loader(
