@@ -307,3 +307,39 @@ def test_fsdp2_helpers_order_names_and_retie() -> None:
     untied = torch.nn.Linear(2, 2)
     fn = lambda m: None  # noqa: E731
     assert ensure_weights_retied(fn, untied, torch.device("cpu")) is fn  # nothing tied: unchanged
+
+
+# ---------------------------------------------------------------------------------------------- Accelerator's reading
+
+
+def test_accelerator_side_of_parallelism_config_rejects() -> None:
+    from types import SimpleNamespace
+
+    from notebook_accel.accelerator import mesh
+
+    with pytest.raises(ValueError, match=r"shards with FSDP2, but fsdp_plugin has fsdp_version=1"):
+        mesh.plugins_for_parallelism(
+            ParallelismConfig(dp_shard_size=2), FullyShardedDataParallelPlugin(), None
+        )
+    with pytest.raises(
+        ValueError, match=r"torch_tp_plugin.tp_size=2 and parallelism_config.tp_size=4 disagree"
+    ):
+        mesh.plugins_for_parallelism(ParallelismConfig(tp_size=4), None, TorchTensorParallelPlugin(tp_size=2))
+    with pytest.raises(TypeError, match="parallelism_config must be a ParallelismConfig, got dict"):
+        mesh.plugins_for_parallelism({"dp_shard_size": 2}, None, None)
+    config, plugin = mesh.plugins_for_parallelism(None, None, TorchTensorParallelPlugin(tp_size=2))
+    assert config.tp_size == 2 and plugin is None
+    config, plugin = mesh.plugins_for_parallelism(ParallelismConfig(dp_shard_size=2), None, None)
+    assert plugin.fsdp_version == 2
+
+    state = SimpleNamespace(fsdp_plugin=plugin, num_processes=4, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="cp_size=2 needs torch's context parallelism"):
+        mesh.build_mesh(state, ParallelismConfig(dp_shard_size=2, cp_size=2))
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    model.tp_plan = {"0": "diagonal"}
+    with pytest.raises(ValueError, match=r"tp_plan\['0'\]='diagonal' is not a known style"):
+        mesh.apply_tensor_parallel(model, None, ParallelismConfig(tp_size=2))
+    model.tp_plan = {"0": 3}
+    with pytest.raises(TypeError, match=r"tp_plan\['0'\] must be a style name or a ParallelStyle"):
+        mesh.apply_tensor_parallel(model, None, ParallelismConfig(tp_size=2))
