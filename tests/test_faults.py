@@ -344,6 +344,18 @@ def test_timeout_and_stop_show_where_each_rank_was():
     assert "rank 0: in _marker_sleep" in str(info.value)
 
 
+def test_an_interrupt_says_where_each_rank_was():
+    import signal
+
+    timer = threading.Timer(4.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt) as info:
+        notebook_launcher(_marker_sleep, args=(60,), num_processes=2, sinks=[])
+    timer.join()
+    assert "Where each rank was:" in str(info.value)
+    assert "rank 1: in _marker_sleep at test_faults.py" in str(info.value)
+
+
 # ---------------------------------------------------------------- 50 relaunches
 
 
@@ -691,3 +703,63 @@ def test_max_restarts_restarts_a_single_process(tmp_path):
         _fail_first_tries, args=(str(tmp_path), 1, 0), num_processes=1, max_restarts=1, sinks=[]
     )
     assert out == [1] and os.path.getsize(tmp_path / "rank0") == 2
+
+def _stack(rank: int, frames: list[tuple[str, int, str]]):
+    from notebook_accel.launch.doctor import Frame, RankStack, ThreadStack
+
+    worker = ("/x/notebook_accel/launch/worker.py", 1, "worker_main")
+    thread = ThreadStack("0x1", True, tuple(Frame(*f) for f in [*frames, worker]))
+    return RankStack(rank, 100 + rank, (thread,), "text")
+
+
+_IN_ALL_REDUCE = [
+    ("/v/site-packages/torch/distributed/distributed_c10d.py", 3000, "all_reduce"),
+    ("/u/train.py", 40, "step"),
+]
+_SLEEPING = [("/u/train.py", 42, "step")]
+
+
+def test_hang_watch_needs_a_rank_elsewhere_and_the_full_timeout():
+    from dataclasses import replace
+
+    from notebook_accel.launch.doctor import HangWatch
+
+    watch = HangWatch(10.0)  # quiet: 1 s
+    quiet = {0: 0.0, 1: 0.0, 2: 0.0}  # last sign of life of every rank: t = 0
+    everyone_waits = {r: _stack(r, _IN_ALL_REDUCE) for r in range(3)}
+    assert watch.observe(30.0, everyone_waits, quiet) == []  # a long collective of all ranks: no hang
+    one_elsewhere = {**everyone_waits, 1: _stack(1, _SLEEPING)}
+    watch = HangWatch(10.0)
+    assert watch.observe(5.0, one_elsewhere, quiet) == []  # first seen at 5 s: entered at 4 s at the earliest
+    assert watch.observe(13.5, one_elsewhere, quiet) == []
+    assert watch.observe(14.5, one_elsewhere, quiet) == [0, 2]
+    watch = HangWatch(10.0)
+    assert watch.observe(5.0, {r: _stack(r, _SLEEPING) for r in range(3)}, quiet) == []
+    # Seen elsewhere at t=5, in the collective at t=12: it has waited at most 7 s, not 12.
+    assert watch.observe(12.0, one_elsewhere, quiet) == []
+    assert watch.observe(15.5, one_elsewhere, quiet) == [0, 2]
+    # The same collective in two samples with bytes moved in between: a new call (a loop), not one wait.
+    watch = HangWatch(10.0)
+    with_io = {r: replace(s, io=1000) for r, s in one_elsewhere.items()}
+    assert watch.observe(5.0, with_io, quiet) == []
+    moved = {**with_io, 0: replace(with_io[0], io=1000 + len(b"text") + 64)}
+    assert watch.observe(14.5, moved, quiet) == [2]  # rank 0 completed a collective meanwhile
+    # Only their own dumps written since: still the same waits (rank 0's since 5 s: 10.5 s now).
+    still = {**moved, 0: replace(moved[0], io=moved[0].io + 4), 2: replace(moved[2], io=1000 + 4)}
+    assert watch.observe(15.5, still, quiet) == [0, 2]
+
+
+def test_parse_dump_reads_faulthandler_threads_innermost_first():
+    from notebook_accel.launch.doctor import parse_dump
+
+    text = (
+        "Thread 0x00007f01 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 331 in wait\n\n'
+        "Current thread 0x00007f02 (most recent call first):\n"
+        '  File "/u/train.py", line 42 in step\n'
+        '  File "/x/notebook_accel/launch/worker.py", line 9 in worker_main\n'
+    )
+    threads = parse_dump(text)
+    assert [t.ident for t in threads] == ["0x00007f01", "0x00007f02"]
+    assert threads[1].current and threads[1].runs_the_function and not threads[0].runs_the_function
+    assert [(f.function, f.lineno) for f in threads[1].frames] == [("step", 42), ("worker_main", 9)]
