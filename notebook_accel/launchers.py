@@ -149,8 +149,8 @@ def notebook_launcher(
         args: positional arguments passed to ``function`` in every process (checked against its
             signature before anything starts).
         num_processes: processes on this machine (None: one per CUDA device, or 1 on a CPU). 1 runs
-            in the calling process unless ``timeout``, ``log_dir``, ``sinks``, ``panel`` or
-            ``block=False`` need a worker process: then in one worker.
+            in the calling process unless an option needs a worker (``timeout``, ``log_dir``,
+            ``sinks``, ``panel``, ``max_restarts``, ``block=False``): then in one worker.
         mixed_precision: "no", "fp16", "bf16" or "fp8"; exported as ACCELERATE_MIXED_PRECISION.
         use_port: rendezvous port (the default one, when taken, is replaced by a free one).
         master_addr: address of the rank-0 node.
@@ -167,15 +167,12 @@ def notebook_launcher(
         block: False returns a ``LaunchHandle`` at once (status, live output, stacks, wait/result/stop).
         panel: show the live launch panel (``notebook_accel.widgets.LaunchPanel``). With the
             default ``sinks=None`` the lines then show in the panel only, not printed in the cell.
-        start_method: "fork" (default; CUDA must not be initialised in the caller), "spawn" or
-            "forkserver" (the function and its arguments are sent by value with cloudpickle).
+        start_method: "fork" (default; CUDA not initialised in the caller), "spawn" or "forkserver".
         log_dir: also write ``<log_dir>/<run_id>/rank_<N>/stdout.log`` and ``stderr.log``.
-        sinks: callables receiving every ``OutputLine``; None prints to the calling cell with a
-            rank prefix (nothing when ``panel=True``), [] prints nothing. An explicit list is used
-            as given, with or without a panel (``[notebook_accel.launch.PrintSink()]`` prints
-            next to a panel).
-        timeout: seconds after which the workers are stopped and LaunchError is raised (showing
-            where each rank was).
+        sinks: callables receiving every ``OutputLine``; None prints in the cell with a rank prefix
+            (nothing with ``panel=True``), [] prints nothing; a list is used as given, panel or not.
+        timeout: seconds after which the workers are stopped and LaunchError (with where each rank
+            was) is raised.
         progress_bars: "main": live bars of the main process's tqdm bars (panel or cell), "all": of
             every rank, "text": tqdm's own text; "auto": "main" in a kernel or panel, else "text".
         hang_timeout: seconds a rank may sit in a collective while another rank is elsewhere before
