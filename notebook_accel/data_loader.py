@@ -358,8 +358,12 @@ class DataLoaderDispatcher(_DataLoaderStateMixin, DataLoader):
         try:
             iterator = None
             if self.process_index == 0:
-                with torch.random.fork_rng(devices=[]):
-                    iterator = super().__iter__()
+                # Draws the worker base seed from the global RNG, as a DataLoader does.
+                iterator = super().__iter__()
+            else:
+                # The other processes read nothing but make the same draw (Accelerate's processes
+                # each build the iterator), so every rank's global stream stays Accelerate's.
+                torch.empty((), dtype=torch.int64).random_(generator=self.generator)
             skipped = 0
             current = self._exchange(iterator, broadcast_object_list)
             while current is not _END:

@@ -405,6 +405,28 @@ def case_dispatch_batches_split(A, ctx):
     )
 
 
+@_case
+def case_global_rng_dropout_map(A, ctx):
+    # Iterating draws the worker base seed from the global RNG (no loader generator): dropout sees it.
+    A.utils.set_seed(8)
+    return _fit(A, _plain(n=64, batch_size=8), epochs=2, dropout=True)
+
+
+@_case
+def case_global_rng_dropout_dispatch(A, ctx):
+    A.utils.set_seed(8)
+    return _fit(
+        A, DataLoader(_Stream(64), batch_size=8), epochs=2, dropout=True, dl={"dispatch_batches": True}
+    )
+
+
+@_case
+def case_global_rng_dropout_shuffled_dispatch(A, ctx):
+    A.utils.set_seed(8)
+    loader = _shuffled(n=64, batch_size=8, seed=None)
+    return _fit(A, loader, epochs=2, dropout=True, dl={"dispatch_batches": True})
+
+
 # ---------------------------------------------------------------------------------------------
 # gradient accumulation and syncing
 

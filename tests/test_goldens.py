@@ -121,6 +121,15 @@ def test_matrix_covers_the_issue() -> None:
         assert set(_load(world)) == set(CASES), f"world{world}.json is stale: rerun the recording script"
 
 
+def test_issue_regression_same_model_on_one_and_two_processes(ours) -> None:
+    # The issue's example: a shuffled loader with a user generator trains the same model on one
+    # process (batch 16) and on two (8 each, or 16 split), as with Accelerate.
+    for case in ("shuffle_user_generator", "shuffle_user_generator_split_batches"):
+        one, two = ours[1][case][0]["params"], ours[2][case]
+        assert two[0]["params"] == two[1]["params"]
+        assert differences(one, two[0]["params"]) == [], case
+
+
 def test_differences_reports_mismatch() -> None:
     assert differences({"a": [1, 2], "p": [1.0]}, {"a": [1, 2], "p": [1.0 + 5e-7]}) == []
     assert differences({"a": [1, 2]}, {"a": [2, 1]}) == ["result.a: expected [1, 2], got [2, 1]"]
