@@ -295,12 +295,12 @@ def test_replace_with_bnb_layers_respects_skip_and_fp32() -> None:
     eight = BnbQuantizationConfig(load_in_8bit=True, llm_int8_threshold=4.0)
     skip = bnb_module.default_skip_modules(model)
     assert skip == ["head"]
-    assert bnb_module.replace_with_bnb_layers(model, eight, skip, _FAKE_BNB.nn) == 2
+    assert bnb_module.replace_linear_layers(model, eight, skip, _FAKE_BNB.nn) == 2
     assert isinstance(model.body[0], _FakeLinear8bitLt) and model.body[0].threshold == 4.0
     assert type(model.head) is nn.Linear and not model.body[0].weight.requires_grad
     four = BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", keep_in_fp32_modules=["norm"])
     model = _Net()
-    assert bnb_module.replace_with_bnb_layers(model, four, ["body.2", "head"], _FAKE_BNB.nn) == 1
+    assert bnb_module.replace_linear_layers(model, four, ["body.2", "head"], _FAKE_BNB.nn) == 1
     assert model.body[0].quant_type == "nf4" and type(model.body[2]) is nn.Linear
     bnb_module.set_unquantized_dtypes(model, four, _FAKE_BNB.nn)
     assert model.norm.weight.dtype is torch.float32 and model.head.weight.dtype is torch.float16
@@ -332,3 +332,19 @@ def test_meta_model_is_replaced_loaded_and_dispatched(tmp_path, monkeypatch) -> 
     assert quantized.body[0].weight.device.type == "cpu"
     assert torch.allclose(quantized.body[0].weight.float(), reference.body[0].weight, atol=1e-3)
     assert quantized.norm.weight.dtype is torch.float32
+
+
+def test_bnb_helpers_of_1_15(monkeypatch) -> None:
+    from notebook_accel.utils import BnbQuantizationConfig
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    assert bnb_module.get_keys_to_not_convert(model) == ["1"]  # the output head stays in full precision
+    assert bnb_module.get_parameter_device(model) == torch.device("cpu")
+    with pytest.raises(ValueError, match="ReLU has no parameters"):
+        bnb_module.get_parameter_device(nn.ReLU())
+    assert not bnb_module.has_4bit_bnb_layers(model)
+    with pytest.raises(ImportError, match="pip install bitsandbytes"):
+        bnb_module.replace_with_bnb_layers(model, BnbQuantizationConfig(load_in_8bit=True))
+    monkeypatch.setattr(bnb_module, "require_bnb", lambda config: _FAKE_BNB)
+    out = bnb_module.replace_with_bnb_layers(model, BnbQuantizationConfig(load_in_8bit=True))
+    assert out is model and isinstance(model[0], _FakeLinear8bitLt) and type(model[1]) is nn.Linear

@@ -122,7 +122,7 @@ def load_and_quantize_model(
         skip.extend(name for name, dev in device_map.items() if device_key(dev) in OFFLOAD_KEYS)
     not_convert = skip + list(config.keep_in_fp32_modules or [])
     if not any(p.device.type == "meta" for p in model.parameters()):
-        bnb.replace_with_bnb_layers(model, config, not_convert, library.nn)
+        bnb.replace_linear_layers(model, config, not_convert, library.nn)
         bnb.set_unquantized_dtypes(model, config, library.nn)
         logger.info("quantized the loaded model; moving it to cuda:%d", torch.cuda.current_device())
         return model.to(torch.cuda.current_device())
@@ -132,7 +132,7 @@ def load_and_quantize_model(
             "or folder) to load; got None"
         )
     with init_empty_weights():
-        bnb.replace_with_bnb_layers(model, config, not_convert, library.nn)
+        bnb.replace_linear_layers(model, config, not_convert, library.nn)
     quantized_map = _quantized_device_map(model, config, device_map, max_memory, no_split_module_classes)
     placement = DevicePlacement.check(model, quantized_map)
     return _load_quantized(model, config, placement, weights_location, offload_folder, offload_state_dict)

@@ -336,6 +336,7 @@ _add(
     "convert_model",
     "has_transformer_engine_layers",
 )
+_add(".megatron_config", "add_model_config_to_megatron_parser")
 
 __all__ = sorted(_TABLE)
 __getattr__, __dir__ = attach(__name__, _TABLE)

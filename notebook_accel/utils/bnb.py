@@ -18,18 +18,41 @@ from .._lazy import attach
 from . import imports
 from .checkpoints import load_checkpoint_in_model as load_checkpoint_in_model  # Accelerate's bnb has it
 from .configs import BnbQuantizationConfig
+from .device_map import infer_auto_device_map
+from .device_memory import get_balanced_memory
+from .offload import offload_weight
+from .package_checks import is_4bit_bnb_available, is_8bit_bnb_available
+from .tensors import set_module_tensor_to_device
 from .tied_params import find_tied_parameters
 
 # load_and_quantize_model loads and dispatches (hooks): resolved at first use, not imported (a lazy
 # table entry keeps utils below big_modeling).
-_FROM_BIG_MODELING = {"load_and_quantize_model": "notebook_accel.big_modeling.quantize"}
+_FROM_BIG_MODELING = {
+    "load_and_quantize_model": "notebook_accel.big_modeling.quantize",
+    # Accelerate's bnb module serves these too; they build on hooks, above utils.
+    "dispatch_model": "notebook_accel.big_modeling",
+    "init_empty_weights": "notebook_accel.big_modeling",
+}
 __all__ = [
     "default_skip_modules",
+    "get_keys_to_not_convert",
+    "get_parameter_device",
+    "has_4bit_bnb_layers",
     "is_skipped",
+    "replace_linear_layers",
     "replace_with_bnb_layers",
     "require_bnb",
     "set_unquantized_dtypes",
     *sorted(_FROM_BIG_MODELING),
+]
+# Accelerate 1.15 serves these names at this path too (defined elsewhere).
+__all__ += [
+    "get_balanced_memory",
+    "infer_auto_device_map",
+    "is_4bit_bnb_available",
+    "is_8bit_bnb_available",
+    "offload_weight",
+    "set_module_tensor_to_device",
 ]
 __getattr__, __dir__ = attach(__name__, _FROM_BIG_MODELING)
 
@@ -78,7 +101,7 @@ def is_skipped(name: str, skip: list[str]) -> bool:
     return any(name == s or name.startswith(s + ".") or name.endswith("." + s) for s in skip)
 
 
-def replace_with_bnb_layers(
+def replace_linear_layers(
     model: nn.Module,
     config: BnbQuantizationConfig,
     modules_to_not_convert: list[str],
@@ -118,10 +141,51 @@ def replace_with_bnb_layers(
             setattr(model, name, new)
             replaced += 1
         else:
-            replaced += replace_with_bnb_layers(
+            replaced += replace_linear_layers(
                 child, config, modules_to_not_convert, bnb_nn, prefix=f"{full}."
             )
     return replaced
+
+
+def replace_with_bnb_layers(
+    model: nn.Module,
+    bnb_quantization_config: BnbQuantizationConfig,
+    modules_to_not_convert: list[str] | None = None,
+    current_key_name: list[str] | None = None,
+) -> nn.Module:
+    """Return ``model`` with its ``nn.Linear`` layers replaced, in place, by bitsandbytes 8-bit or 4-bit layers.
+
+    ``modules_to_not_convert`` (default: ``get_keys_to_not_convert(model)``, the tied weights and output
+    head) stay in full precision; ``current_key_name`` is the path of ``model`` inside a larger model
+    (names are matched from there). Needs bitsandbytes and a CUDA GPU (the error names what is missing).
+    """
+    library = require_bnb(bnb_quantization_config)
+    skip = get_keys_to_not_convert(model) if modules_to_not_convert is None else list(modules_to_not_convert)
+    prefix = ".".join(current_key_name) + "." if current_key_name else ""
+    if replace_linear_layers(model, bnb_quantization_config, skip, library.nn, prefix=prefix) == 0:
+        logger.warning("replace_with_bnb_layers found no nn.Linear to quantize outside %s", skip)
+    return model
+
+
+def get_keys_to_not_convert(model: nn.Module) -> list[str]:
+    """Return the modules to keep in full precision: those holding tied weights, and the output head."""
+    return default_skip_modules(model)
+
+
+def has_4bit_bnb_layers(model: nn.Module) -> bool:
+    """Return whether ``model`` holds bitsandbytes ``Linear4bit`` layers."""
+    return any(
+        type(m).__name__ == "Linear4bit" and type(m).__module__.startswith("bitsandbytes")
+        for m in model.modules()
+    )
+
+
+def get_parameter_device(parameter: nn.Module) -> torch.device:
+    """Return the device of the first parameter of module ``parameter``."""
+    try:
+        return next(parameter.parameters()).device
+    except StopIteration:
+        raise ValueError(f"{type(parameter).__name__} has no parameters, so it has no device") from None
 
 
 def set_unquantized_dtypes(model: nn.Module, config: BnbQuantizationConfig, bnb_nn: Any) -> None:

@@ -8,6 +8,13 @@ from __future__ import annotations
 from .._lazy import attach
 
 _TABLE: dict[str, str] = {
+    "MODEL_CONFIGS_TO_MEGATRON_PARSERS": "notebook_accel.utils.megatron_config",
+    "add_model_config_to_megatron_parser": "notebook_accel.utils.megatron_config",
+    "parse_bert_config": "notebook_accel.utils.megatron_config",
+    "parse_glm4_moe_config": "notebook_accel.utils.megatron_config",
+    "parse_gpt2_config": "notebook_accel.utils.megatron_config",
+    "parse_llama_config": "notebook_accel.utils.megatron_config",
+    "parse_t5_config": "notebook_accel.utils.megatron_config",
     "AORecipeKwargs": "notebook_accel.utils.fp8_recipes",
     "AutocastKwargs": "notebook_accel.utils.kwargs",
     "BETA_CP_AVAILABLE_PYTORCH_VERSION": "notebook_accel.utils.constants",

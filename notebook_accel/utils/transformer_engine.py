@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .imports import is_hpu_available
 from .operations import GatheredParameters
 from .package_checks import is_transformer_engine_available
 
@@ -22,6 +23,7 @@ __all__ = [
     "contextual_fp8_autocast",
     "convert_model",
     "has_transformer_engine_layers",
+    "is_hpu_available",
     "is_transformer_engine_available",
 ]
 

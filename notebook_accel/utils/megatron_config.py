@@ -1,0 +1,149 @@
+"""Megatron-LM network arguments read from a transformers model's config, one parser per architecture.
+
+``MODEL_CONFIGS_TO_MEGATRON_PARSERS`` maps a transformers ``model_type`` to its parser; each parser
+fills ``megatron_lm_plugin.megatron_lm_default_args`` (layers, hidden size, heads, positions,
+sequence length, vocabulary) before Megatron builds the model. ``add_model_config_to_megatron_parser``
+registers a parser for another architecture. Plain Python: no Megatron needed to read the config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "MODEL_CONFIGS_TO_MEGATRON_PARSERS",
+    "add_model_config_to_megatron_parser",
+    "parse_bert_config",
+    "parse_glm4_moe_config",
+    "parse_gpt2_config",
+    "parse_llama_config",
+    "parse_t5_config",
+]
+
+MODEL_CONFIGS_TO_MEGATRON_PARSERS: dict[str, Callable[[Any, Any, Any], None]] = {}
+
+
+def add_model_config_to_megatron_parser(model_type: str) -> Callable:
+    """Return a decorator registering its function as the Megatron parser of transformers ``model_type``."""
+
+    def register(parser: Callable[[Any, Any, Any], None]) -> Callable[[Any, Any, Any], None]:
+        MODEL_CONFIGS_TO_MEGATRON_PARSERS[model_type] = parser
+        return parser
+
+    return register
+
+
+def _sequence_length(plugin: Any, batch_data: Any, default: int) -> int:
+    """Return the plugin's seq_length, else the batch's ``input_ids`` width, else ``default``."""
+    if getattr(plugin, "seq_length", None) is not None:
+        return plugin.seq_length
+    if isinstance(batch_data, dict) and "input_ids" in batch_data:
+        return int(batch_data["input_ids"].shape[1])
+    return default
+
+
+def _fill(plugin: Any, model_type_name: str, **network: Any) -> None:
+    plugin.megatron_lm_default_args.update(model_type_name=model_type_name, **network)
+    plugin.seq_length = network.get("seq_length", getattr(plugin, "seq_length", None))
+
+
+@add_model_config_to_megatron_parser("megatron-bert")
+def parse_bert_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> None:
+    """Fill the Megatron arguments of a BERT model (pretraining heads when it is a masked-LM / pretraining model)."""
+    config = model.config
+    name = type(model).__name__.lower()
+    _fill(
+        megatron_lm_plugin,
+        "bert",
+        num_layers=config.num_hidden_layers,
+        hidden_size=config.hidden_size,
+        num_attention_heads=config.num_attention_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        seq_length=_sequence_length(megatron_lm_plugin, batch_data, config.max_position_embeddings),
+        orig_vocab_size=config.vocab_size,
+        pretraining_flag="maskedlm" in name or "pretraining" in name,
+        num_labels=getattr(config, "num_labels", 2),
+    )
+
+
+@add_model_config_to_megatron_parser("gpt2")
+def parse_gpt2_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> None:
+    """Fill the Megatron arguments of a GPT-2 model."""
+    config = model.config
+    _fill(
+        megatron_lm_plugin,
+        "gpt",
+        num_layers=config.n_layer,
+        hidden_size=config.n_embd,
+        num_attention_heads=config.n_head,
+        max_position_embeddings=config.n_positions,
+        seq_length=_sequence_length(megatron_lm_plugin, batch_data, config.n_positions),
+        orig_vocab_size=config.vocab_size,
+        return_logits=getattr(megatron_lm_plugin, "return_logits", False),
+    )
+
+
+@add_model_config_to_megatron_parser("t5")
+def parse_t5_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> None:
+    """Fill the Megatron arguments of a T5 model (encoder and decoder lengths from the plugin or 512/128)."""
+    config = model.config
+    positions = getattr(config, "n_positions", 1024)
+    encoder = getattr(megatron_lm_plugin, "encoder_seq_length", None) or 512
+    decoder = getattr(megatron_lm_plugin, "decoder_seq_length", None) or 128
+    _fill(
+        megatron_lm_plugin,
+        "t5",
+        num_layers=config.num_layers,
+        hidden_size=config.d_model,
+        num_attention_heads=config.num_heads,
+        max_position_embeddings=positions,
+        seq_length=encoder,
+        encoder_seq_length=encoder,
+        decoder_seq_length=decoder,
+        orig_vocab_size=config.vocab_size,
+    )
+
+
+def _llama_like(config: Any) -> dict[str, Any]:
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return {
+        "num_layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "num_attention_heads": heads,
+        "max_position_embeddings": config.max_position_embeddings,
+        "orig_vocab_size": config.vocab_size,
+        "ffn_hidden_size": config.intermediate_size,
+        "swiglu": True,
+        "normalization": "RMSNorm",
+        "position_embedding_type": "rope",
+        "group_query_attention": kv_heads != heads,
+        "num_query_groups": kv_heads,
+    }
+
+
+@add_model_config_to_megatron_parser("llama")
+def parse_llama_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> None:
+    """Fill the Megatron arguments of a Llama model (a GPT with SwiGLU, RMSNorm, rotary positions, GQA)."""
+    network = _llama_like(model.config)
+    network["seq_length"] = _sequence_length(
+        megatron_lm_plugin, batch_data, network["max_position_embeddings"]
+    )
+    _fill(megatron_lm_plugin, "gpt", **network)
+
+
+@add_model_config_to_megatron_parser("glm4_moe")
+def parse_glm4_moe_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> None:
+    """Fill the Megatron arguments of a GLM-4 MoE model (Llama-like, with routed experts)."""
+    config = model.config
+    network = _llama_like(config)
+    network["seq_length"] = _sequence_length(
+        megatron_lm_plugin, batch_data, network["max_position_embeddings"]
+    )
+    network.update(
+        num_experts=getattr(config, "n_routed_experts", None),
+        moe_router_topk=getattr(config, "num_experts_per_tok", None),
+        moe_ffn_hidden_size=getattr(config, "moe_intermediate_size", None),
+    )
+    _fill(megatron_lm_plugin, "gpt", **network)
