@@ -160,9 +160,14 @@ def _run_all(page: Page, name: str, during: Callable[[Page], None] | None = None
     page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=60_000)
     # The kernel must be up before "Run All" (otherwise the command is queued behind its start).
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
-    page.locator(".jp-Notebook").first.click()
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+
+    def run_all() -> float:
+        page.locator(".jp-Notebook").first.click()
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+        return time.monotonic()
+
+    asked = run_all()
     deadline = time.monotonic() + RUN_TIMEOUT
     started = False
     while time.monotonic() < deadline:
@@ -171,6 +176,11 @@ def _run_all(page: Page, name: str, during: Callable[[Page], None] | None = None
         started = started or busy or all(re.search(r"\[\d+\]", p) for p in prompts)
         if started and not busy:
             break
+        if not started and time.monotonic() - asked > 20:
+            # On a loaded machine the command was sometimes lost: 180 s later every prompt still
+            # read "[ ]" and the kernel was idle. Queued cells would show "[*]" at once, so asking
+            # again cannot run the notebook twice.
+            asked = run_all()
         if during is not None:
             during(page)
         time.sleep(0.5)
