@@ -336,7 +336,7 @@ def test_timeout_and_stop_show_where_each_rank_was():
     assert "Where each rank was:" in str(info.value)
     assert "rank 1: in _marker_sleep at test_faults.py" in str(info.value)
     handle = notebook_launcher(_marker_sleep, args=(30,), num_processes=2, block=False, sinks=[])
-    while len(handle.stacks()) < 2:
+    while not all(s.answered for s in handle.stacks().values()):
         time.sleep(0.1)
     handle.stop()
     with pytest.raises(LaunchError, match="stopped by the user") as info:
@@ -703,6 +703,7 @@ def test_max_restarts_restarts_a_single_process(tmp_path):
         _fail_first_tries, args=(str(tmp_path), 1, 0), num_processes=1, max_restarts=1, sinks=[]
     )
     assert out == [1] and os.path.getsize(tmp_path / "rank0") == 2
+
 
 def _stack(rank: int, frames: list[tuple[str, int, str]]):
     from notebook_accel.launch.doctor import Frame, RankStack, ThreadStack

@@ -259,7 +259,8 @@ def test_stacks_button_shows_every_rank_side_by_side():
     panel = LaunchPanel(handle, interval=0.05)
     assert panel.widget is not None
     _wait_for(lambda: len(panel.merged_lines()) == 2)
-    _wait_for(lambda: len(handle.stacks()) == 2)  # both workers installed their stacks handler
+    # both workers installed their stacks handler
+    _wait_for(lambda: all(s.answered for s in handle.stacks().values()))
     panel._w_stacks_button.click()
     assert sorted(panel.stacks) == [0, 1]
     assert all("in _forever at test_widgets_launch.py" in s.summary() for s in panel.stacks.values())

@@ -191,15 +191,14 @@ class LaunchHandle:
         """Return every live rank's current Python stacks (all threads), taken within about a second.
 
         The ranks are not stopped: faulthandler writes the stacks from a signal handler and the rank
-        goes on. A rank that has ended (or not yet installed the handler) is absent.
+        goes on. A rank that has ended is absent; one still starting (its handler not installed
+        yet) comes back with ``answered`` False.
         """
-        with self._lock:
-            targets = {
-                r.rank: (r.proc.pid, r.proc.sentinel if r.proc._own_sentinel else None)
-                for r in self._ranks
-                if r.proc is not None and not r.exited
-            }
-        return self._collector.collect(targets) if targets and not self.done else {}
+        if self.done:
+            return {}
+        with self._lock:  # only to read who is alive: output keeps flowing while the stacks are taken
+            targets = self._stack_targets()
+        return self._collector.collect(targets) if targets else {}
 
     def stop(self, grace: float = 1.0) -> None:
         """Stop every worker: SIGINT now, SIGTERM after ``grace`` s, then SIGKILL. Idempotent."""
@@ -494,12 +493,15 @@ class LaunchHandle:
                 stacks=True,
             )
 
-    def _take_stacks(self) -> dict[int, RankStack]:
-        targets = {
+    def _stack_targets(self) -> dict[int, tuple[int, int | None]]:
+        return {
             r.rank: (r.proc.pid, r.proc.sentinel if r.proc._own_sentinel else None)
             for r in self._ranks
             if r.proc is not None and not r.exited
         }
+
+    def _take_stacks(self) -> dict[int, RankStack]:
+        targets = self._stack_targets()
         return self._collector.collect(targets) if targets else {}
 
     def _watch_for_hang(self, now: float) -> None:
