@@ -337,6 +337,7 @@ _add(
     "has_transformer_engine_layers",
 )
 _add(".megatron_config", "add_model_config_to_megatron_parser")
+_add(".bnb", "has_4bit_bnb_layers")
 
 __all__ = sorted(_TABLE)
 __getattr__, __dir__ = attach(__name__, _TABLE)
