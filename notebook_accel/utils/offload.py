@@ -109,7 +109,9 @@ def _atomic_write_bytes(path: str, tensor: torch.Tensor) -> None:
             if tensor.numel():
                 f.write(tensor.reshape(-1).view(torch.uint8).numpy())
 
-    _atomic_write(path, write)
+    # A cache, not a checkpoint: fsyncing every weight made offloading 6x slower (48 MB: 70 -> 430 ms);
+    # a file cut short by a power loss is refused on reading (its size must match the index exactly).
+    _atomic_write(path, write, durable=False)
 
 
 def offload_weight(

@@ -182,10 +182,12 @@ def wait_for_everyone() -> None:
     _state().wait_for_everyone()
 
 
-def _atomic_write(path: str, write) -> None:
+def _atomic_write(path: str, write, durable: bool = True) -> None:
     """Write ``path`` through ``write(tmp)`` into a hidden temporary file, fsync it, then rename it into place.
 
     Temporary files that a killed writer left beside ``path`` (their pid is gone) are removed first.
+    ``durable=False`` skips the two fsyncs (the rename stays atomic): for caches whose loss after a
+    power cut is detected on reading (offloaded ``.dat`` files are checked against their exact size).
     """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -195,21 +197,31 @@ def _atomic_write(path: str, write) -> None:
     os.close(fd)
     try:
         write(tmp)
-        _fsync_path(tmp)
+        if durable:
+            _fsync_path(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    _fsync_path(directory)
+    if durable:
+        _fsync_path(directory)
+
+
+_CLEANED_DIRECTORIES: set[str] = set()
 
 
 def _remove_dead_temporaries(directory: str, base: str) -> None:
-    prefix = f".{base}."
+    # Once per folder and process: a writer killed mid-write is another process, and listing the
+    # folder at every write would cost O(files) per file (offloading thousands of weights).
+    del base
+    if directory in _CLEANED_DIRECTORIES:
+        return
+    _CLEANED_DIRECTORIES.add(directory)
     for name in os.listdir(directory):
-        if not (name.startswith(prefix) and name.endswith(".tmp")):
+        if not (name.startswith(".") and name.endswith(".tmp")):
             continue
-        pid = name[len(prefix) :].split(".", 1)[0]
+        pid = name[1:].rsplit(".", 3)[-3] if name.count(".") >= 4 else ""
         if pid.isdigit() and not _pid_alive(int(pid)):
             try:
                 os.unlink(os.path.join(directory, name))
