@@ -10,14 +10,13 @@ samplers of all processes in step (``SeedableRandomSampler`` or a synchronised g
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler
 
 from .logging import get_logger
 from .samplers import (
@@ -25,6 +24,9 @@ from .samplers import (
     IterableDatasetShard,
     SeedableRandomSampler,
     SkipBatchSampler,
+    _own_epoch_counter,
+    _shard_batch_sampler,
+    _usable_rng_types,
 )
 from .state import GradientState, PartialState
 from .stateful import LoaderPosition, make_stateful_loader
@@ -37,6 +39,7 @@ from .utils.operations import (
     find_batch_size,
     get_data_structure,
     initialize_tensors,
+    recursively_apply,
     send_to_device,
     slice_tensors,
 )
@@ -129,8 +132,6 @@ class _DataLoaderStateMixin:
             self.dataset.set_epoch(epoch)
 
     def _begin(self) -> None:
-        from .state import GradientState
-
         self.end_of_dataloader = False
         self.remainder = self._compute_remainder()
         self.gradient_state = GradientState()
@@ -234,8 +235,6 @@ class DataLoaderShard(_DataLoaderStateMixin, DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         if self.rng_types:
-            from .utils.random import synchronize_rng_states
-
             synchronize_rng_states(self.rng_types, self.synchronized_generator)
         self._begin()
         try:
@@ -284,7 +283,6 @@ class DataLoaderShard(_DataLoaderStateMixin, DataLoader):
     def _place(self, batch: Any) -> Any:
         if self.device is None:
             return batch
-        from .utils.operations import send_to_device
 
         return send_to_device(batch, self.device, non_blocking=self._non_blocking)
 
@@ -317,7 +315,6 @@ class DataLoaderDispatcher(_DataLoaderStateMixin, DataLoader):
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
-        from .state import PartialState
 
         state = PartialState()
         self.num_processes, self.process_index = state.num_processes, state.process_index
@@ -337,8 +334,6 @@ class DataLoaderDispatcher(_DataLoaderStateMixin, DataLoader):
 
     def _read_global_batch(self, iterator: Iterator[Any]) -> Any:
         """On the main process, concatenate the next ``num_processes`` loader batches (or one)."""
-        from .utils.operations import concatenate
-
         if self.split_batches:
             return next(iterator, _END)
         parts = []
@@ -352,8 +347,6 @@ class DataLoaderDispatcher(_DataLoaderStateMixin, DataLoader):
         return parts[0] if len(parts) == 1 else concatenate(parts)
 
     def __iter__(self) -> Iterator[Any]:
-        from .utils.operations import broadcast_object_list, find_batch_size, send_to_device, slice_tensors
-
         self._begin()
         try:
             iterator = None
@@ -408,8 +401,6 @@ class DataLoaderDispatcher(_DataLoaderStateMixin, DataLoader):
 
 
 def _to_cpu(batch: Any) -> Any:
-    from .utils.operations import send_to_device
-
     return send_to_device(batch, torch.device("cpu"))
 
 
@@ -417,7 +408,6 @@ def _pad_batch(batch: Any, target: int, size: int) -> Any:
     """Return ``batch`` grown to ``target`` samples by repeating its first samples."""
     if target == size:
         return batch
-    from .utils.operations import recursively_apply
 
     def grow(tensor: torch.Tensor) -> torch.Tensor:
         reps = math.ceil(target / size)
@@ -554,8 +544,6 @@ def prepare_data_loader(
     resume mid-epoch. With a ``torch_device_mesh`` (and no explicit counts) the loader is sharded over
     its data-parallel ranks only: ranks of one tensor-parallel group read the same batches.
     """
-    from .state import PartialState
-
     if not isinstance(dataloader, DataLoader):
         raise TypeError(
             f"prepare_data_loader expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}"
@@ -694,81 +682,6 @@ def _data_parallel_share(mesh: Any) -> tuple[int, int]:
     return total, index
 
 
-def _shard_batch_sampler(
-    dataloader: DataLoader,
-    num_processes: int,
-    process_index: int,
-    split_batches: bool,
-    even_batches: bool,
-    use_seedable_sampler: bool,
-    data_seed: int | None,
-    rng_types: list[str],
-) -> tuple[Any, torch.Generator | None]:
-    """Return ``(batch_sampler, synchronized_generator)`` for this process's share of a map-style loader.
-
-    A ``RandomSampler`` becomes a :class:`SeedableRandomSampler` (``use_seedable_sampler``) or gets a
-    generator synchronised from process 0 (then ``"generator"`` is appended to ``rng_types``).
-    """
-    synchronized_generator = None
-    sampler = dataloader.sampler
-    batch_sampler = dataloader.batch_sampler
-    if isinstance(sampler, RandomSampler) and not isinstance(sampler, SeedableRandomSampler):
-        if use_seedable_sampler:
-            seed = _shared_seed(data_seed, num_processes)
-            sampler = SeedableRandomSampler(
-                data_source=sampler.data_source,
-                replacement=sampler.replacement,
-                num_samples=sampler._num_samples,
-                initial_seed=seed,
-            )
-        elif num_processes > 1:
-            # Same permutation on every process: its generator is broadcast from process 0 each epoch.
-            synchronized_generator = sampler.generator
-            if synchronized_generator is None:
-                # Seeded from the global RNG like a plain RandomSampler; process 0's state is then
-                # broadcast at every epoch, so processes seeded differently still agree.
-                synchronized_generator = torch.Generator()
-                synchronized_generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
-                sampler.generator = synchronized_generator
-            if "generator" not in rng_types:
-                rng_types.append("generator")
-        if isinstance(batch_sampler, BatchSampler) and type(batch_sampler) is BatchSampler:
-            batch_sampler = BatchSampler(
-                sampler, batch_size=batch_sampler.batch_size, drop_last=batch_sampler.drop_last
-            )
-        elif batch_sampler is not None and hasattr(batch_sampler, "sampler"):
-            batch_sampler.sampler = sampler
-    if num_processes > 1:
-        batch_sampler = BatchSamplerShard(
-            batch_sampler,
-            num_processes=num_processes,
-            process_index=process_index,
-            split_batches=split_batches,
-            even_batches=even_batches,
-        )
-    return batch_sampler, synchronized_generator
-
-
-def _usable_rng_types(rng_types: list[str], generator: torch.Generator | None) -> list[str] | None:
-    # A "generator" entry is meaningful only with a generator to synchronise.
-    kept = [str(getattr(r, "value", r)) for r in rng_types]
-    if generator is None:
-        kept = [r for r in kept if r != "generator"]
-    return kept or None
-
-
-def _shared_seed(data_seed: int | None, num_processes: int) -> int:
-    """Return ``data_seed`` or process 0's torch seed, the same on every process."""
-    seed = int(data_seed) if data_seed is not None else int(torch.initial_seed() % (2**63))
-    if num_processes > 1 and data_seed is None:
-        from .utils.operations import broadcast_object_list
-
-        box = [seed]
-        broadcast_object_list(box, from_process=0)
-        seed = int(box[0])
-    return seed
-
-
 def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
     """Return a loader over the same data that starts after its first ``num_batches`` batches.
 
@@ -824,28 +737,3 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     return DataLoader(
         dataloader.dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches), **kwargs
     )
-
-
-def _own_epoch_counter(batch_sampler: Any) -> Any:
-    """Return ``batch_sampler`` with shallow copies down to a seedable sampler, if there is one.
-
-    The loader ``skip_first_batches`` builds then counts its epoch on its own sampler: after it, the
-    original loader replays the epoch it was at (Accelerate 1.15 behaves so; ``set_epoch`` selects
-    another), instead of the skipped loader moving it on.
-    """
-    chain, obj = [], batch_sampler
-    while obj is not None and not isinstance(obj, SeedableRandomSampler) and len(chain) < 8:
-        chain.append(obj)
-        obj = getattr(obj, "batch_sampler", None) or getattr(obj, "sampler", None)
-    if not isinstance(obj, SeedableRandomSampler):
-        return batch_sampler
-    seedable = copy.copy(obj)
-    inner: Any = seedable
-    for level in reversed(chain):
-        level = copy.copy(level)
-        if getattr(level, "batch_sampler", None) is not None:
-            level.batch_sampler = inner
-        if isinstance(getattr(level, "sampler", None), SeedableRandomSampler):
-            level.sampler = seedable
-        inner = level
-    return inner

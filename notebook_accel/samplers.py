@@ -3,17 +3,21 @@
 ``BatchSamplerShard`` hands process ``i`` of ``n`` its batches of a batch sampler,
 ``IterableDatasetShard`` does the same for a stream, ``SeedableRandomSampler`` shuffles from
 ``initial_seed + epoch`` only (same order on every process, replayable after a restart) and
-``SkipBatchSampler`` drops the first batches (mid-epoch resume). Re-exported by ``data_loader``.
+``SkipBatchSampler`` drops the first batches (mid-epoch resume). Re-exported by ``data_loader``,
+which also builds a prepared loader's batch sampler with the helpers at the end of this module.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+
+from .utils.operations import broadcast_object_list
 
 __all__ = ["BatchSamplerShard", "IterableDatasetShard", "SeedableRandomSampler", "SkipBatchSampler"]
 
@@ -276,3 +280,104 @@ class SkipBatchSampler(BatchSampler):
 
     def __len__(self) -> int:
         return max(len(self.batch_sampler) - self.skip_batches, 0)
+
+
+# ------------------------------------------------------------------ building a prepared loader's sampler
+
+
+def _shard_batch_sampler(
+    dataloader: DataLoader,
+    num_processes: int,
+    process_index: int,
+    split_batches: bool,
+    even_batches: bool,
+    use_seedable_sampler: bool,
+    data_seed: int | None,
+    rng_types: list[str],
+) -> tuple[Any, torch.Generator | None]:
+    """Return ``(batch_sampler, synchronized_generator)`` for this process's share of a map-style loader.
+
+    A ``RandomSampler`` becomes a :class:`SeedableRandomSampler` (``use_seedable_sampler``) or gets a
+    generator synchronised from process 0 (then ``"generator"`` is appended to ``rng_types``).
+    """
+    synchronized_generator = None
+    sampler = dataloader.sampler
+    batch_sampler = dataloader.batch_sampler
+    if isinstance(sampler, RandomSampler) and not isinstance(sampler, SeedableRandomSampler):
+        if use_seedable_sampler:
+            seed = _shared_seed(data_seed, num_processes)
+            sampler = SeedableRandomSampler(
+                data_source=sampler.data_source,
+                replacement=sampler.replacement,
+                num_samples=sampler._num_samples,
+                initial_seed=seed,
+            )
+        elif num_processes > 1:
+            # Same permutation on every process: its generator is broadcast from process 0 each epoch.
+            synchronized_generator = sampler.generator
+            if synchronized_generator is None:
+                # Seeded from the global RNG like a plain RandomSampler; process 0's state is then
+                # broadcast at every epoch, so processes seeded differently still agree.
+                synchronized_generator = torch.Generator()
+                synchronized_generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+                sampler.generator = synchronized_generator
+            if "generator" not in rng_types:
+                rng_types.append("generator")
+        if isinstance(batch_sampler, BatchSampler) and type(batch_sampler) is BatchSampler:
+            batch_sampler = BatchSampler(
+                sampler, batch_size=batch_sampler.batch_size, drop_last=batch_sampler.drop_last
+            )
+        elif batch_sampler is not None and hasattr(batch_sampler, "sampler"):
+            batch_sampler.sampler = sampler
+    if num_processes > 1:
+        batch_sampler = BatchSamplerShard(
+            batch_sampler,
+            num_processes=num_processes,
+            process_index=process_index,
+            split_batches=split_batches,
+            even_batches=even_batches,
+        )
+    return batch_sampler, synchronized_generator
+
+
+def _usable_rng_types(rng_types: list[str], generator: torch.Generator | None) -> list[str] | None:
+    # A "generator" entry is meaningful only with a generator to synchronise.
+    kept = [str(getattr(r, "value", r)) for r in rng_types]
+    if generator is None:
+        kept = [r for r in kept if r != "generator"]
+    return kept or None
+
+
+def _shared_seed(data_seed: int | None, num_processes: int) -> int:
+    """Return ``data_seed`` or process 0's torch seed, the same on every process."""
+    seed = int(data_seed) if data_seed is not None else int(torch.initial_seed() % (2**63))
+    if num_processes > 1 and data_seed is None:
+        box = [seed]
+        broadcast_object_list(box, from_process=0)
+        seed = int(box[0])
+    return seed
+
+
+def _own_epoch_counter(batch_sampler: Any) -> Any:
+    """Return ``batch_sampler`` with shallow copies down to a seedable sampler, if there is one.
+
+    The loader ``skip_first_batches`` builds then counts its epoch on its own sampler: after it, the
+    original loader replays the epoch it was at (Accelerate 1.15 behaves so; ``set_epoch`` selects
+    another), instead of the skipped loader moving it on.
+    """
+    chain, obj = [], batch_sampler
+    while obj is not None and not isinstance(obj, SeedableRandomSampler) and len(chain) < 8:
+        chain.append(obj)
+        obj = getattr(obj, "batch_sampler", None) or getattr(obj, "sampler", None)
+    if not isinstance(obj, SeedableRandomSampler):
+        return batch_sampler
+    seedable = copy.copy(obj)
+    inner: Any = seedable
+    for level in reversed(chain):
+        level = copy.copy(level)
+        if getattr(level, "batch_sampler", None) is not None:
+            level.batch_sampler = inner
+        if isinstance(getattr(level, "sampler", None), SeedableRandomSampler):
+            level.sampler = seedable
+        inner = level
+    return inner

@@ -76,16 +76,6 @@ _UTILS_READING_STATE = frozenset({"notebook_accel.utils.operations", "notebook_a
 # violation -> engineer/area that owns the fix ("lead": not assigned). May only shrink: delete the line
 # of what you fix (the test fails until you do).
 KNOWN_VIOLATIONS: dict[str, str] = {
-    "in-function import: notebook_accel.data_loader.DataLoaderDispatcher.__init__ -> notebook_accel.state": "goldens",
-    "in-function import: notebook_accel.data_loader.DataLoaderDispatcher.__iter__ -> notebook_accel.utils.operations": "goldens",
-    "in-function import: notebook_accel.data_loader.DataLoaderDispatcher._read_global_batch -> notebook_accel.utils.operations": "goldens",
-    "in-function import: notebook_accel.data_loader.DataLoaderShard.__iter__ -> notebook_accel.utils.random": "goldens",
-    "in-function import: notebook_accel.data_loader.DataLoaderShard._place -> notebook_accel.utils.operations": "goldens",
-    "in-function import: notebook_accel.data_loader._DataLoaderStateMixin._begin -> notebook_accel.state": "goldens",
-    "in-function import: notebook_accel.data_loader._pad_batch -> notebook_accel.utils.operations": "goldens",
-    "in-function import: notebook_accel.data_loader._shared_seed -> notebook_accel.utils.operations": "goldens",
-    "in-function import: notebook_accel.data_loader._to_cpu -> notebook_accel.utils.operations": "goldens",
-    "in-function import: notebook_accel.data_loader.prepare_data_loader -> notebook_accel.state": "goldens",
     "in-function import: notebook_accel.utils.operations._world -> notebook_accel.state": "surface",
     "in-function import: notebook_accel.widgets._machine._gpus -> notebook_accel.utils.imports": "dashboard",
     "in-function import: notebook_accel.widgets._machine._nvml_gpus -> notebook_accel.utils.imports": "dashboard",
