@@ -84,6 +84,10 @@ class _TreeBuilder:
     no bytes and are recorded as a tied group.
     """
 
+    __slots__ = (
+        "tree", "no_split", "cap", "special", "elem", "first_seen", "ties", "_names", "_accounting", "_appends",
+    )  # fmt: skip
+
     def __init__(
         self,
         dtype: Union[str, torch.dtype, None],
@@ -99,6 +103,9 @@ class _TreeBuilder:
         self.first_seen: dict[int, int] = {}
         self.ties: dict[int, list[int]] = {}
         tree = self.tree
+        self._names = tree.names
+        # add_layer reads these for every layer of the model: one attribute read instead of five.
+        self._accounting = (self.first_seen, self.ties, self.special, self.cap, self.elem)
         # Bound appends of the parallel lists, in new_node's order: one attribute read per node, not ten.
         self._appends = tuple(
             getattr(tree, column).append
@@ -124,19 +131,28 @@ class _TreeBuilder:
             own = self.cap
         return int(tensor.numel() * own)
 
-    def new_node(self, name: str, obj: object, kind: int, owner: int, kids: list[int]) -> int:
-        """Append a node with no bytes yet; return its id."""
+    def new_node(
+        self,
+        name: str,
+        obj: object,
+        kind: int,
+        owner: int,
+        kids: list[int],
+        nbytes: int = 0,
+        nbuffers: int = 0,
+    ) -> int:
+        """Append a node (``nbytes`` of which ``nbuffers`` in buffers; its largest layer is itself); return its id."""
         names, kinds, objs, parent, children, end, size, buffer_size, layer, splittable = self._appends
-        nid = len(self.tree.names)
+        nid = len(self._names)
         names(name)
         kinds(kind)
         objs(obj)
         parent(owner)
         children(kids)
         end(nid + 1)
-        size(0)
-        buffer_size(0)
-        layer(0)
+        size(nbytes)
+        buffer_size(nbuffers)
+        layer(nbytes)
         splittable(False)
         return nid
 
@@ -157,9 +173,8 @@ class _TreeBuilder:
 
     def add_layer(self, name: str, module: nn.Module, owner: int) -> int:
         """One node for a module that is never split: its whole subtree is summed without nodes of its own."""
-        nid = self.new_node(name, module, MODULE, owner, _NO_CHILDREN)
-        first_seen, ties, special, cap = self.first_seen, self.ties, self.special, self.cap
-        elem, element = self.elem, self._element
+        nid = len(self._names)  # the node is appended once its bytes are summed
+        first_seen, ties, special, cap, elem = self._accounting
         total = buffers = 0
         pending = [(name, module)]
         # Hot loop (every tensor of most models goes through here): add_tensor()'s accounting inlined.
@@ -178,7 +193,7 @@ class _TreeBuilder:
                     if special is not None:
                         nbytes = self.tensor_bytes(mname, leaf, t)
                     else:
-                        info = elem.get(t.dtype) or element(t.dtype)
+                        info = elem.get(t.dtype) or self._element(t.dtype)
                         own = cap if cap is not None and info[1] and cap < info[0] else info[0]
                         nbytes = int(t.numel() * own)
                     total += nbytes
@@ -187,10 +202,7 @@ class _TreeBuilder:
             for cname, child in m._modules.items():
                 if child is not None:
                     pending.append((f"{mname}.{cname}" if special is not None else mname, child))
-        tree = self.tree
-        tree.size[nid] = tree.layer[nid] = total
-        tree.buffer_size[nid] = buffers
-        return nid
+        return self.new_node(name, module, MODULE, owner, _NO_CHILDREN, total, buffers)
 
     def visit(self, name: str, module: nn.Module, owner: int, root: bool = False) -> int:
         """Add ``module`` (a layer node, or a node with its tensors and children) under ``owner``; return its id."""
@@ -200,15 +212,20 @@ class _TreeBuilder:
             return self.add_layer(name, module, owner)
         nid = self.new_node(name, module, MODULE, owner, [])
         kids: list[int] = []
+        add_tensor, visit, keep = (
+            self.add_tensor,
+            self.visit,
+            kids.append,
+        )  # bound once: wide modules loop here
         for leaf, p in module._parameters.items():
             if p is not None:
-                kids.append(self.add_tensor(name, leaf, p, PARAM, nid))
+                keep(add_tensor(name, leaf, p, PARAM, nid))
         for cname, child in module._modules.items():
             if child is not None:
-                kids.append(self.visit(f"{name}.{cname}" if name else cname, child, nid))
+                keep(visit(f"{name}.{cname}" if name else cname, child, nid))
         for leaf, b in module._buffers.items():
             if b is not None:
-                kids.append(self.add_tensor(name, leaf, b, BUFFER, nid))
+                keep(add_tensor(name, leaf, b, BUFFER, nid))
         self._close(nid, kids, splits)
         return nid
 
