@@ -228,7 +228,7 @@ def _launch(request: LaunchRequest) -> list[Any] | LaunchHandle:
     needs_worker = needs_worker or request.max_restarts > 0  # a failed process is restarted from here
     if plan.in_process and not needs_worker:
         _announce(_build_sinks(plan, request), plan.describe())
-        return [request.function(*request.args)]
+        return [_run_in_caller(request)]
     if plan.in_process:
         plan = _with_workers(plan)
     if request.max_restarts == 0:
@@ -245,6 +245,16 @@ def _launch(request: LaunchRequest) -> list[Any] | LaunchHandle:
         request.monitor_interval,
         lambda text: _announce(sinks, text),
     )
+
+
+def _run_in_caller(request: LaunchRequest) -> Any:
+    """Return ``function(*args)`` run here; a clean ``sys.exit(0)`` / ``sys.exit()`` returns None, as in a worker."""
+    try:
+        return request.function(*request.args)
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            return None
+        raise
 
 
 def _launch_workers(request: LaunchRequest, plan: LaunchPlan) -> list[Any] | LaunchHandle:

@@ -164,6 +164,13 @@ def _exit_3():
 
 def test_a_clean_sys_exit_is_success_and_a_code_is_a_failure():
     assert notebook_launcher(_exit_clean, num_processes=2, sinks=[]) == [None, None]
+    os.environ["RANK"] = "0"
+    try:
+        assert notebook_launcher(_exit_clean, num_processes=1) == [None]  # in the calling process
+        with pytest.raises(SystemExit):
+            notebook_launcher(_exit_3, num_processes=1)
+    finally:
+        del os.environ["RANK"]
     with pytest.raises(LaunchError, match="SystemExit: 3"):
         notebook_launcher(_exit_3, num_processes=2, sinks=[])
 
