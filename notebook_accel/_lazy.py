@@ -15,7 +15,18 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-class _Facade(types.ModuleType):
+class ReferencedModule(types.ModuleType):
+    """A module subclass that pickles, as a plain module does, by reference to its name.
+
+    Pickle's and cloudpickle's module reducers match ``types.ModuleType`` exactly; without this, a
+    function using such a module (``accelerate.PartialState()``) could not be sent to a spawned worker.
+    """
+
+    def __reduce__(self) -> tuple[Callable[[str], Any], tuple[str]]:
+        return importlib.import_module, (self.__name__,)
+
+
+class _Facade(ReferencedModule):
     """A facade package with a public name that is also one of its submodules (``utils.tqdm``).
 
     Importing a submodule binds it on its package, which would hide the public name of the same

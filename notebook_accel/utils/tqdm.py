@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import sys
-import types
 from typing import Any
 
-from .._lazy import attach
+from .._lazy import ReferencedModule, attach
 from .other import _state
 from .package_checks import is_tqdm_available
 
@@ -31,7 +30,7 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
     return _tqdm(*args, **kwargs)
 
 
-class _CallableModule(types.ModuleType):
+class _CallableModule(ReferencedModule):
     """This module, callable as its ``tqdm`` function.
 
     ``notebook_accel.utils.tqdm`` names both this module and the function (as in Accelerate). Importing
