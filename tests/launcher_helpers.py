@@ -54,6 +54,10 @@ class Snapshot:
 
     def __init__(self) -> None:
         warm_up_store()
+        # The thread that does the launcher's forks lives as long as the process, by design.
+        from notebook_accel.launch.procs import _FORKER
+
+        _FORKER.start()
         self.fds = fd_count()
         self.threads = {t.ident for t in threading.enumerate()}
 

@@ -249,6 +249,27 @@ def test_keyboard_interrupt_stops_every_worker():
     assert time.monotonic() - start < 15
 
 
+def _matmul_on_two_threads() -> int:
+    torch.set_num_threads(2)
+    a = torch.randn(400, 400)
+    for _ in range(3):
+        a = (a @ a).tanh()
+    return torch.get_num_threads()
+
+
+def test_forked_ranks_run_threaded_ops_after_the_caller_did():
+    # The caller has run a parallel op (GNU OpenMP started its pool in this thread); a rank forked
+    # from this thread inherited a pool without threads and hung in its first op on two threads.
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _matmul_on_two_threads()
+        got = notebook_launcher(_matmul_on_two_threads, num_processes=2, sinks=[], timeout=40)
+    finally:
+        torch.set_num_threads(before)
+    assert got == [2, 2]
+
+
 def test_twenty_launches_in_a_row():
     for i in range(20):
         assert notebook_launcher(_allreduce_rank, num_processes=2, sinks=[])[1]["sum"].item() == 3.0, i

@@ -11,10 +11,13 @@ from __future__ import annotations
 import errno
 import os
 import pickle
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from .worker import WorkerSpec, worker_main
@@ -100,13 +103,77 @@ class WorkerProcess:
             self._popen = None
 
 
+class _ForkThread:
+    """One long-lived thread per process that does every ``os.fork()`` of the launcher.
+
+    GNU OpenMP (torch's intra-op pool) keeps its pool in the state of the thread that first ran a
+    parallel region; a child forked from that thread inherits a pool whose threads do not exist, and
+    its first parallel op on more than one thread waits forever (a kernel that had trained before
+    launching hung every rank given two threads or more). The child's only thread is a copy of the
+    forking one, so forking from a thread that never runs OpenMP gives each child a pool of its own;
+    CPython makes that thread the child's main thread (signals, KeyboardInterrupt). The thread lives
+    as long as the process: a worker relying on ``PR_SET_PDEATHSIG`` (kernels without pidfd) would be
+    killed when the thread that forked it exits.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._owner: int | None = None
+
+    def fork(self, child: Callable[[], None]) -> int:
+        """Fork; the child runs ``child()`` (which must not return), the parent gets the pid."""
+        with self._lock:
+            self._ensure_started()
+            answer: queue.SimpleQueue = queue.SimpleQueue()
+            self._requests.put((child, answer))
+            try:
+                got = answer.get()
+            except BaseException:  # ^C while forking: the child exists; take it down before raising
+                got = answer.get()
+                if isinstance(got, int):
+                    orphan = WorkerProcess(got)
+                    orphan.kill_and_reap()
+                    orphan.close()
+                raise
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def _ensure_started(self) -> None:
+        if self._owner != os.getpid():  # first use, or in a forked child: a thread of its own
+            self._requests = queue.SimpleQueue()
+            threading.Thread(target=self._serve, name="notebook_accel-fork", daemon=True).start()
+            self._owner = os.getpid()
+
+    def start(self) -> None:
+        """Start the thread now (it lives as long as the process)."""
+        with self._lock:
+            self._ensure_started()
+
+    def _serve(self) -> None:
+        requests = self._requests
+        while True:
+            child, answer = requests.get()
+            try:
+                pid = os.fork()
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+                answer.put(exc)
+                continue
+            if pid == 0:
+                threading.current_thread().name = "MainThread"
+                try:
+                    child()
+                finally:
+                    os._exit(1)
+            answer.put(pid)
+
+
+_FORKER = _ForkThread()
+
+
 def _fork(spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerProcess:
-    pid = os.fork()
-    if pid == 0:  # child
-        try:
-            worker_main(spec, out_w, err_w, res_w)
-        finally:
-            os._exit(1)
+    pid = _FORKER.fork(lambda: worker_main(spec, out_w, err_w, res_w))
     try:
         os.setpgid(pid, pid)  # also done by the child: whichever runs first wins, no race on kill
     except OSError:
