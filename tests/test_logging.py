@@ -130,3 +130,17 @@ def test_main_process_only_and_in_order_across_two_processes(tmp_path) -> None:
         "[RANK 1] everyone from 1",
     ]  # no "main-only from 1"
     assert lines[3:] == [f"[RANK {r}] ordered {a}{r}" for a in ("", "again ") for r in (0, 1)]
+
+
+def test_fsdp_utils_serves_the_multi_process_logger() -> None:
+    # Accelerate 1.15 code does ``from accelerate.utils.fsdp_utils import get_logger``: it must log
+    # main-process-only with the rank prefix, not be a plain logging.getLogger.
+    from notebook_accel.utils import fsdp_utils
+
+    _, records = _capture("na.test.fsdp_utils")
+    adapter = fsdp_utils.get_logger("na.test.fsdp_utils", log_level="INFO")
+    with patch_environment(RANK="1"):
+        adapter.info("hidden on rank 1")
+        adapter.info("shown", main_process_only=False)
+    assert [r.getMessage() for r in records] == ["[RANK 1] shown"]
+    assert "get_logger" in fsdp_utils.__all__ and "get_logger" in dir(fsdp_utils)

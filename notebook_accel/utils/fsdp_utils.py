@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from .._lazy import attach
 from .allocation import get_non_persistent_buffers
 from .compilation import is_compiled_module
 from .constants import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
@@ -80,6 +81,11 @@ __all__ = [
     "save",
     "save_fsdp_optimizer",
 ]
+# Accelerate 1.15 serves get_logger here too; notebook_accel.logging reads the process state (a layer
+# above utils), so the name is resolved on first use instead of imported.
+_REEXPORTED_LAZILY = {"get_logger": "notebook_accel.logging"}
+__all__ += sorted(_REEXPORTED_LAZILY)
+__getattr__, __dir__ = attach(__name__, _REEXPORTED_LAZILY)
 
 logger = logging.getLogger(__name__)
 
