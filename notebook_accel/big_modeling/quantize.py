@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
 
 import torch
 from torch import nn
@@ -17,7 +16,6 @@ from torch import nn
 from ..utils import bnb
 from ..utils.checkpoints import load_checkpoint_in_model
 from ..utils.configs import BnbQuantizationConfig
-from ..utils.device_map import DEVICE_MAP_STRATEGIES, resolve_device_map
 from ..utils.devices import OFFLOAD_KEYS, device_key
 from ..utils.placement import DevicePlacement, require_offload_folder
 from .dispatch import dispatch_model
@@ -26,45 +24,6 @@ from .empty import init_empty_weights
 __all__ = ["load_and_quantize_model"]
 
 logger = logging.getLogger(__name__)
-
-
-def _quantized_device_map(
-    model: nn.Module,
-    config: BnbQuantizationConfig,
-    device_map: Any,
-    max_memory: dict | None,
-    no_split_module_classes: list[str] | None,
-) -> dict:
-    """Return the device map of the quantized model: given, GPU 0 by default, or computed for a strategy."""
-    if device_map is None:
-        return {"": torch.cuda.current_device()}
-    if isinstance(device_map, dict):
-        return device_map
-    if device_map not in DEVICE_MAP_STRATEGIES:
-        raise ValueError(
-            f"device_map={device_map!r} is not valid; use a dict or one of {list(DEVICE_MAP_STRATEGIES)}"
-        )
-    keep = config.keep_in_fp32_modules or []
-    special_dtypes = {
-        name: torch.float32 if bnb.is_skipped(name.rsplit(".", 1)[0], keep) else config.torch_dtype
-        for name, _ in model.named_parameters()
-        if bnb.is_skipped(name.rsplit(".", 1)[0], (config.skip_modules or []) + keep)
-    }
-    # 4-bit weights are counted as int8: twice their real size, which errs on the safe side.
-    device_map = resolve_device_map(
-        model,
-        device_map,
-        max_memory=max_memory,
-        no_split_module_classes=no_split_module_classes,
-        dtype=torch.int8,
-        special_dtypes=special_dtypes,
-    )
-    if config.load_in_4bit and any(device_key(v) in OFFLOAD_KEYS for v in device_map.values()):
-        raise ValueError(
-            "the 4-bit model does not fit on the GPU(s) and 4-bit layers cannot be offloaded to cpu/disk; "
-            f"give more max_memory or use load_in_8bit (device map: {device_map})"
-        )
-    return device_map
 
 
 def _load_quantized(
@@ -133,6 +92,8 @@ def load_and_quantize_model(
         )
     with init_empty_weights():
         bnb.replace_linear_layers(model, config, not_convert, library.nn)
-    quantized_map = _quantized_device_map(model, config, device_map, max_memory, no_split_module_classes)
+    quantized_map = bnb.get_quantized_model_device_map(
+        model, config, device_map, max_memory, no_split_module_classes
+    )
     placement = DevicePlacement.check(model, quantized_map)
     return _load_quantized(model, config, placement, weights_location, offload_folder, offload_state_dict)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import os
 from typing import Any
 
 import torch
@@ -18,8 +19,9 @@ from .._lazy import attach
 from . import imports
 from .checkpoints import load_checkpoint_in_model as load_checkpoint_in_model  # Accelerate's bnb has it
 from .configs import BnbQuantizationConfig
-from .device_map import infer_auto_device_map
+from .device_map import DEVICE_MAP_STRATEGIES, infer_auto_device_map, resolve_device_map
 from .device_memory import get_balanced_memory
+from .devices import OFFLOAD_KEYS, device_key
 from .offload import offload_weight
 from .package_checks import is_4bit_bnb_available, is_8bit_bnb_available
 from .tensors import set_module_tensor_to_device
@@ -37,8 +39,10 @@ __all__ = [
     "default_skip_modules",
     "get_keys_to_not_convert",
     "get_parameter_device",
+    "get_quantized_model_device_map",
     "has_4bit_bnb_layers",
     "is_skipped",
+    "quantize_and_offload_8bit",
     "replace_linear_layers",
     "replace_with_bnb_layers",
     "require_bnb",
@@ -199,3 +203,129 @@ def set_unquantized_dtypes(model: nn.Module, config: BnbQuantizationConfig, bnb_
         for param in module.parameters(recurse=False):
             if param.is_floating_point() and param.device.type != "meta":
                 param.data = param.data.to(dtype)
+
+
+def _planning_dtypes(model: nn.Module, config: BnbQuantizationConfig) -> dict[str, torch.dtype]:
+    """Return the dtype each unquantized parameter is planned in: float32 if kept in fp32, else ``torch_dtype``."""
+    keep = config.keep_in_fp32_modules or []
+    skip = config.skip_modules if config.skip_modules is not None else default_skip_modules(model)
+    dtypes = {}
+    for name, _ in model.named_parameters():
+        owner = name.rsplit(".", 1)[0] if "." in name else ""
+        if is_skipped(owner, keep):
+            dtypes[name] = torch.float32
+        elif is_skipped(owner, skip):
+            dtypes[name] = config.torch_dtype
+    return dtypes
+
+
+def get_quantized_model_device_map(
+    model: nn.Module,
+    bnb_quantization_config: BnbQuantizationConfig,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: dict[int | str, int | str] | None = None,
+    no_split_module_classes: list[str] | None = None,
+) -> dict[str, Any]:
+    """Return where each module of ``model`` goes once quantized: the map given, the current GPU, or a planned map.
+
+    ``device_map=None`` puts the whole model on the current CUDA device (RuntimeError without one); a dict is
+    returned as given; a strategy ("auto", "balanced", "balanced_low_0", "sequential") is planned over
+    ``max_memory`` with quantized weights counted as int8 (4-bit ones too, twice their real size: the plan
+    errs on the safe side), ``skip_modules`` (default: tied weights and the output head) in ``torch_dtype``
+    and ``keep_in_fp32_modules`` in float32. 4-bit layers cannot be offloaded, so a planned map that sends
+    a quantized module to "cpu" or "disk" raises ValueError with ``load_in_4bit``.
+    """
+    config = bnb_quantization_config
+    if not isinstance(config, BnbQuantizationConfig):
+        raise TypeError(
+            "bnb_quantization_config must be a BnbQuantizationConfig, e.g. BnbQuantizationConfig(load_in_8bit=True); "
+            f"got {type(config).__name__}"
+        )
+    if device_map is None:
+        if not imports.is_cuda_available():
+            raise RuntimeError(
+                "device_map=None places the quantized model on the current CUDA GPU, and none is visible here: "
+                "run on a GPU machine, or pass device_map= (a dict or a strategy such as 'sequential') to plan"
+            )
+        return {"": torch.cuda.current_device()}
+    if isinstance(device_map, dict):
+        return device_map
+    if device_map not in DEVICE_MAP_STRATEGIES:
+        raise ValueError(
+            f"device_map={device_map!r} is not valid here; use a dict or one of {list(DEVICE_MAP_STRATEGIES)}"
+        )
+    special_dtypes = _planning_dtypes(model, config)
+    planned = resolve_device_map(
+        model, device_map, max_memory=max_memory, no_split_module_classes=no_split_module_classes,
+        dtype=torch.int8, special_dtypes=special_dtypes,
+    )  # fmt: skip
+    if config.load_in_4bit:
+        unquantized = (config.skip_modules or []) + (config.keep_in_fp32_modules or [])
+        if config.skip_modules is None:
+            unquantized += default_skip_modules(model)
+        offloaded = [
+            name for name, dev in planned.items()
+            if device_key(dev) in OFFLOAD_KEYS and not is_skipped(name, unquantized)
+        ]  # fmt: skip
+        if offloaded:
+            raise ValueError(
+                f"the 4-bit model does not fit on the GPU(s): {offloaded} would go to cpu/disk, and 4-bit layers "
+                f"cannot be offloaded; give more max_memory, or use load_in_8bit (planned map: {planned})"
+            )
+    elif any(device_key(dev) in OFFLOAD_KEYS for dev in planned.values()):
+        logger.info("8-bit model partly offloaded: offloaded layers are stored int8 and computed on the GPU")
+    return planned
+
+
+def _int8_rowwise(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``weight`` quantized to int8 row by row (LLM.int8's vector-wise scheme) and each row's absmax (SCB)."""
+    rows = weight.detach().to("cpu", torch.float32)
+    scales = rows.abs().amax(dim=1)
+    # An all-zero row quantizes to zeros whatever its divisor; 1 avoids dividing by zero.
+    divisor = torch.where(scales == 0, torch.ones_like(scales), scales)
+    quantized = torch.round(rows * (127.0 / divisor).unsqueeze(1)).to(torch.int8)
+    return quantized, scales
+
+
+def quantize_and_offload_8bit(
+    model: nn.Module,
+    param: torch.Tensor,
+    param_name: str,
+    new_dtype: torch.dtype,
+    offload_folder: str | os.PathLike,
+    offload_index: dict,
+    fp16_statistics: torch.Tensor | None,
+) -> dict:
+    """Return ``offload_index`` updated with the int8 weight ``param_name`` and its scales, written to ``offload_folder``.
+
+    Without ``fp16_statistics`` the float ``param`` (out_features x in_features) is quantized row by row
+    as bitsandbytes' ``Int8Params`` does (int8 values and each row's absmax); with them, ``param`` is
+    already int8 and ``fp16_statistics`` are its row scales (an 8-bit checkpoint). Two files are written:
+    ``<param_name>.dat`` (int8) and ``<...>.SCB.dat`` (the scales, named as bitsandbytes names them), and
+    the model's tensor becomes an empty meta tensor of ``new_dtype``, read back from disk when needed.
+    """
+    if not param_name.endswith("weight"):
+        raise ValueError(
+            f"8-bit offload stores Linear weights with their scales; {param_name!r} is not a weight"
+        )
+    if fp16_statistics is None:
+        if not param.is_floating_point() or param.dim() != 2:
+            raise ValueError(
+                f"{param_name!r}: quantizing needs a 2-D floating weight, got {param.dtype} of shape "
+                f"{tuple(param.shape)}; pass fp16_statistics when the weight is already int8"
+            )
+        quantized, scales = _int8_rowwise(param)
+    else:
+        if param.dtype != torch.int8 or fp16_statistics.shape[0] != param.shape[0]:
+            raise ValueError(
+                f"{param_name!r}: with fp16_statistics the weight must be int8 with one scale per row; got "
+                f"{param.dtype} {tuple(param.shape)} and {tuple(fp16_statistics.shape)} scales"
+            )
+        quantized, scales = param, fp16_statistics
+    offload_index = offload_weight(quantized, param_name, offload_folder, index=offload_index)
+    scb_name = param_name[: -len("weight")] + "SCB"
+    offload_index = offload_weight(scales, scb_name, offload_folder, index=offload_index)
+    set_module_tensor_to_device(
+        model, param_name, "meta", value=torch.empty(param.shape, device="meta"), dtype=new_dtype
+    )
+    return offload_index
