@@ -31,6 +31,8 @@ _TABLE: dict[str, str] = {
     "load_checkpoint_and_dispatch": ".big_modeling",
     "load_checkpoint_in_model": ".utils",
     "infer_auto_device_map": ".utils",
+    # pipeline-parallel inference
+    "prepare_pippy": ".inference",
     # utilities re-exported at the top level
     "DistributedType": ".utils",
     "DDPCommunicationHookType": ".utils",
