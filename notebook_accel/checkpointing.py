@@ -28,6 +28,7 @@ import torch
 from .data_loader import SeedableRandomSampler, find_sampler
 from .logging import get_logger
 from .state import PartialState
+from .utils.atomic_files import atomic_write, fsync_tree
 from .utils.constants import (
     MODEL_NAME,
     OPTIMIZER_NAME,
@@ -52,7 +53,7 @@ from .utils.imports import (
     is_xpu_available,
 )
 from .utils.modeling import shard_checkpoint
-from .utils.other import _atomic_write, _fsync_tree, get_pretty_name, load, save
+from .utils.other import get_pretty_name, load, save
 from .utils.versions import is_torch_version
 
 __all__ = [
@@ -111,7 +112,7 @@ def _model_file(index: int, safe_serialization: bool) -> str:
 
 def _torch_save(obj: Any, path: Path) -> None:
     """Write ``obj`` with torch.save to a temporary name, then rename it into place."""
-    _atomic_write(os.fspath(path), lambda tmp: torch.save(obj, tmp))
+    atomic_write(os.fspath(path), lambda tmp: torch.save(obj, tmp))
 
 
 def _torch_load(path: Path, map_location: Any = None, **load_kwargs: Any) -> Any:
@@ -361,7 +362,7 @@ def save_model_weights(
         from safetensors.torch import save_file
 
         tensors = _dedupe_for_safetensors(state)
-        _atomic_write(os.fspath(path), lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+        atomic_write(os.fspath(path), lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     else:
         _torch_save(state, path)
 
@@ -385,7 +386,7 @@ def save_sharded_weights(
         index_path.unlink(missing_ok=True)
     else:
         text = json.dumps(index, indent=2, sort_keys=True) + "\n"
-        _atomic_write(os.fspath(index_path), lambda tmp: Path(tmp).write_text(text))
+        atomic_write(os.fspath(index_path), lambda tmp: Path(tmp).write_text(text))
         written.append(index_path)
     return written
 
@@ -444,16 +445,16 @@ def _swap_into_place(final: Path, tmp: Path) -> None:
     """Replace ``final`` by the complete folder ``tmp``; a kill at any point leaves a recoverable state."""
     old = final.parent / f".{final.name}.old"
     marker = final.parent / f".{final.name}.swapping"
-    _fsync_tree(tmp)  # the data is on disk before any name points at it
+    fsync_tree(tmp)  # the data is on disk before any name points at it
     if old.exists():
         shutil.rmtree(old)
     # The marker says "tmp is complete": recover_directory then finishes the swap instead of
     # reverting to the old folder.
-    _atomic_write(os.fspath(marker), lambda t: Path(t).write_text(tmp.name))
+    atomic_write(os.fspath(marker), lambda t: Path(t).write_text(tmp.name))
     if final.exists():
         os.replace(final, old)
     os.replace(tmp, final)
-    _fsync_tree(final.parent, files=False)
+    fsync_tree(final.parent, files=False)
     marker.unlink()
     if old.exists():
         shutil.rmtree(old)

@@ -23,10 +23,10 @@ from typing import Any
 from .logging import get_logger
 from .state import PartialState
 from .utils._worker_channel import send_event
+from .utils.atomic_files import atomic_write
 from .utils.enums import LoggerType
 from .utils.environment import str_to_bool
 from .utils.operations import listify
-from .utils.other import _atomic_write
 from .utils.package_checks import (
     is_aim_available,
     is_clearml_available,
@@ -151,7 +151,7 @@ class JSONLinesTracker(GeneralTracker):
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         text = json.dumps(values, indent=2, sort_keys=True, default=repr) + "\n"
-        _atomic_write(
+        atomic_write(
             os.fspath(self.directory / "config.json"),
             lambda tmp: Path(tmp).write_text(text, encoding="utf-8"),
         )

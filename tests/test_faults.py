@@ -469,7 +469,7 @@ def _killed_between_renames(tmp_path, monkeypatch, *, after_marker: bool):
             raise KeyboardInterrupt("killed between the two renames")
 
     if not after_marker:  # killed before the new folder was known complete: no marker written
-        monkeypatch.setattr(checkpointing, "_atomic_write", lambda *a, **k: None)
+        monkeypatch.setattr(checkpointing, "atomic_write", lambda *a, **k: None)
     monkeypatch.setattr(checkpointing.os, "replace", dying_replace)
     with pytest.raises(KeyboardInterrupt):
         acc.save_state(out, safe_serialization=False)
@@ -489,7 +489,7 @@ def test_a_kill_between_the_renames_hides_no_checkpoint(tmp_path, monkeypatch):
 
 
 def test_atomic_writes_fsync_and_clean_what_a_killed_writer_left(tmp_path, monkeypatch):
-    from notebook_accel.utils.other import _atomic_write
+    from notebook_accel.utils.atomic_files import atomic_write
 
     target = tmp_path / "index.json"
     dead = tmp_path / ".index.json.999999999.abc.tmp"  # a pid that cannot exist
@@ -501,7 +501,7 @@ def test_atomic_writes_fsync_and_clean_what_a_killed_writer_left(tmp_path, monke
     monkeypatch.setattr(
         os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd))
     )
-    _atomic_write(str(target), lambda tmp: open(tmp, "w").write("{}"))
+    atomic_write(str(target), lambda tmp: open(tmp, "w").write("{}"))
     assert target.read_text() == "{}"
     assert not dead.exists() and alive.exists()
     assert any(p.endswith(".tmp") for p in synced) and str(tmp_path) in synced  # the data, then the rename

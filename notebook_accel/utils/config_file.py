@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
+from .atomic_files import atomic_write
 from .enums import check_mixed_precision
 from .imports import cuda_device_count, is_mps_available, is_npu_available, is_xpu_available
-from .other import _atomic_write
 
 __all__ = ["default_config_file", "write_basic_config"]
 
@@ -107,5 +107,5 @@ def write_basic_config(
         return False
     config = _basic_config(mixed_precision, use_xpu)
     text = json.dumps(config, indent=2) + "\n" if path.suffix == ".json" else _to_yaml(config)
-    _atomic_write(str(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    atomic_write(str(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return path

@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from .._lazy import attach
 from .allocation import get_non_persistent_buffers
+from .atomic_files import atomic_write
 from .compilation import is_compiled_module
 from .constants import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 from .fsdp2 import (
@@ -49,7 +50,7 @@ from .fsdp2 import (
     get_parameters_from_modules,
 )
 from .fsdp_plugin import get_module_class_from_name
-from .other import _atomic_write, is_peft_model, save
+from .other import is_peft_model, save
 from .versions import is_torch_version
 
 __all__ = [
@@ -127,7 +128,7 @@ def _barrier() -> None:
 
 
 def _write(obj: Any, path: str) -> None:
-    _atomic_write(path, lambda tmp: torch.save(obj, tmp))
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def _read(path: str) -> Any:
@@ -321,7 +322,7 @@ def merge_fsdp_weights(
     state = {name: tensor.contiguous() for name, tensor in state.items()}
     if safe_serialization:
         target = os.path.join(output_path, SAFE_WEIGHTS_NAME)
-        _atomic_write(target, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+        atomic_write(target, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     else:
         target = os.path.join(output_path, WEIGHTS_NAME)
         _write(state, target)

@@ -27,8 +27,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from .atomic_files import atomic_write
 from .devices import device_label
-from .other import _atomic_write
 from .safetensors_header import SAFETENSORS_DTYPES, read_header
 from .tensors import set_module_tensor_to_device
 
@@ -111,7 +111,7 @@ def _atomic_write_bytes(path: str, tensor: torch.Tensor) -> None:
 
     # A cache, not a checkpoint: fsyncing every weight made offloading 6x slower (48 MB: 70 -> 430 ms);
     # a file cut short by a power loss is refused on reading (its size must match the index exactly).
-    _atomic_write(path, write, durable=False)
+    atomic_write(path, write, durable=False)
 
 
 def offload_weight(
@@ -198,7 +198,7 @@ def save_offload_index(index: dict, offload_folder: str | os.PathLike) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(current, f, indent=2)
 
-    _atomic_write(path, write)
+    atomic_write(path, write)
 
 
 def offload_state_dict(save_dir: str | os.PathLike, state_dict: dict[str, torch.Tensor]) -> None:

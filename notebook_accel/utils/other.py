@@ -8,7 +8,6 @@ import logging
 import os
 import platform
 import sys
-import tempfile
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -17,6 +16,7 @@ import torch
 
 from .._lazy import attach
 from ..state import AcceleratorState, PartialState
+from .atomic_files import atomic_write
 from .compilation import (
     compile_regions,
     compile_regions_deepspeed,
@@ -26,6 +26,7 @@ from .compilation import (
     is_compiled_module,
     is_repeated_blocks,
 )
+from .config_file import write_basic_config
 from .constants import FSDP_PYTORCH_VERSION
 from .enums import DistributedType
 from .imports import is_torch_distributed_available, is_torch_xla_available, is_weights_only_available
@@ -76,11 +77,9 @@ __all__ += [
     "is_torch_xla_available",
     "is_weights_only_available",
 ]
-_REEXPORTED_LAZILY = {
-    "get_logger": "notebook_accel.logging",
-    # config_file writes through this module's _atomic_write, so it is served lazily (no import circle).
-    "write_basic_config": "notebook_accel.utils.config_file",
-}
+__all__ += ["write_basic_config"]
+# notebook_accel.logging sits above utils (it reads the process state): served at first use.
+_REEXPORTED_LAZILY = {"get_logger": "notebook_accel.logging"}
 __all__ += ["PartialState", *sorted(_REEXPORTED_LAZILY)]
 __getattr__, __dir__ = attach(__name__, _REEXPORTED_LAZILY)
 
@@ -182,84 +181,6 @@ def wait_for_everyone() -> None:
     _state().wait_for_everyone()
 
 
-def _atomic_write(path: str, write, durable: bool = True) -> None:
-    """Write ``path`` through ``write(tmp)`` into a hidden temporary file, fsync it, then rename it into place.
-
-    Temporary files that a killed writer left beside ``path`` (their pid is gone) are removed first.
-    ``durable=False`` skips the two fsyncs (the rename stays atomic): for caches whose loss after a
-    power cut is detected on reading (offloaded ``.dat`` files are checked against their exact size).
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    base = os.path.basename(path)
-    _remove_dead_temporaries(directory, base)
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.{os.getpid()}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
-        write(tmp)
-        if durable:
-            _fsync_path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    if durable:
-        _fsync_path(directory)
-
-
-_CLEANED_DIRECTORIES: set[str] = set()
-
-
-def _remove_dead_temporaries(directory: str, base: str) -> None:
-    # Once per folder and process: a writer killed mid-write is another process, and listing the
-    # folder at every write would cost O(files) per file (offloading thousands of weights).
-    del base
-    if directory in _CLEANED_DIRECTORIES:
-        return
-    _CLEANED_DIRECTORIES.add(directory)
-    for name in os.listdir(directory):
-        if not (name.startswith(".") and name.endswith(".tmp")):
-            continue
-        pid = name[1:].rsplit(".", 3)[-3] if name.count(".") >= 4 else ""
-        if pid.isdigit() and not _pid_alive(int(pid)):
-            try:
-                os.unlink(os.path.join(directory, name))
-            except FileNotFoundError:
-                pass
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _fsync_path(path: str) -> None:
-    """fsync one file or folder (a folder: its entries, so a rename inside it is durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems refuse fsync on a folder; the data itself was synced
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root, files: bool = True) -> None:
-    """fsync every file under ``root`` (unless ``files`` is False) and every folder, ``root`` included."""
-    root = os.fspath(root)
-    for folder, _, names in os.walk(root):
-        if files:
-            for name in names:
-                _fsync_path(os.path.join(folder, name))
-        _fsync_path(folder)
-
-
 def save(
     obj: Any,
     f: str | os.PathLike | io.IOBase,
@@ -292,12 +213,12 @@ def save(
         # safetensors needs contiguous CPU-resident data; it copies anyway.
         tensors = {k: v.detach().contiguous() for k, v in obj.items()}
         if isinstance(f, (str, os.PathLike)):
-            _atomic_write(os.fspath(f), lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+            atomic_write(os.fspath(f), lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
         else:
             f.write(save(tensors, metadata={"format": "pt"}))
         return
     if isinstance(f, (str, os.PathLike)):
-        _atomic_write(os.fspath(f), lambda tmp: torch.save(obj, tmp))
+        atomic_write(os.fspath(f), lambda tmp: torch.save(obj, tmp))
     else:
         torch.save(obj, f)
 

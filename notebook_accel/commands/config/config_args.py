@@ -13,9 +13,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from ...utils.atomic_files import atomic_write
 from ...utils.config_file import default_config_file
 from ...utils.enums import ComputeEnvironment, DistributedType, PrecisionType, SageMakerDistributedType
-from ...utils.other import _atomic_write
 
 __all__ = [
     "SAGEMAKER_PYTHON_VERSION",
@@ -132,7 +132,7 @@ class BaseConfig:
     def to_json_file(self, json_file):
         """Write the config as sorted, indented JSON to ``json_file`` (atomically); return None."""
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
-        _atomic_write(str(json_file), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+        atomic_write(str(json_file), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
     def to_yaml_file(self, yaml_file):
         """Write the config as YAML to ``yaml_file`` (atomically; needs PyYAML); return None."""
@@ -141,7 +141,7 @@ class BaseConfig:
         except ImportError as err:
             raise ImportError(f"Writing {yaml_file} as YAML needs PyYAML: `pip install pyyaml`.") from err
         text = yaml.safe_dump(self.to_dict())
-        _atomic_write(str(yaml_file), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+        atomic_write(str(yaml_file), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
     def __post_init__(self):
         if isinstance(self.compute_environment, str):
