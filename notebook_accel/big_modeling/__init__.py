@@ -34,7 +34,6 @@ from ..utils.imports import (
     is_sdaa_available,
     is_xpu_available,
 )
-from ..utils.other import recursive_getattr
 from ..utils.package_checks import is_bnb_available
 from ..utils.tied_params import retie_parameters
 from .dispatch import dispatch_model, load_checkpoint_and_dispatch
@@ -65,7 +64,6 @@ __all__ += [
     "is_npu_available",
     "is_sdaa_available",
     "is_xpu_available",
-    "recursive_getattr",
     "retie_parameters",
 ]
 
@@ -90,5 +88,9 @@ _ALSO_HERE = {
     "find_tied_parameters": "notebook_accel.utils.tied_params",
     "load_checkpoint_in_model": "notebook_accel.utils.checkpoints",
     "parse_flag_from_env": "notebook_accel.utils.environment",
+    # utils.other reads the process state: importing it here would load the state, the plugins and
+    # torch.distributed.fsdp for every big-model import (tests/test_big_modeling_import.py).
+    "recursive_getattr": "notebook_accel.utils.other",
 }
+__all__ += ["recursive_getattr"]
 __getattr__, __dir__ = attach(__name__, _ALSO_HERE)

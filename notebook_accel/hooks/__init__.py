@@ -23,7 +23,6 @@ from ..utils.imports import is_mlu_available, is_musa_available, is_npu_availabl
 from ..utils.memory import clear_device_cache
 from ..utils.offload import PrefixedDataset
 from ..utils.operations import find_device, send_to_device
-from ..utils.other import recursive_getattr
 from ..utils.sizes import named_module_tensors
 from ..utils.tensors import set_module_tensor_to_device
 from .align import AlignDevicesHook, CpuOffload, LayerwiseCastingHook, UserCpuOffloadHook
@@ -66,11 +65,14 @@ __all__ += [
     "is_musa_available",
     "is_npu_available",
     "named_module_tensors",
-    "recursive_getattr",
     "send_to_device",
     "set_module_tensor_to_device",
 ]
-# hooks sit below state (they never import it); Accelerate's hooks module also serves PartialState.
-_REEXPORTED_LAZILY = {"PartialState": "notebook_accel.state"}
+# hooks sit below state (they never import it); Accelerate's hooks module also serves PartialState,
+# and recursive_getattr, whose home utils.other reads the state: both resolved at first use.
+_REEXPORTED_LAZILY = {
+    "PartialState": "notebook_accel.state",
+    "recursive_getattr": "notebook_accel.utils.other",
+}
 __all__ += sorted(_REEXPORTED_LAZILY)
 __getattr__, __dir__ = _lazy_attach(__name__, _REEXPORTED_LAZILY)

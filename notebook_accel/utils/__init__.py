@@ -172,31 +172,26 @@ _add(
     "should_reduce_batch_size",
     "clear_device_cache",
 )
-# modeling: sizes, device maps, tensors, checkpoints (facade over topic files)
+# modeling: sizes, device maps, tensors, checkpoints. Each name points at its topic module, not at
+# the `utils.modeling` face: that face also serves get_mixed_precision_context_manager, which reads
+# the process state, and a big-model name must not load the state (tests/test_big_modeling_import.py).
 _add(
-    ".modeling",
+    ".sizes",
     "calculate_maximum_sizes",
     "compute_module_sizes",
     "compute_module_total_buffer_size",
-    "get_balanced_memory",
     "get_max_layer_size",
-    "get_max_memory",
-    "infer_auto_device_map",
-    "check_device_map",
-    "load_checkpoint_in_model",
-    "load_state_dict",
-    "retie_parameters",
-    "find_tied_parameters",
-    "set_module_tensor_to_device",
-    "shard_checkpoint",
     "named_module_tensors",
     "dtype_byte_size",
-    "id_tensor_storage",
     "convert_file_size_to_int",
-    "get_mixed_precision_context_manager",
-    "check_tied_parameters_on_same_device",
-    "clean_device_map",
 )
+_add(".device_memory", "get_balanced_memory", "get_max_memory")
+_add(".device_map", "infer_auto_device_map", "clean_device_map")
+_add(".placement", "check_device_map")
+_add(".checkpoints", "load_checkpoint_in_model", "load_state_dict", "shard_checkpoint")
+_add(".tied_params", "retie_parameters", "find_tied_parameters", "check_tied_parameters_on_same_device")
+_add(".tensors", "set_module_tensor_to_device", "id_tensor_storage")
+_add(".modeling", "get_mixed_precision_context_manager")
 # offload
 _add(
     ".offload",
