@@ -91,7 +91,7 @@ def test_partial_state_in_workers_sees_the_group():
         return (
             state.num_processes,
             state.process_index,
-            str(state.distributed_type),
+            state.distributed_type.value,
             t.item(),
             bool(inherited),
         )

@@ -217,7 +217,7 @@ def _nccl_operations() -> dict:
     broadcast(data, from_process=1)
     padded = pad_across_processes(torch.ones(rank + 1, device=device))
     return {
-        "type": str(state.distributed_type),
+        "type": state.distributed_type.value,
         "device": str(device),
         "backend": state.backend,
         "gathered": (gathered["a"].tolist(), gathered["b"][0].tolist()),

@@ -44,7 +44,9 @@ def test_single_process_defaults():
     assert state.use_distributed is False
     assert state.initialized
     assert state.backend is None
-    assert repr(state).startswith("Distributed environment: NO\nNum processes: 1\nProcess index: 0\n")
+    assert repr(state).startswith(
+        "Distributed environment: DistributedType.NO\nNum processes: 1\nProcess index: 0\n"
+    )
     assert f"Device: {state.device}" in repr(state)
 
 

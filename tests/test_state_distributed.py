@@ -26,7 +26,7 @@ def _seed_examples(log_path: str) -> dict:
     kwargs = InitProcessGroupKwargs(backend="gloo", timeout=timedelta(seconds=120)).to_kwargs()
     state = PartialState(**kwargs)
     out: dict = {
-        "type": str(state.distributed_type),
+        "type": state.distributed_type.value,
         "n": state.num_processes,
         "index": state.process_index,
         "local": state.local_process_index,
@@ -92,7 +92,7 @@ def _seed_examples(log_path: str) -> dict:
         state.print("printed once")
     out["printed"] = buffer.getvalue()
     acc = AcceleratorState(mixed_precision="bf16")
-    out["acc"] = (acc.num_processes, acc.process_index, str(acc.distributed_type), acc.mixed_precision)
+    out["acc"] = (acc.num_processes, acc.process_index, acc.distributed_type.value, acc.mixed_precision)
     with acc.split_between_processes(["A", "B", "C"], apply_padding=True) as part:
         out["acc_split"] = part
     acc.wait_for_everyone()
@@ -107,7 +107,7 @@ def test_seed_examples_in_two_processes(tmp_path):
         assert res["flags"] == (rank == 0, rank == 0, rank == 1)
         assert res["device"] == "cpu" and res["backend"] == "gloo" and res["same"]
         assert res["repr"].startswith(
-            f"Distributed environment: MULTI_CPU  Backend: gloo\nNum processes: 2\nProcess index: {rank}"
+            f"Distributed environment: DistributedType.MULTI_CPU  Backend: gloo\nNum processes: 2\nProcess index: {rank}"
         )
         assert res["acc"] == (2, rank, "MULTI_CPU", "bf16")
     r0, r1 = results[0]["splits"], results[1]["splits"]
@@ -141,7 +141,7 @@ def _adopt_and_fork_launched() -> dict:
     os.environ["LOCAL_WORLD_SIZE"] = "1"  # as if each rank were on its own node
     state = PartialState()
     out = {
-        "adopted": (str(state.distributed_type), state.num_processes, state.process_index, state.backend),
+        "adopted": (state.distributed_type.value, state.num_processes, state.process_index, state.backend),
         "local": (state.local_process_index, state.is_local_main_process),
         "debug": state.debug,
         "mixed": state.mixed_precision,

@@ -104,6 +104,24 @@ def test_string_enums_compare_to_values() -> None:
     assert json.dumps({"d": DistributedType.NO}) == '{"d": "NO"}'
 
 
+def test_printed_form_is_accelerates() -> None:
+    # Accelerate 1.15 (a recorded fact): (str, Enum) types print as Class.MEMBER, its BaseEnum types
+    # print their value; both compare and serialise as the value.
+    from notebook_accel.state import PartialState
+    from notebook_accel.utils import ComputeEnvironment, DynamoBackend, SageMakerDistributedType
+
+    assert str(DistributedType.MULTI_CPU) == "DistributedType.MULTI_CPU"
+    assert f"{DistributedType.NO}|{DistributedType.NO:>20}" == "DistributedType.NO|  DistributedType.NO"
+    assert str(ComputeEnvironment.LOCAL_MACHINE) == "ComputeEnvironment.LOCAL_MACHINE"
+    assert str(SageMakerDistributedType.DATA_PARALLEL) == "SageMakerDistributedType.DATA_PARALLEL"
+    assert (
+        f"{PrecisionType.FP16} {DynamoBackend.INDUCTOR} {LoggerType.TENSORBOARD}"
+        == "fp16 INDUCTOR tensorboard"
+    )
+    assert DistributedType.MULTI_CPU == "MULTI_CPU" and DistributedType("XLA") is DistributedType.XLA
+    assert str(PartialState()).startswith("Distributed environment: DistributedType.NO\n")
+
+
 def test_tpu_is_the_old_name_of_xla() -> None:
     assert DistributedType.TPU is DistributedType.XLA
     assert "TPU" not in DistributedType.list()

@@ -48,14 +48,29 @@ class BaseEnum(str, enum.Enum, metaclass=EnumWithContains):
         return [member.value for member in cls]
 
 
-class ComputeEnvironment(BaseEnum):
+class _QualifiedStrEnum(BaseEnum):
+    """A string enum whose ``str()`` and f-string form is ``Class.MEMBER``.
+
+    Accelerate 1.15 declares ComputeEnvironment, DistributedType and SageMakerDistributedType as plain
+    ``(str, Enum)``, so printing one (``PartialState()``'s "Distributed environment: DistributedType.NO",
+    a log line) shows the qualified name while comparisons still use the value; this keeps that output.
+    """
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+    def __format__(self, format_spec: str) -> str:
+        return format(str(self), format_spec)
+
+
+class ComputeEnvironment(_QualifiedStrEnum):
     """Where the job runs: ``LOCAL_MACHINE`` (own/custom cluster) or ``AMAZON_SAGEMAKER``."""
 
     LOCAL_MACHINE = "LOCAL_MACHINE"
     AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"
 
 
-class DistributedType(BaseEnum):
+class DistributedType(_QualifiedStrEnum):
     """The kind of distributed environment.
 
     ``NO`` is a single process; ``MULTI_*`` is data parallel over several processes of that device
@@ -82,7 +97,7 @@ class DistributedType(BaseEnum):
     TPU = "XLA"
 
 
-class SageMakerDistributedType(BaseEnum):
+class SageMakerDistributedType(_QualifiedStrEnum):
     """The SageMaker distributed mode: ``NO``, ``DATA_PARALLEL`` or ``MODEL_PARALLEL``."""
 
     NO = "NO"
