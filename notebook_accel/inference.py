@@ -233,7 +233,8 @@ def _check_inputs_enter_first_stage(pipe: Any, split_points: list[str]) -> None:
     """Raise when a later stage reads a model input directly: only the first process is given the inputs.
 
     torch.distributed.pipelining hands every input to stage 0 and does not forward one that stage 0
-    never reads, so such a stage would wait for a tensor no process sends.
+    never reads: at the first call stage 0 fails with a bare ``forward() takes N positional
+    arguments`` TypeError while the later stages wait for a micro-batch that never comes.
     """
     graph = pipe.split_gm.graph
     inputs = {node for node in graph.nodes if node.op == "placeholder"}

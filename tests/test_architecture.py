@@ -50,6 +50,8 @@ _AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("big_modeling", ("notebook_accel.big_modeling",)),
+    # Pipeline-parallel inference (prepare_pippy): reads the process state, builds on utils.
+    ("inference", ("notebook_accel.inference",)),
     ("accelerator", ("notebook_accel.accelerator", "notebook_accel._accelerator_")),
     ("launchers", ("notebook_accel.launchers",)),
     ("widgets", ("notebook_accel.widgets",)),
@@ -64,6 +66,7 @@ _ALLOWED: dict[str, frozenset[str]] = {
     "launch": frozenset({"lazy", "utils", "launch"}),
     "hooks": frozenset({"lazy", "utils", "hooks"}),
     "big_modeling": frozenset({"lazy", "utils", "state", "hooks", "big_modeling"}),
+    "inference": frozenset({"lazy", "utils", "state", "inference"}),
     "training": frozenset({"lazy", "utils", "state", "training"}),
     "accelerator": _EVERYTHING - {"hooks", "big_modeling", "launch", "launchers", "widgets", "facade"},
     "launchers": frozenset({"lazy", "utils", "state", "launch", "launchers"}),
