@@ -30,7 +30,7 @@ def make_stateful_loader(dataset: Any, **kwargs: Any) -> Any:
         from torchdata.stateful_dataloader import StatefulDataLoader
     except ImportError:
         raise ImportError(
-            "use_stateful_dataloader=True needs torchdata's StatefulDataLoader: pip install 'torchdata>=0.8' "
+            "use_stateful_dataloader=True needs torchdata's StatefulDataLoader: pip install 'torchdata>=0.8.0' "
             "(or pip install 'notebook-accel[stateful]')"
         ) from None
     return StatefulDataLoader(dataset, **kwargs)

@@ -1,0 +1,227 @@
+"""What every prepared dataloader shares: the adapter over a (stateful) DataLoader and the step book-keeping.
+
+``DataLoaderAdapter`` is a ``torch.utils.data.DataLoader`` that, with ``use_stateful_dataloader=True``,
+iterates through torchdata's ``StatefulDataLoader`` built with the same arguments (so ``state_dict()``
+/ ``load_state_dict()`` resume mid-epoch). ``DataLoaderStateMixin`` tells ``GradientState`` which loader
+is being iterated, whether its last batch is being served and how many samples of it are real. The
+prepared loaders (``DataLoaderShard``, ``DataLoaderDispatcher``, ``SkipDataLoader``) are built on both,
+as in Accelerate 1.15. The helpers at the end read a loader's settings (to rebuild it) and a device
+mesh's data-parallel share.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torch.utils.data import DataLoader, Sampler
+
+from .state import GradientState
+from .stateful import LoaderPosition, make_stateful_loader
+
+__all__ = ["DataLoaderAdapter", "DataLoaderStateMixin", "find_sampler", "get_sampler"]
+
+logger = logging.getLogger(__name__)
+
+# DataLoader constructor arguments carried over when a loader is rebuilt around a new sampler.
+_LOADER_DEFAULTS: dict[str, Any] = {
+    "num_workers": 0,
+    "collate_fn": None,
+    "pin_memory": False,
+    "timeout": 0,
+    "worker_init_fn": None,
+    "multiprocessing_context": None,
+    "generator": None,
+    "prefetch_factor": None,
+    "persistent_workers": False,
+    "pin_memory_device": "",
+    "in_order": True,
+}
+
+
+class DataLoaderStateMixin:
+    """Book-keeping shared by the prepared loaders: epoch, end-of-data flag, remainder, GradientState.
+
+    ``end_of_dataloader`` is True while the last batch is served; ``remainder`` is the number of real
+    samples in the last global batch (``-1`` while unknown). A custom loader subclassing this creates
+    ``self.gradient_state = GradientState()`` and calls :meth:`begin` / :meth:`end` around an iteration.
+    """
+
+    end_of_dataloader: bool = False
+    remainder: int = -1
+    _drop_last: bool = False
+
+    def set_epoch(self, epoch: int) -> None:
+        """Return nothing; select ``epoch``'s shuffling in the sampler (or iterable dataset) behind this loader."""
+        self.iteration = epoch
+        sampler = find_sampler(self)
+        if sampler is not None and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        elif hasattr(getattr(self, "dataset", None), "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def reset(self) -> None:
+        """Return nothing; forget the end-of-data flag and the remainder (a new iteration starts)."""
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    def begin(self) -> None:
+        """Return nothing; start an iteration: reset, and register this loader as GradientState's active one."""
+        self.reset()
+        self.remainder = self._compute_remainder()
+        # A fresh handle each time: the singleton may have been reset since the last iteration.
+        self.gradient_state = GradientState()
+        self.gradient_state._add_dataloader(self)
+        self._publish()
+
+    def end(self) -> None:
+        """Return nothing; finish an iteration: this loader stops being GradientState's active one."""
+        self.gradient_state._remove_dataloader(self)
+
+    def _mark_last_batch(self) -> None:
+        self.end_of_dataloader = True
+        self._publish()
+
+    def _publish(self) -> None:
+        # GradientState answers end_of_dataloader/remainder for the active loader; keep it current.
+        gs = self.gradient_state
+        if gs.active_dataloader is self:
+            gs._set_end_of_dataloader(self.end_of_dataloader)
+            gs._set_remainder(self.remainder)
+
+    def _compute_remainder(self) -> int:
+        # Known up front from the length of what is iterated; loaders that learn it from their last
+        # batch (the dispatcher) or never report it (SkipDataLoader) override this.
+        if self._drop_last:
+            return -1
+        try:
+            length = len(self.dataset)
+        except TypeError:
+            return -1
+        total = getattr(self, "total_batch_size", None)
+        return length % total if total else -1
+
+
+class DataLoaderAdapter(DataLoader):
+    """A ``DataLoader`` (or, with ``use_stateful_dataloader``, torchdata's ``StatefulDataLoader``) to prepare.
+
+    With the stateful loader, iteration, ``state_dict`` and ``load_state_dict`` go to a
+    ``StatefulDataLoader`` built with the same arguments (``base_dataloader``), which resumes
+    mid-epoch; without it ``base_dataloader`` is this loader and ``state_dict`` raises, naming the flag.
+    """
+
+    def __init__(
+        self, dataset: Any, use_stateful_dataloader: bool = False, batch_sampler: Any = None, **kwargs: Any
+    ) -> None:
+        super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
+        self.use_stateful_dataloader = use_stateful_dataloader
+        self.base_dataloader: Any = self
+        if use_stateful_dataloader:
+            self.base_dataloader = make_stateful_loader(dataset, batch_sampler=batch_sampler, **kwargs)
+
+    def __iter__(self):
+        if self.base_dataloader is self:
+            return super().__iter__()
+        return iter(self.base_dataloader)
+
+    def __len__(self) -> int:
+        return super().__len__() if self.base_dataloader is self else len(self.base_dataloader)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the stateful loader's position (needs ``use_stateful_dataloader=True``)."""
+        if self.base_dataloader is self:
+            raise ValueError(
+                "state_dict() needs a stateful loader: build it with use_stateful_dataloader=True "
+                "(DataLoaderConfiguration(use_stateful_dataloader=True) in an Accelerator)"
+            )
+        return self.adjust_state_dict_for_prefetch(self.base_dataloader.state_dict())
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Return nothing; resume the stateful loader at the position ``state_dict`` describes."""
+        if self.base_dataloader is self:
+            raise ValueError(
+                "load_state_dict() needs a stateful loader: build it with use_stateful_dataloader=True"
+            )
+        self.base_dataloader.load_state_dict(state_dict)
+
+    def adjust_state_dict_for_prefetch(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """Return ``state_dict`` as is: this loader yields batches as it fetches them (no batch held ahead)."""
+        return state_dict
+
+
+def find_sampler(dataloader: Any) -> Sampler | None:
+    """Return the innermost index sampler behind ``dataloader`` (through shard/skip wrappers)."""
+    obj = getattr(dataloader, "batch_sampler", None)
+    seen = 0
+    while obj is not None and seen < 8:
+        inner = getattr(obj, "batch_sampler", None)
+        if inner is None:
+            return getattr(obj, "sampler", None)
+        obj, seen = inner, seen + 1
+    return getattr(dataloader, "sampler", None)
+
+
+def get_sampler(dataloader: Any) -> Sampler | None:
+    """Return the sampler that orders ``dataloader``'s samples (looking through batch samplers and shard wrappers)."""
+    return find_sampler(dataloader)
+
+
+def _loader_kwargs(dataloader: DataLoader) -> dict[str, Any]:
+    """Return the constructor arguments of ``dataloader`` that differ from DataLoader's defaults."""
+    out = {}
+    for name, default in _LOADER_DEFAULTS.items():
+        if hasattr(dataloader, name):
+            value = getattr(dataloader, name)
+            if value != default:
+                out[name] = value
+    if out.get("num_workers", 0) == 0:
+        out.pop("prefetch_factor", None)
+        out.pop("persistent_workers", None)
+    return out
+
+
+def _data_parallel_share(mesh: Any) -> tuple[int, int]:
+    """Return ``(data-parallel ranks, this rank's index)`` of a device mesh (its "dp" dims, else all of it).
+
+    Ranks that differ only along the other dims (tensor or context parallel) read the same data.
+    """
+    names = tuple(mesh.mesh_dim_names or ())
+    dp = [name for name in ("dp_replicate", "dp_shard") if name in names]
+    if not dp:
+        return (1, 0) if {"tp", "cp"} & set(names) else (mesh.size(), mesh.get_rank())
+    coordinate, total, index = mesh.get_coordinate(), 1, 0
+    for name in dp:  # replicate-major, as the mesh lays the ranks out
+        dim = names.index(name)
+        index = index * mesh.shape[dim] + coordinate[dim]
+        total *= mesh.shape[dim]
+    return total, index
+
+
+class _PositionedLoader(DataLoaderAdapter):
+    """A prepared loader whose epoch position survives a checkpoint (``use_stateful_dataloader=True``).
+
+    The position is that of the batch last handed out, not of the look-ahead the loader reads to flag
+    its last batch (see :class:`~notebook_accel.stateful.LoaderPosition`).
+    """
+
+    _position: LoaderPosition | None = None
+
+    def _keep_position(self) -> None:
+        self._position = LoaderPosition(self.base_dataloader) if self.use_stateful_dataloader else None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return this loader's position in its epoch (needs ``use_stateful_dataloader=True``)."""
+        return self._require_position().state_dict(self.iteration)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Return nothing; the next iteration resumes at the position ``state_dict`` recorded."""
+        self._require_position().load_state_dict(state_dict)
+        self.iteration = int(state_dict.get("iteration", self.iteration))
+
+    def _require_position(self) -> LoaderPosition:
+        if self._position is None:
+            raise ValueError(
+                "this prepared dataloader keeps no position: create the Accelerator with "
+                "dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True)"
+            )
+        return self._position
