@@ -124,7 +124,9 @@ class DataLoaderDispatcher(_PositionedLoader, DataLoaderStateMixin):
         current = self._exchange(iterator)
         while current is not _END:
             if first is None:
-                first = current
+                # Kept to complete an uneven last batch; Accelerate 1.15 keeps it through slice_fn too
+                # (a user's slice_fn sees this call).
+                first = self._slice(current, slice(0, self.num_processes))
             if self._position is not None and iterator is not None:
                 self._position.served()  # before the look-ahead below moves the position on
             following = self._exchange(iterator)
@@ -140,14 +142,12 @@ class DataLoaderDispatcher(_PositionedLoader, DataLoaderStateMixin):
                 self._mark_last_batch()
             padded = _pad_batch(current, first, local * self.num_processes, size)
             lo = self.process_index * local
-            part = self.slice_fn(
-                padded,
-                slice(lo, lo + local),
-                process_index=self.process_index,
-                num_processes=self.num_processes,
-            )
+            part = self._slice(padded, slice(lo, lo + local))
             yield send_to_device(part, self.device, non_blocking=self._non_blocking)
             current = following
+
+    def _slice(self, batch: Any, part: slice) -> Any:
+        return self.slice_fn(batch, part, process_index=self.process_index, num_processes=self.num_processes)
 
     def _read_global_batch(self, iterator: Iterator[Any]) -> Any:
         """On the main process, concatenate the next ``num_processes`` loader batches (or one)."""
