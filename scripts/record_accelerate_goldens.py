@@ -7,6 +7,7 @@ never imports accelerate; the test suite reads only the committed JSON):
 
     python3 -m venv /tmp/acc && /tmp/acc/bin/pip install accelerate==1.15.0 torch==2.13.0
     python scripts/record_accelerate_goldens.py --python /tmp/acc/bin/python
+    python scripts/record_accelerate_goldens.py --python /tmp/acc/bin/python --cases NAME,NAME  # only these
 
 For 2 processes this runs ``torchrun --nproc_per_node 2`` on CPU with gloo and
 ``ACCELERATE_USE_CPU=1`` (without it Accelerate runs every CPU process alone, as
@@ -41,7 +42,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(out_dir: str, workdir: str) -> None:
+def _worker(out_dir: str, workdir: str, names: list[str] | None = None) -> None:
     """Run every case under the real Accelerate in this torchrun worker; write rank<R>.json."""
     import accelerate
     import accelerate.state  # noqa: F401  (the programs use A.state and A.utils)
@@ -61,7 +62,7 @@ def _worker(out_dir: str, workdir: str) -> None:
             f"{expected} with {world}: run with ACCELERATE_USE_CPU=1 under torchrun"
         )
     results = run_cases(
-        accelerate, workdir, log=lambda name: print(f"case {name}", file=sys.stderr, flush=True)
+        accelerate, workdir, names, log=lambda name: print(f"case {name}", file=sys.stderr, flush=True)
     )
     meta = {"accelerate": accelerate.__version__, "torch": torch.__version__, "world_size": world}
     Path(out_dir, f"rank{os.environ.get('RANK', '0')}.json").write_text(
@@ -69,11 +70,13 @@ def _worker(out_dir: str, workdir: str) -> None:
     )
 
 
-def _record(python: str, world: int) -> dict:
+def _record(python: str, world: int, cases: str | None = None) -> dict:
     """Run the cases on ``world`` processes under ``python``'s Accelerate; return the merged goldens."""
     with tempfile.TemporaryDirectory() as out_dir, tempfile.TemporaryDirectory() as workdir:
         env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
         cmd = [python, __file__, "--worker", out_dir, "--workdir", workdir]
+        if cases:
+            cmd += ["--cases", cases]
         if world > 1:
             cmd[1:1] = [
                 "-m", "torch.distributed.run", "--nproc_per_node", str(world),
@@ -89,16 +92,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=sys.executable, help="interpreter with accelerate==1.15.0")
     parser.add_argument("--worlds", default="1,2", help="comma-separated world sizes to record")
+    parser.add_argument(
+        "--cases", help="comma-separated case names to (re)record; the other recorded cases are kept"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        _worker(args.worker, args.workdir)
+        _worker(args.worker, args.workdir, args.cases.split(",") if args.cases else None)
         return
     GOLDENS.mkdir(parents=True, exist_ok=True)
     for world in (int(w) for w in args.worlds.split(",")):
-        goldens = _record(args.python, world)
+        goldens = _record(args.python, world, args.cases)
         path = GOLDENS / f"world{world}.json"
+        if args.cases and path.is_file():
+            kept = json.loads(path.read_text())
+            goldens = {**kept, "cases": {**kept["cases"], **goldens["cases"]}}
         path.write_text(json.dumps(goldens, indent=1, sort_keys=True) + "\n")
         print(f"wrote {path.relative_to(ROOT)}: {len(goldens['cases'])} cases")
 

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler
 
+from tests.goldens_loader_cases import LOADER_CASES
+
 __all__ = ["CASES", "run_cases"]
 
 CASES: dict[str, Callable[[Any, dict], dict]] = {}
@@ -750,6 +752,10 @@ def _reset(A: Any) -> None:
     """Forget the Accelerator/gradient singletons (the process group stays) between cases."""
     A.state.AcceleratorState._reset_state(reset_partial_state=False)
     A.state.GradientState._reset_state()
+
+
+# The programs that build the prepared dataloader classes directly live in their own file.
+CASES.update(LOADER_CASES)
 
 
 def run_cases(
