@@ -332,6 +332,17 @@ _add(
     "has_transformer_engine_layers",
 )
 _add(".megatron_config", "add_model_config_to_megatron_parser")
+# Megatron-LM's placeholders, train steps and loss averaging (running Megatron needs megatron-core)
+_add(
+    ".megatron_lm",
+    "AbstractTrainStep",
+    "BertTrainStep",
+    "GPTTrainStep",
+    "MegatronLMDummyDataLoader",
+    "MegatronLMDummyScheduler",
+    "T5TrainStep",
+    "avg_losses_across_data_parallel_group",
+)
 _add(".bnb", "has_4bit_bnb_layers")
 
 __all__ = sorted(_TABLE)
