@@ -79,7 +79,6 @@ _UTILS_READING_STATE = frozenset({"notebook_accel.utils.operations", "notebook_a
 # violation -> engineer/area that owns the fix ("lead": not assigned). May only shrink: delete the line
 # of what you fix (the test fails until you do).
 KNOWN_VIOLATIONS: dict[str, str] = {
-    "in-function import: notebook_accel.utils.operations._world -> notebook_accel.state": "surface",
     "in-function import: notebook_accel.widgets._machine._gpus -> notebook_accel.utils.imports": "dashboard",
     "in-function import: notebook_accel.widgets._machine._nvml_gpus -> notebook_accel.utils.imports": "dashboard",
     "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer.__init__ -> notebook_accel.utils.tied_params": "dashboard",

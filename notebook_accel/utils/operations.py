@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .._lazy import attach
+from ..state import AcceleratorState, PartialState
 from ._ops_structure import (
     ConvertOutputsToFp32,
     TensorInformation,
@@ -99,12 +99,8 @@ __all__ += [
     "is_torch_version",
     "is_torch_xla_available",
 ]
-_REEXPORTED_LAZILY = {
-    "AcceleratorState": "notebook_accel.state",
-    "PartialState": "notebook_accel.state",
-}
-__all__ += sorted(_REEXPORTED_LAZILY)
-__getattr__, __dir__ = attach(__name__, _REEXPORTED_LAZILY)
+# Accelerate serves the state classes here too; this module reads the state (rank, world size).
+__all__ += ["AcceleratorState", "PartialState"]
 
 _REDUCTIONS = ("mean", "sum", "none")
 # torch >= 2.13 renamed all_gather_into_tensor; both gather equal-sized tensors into one buffer.
@@ -139,22 +135,10 @@ class CannotPadNestedTensorWarning(UserWarning):
 # process world
 
 
-_shared_state: dict[str, Any] | None = None
-
-
 def _world() -> dict[str, Any]:
     """Return PartialState's shared dict, building the state on first use (cheap on later calls)."""
-    global _shared_state
-    shared = _shared_state
-    if shared is None:
-        # The dict object lives as long as the class (reset clears it in place), so keep a reference
-        # instead of paying an import statement on every call.
-        from ..state import PartialState
-
-        shared = _shared_state = PartialState._shared_state
+    shared = PartialState._shared_state
     if not shared:
-        from ..state import PartialState
-
         PartialState()
     return shared
 
