@@ -78,28 +78,7 @@ _UTILS_READING_STATE = frozenset({"notebook_accel.utils.operations", "notebook_a
 
 # violation -> engineer/area that owns the fix ("lead": not assigned). May only shrink: delete the line
 # of what you fix (the test fails until you do).
-KNOWN_VIOLATIONS: dict[str, str] = {
-    "in-function import: notebook_accel.widgets._machine._gpus -> notebook_accel.utils.imports": "dashboard",
-    "in-function import: notebook_accel.widgets._machine._nvml_gpus -> notebook_accel.utils.imports": "dashboard",
-    "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer.__init__ -> notebook_accel.utils.tied_params": "dashboard",
-    "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer._build_widget -> notebook_accel.widgets._base": "dashboard",
-    "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer._check_max_memory -> notebook_accel.utils.sizes": "dashboard",
-    "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer._html -> notebook_accel.widgets._charts": "dashboard",
-    "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer._sizes_for -> notebook_accel.utils.sizes": "dashboard",
-    "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer.chart_png -> notebook_accel.widgets._charts": "dashboard",
-    "in-function import: notebook_accel.widgets.device_map_explorer.DeviceMapExplorer.recompute -> notebook_accel.utils.device_map": "dashboard",
-    "in-function import: notebook_accel.widgets.launch_panel.LaunchPanel._build_widget -> notebook_accel.widgets._base": "dashboard",
-    "in-function import: notebook_accel.widgets.memory_estimator.MemoryEstimator.__init__ -> notebook_accel.big_modeling": "dashboard",
-    "in-function import: notebook_accel.widgets.memory_estimator.MemoryEstimator._build_widget -> notebook_accel.widgets._base": "dashboard",
-    "in-function import: notebook_accel.widgets.memory_estimator.MemoryEstimator._html -> notebook_accel.widgets._charts": "dashboard",
-    "in-function import: notebook_accel.widgets.memory_estimator.MemoryEstimator.chart_png -> notebook_accel.widgets._charts": "dashboard",
-    "in-function import: notebook_accel.widgets.memory_estimator.MemoryEstimator.estimate -> notebook_accel.utils.sizes": "dashboard",
-    "in-function import: notebook_accel.widgets.offload_monitor.OffloadMonitor.__init__ -> notebook_accel.telemetry": "dashboard",
-    "in-function import: notebook_accel.widgets.offload_monitor.OffloadMonitor._build_widget -> notebook_accel.widgets._base": "dashboard",
-    "in-function import: notebook_accel.widgets.offload_monitor.OffloadMonitor._html -> notebook_accel.widgets._charts": "dashboard",
-    "in-function import: notebook_accel.widgets.offload_monitor.OffloadMonitor._placement -> notebook_accel.telemetry": "dashboard",
-    "in-function import: notebook_accel.widgets.offload_monitor.OffloadMonitor.chart_png -> notebook_accel.widgets._charts": "dashboard",
-}
+KNOWN_VIOLATIONS: dict[str, str] = {}
 
 
 def area_of(module: str) -> str:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.func import functional_call
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
@@ -136,9 +138,6 @@ def trace_activations(
     dimension 0 of every input. The model may live on any device, the meta device included; no
     real memory is allocated and the model itself is not modified.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.func import functional_call
-
     args_spec, kwargs_spec = normalize_sample_input(sample_input)
 
     def make(shape_dtype: tuple[tuple[int, ...], torch.dtype | None]) -> torch.Tensor:

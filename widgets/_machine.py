@@ -12,6 +12,9 @@ import shutil
 from dataclasses import dataclass, field
 
 import psutil
+import torch
+
+from notebook_accel.utils.imports import _nvml_gpu_memory, cuda_device_count
 
 __all__ = ["GpuInfo", "MachineInfo", "machine_info"]
 
@@ -85,8 +88,6 @@ def _cgroup_memory(root: str = "/sys/fs/cgroup") -> tuple[int | None, int | None
 
 def _nvml_gpus() -> list[GpuInfo] | None:
     """Return the visible GPUs' memory through NVML (the core's fork-safe query), or None when NVML is unusable."""
-    from notebook_accel.utils.imports import _nvml_gpu_memory
-
     found = _nvml_gpu_memory()
     if found is None:
         return None
@@ -94,16 +95,12 @@ def _nvml_gpus() -> list[GpuInfo] | None:
 
 
 def _gpus() -> tuple[GpuInfo, ...]:
-    from notebook_accel.utils.imports import cuda_device_count
-
     count = cuda_device_count()
     if count == 0:
         return ()
     gpus = _nvml_gpus()
     if gpus is not None and len(gpus) == count:
         return tuple(gpus)
-    import torch
-
     if torch.cuda.is_initialized():  # already paid for: asking the runtime costs no fork-safety
         out = []
         for i in range(count):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import html
 import time
 from collections.abc import Mapping
@@ -9,9 +10,12 @@ from typing import Any
 
 import torch
 
-from notebook_accel.utils.device_map import DEVICE_MAP_STRATEGIES
+from notebook_accel.utils.device_map import DEVICE_MAP_STRATEGIES, plan_device_map, strategy_memory
+from notebook_accel.utils.sizes import compute_module_sizes, convert_file_size_to_int
+from notebook_accel.utils.tied_params import find_tied_parameters
 
-from ._base import _badge, _fmt_bytes, _Panel, _size_literal, _table, _text_table
+from ._base import _badge, _fmt_bytes, _import_ipywidgets, _Panel, _size_literal, _table, _text_table
+from ._charts import png_img_tag, stacked_bars_png
 from ._machine import MachineInfo, machine_info
 from ._modules import suggest_no_split_classes
 
@@ -87,8 +91,6 @@ class DeviceMapExplorer(_Panel):
         self.effective_max_memory: dict[int | str, int] = {}
         self.last_compute_seconds = 0.0
         self.plan: Any = None
-        from notebook_accel.utils.tied_params import find_tied_parameters
-
         self.tied_parameters = [sorted(group) for group in find_tied_parameters(model)]
         self.recompute()
 
@@ -103,8 +105,6 @@ class DeviceMapExplorer(_Panel):
 
     @staticmethod
     def _check_max_memory(max_memory: Mapping[int | str, int | str]) -> dict[int | str, int]:
-        from notebook_accel.utils.sizes import convert_file_size_to_int
-
         if not isinstance(max_memory, Mapping) or not max_memory:
             raise ValueError(
                 f"max_memory must be a non-empty dict like {{0: '10GiB', 'cpu': '30GiB'}}, got {max_memory!r}"
@@ -147,8 +147,6 @@ class DeviceMapExplorer(_Panel):
         known = {type(m).__name__ for m in self.model.modules()}
         unknown = [c for c in classes if c not in known]
         if unknown:
-            import difflib
-
             hints = {c: difflib.get_close_matches(c, sorted(known), n=3) for c in unknown}
             raise ValueError(
                 f"no_split_module_classes {unknown} are not classes of this model (closest: {hints})"
@@ -231,15 +229,11 @@ class DeviceMapExplorer(_Panel):
 
     def _sizes_for(self, dtype: str | None) -> dict[str, int]:
         if dtype not in self._sizes_cache:
-            from notebook_accel.utils.sizes import compute_module_sizes
-
             self._sizes_cache[dtype] = dict(compute_module_sizes(self.model, dtype=dtype))
         return self._sizes_cache[dtype]
 
     def recompute(self) -> None:
         """Recompute ``plan`` / ``device_map`` (and ``effective_max_memory``) for the current controls."""
-        from notebook_accel.utils.device_map import plan_device_map, strategy_memory
-
         start = time.perf_counter()
         max_memory = strategy_memory(
             self.model,
@@ -349,8 +343,6 @@ class DeviceMapExplorer(_Panel):
 
     def chart_png(self) -> bytes:
         """Return a PNG with one stacked bar per device: weights, reserved room for the largest layer, free."""
-        from ._charts import stacked_bars_png
-
         usage = self.usage()
         name, unit = self.slider_unit
         labels = [str(d) for d in usage]
@@ -401,8 +393,6 @@ class DeviceMapExplorer(_Panel):
     _USAGE_HEADERS = ["device", "budget", "weights", "reserved (largest layer)", "free"]
 
     def _html(self) -> str:
-        from ._charts import png_img_tag
-
         return "<br>".join(
             [
                 f"<b>DeviceMapExplorer</b> — {html.escape(type(self.model).__name__)}, strategy {self._strategy}, "
@@ -421,8 +411,6 @@ class DeviceMapExplorer(_Panel):
         )
 
     def _build_widget(self) -> Any:
-        from ._base import _import_ipywidgets
-
         w = _import_ipywidgets()
         self._w_sliders: dict[int | str, Any] = {}
         self._w_texts: dict[int | str, Any] = {}

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any
 
-from ._base import _badge, _fmt_bytes, _Panel, _table, _text_table, _Throttle
+from ._base import _badge, _fmt_bytes, _import_ipywidgets, _Panel, _table, _text_table, _Throttle
 from ._charts import png_img_tag
 from ._metrics_chart import metric_series, metrics_png
 from ._progress import _BarRows, bar_label
@@ -330,8 +330,6 @@ class LaunchPanel(_Panel):
         return f"LaunchPanel({self.state})\n{table}{bars}"
 
     def _build_widget(self) -> Any:
-        from ._base import _import_ipywidgets
-
         w = _import_ipywidgets()
         self._w_state = w.Button(disabled=True, layout=w.Layout(width="auto"))
         self._w_stop = w.Button(description="Stop", button_style="danger", icon="stop")

@@ -10,8 +10,12 @@ from typing import Any
 
 import torch
 
+from notebook_accel.big_modeling import init_empty_weights
+from notebook_accel.utils.sizes import get_max_layer_size
+
 from ._activations import ActivationTrace, normalize_sample_input, trace_activations
-from ._base import _badge, _fmt_bytes, _Panel, _size_literal, _table, _text_table
+from ._base import _badge, _fmt_bytes, _import_ipywidgets, _Panel, _size_literal, _table, _text_table
+from ._charts import grouped_bars_png, png_img_tag
 from ._machine import MachineInfo, machine_info
 from ._modules import (
     COMPUTE_DTYPE,
@@ -127,8 +131,6 @@ class MemoryEstimator(_Panel):
         if isinstance(model_or_factory, torch.nn.Module):
             self.model = model_or_factory
         elif callable(model_or_factory):
-            from notebook_accel.big_modeling import init_empty_weights
-
             with init_empty_weights():
                 self.model = model_or_factory()
             if not isinstance(self.model, torch.nn.Module):
@@ -207,8 +209,6 @@ class MemoryEstimator(_Panel):
 
     def estimate(self, dtype: str | torch.dtype) -> DtypeEstimate:
         """Return the :class:`DtypeEstimate` of the model with its weights in ``dtype``."""
-        from notebook_accel.utils.sizes import get_max_layer_size
-
         name = dtype_name(dtype)
         sizes = module_sizes(self.model, name)
         weights = sizes[""]
@@ -384,8 +384,6 @@ class MemoryEstimator(_Panel):
 
     def chart_png(self) -> bytes:
         """Return a PNG bar chart: weights, inference and training per dtype against this machine's memory."""
-        from ._charts import grouped_bars_png
-
         labels = list(self.estimates)
         ests = list(self.estimates.values())
         series = {
@@ -399,8 +397,6 @@ class MemoryEstimator(_Panel):
         return grouped_bars_png(labels, series, "Memory per dtype", hlines=lines)
 
     def _html(self) -> str:
-        from ._charts import png_img_tag
-
         rows = self._badged_rows()
         parts = [
             f"<b>MemoryEstimator</b> — {html.escape(type(self.model).__name__)}"
@@ -425,8 +421,6 @@ class MemoryEstimator(_Panel):
         )
 
     def _build_widget(self) -> Any:
-        from ._base import _import_ipywidgets
-
         w = _import_ipywidgets()
         self._w_batch = w.BoundedIntText(
             value=self._batch_size or self._sample_batch(),

@@ -11,7 +11,10 @@ from typing import Any
 
 import torch
 
-from ._base import _badge, _fmt_bytes, _Panel, _table, _text_table, _Throttle
+from notebook_accel import telemetry
+
+from ._base import _badge, _fmt_bytes, _import_ipywidgets, _Panel, _table, _text_table, _Throttle
+from ._charts import png_img_tag, stacked_bars_png
 
 __all__ = ["OffloadMonitor", "PassStats"]
 
@@ -62,8 +65,6 @@ class OffloadMonitor(_Panel):
     """
 
     def __init__(self, model: torch.nn.Module, max_passes: int = 200, interval: float = 0.1) -> None:
-        from notebook_accel import telemetry
-
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"OffloadMonitor needs a torch.nn.Module, got {type(model).__name__}")
         if max_passes < 1:
@@ -132,8 +133,6 @@ class OffloadMonitor(_Panel):
             current.modules.add(event.module)
 
     def _placement(self) -> dict[str, dict]:
-        from notebook_accel import telemetry
-
         return telemetry.weight_placement(self.model)
 
     def reset(self) -> None:
@@ -206,8 +205,6 @@ class OffloadMonitor(_Panel):
 
     def chart_png(self, last: int = 30) -> bytes:
         """Return a PNG with one stacked bar per recent pass: milliseconds moving weights vs computing."""
-        from ._charts import stacked_bars_png
-
         done = self.finished_passes()[-last:]
         labels = [str(p.index) for p in done] or ["-"]
         series = {
@@ -230,8 +227,6 @@ class OffloadMonitor(_Panel):
         return f"<b>OffloadMonitor</b> — {html.escape(type(self.model).__name__)} {badges}"
 
     def _html(self) -> str:
-        from ._charts import png_img_tag
-
         done = bool(self.finished_passes())
         return "<br>".join(
             [
@@ -254,8 +249,6 @@ class OffloadMonitor(_Panel):
         return text
 
     def _build_widget(self) -> Any:
-        from ._base import _import_ipywidgets
-
         w = _import_ipywidgets()
         self._w_summary = w.HTML()
         self._w_passes = w.HTML()
