@@ -13,7 +13,7 @@ import pickle
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, IterableDataset, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
 from notebook_accel.data_loader import (
     BatchSamplerShard,
@@ -23,7 +23,7 @@ from notebook_accel.data_loader import (
     SeedableRandomSampler,
     SkipDataLoader,
 )
-from notebook_accel.state import GradientState, PartialState
+from notebook_accel.state import AcceleratorState, GradientState, PartialState
 from tests._dist import run_distributed
 
 
@@ -274,3 +274,30 @@ def test_stateful_dispatcher_resumes_mid_epoch() -> None:
     r0, r1 = run_distributed(_stateful_dispatch_worker, nprocs=2, timeout=180)
     assert r0["full"] == [[0, 1], [4, 5], [8, 9]] and r1["full"] == [[2, 3], [6, 7], [10, 11]]
     assert r0["resumed"] == r0["full"] and r1["resumed"] == r1["full"]
+
+
+def _tensor_parallel_dispatch_worker() -> dict:
+    from notebook_accel import Accelerator
+    from notebook_accel.parallelism_config import ParallelismConfig
+    from notebook_accel.utils import DataLoaderConfiguration
+
+    out = {}
+    for dispatch in (True, False):
+        GradientState._reset_state()
+        AcceleratorState._reset_state()
+        acc = Accelerator(
+            parallelism_config=ParallelismConfig(tp_size=2),
+            dataloader_config=DataLoaderConfiguration(dispatch_batches=dispatch),
+        )
+        loader = acc.prepare(DataLoader(list(range(8)), batch_size=2))
+        out[dispatch] = (type(loader).__name__, _lists(loader))
+    return out
+
+
+def test_accelerator_dispatches_whole_batches_to_a_tensor_parallel_group() -> None:
+    # Both ranks form one tensor-parallel group (one data-parallel rank): dispatched or sharded in
+    # place, each sees every batch, as the model's shards need the same input.
+    r0, r1 = run_distributed(_tensor_parallel_dispatch_worker, nprocs=2, timeout=180)
+    whole = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert r0[True] == r1[True] == ("DataLoaderDispatcher", whole)
+    assert r0[False] == r1[False] == ("DataLoaderShard", whole)

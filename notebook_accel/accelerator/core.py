@@ -455,6 +455,8 @@ class Accelerator(_TrackingMixin, _mesh.ParallelismMixin):
             data_seed=cfg.data_seed,
             non_blocking=cfg.non_blocking,
             use_stateful_dataloader=cfg.use_stateful_dataloader,
+            # The counts above shard in place; a dispatched loader splits over the mesh's dp ranks.
+            torch_device_mesh=self.torch_device_mesh,
         )
         self._dataloaders.append(prepared)
         return prepared
