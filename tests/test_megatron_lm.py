@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from types import SimpleNamespace
 
 import pytest
@@ -294,3 +296,17 @@ def test_custom_datasets_provider_is_served_and_arguments_are_checked() -> None:
         mlm.model_provider_func(add_decoder="yes")
     with pytest.raises(ValueError, match=r"needs an Accelerator\(megatron_lm_plugin="):
         mlm.initialize(SimpleNamespace(state=None))
+
+
+def test_megatron_data_parallel_group_is_used_once_its_state_is_initialized(monkeypatch) -> None:
+    group = object()
+    state = SimpleNamespace(initialized=False)
+    parallel_state = types.ModuleType("megatron.core.parallel_state")
+    parallel_state.model_parallel_is_initialized = lambda: state.initialized
+    parallel_state.get_data_parallel_group = lambda: group
+    monkeypatch.setitem(sys.modules, "megatron.core.parallel_state", parallel_state)
+    assert mlm._megatron_data_parallel_group() is None  # megatron-core missing: the default group
+    monkeypatch.setattr(mlm, "is_megatron_lm_available", lambda: True)
+    assert mlm._megatron_data_parallel_group() is None  # installed, not initialized: the default group
+    state.initialized = True
+    assert mlm._megatron_data_parallel_group() is group

@@ -129,6 +129,10 @@ def test_bert_pretraining_batch_and_loss() -> None:
     loss, report = step.loss_func(loss_mask, order, (torch.tensor([[2.0, 4.0, 6.0]]), torch.zeros(1, 2)))
     assert report["lm loss"].item() == 4.0 and report["sop loss"].item() == pytest.approx(math.log(2))
     assert loss.item() == pytest.approx(4.0 + math.log(2))
+    # Megatron marks pairs without a sentence-order target -1: they add nothing to the loss.
+    two = torch.tensor([[0.0, 0.0], [5.0, 0.0]])
+    _, report = step.loss_func(loss_mask, torch.tensor([1, -1]), (torch.tensor([[2.0, 4.0, 6.0]]), two))
+    assert report["sop loss"].item() == pytest.approx(math.log(2))
     loss, report = step.loss_func(loss_mask, order, (torch.tensor([[2.0, 4.0, 6.0]]), None))
     assert loss.item() == 4.0 and set(report) == {"lm loss"}
 
