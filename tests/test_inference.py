@@ -94,6 +94,17 @@ def test_sequential_linear_two_stages_equals_unsplit(split_points, num_chunks, g
                 assert got is None
 
 
+def test_three_stages_pass_through_the_middle_process() -> None:
+    # The middle rank neither feeds nor holds the output: it only relays (None without gathering).
+    results = notebook_launcher(
+        _linear_worker, ("auto", 2, False), num_processes=3, sinks=[], timeout=TIMEOUT
+    )
+    assert [r["points"] for r in results] == [["2", "4"]] * 3
+    assert results[0]["outputs"] == [None, None] and results[1]["outputs"] == [None, None]
+    for got, want in zip(results[2]["outputs"], results[2]["expected"]):
+        torch.testing.assert_close(got, want)
+
+
 def _stack_worker(split_points, gather_output):
     model, x = _stack()
     scale = torch.full((8, 1), 0.5)
