@@ -53,18 +53,27 @@ def test_default_skip_modules_keep_the_output_head_unquantized() -> None:
     assert planned == {"0": "cpu", "1": "cpu", "2": "disk", "3": "disk"}
 
 
+def test_four_bit_weights_are_planned_at_half_a_byte() -> None:
+    model = _model()  # 8,320 bytes in 4 bits, 16,640 in int8
+    assert get_quantized_model_device_map(model, FOUR, "sequential", max_memory={0: 9_000}) == {"": 0}
+    planned = get_quantized_model_device_map(model, EIGHT, "sequential", max_memory={0: 9_000, "cpu": 10**6})
+    assert planned == {"0": 0, "1": "cpu", "2": "cpu", "3": "cpu"}
+
+
 def test_four_bit_layers_cannot_be_offloaded_unquantized_ones_are_not_blamed() -> None:
+    # The maps match accelerate 1.15's get_quantized_model_device_map on the same model and budgets.
     model = _model()
+    with pytest.raises(
+        ValueError, match=r"4-bit model does not fit.*\['2', '3'\] would go to cpu/disk.*device_map dict"
+    ):
+        get_quantized_model_device_map(model, FOUR, "sequential", max_memory={0: 7_000, "cpu": 10**6})
     gpu = {0: 13_000, "cpu": 10**6}
-    with pytest.raises(ValueError, match=r"4-bit model does not fit.*\['2', '3'\] would go to cpu/disk"):
-        get_quantized_model_device_map(model, FOUR, "sequential", max_memory=gpu)
     skip_last = BnbQuantizationConfig(load_in_4bit=True, skip_modules=["3"], torch_dtype=torch.float16)
-    with pytest.raises(ValueError, match=r"\['1', '2'\] would go to cpu/disk.*'3': 'cpu'\}"):
+    with pytest.raises(ValueError, match=r"\['2'\] would go to cpu/disk.*'3': 'cpu'\}"):
         get_quantized_model_device_map(model, skip_last, "sequential", max_memory=gpu)
     default = BnbQuantizationConfig(load_in_4bit=True, torch_dtype=torch.float16)  # skips the head "3"
-    with pytest.raises(ValueError, match=r"\['1', '2'\] would go to cpu/disk.*'3': 'cpu'\}"):
+    with pytest.raises(ValueError, match=r"\['2'\] would go to cpu/disk.*'3': 'cpu'\}"):
         get_quantized_model_device_map(model, default, "sequential", max_memory=gpu)
-    assert get_quantized_model_device_map(model, FOUR, "sequential", max_memory={0: 17_000}) == {"": 0}
 
 
 def test_given_and_default_maps(monkeypatch) -> None:
@@ -109,7 +118,10 @@ def test_quantize_and_offload_8bit_keeps_given_statistics(tmp_path) -> None:
     model = _model()
     values = torch.randint(-127, 128, (64, 64), dtype=torch.int8)
     scales = torch.rand(64)
-    index = quantize_and_offload_8bit(model, values, "2.weight", torch.int8, tmp_path, {}, scales)
+    given: dict = {}
+    index = quantize_and_offload_8bit(model, values, "2.weight", torch.int8, tmp_path, given, scales)
+    # Accelerate's callers ignore the return value: the index they pass is filled in place.
+    assert index is given and sorted(given) == ["2.SCB", "2.weight"]
     assert torch.equal(load_offloaded_weight(tmp_path / "2.weight.dat", index["2.weight"]), values)
     assert torch.equal(load_offloaded_weight(tmp_path / "2.SCB.dat", index["2.SCB"]), scales)
 

@@ -22,6 +22,7 @@ from .configs import BnbQuantizationConfig
 from .device_map import DEVICE_MAP_STRATEGIES, infer_auto_device_map, resolve_device_map
 from .device_memory import get_balanced_memory
 from .devices import OFFLOAD_KEYS, device_key
+from .enums import CustomDtype
 from .offload import offload_weight
 from .package_checks import is_4bit_bnb_available, is_8bit_bnb_available
 from .tensors import set_module_tensor_to_device
@@ -230,9 +231,8 @@ def get_quantized_model_device_map(
 
     ``device_map=None`` puts the whole model on the current CUDA device (RuntimeError without one); a dict is
     returned as given; a strategy ("auto", "balanced", "balanced_low_0", "sequential") is planned over
-    ``max_memory`` with quantized weights counted as int8 (4-bit ones too, twice their real size: the plan
-    errs on the safe side), ``skip_modules`` (default: tied weights and the output head) in ``torch_dtype``
-    and ``keep_in_fp32_modules`` in float32. 4-bit layers cannot be offloaded, so a planned map that sends
+    ``max_memory`` with quantized weights counted as int8 (half a byte with ``load_in_4bit``), ``skip_modules``
+    (default: tied weights and the output head) in ``torch_dtype`` and ``keep_in_fp32_modules`` in float32. 4-bit layers cannot be offloaded, so a planned map that sends
     a quantized module to "cpu" or "disk" raises ValueError with ``load_in_4bit``.
     """
     config = bnb_quantization_config
@@ -257,7 +257,7 @@ def get_quantized_model_device_map(
     special_dtypes = _planning_dtypes(model, config)
     planned = resolve_device_map(
         model, device_map, max_memory=max_memory, no_split_module_classes=no_split_module_classes,
-        dtype=torch.int8, special_dtypes=special_dtypes,
+        dtype=CustomDtype.INT4 if config.load_in_4bit else torch.int8, special_dtypes=special_dtypes,
     )  # fmt: skip
     if config.load_in_4bit:
         unquantized = (config.skip_modules or []) + (config.keep_in_fp32_modules or [])
@@ -270,7 +270,8 @@ def get_quantized_model_device_map(
         if offloaded:
             raise ValueError(
                 f"the 4-bit model does not fit on the GPU(s): {offloaded} would go to cpu/disk, and 4-bit layers "
-                f"cannot be offloaded; give more max_memory, or use load_in_8bit (planned map: {planned})"
+                f"cannot be offloaded; give more max_memory, use load_in_8bit, or pass a device_map dict (offloaded modules then "
+                f"stay unquantized, in torch_dtype) (planned map: {planned})"
             )
     elif any(device_key(dev) in OFFLOAD_KEYS for dev in planned.values()):
         logger.info("8-bit model partly offloaded: offloaded layers are stored int8 and computed on the GPU")
