@@ -1,6 +1,6 @@
 """What importing the public entry points costs on top of torch, from ``python -X importtime``.
 
-    .venv/bin/python benchmarks/bench_import.py [--runs 5]
+    .venv/bin/python benchmarks/bench_import.py [--runs 5] [--baseline REV]
 
 Each statement runs ``--runs`` times in a fresh interpreter as
 ``python -X importtime -c "import torch; <statement>"``. torch is imported first so that its own
@@ -9,7 +9,9 @@ sum of the cumulative times of every other top-level import, i.e. what the state
 torch (our modules, safetensors, and whatever heavy library they drag in). The median of the runs is
 reported, with the modules that should not be on the path (the process state, sympy, FSDP) when the
 statement loaded them. Runs of all statements are interleaved so that other load hits them alike;
-note the load average printed at the top and bottom.
+note the load average printed at the top and bottom. ``--baseline REV`` also measures the package as
+it was at git revision REV (exported to a temporary folder put first on ``PYTHONPATH``), run for run
+interleaved with the working tree's, and prints the ratio.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 STATEMENTS = (
     "import notebook_accel",
@@ -34,11 +39,22 @@ STATEMENTS = (
 WATCHED = ("notebook_accel.state", "sympy", "torch.distributed.fsdp")
 
 
-def _run(statement: str) -> tuple[float, list[str]]:
-    """Return (milliseconds added on top of torch, watched modules loaded) for one fresh interpreter."""
+def _run(statement: str, source: str | None = None) -> tuple[float, list[str]]:
+    """Return (milliseconds added on top of torch, watched modules loaded) for one fresh interpreter.
+
+    ``source``: a folder holding another ``notebook_accel`` that shadows the installed one.
+    """
     code = f"import torch\n{statement}\nimport sys\nprint([m for m in {WATCHED!r} if m in sys.modules])"
+    env = dict(os.environ)
+    if source is not None:  # PYTHONPATH comes before the editable install's finder
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
     out = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, check=True
+        [sys.executable, "-X", "importtime", "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd="/",  # not the checkout: '' on sys.path would find its notebook_accel first
     )
     total_us = 0
     for line in out.stderr.splitlines():
@@ -51,23 +67,50 @@ def _run(statement: str) -> tuple[float, list[str]]:
     return total_us / 1000, eval(out.stdout.strip().splitlines()[-1])  # noqa: S307 - our own print
 
 
+def _export(revision: str, folder: str) -> None:
+    """Write the ``notebook_accel`` package as it was at git ``revision`` into ``folder``."""
+    archive = subprocess.run(
+        ["git", "-C", ROOT, "archive", revision, "notebook_accel"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+
+
+def _measure(runs: int, baseline: str | None) -> tuple[dict, dict, dict]:
+    """Return per-statement times for the working tree and the baseline, and what each loaded."""
+    ours: dict[str, list[float]] = {s: [] for s in STATEMENTS}
+    theirs: dict[str, list[float]] = {s: [] for s in STATEMENTS}
+    loaded: dict[tuple[str, str], list[str]] = {}
+    for _ in range(runs):
+        for statement in STATEMENTS:
+            ms, loaded[("ours", statement)] = _run(statement)
+            ours[statement].append(ms)
+            if baseline is not None:
+                ms, loaded[("baseline", statement)] = _run(statement, baseline)
+                theirs[statement].append(ms)
+    return ours, theirs, loaded
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--baseline", default=None, help="git revision to compare with (e.g. a commit id)")
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()}")
-    times: dict[str, list[float]] = {s: [] for s in STATEMENTS}
-    watched: dict[str, list[str]] = {}
-    for _ in range(args.runs):
-        for statement in STATEMENTS:
-            ms, loaded = _run(statement)
-            times[statement].append(ms)
-            watched[statement] = loaded
+    with tempfile.TemporaryDirectory() as folder:
+        if args.baseline is not None:
+            _export(args.baseline, folder)
+        ours, theirs, loaded = _measure(args.runs, folder if args.baseline else None)
     for statement in STATEMENTS:
-        median = statistics.median(times[statement])
-        print(
-            f"{median:8.1f} ms on top of torch  {statement}  (loads {', '.join(watched[statement]) or '-'})"
-        )
+        median = statistics.median(ours[statement])
+        line = f"{median:8.1f} ms  {statement}  (loads {', '.join(loaded['ours', statement]) or '-'})"
+        if args.baseline is not None:
+            before = statistics.median(theirs[statement])
+            heavy = ", ".join(loaded["baseline", statement]) or "-"
+            line += (
+                f"\n{before:8.1f} ms    at {args.baseline} (loads {heavy}); now/then = {median / before:.2f}"
+            )
+        print(line)
+    print("(medians of the time each statement adds on top of torch)")
     print(f"load average after: {os.getloadavg()}")
 
 
