@@ -120,6 +120,16 @@ def test_training_args_plugin_steps_win_and_dummy_loader_gives_batch_and_data() 
     assert (args["optimizer"], args["sgd_momentum"]) == ("sgd", 0.9)
 
 
+def test_training_args_read_the_guide_spelling_of_the_dummy_scheduler() -> None:
+    # Accelerate's Megatron-LM guide writes MegatronLMDummyScheduler(optimizer=..., num_warmup_steps=..., num_training_steps=...).
+    optimizer = _optimizer()
+    scheduler = MegatronLMDummyScheduler(optimizer=optimizer, num_warmup_steps=5, num_training_steps=50)
+    args = megatron_training_args(
+        MegatronLMPlugin(), (optimizer, scheduler, DataLoader([1], batch_size=1)), 1
+    )
+    assert (args["train_iters"], args["lr_warmup_iters"]) == (50, 5)
+
+
 def test_training_args_errors_name_the_problem() -> None:
     loader = DataLoader(list(range(4)), batch_size=2)
     with pytest.raises(ValueError, match=r"3 processes cannot hold tp_degree=2 x pp_degree=1"):

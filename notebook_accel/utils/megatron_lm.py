@@ -263,14 +263,28 @@ def megatron_training_args(plugin: Any, objects: tuple, num_processes: int) -> d
             args.update(obj.dataset_args)
             args["megatron_dataset_flag"] = True
         elif isinstance(obj, MegatronLMDummyScheduler):
-            args["train_iters"] = plugin.train_iters or obj.total_num_steps
-            args["lr_warmup_iters"] = plugin.lr_warmup_iters or obj.warmup_num_steps
+            total, warmup = _scheduler_steps(obj)
+            args["train_iters"] = plugin.train_iters or total
+            args["lr_warmup_iters"] = plugin.lr_warmup_iters or warmup
         elif isinstance(obj, torch.optim.Optimizer):
             args.update(_optimizer_args(obj))
     for name in ("lr_decay_style", "min_lr", "weight_decay_incr_style", "lr_decay_iters"):
         if getattr(plugin, name, None) is not None:
             args.setdefault(name, getattr(plugin, name))
     return args
+
+
+def _scheduler_steps(scheduler: MegatronLMDummyScheduler) -> tuple[int | None, int]:
+    """Return the dummy scheduler's total and warm-up steps.
+
+    Accelerate's Megatron-LM guide spells them ``num_training_steps`` / ``num_warmup_steps`` (they land in
+    ``kwargs``); those count when ``total_num_steps`` / ``warmup_num_steps`` are left at their defaults.
+    """
+    total = scheduler.total_num_steps
+    if total is None:
+        total = scheduler.kwargs.get("num_training_steps")
+    warmup = scheduler.warmup_num_steps or scheduler.kwargs.get("num_warmup_steps", 0)
+    return total, warmup
 
 
 def _optimizer_args(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
