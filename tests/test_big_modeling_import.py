@@ -83,6 +83,8 @@ def test_using_the_big_model_api_loads_no_state_plugins_or_fsdp() -> None:
         "from notebook_accel.utils import (compute_module_sizes, get_balanced_memory, check_device_map,"
         " load_checkpoint_in_model, find_tied_parameters, set_module_tensor_to_device, clean_device_map,"
         " offload_state_dict, has_offloaded_params)",
+        # The structure helpers the hooks use are named at their state-free home, not utils.operations.
+        "from notebook_accel.utils import send_to_device, find_device, recursively_apply, find_batch_size",
     ],
 )
 def test_importing_hooks_and_modeling_names_loads_no_state(statement: str) -> None:

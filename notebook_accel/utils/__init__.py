@@ -140,20 +140,28 @@ _add(
     "is_transformer_engine_available",
     "is_msamp_available",
 )
-# data operations
+# data operations: the collectives read the process state (utils.operations imports it); the
+# structure helpers are named at their state-free home, so that e.g. send_to_device costs no state.
 _add(
     ".operations",
     "broadcast",
     "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "pad_across_processes",
+    "reduce",
+    "DistributedOperationException",
+    "CannotPadNestedTensorWarning",
+    "GatheredParameters",
+    "copy_tensor_to_devices",
+)
+_add(
+    "._ops_structure",
     "concatenate",
     "convert_outputs_to_fp32",
     "convert_to_fp32",
-    "gather",
-    "gather_object",
     "listify",
-    "pad_across_processes",
     "recursively_apply",
-    "reduce",
     "send_to_device",
     "slice_tensors",
     "find_batch_size",
@@ -162,7 +170,11 @@ _add(
     "initialize_tensors",
     "get_data_structure",
     "ignorant_find_batch_size",
-    "DistributedOperationException",
+    "TensorInformation",
+    "is_torch_tensor",
+    "find_device",
+    "is_namedtuple",
+    "pad_input_tensors",
 )
 # memory
 _add(
@@ -240,7 +252,6 @@ _add(
     "is_xccl_available",
     "torchao_required",
 )
-_add(".operations", "TensorInformation", "is_torch_tensor")
 _add(
     ".package_checks",
     "is_4bit_bnb_available",
@@ -273,15 +284,6 @@ _add(
 )
 _add(".versions", "compare_versions")
 _add(".grad_scaler", "get_grad_scaler")
-_add(
-    ".operations",
-    "CannotPadNestedTensorWarning",
-    "GatheredParameters",
-    "copy_tensor_to_devices",
-    "find_device",
-    "is_namedtuple",
-    "pad_input_tensors",
-)
 _add(".other", "is_peft_model")
 _add(".allocation", "check_tied_parameters_in_config")
 _add(".tqdm", "tqdm")
