@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
+import torch
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe, SplitPoint, pipeline
-from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunks
 
 from .state import PartialState
 from .utils import (
@@ -54,7 +54,22 @@ __all__ = [
     "send_to_device",
 ]
 
+if TYPE_CHECKING:
+    from torch.distributed.pipelining import PipelineStage
+
 logger = logging.getLogger(__name__)
+
+
+def _pipelining() -> Any:
+    """Return ``torch.distributed.pipelining``, or raise naming the torch it needs (the package needs torch 2.1)."""
+    if not is_pippy_available():
+        raise ImportError(
+            f"prepare_pippy runs on torch.distributed.pipelining, which torch {torch.__version__} lacks. "
+            "Install torch 2.4 or newer: pip install 'torch>=2.4'."
+        )
+    # The submodule is loaded too: build_pipeline reads microbatch.split_args_kwargs_into_chunks.
+    importlib.import_module("torch.distributed.pipelining.microbatch")
+    return importlib.import_module("torch.distributed.pipelining")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,7 +207,8 @@ def build_pipeline(
     this process's device.
     """
     state = PartialState()
-    mb_args, mb_kwargs = split_args_kwargs_into_chunks(tuple(args or ()), dict(kwargs or {}), num_chunks)
+    split = _pipelining().microbatch.split_args_kwargs_into_chunks
+    mb_args, mb_kwargs = split(tuple(args or ()), dict(kwargs or {}), num_chunks)
     pipe = _trace(model, split_points, mb_args[0], mb_kwargs[0])
     if pipe.num_stages != state.num_processes:
         raise ValueError(
@@ -215,11 +231,12 @@ def _trace(model: nn.Module, split_points: list[str], mb_args: tuple, mb_kwargs:
     modules = dict(model.named_modules())
     saved = {point: modules[point].__dict__.get("forward") for point in split_points}
     try:
-        return pipeline(
+        pipelining = _pipelining()
+        return pipelining.pipeline(
             model,
             mb_args=mb_args,
             mb_kwargs=mb_kwargs,
-            split_spec={point: SplitPoint.BEGINNING for point in split_points},
+            split_spec={point: pipelining.SplitPoint.BEGINNING for point in split_points},
         )
     finally:
         for point, forward in saved.items():
@@ -323,7 +340,7 @@ def prepare_pippy(
             f"{state.num_processes - 1} split point(s), or launch {len(split_points) + 1} processes."
         )
     stage = build_pipeline(model, split_points, example_args, example_kwargs, num_chunks)
-    schedule = ScheduleGPipe(stage, num_chunks)
+    schedule = _pipelining().ScheduleGPipe(stage, num_chunks)
     original_forward = model.forward
 
     @functools.wraps(original_forward)

@@ -308,3 +308,13 @@ def test_pippy_forward_in_one_process_checks_chunks_and_runs_forward() -> None:
     assert out == "done" and seen[0][0][0].shape == (4, 1) and "flag" in seen[0][1]
     with pytest.raises(ValueError, match=r"pippy_forward: a batch of 3 cannot be cut into num_chunks=2"):
         pippy_forward(lambda *a: None, 2, False, torch.ones(3, 1))
+
+
+def test_a_torch_without_pipelining_is_told_which_torch_to_install(monkeypatch) -> None:
+    import notebook_accel.inference as inference
+
+    monkeypatch.setattr(inference, "is_pippy_available", lambda: False)
+    with pytest.raises(
+        ImportError, match=r"torch\.distributed\.pipelining, which torch .* lacks.*torch>=2.4"
+    ):
+        inference._pipelining()
