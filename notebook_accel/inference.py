@@ -61,7 +61,7 @@ logger = logging.getLogger(__name__)
 
 
 def _pipelining() -> Any:
-    """Return ``torch.distributed.pipelining``, or raise naming the torch it needs (the package needs torch 2.1)."""
+    """Return ``torch.distributed.pipelining``, or raise naming the torch it needs (notebook_accel itself allows torch 2.1)."""
     if not is_pippy_available():
         raise ImportError(
             f"prepare_pippy runs on torch.distributed.pipelining, which torch {torch.__version__} lacks. "

@@ -210,7 +210,7 @@ def _late_input_worker():
     return True
 
 
-def test_an_input_first_read_by_a_later_stage_is_refused_before_it_hangs() -> None:
+def test_an_input_first_read_by_a_later_stage_is_refused_when_prepared() -> None:
     assert notebook_launcher(_late_input_worker, num_processes=2, sinks=[], timeout=TIMEOUT) == [True, True]
 
 
