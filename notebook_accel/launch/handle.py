@@ -20,7 +20,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .doctor import HangWatch, RankStack, StackCollector, describe_stacks, hang_message
@@ -68,15 +68,17 @@ class RankStatus:
     """Bytes of CUDA memory reserved by the caching allocator."""
     cuda_peak: int | None = None
     """Peak of ``cuda_allocated`` (torch.cuda.max_memory_allocated)."""
+    attempt: int = 1
+    """Which try of the launch this rank belongs to: 2 and up after restarts (``max_restarts``)."""
 
 
 class _Rank:
     """Parent-side bookkeeping of one worker."""
 
-    def __init__(self, rank: int, local_rank: int) -> None:
+    def __init__(self, rank: int, local_rank: int, attempt: int = 1) -> None:
         self.rank, self.local_rank = rank, local_rank
         self.proc: WorkerProcess | None = None
-        self.status = RankStatus(rank, None, "starting", time.time())
+        self.status = RankStatus(rank, None, "starting", time.time(), attempt=attempt)
         self.fds: dict[int, str] = {}  # open parent-side read ends -> "stdout" | "stderr" | "result"
         self.splitters: dict[str, LineSplitter] = {}
         self.decoder = FrameDecoder()
@@ -106,8 +108,12 @@ class LaunchHandle:
         live_bar_ranks: set[int] | None = None,
         hang_timeout: float = float("inf"),
         on_hang: str = "report",
+        attempt: int = 1,
+        started: float | None = None,
     ) -> None:
         self.plan = plan
+        self.attempt = attempt
+        """Which try of a launch with restarts this group is (1 without ``max_restarts``)."""
         self.run_id = run_id
         self.log_files = log_files or {}
         """``{rank: {"stdout": path, "stderr": path}}`` when ``log_dir`` was given."""
@@ -127,10 +133,11 @@ class LaunchHandle:
         self._stop_reason = ""
         self._user_stopped = False
         self._sent_signals: set[int] = set()
-        self._started = time.monotonic()
+        # ``timeout`` counts from here: a restarted group passes the launch's first start.
+        self._started = time.monotonic() if started is None else started
         self._timed_out = False
         base = plan.node_rank * plan.num_processes
-        self._ranks = [_Rank(base + i, i) for i in range(plan.num_processes)]
+        self._ranks = [_Rank(base + i, i, attempt) for i in range(plan.num_processes)]
         self._thread: threading.Thread | None = None
         self._bar_events = bar_events
         self._events = EventHub(live_bar_ranks)
@@ -357,6 +364,8 @@ class LaunchHandle:
     # ------------------------------------------------------------------ supervising thread
 
     def _emit(self, line: OutputLine) -> None:
+        if line.attempt != self.attempt:
+            line = replace(line, attempt=self.attempt)
         with self._lock:
             self._history.append(line)
             rank = self._ranks[line.rank - self._ranks[0].rank]

@@ -36,6 +36,8 @@ class OutputLine:
     text: str
     time: float
     """``time.time()`` when the parent read the line."""
+    attempt: int = 1
+    """Which try of the launch wrote it: 2 and up after restarts (``max_restarts``)."""
 
 
 class LineSplitter:
@@ -68,22 +70,24 @@ class LineSplitter:
             self._emit(OutputLine(self.rank, self.stream, rest, time.time()))
 
 
-def format_prefix(template: str | None, rank: int, local_rank: int, role_name: str = "default") -> str:
-    """Return the line prefix for ``rank``: ``"[rank N] "`` or ``template`` filled in.
+def format_prefix(
+    template: str | None, rank: int, local_rank: int, role_name: str = "default", attempt: int = 1
+) -> str:
+    """Return the line prefix for ``rank``: ``"[rank N] "`` (``"[rank N, attempt A] "`` after a restart) or ``template`` filled in.
 
     Both torchrun's ``${rank}`` placeholders and ``{rank}`` format fields are accepted
-    (``rank``, ``local_rank``, ``role_name``).
+    (``rank``, ``local_rank``, ``role_name``, ``attempt``).
     """
     if template is None:
-        return f"[rank {rank}] "
-    values = {"rank": rank, "local_rank": local_rank, "role_name": role_name}
+        return f"[rank {rank}] " if attempt == 1 else f"[rank {rank}, attempt {attempt}] "
+    values = {"rank": rank, "local_rank": local_rank, "role_name": role_name, "attempt": attempt}
     text = string.Template(template).safe_substitute(values)
     try:
         return text.format(**values)
     except (KeyError, IndexError, ValueError) as exc:
         raise ValueError(
             f"log_line_prefix_template={template!r} cannot be formatted ({exc!r}); "
-            "use the fields {rank}, {local_rank} and {role_name}"
+            "use the fields {rank}, {local_rank}, {role_name} and {attempt}"
         ) from None
 
 
@@ -104,13 +108,15 @@ class PrintSink:
         self._template = prefix_template
         self._n = max(1, num_processes)
         self._node_rank = node_rank
-        self._prefixes: dict[int, str] = {}
+        self._prefixes: dict[tuple[int, int], str] = {}
 
-    def _prefix(self, rank: int) -> str:
-        prefix = self._prefixes.get(rank)
+    def _prefix(self, rank: int, attempt: int = 1) -> str:
+        prefix = self._prefixes.get((rank, attempt))
         if prefix is None:
             local = rank - self._node_rank * self._n
-            prefix = self._prefixes[rank] = format_prefix(self._template, rank, local)
+            prefix = self._prefixes[(rank, attempt)] = format_prefix(
+                self._template, rank, local, attempt=attempt
+            )
         return prefix
 
     def announce(self, text: str) -> None:
@@ -123,7 +129,7 @@ class PrintSink:
     def write(self, line: OutputLine) -> None:
         """Print ``line`` now, from the calling thread."""
         stream = self.stderr if line.stream == "stderr" else self.stdout
-        self._write(stream, f"{self._prefix(line.rank)}{line.text}\n")
+        self._write(stream, f"{self._prefix(line.rank, line.attempt)}{line.text}\n")
 
     @staticmethod
     def _write(stream: IO[str], text: str) -> None:
@@ -135,11 +141,16 @@ class PrintSink:
 
 
 class LogDirSink:
-    """Write each rank's streams to ``<log_dir>/<run_id>/rank_<N>/{stdout,stderr}.log``."""
+    """Write each rank's streams to ``<log_dir>/<run_id>/rank_<N>/{stdout,stderr}.log``.
+
+    After a restart (``max_restarts``) the same files go on, each new attempt's lines after a
+    ``----- attempt A -----`` line, so one file tells the rank's whole story in order.
+    """
 
     def __init__(self, log_dir: str | Path, run_id: str, ranks: range) -> None:
         self.run_dir = Path(log_dir) / run_id
         self._files: dict[tuple[int, str], IO[str]] = {}
+        self._attempts: dict[tuple[int, str], int] = {}  # the attempt whose lines each file holds last
         for rank in ranks:
             folder = self.run_dir / f"rank_{rank}"
             folder.mkdir(parents=True, exist_ok=True)
@@ -156,8 +167,12 @@ class LogDirSink:
             f.write(text + "\n")
 
     def __call__(self, line: OutputLine) -> None:
-        f = self._files.get((line.rank, line.stream))
+        key = (line.rank, line.stream)
+        f = self._files.get(key)
         if f is not None and not f.closed:
+            if self._attempts.get(key, 1) != line.attempt:
+                self._attempts[key] = line.attempt
+                f.write(f"----- attempt {line.attempt} -----\n")
             f.write(line.text + "\n")
             f.flush()
 
