@@ -17,7 +17,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .launch.cell_bars import CellBars
@@ -27,7 +27,7 @@ from .launch.output import LogDirSink, OutputLine, PrintSink
 from .launch.plan import LaunchPlan, check_cuda_not_initialised, resolve_plan
 from .launch.ports import DEFAULT_PORT, host_store
 from .launch.request import LaunchRequest
-from .launch.restarts import run_with_restarts
+from .launch.restarts import RestartingHandle
 from .launch.xla import launch_xla
 from .state import AcceleratorState, PartialState
 from .utils.constants import ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION
@@ -104,7 +104,7 @@ def _announce(sinks: Sequence[Callable[[OutputLine], None]], text: str) -> None:
             announce(text)
 
 
-def _show_panel(handle: LaunchHandle) -> None:
+def _show_panel(handle: LaunchHandle | RestartingHandle) -> None:
     try:
         from notebook_accel.widgets import LaunchPanel  # the one lazy import of the widgets (panel=True)
     except ImportError as exc:
@@ -141,7 +141,7 @@ def notebook_launcher(
     progress_bars: str = "auto",
     hang_timeout: float | None = None,
     on_hang: str = "report",
-) -> list[Any] | LaunchHandle:
+) -> list[Any] | LaunchHandle | RestartingHandle:
     """Return each rank's return value (a list indexed by rank) after running ``function(*args)`` on every process.
 
     Args:
@@ -159,9 +159,9 @@ def notebook_launcher(
         rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id: elastic rendezvous settings of
             ``num_nodes > 1`` (as in torchrun); set on a single node they raise ValueError
             (``rdzv_id`` names the run's log folder there).
-        max_restarts, monitor_interval: after a rank fails, restart the whole group up to
-            ``max_restarts`` times, ``monitor_interval`` seconds after the failure (on one machine
-            as through torch elastic; each restart is announced; needs ``block=True`` there).
+        max_restarts, monitor_interval: after a rank fails, restart the group up to ``max_restarts``
+            times, ``monitor_interval`` s later (a stop, ^C or the timeout never restarts); each restart
+            is announced; the handle is a ``RestartingHandle`` (``attempt``, ``restarts``, ``attempts``).
         log_line_prefix_template: prefix of each output line, e.g. "[{rank}]: " (``${rank}``,
             ``{local_rank}``, ``{role_name}`` work too); default "[rank N] ".
         block: False returns a ``LaunchHandle`` at once (status, live output, stacks, wait/result/stop).
@@ -172,7 +172,7 @@ def notebook_launcher(
         sinks: callables receiving every ``OutputLine``; None prints in the cell with a rank prefix
             (nothing with ``panel=True``), [] prints nothing; a list is used as given, panel or not.
         timeout: seconds after which the workers are stopped and LaunchError (with where each rank
-            was) is raised.
+            was) is raised (with ``max_restarts``: counted over the whole run).
         progress_bars: "main": live bars of the main process's tqdm bars (panel or cell), "all": of
             every rank, "text": tqdm's own text; "auto": "main" in a kernel or panel, else "text".
         hang_timeout: seconds a rank may sit in a collective while another rank is elsewhere before
@@ -197,7 +197,7 @@ def notebook_launcher(
     return _launch(request)
 
 
-def _launch(request: LaunchRequest) -> list[Any] | LaunchHandle:
+def _launch(request: LaunchRequest) -> list[Any] | LaunchHandle | RestartingHandle:
     """Return the values (or the handle) of the launch ``request`` describes, on the path it needs."""
     plan = resolve_plan(
         request.num_processes, request.mixed_precision, request.use_port, request.master_addr,
@@ -233,18 +233,7 @@ def _launch(request: LaunchRequest) -> list[Any] | LaunchHandle:
         plan = _with_workers(plan)
     if request.max_restarts == 0:
         return _launch_workers(request, plan)
-    if not request.block:
-        raise ValueError(
-            f"max_restarts={request.max_restarts} needs block=True (each restart is a new group of "
-            "processes; a handle follows one group): use block=True, or max_restarts=0 with block=False"
-        )
-    sinks = _build_sinks(plan, request)
-    return run_with_restarts(
-        lambda restart: _launch_workers(request, plan),
-        request.max_restarts,
-        request.monitor_interval,
-        lambda text: _announce(sinks, text),
-    )
+    return _launch_with_restarts(request, plan)
 
 
 def _run_in_caller(request: LaunchRequest) -> Any:
@@ -257,41 +246,109 @@ def _run_in_caller(request: LaunchRequest) -> Any:
         raise
 
 
-def _launch_workers(request: LaunchRequest, plan: LaunchPlan) -> list[Any] | LaunchHandle:
-    plan, stores = _host_stores(plan, explicit_port=str(request.use_port) != DEFAULT_PORT)
-    run_id = _run_id(request.rdzv_id)
-    out_sinks = _build_sinks(plan, request)
-    log_sink = None
-    log_files: dict[int, dict[str, str]] = {}
+@dataclass
+class _RunOutput:
+    """Where a launch's lines go, for all of its groups (one more after each restart)."""
+
+    run_id: str
+    sinks: list[Callable[[OutputLine], None]]
+    log_sink: LogDirSink | None = None
+    log_files: dict[int, dict[str, str]] = field(default_factory=dict)
+
+    def close(self) -> None:
+        if self.log_sink is not None:
+            self.log_sink.close()
+
+
+def _open_output(request: LaunchRequest, plan: LaunchPlan) -> _RunOutput:
+    """Return the launch's sinks (and log files), the plan announced to them."""
+    output = _RunOutput(_run_id(request.rdzv_id), _build_sinks(plan, request))
     if request.log_dir is not None:
         base = plan.node_rank * plan.num_processes
-        log_sink = LogDirSink(request.log_dir, run_id, range(base, base + plan.num_processes))
-        out_sinks.append(log_sink)
-        log_files = {
-            r: {s: str(log_sink.path(r, s)) for s in ("stdout", "stderr")}
-            for r in range(base, base + plan.num_processes)
+        ranks = range(base, base + plan.num_processes)
+        output.log_sink = LogDirSink(request.log_dir, output.run_id, ranks)
+        output.sinks.append(output.log_sink)
+        output.log_files = {
+            r: {s: str(output.log_sink.path(r, s)) for s in ("stdout", "stderr")} for r in ranks
         }
-    _announce(out_sinks, plan.describe())
+    _announce(output.sinks, plan.describe())
+    return output
+
+
+def _new_handle(
+    request: LaunchRequest,
+    plan: LaunchPlan,
+    output: _RunOutput,
+    *,
+    attempt: int = 1,
+    started: float | None = None,
+    on_finish: Callable[[], None] | None = None,
+) -> tuple[LaunchHandle, Callable[[], None]]:
+    """Return a group's handle (not started) over freshly hosted stores, and the function releasing them."""
+    plan, stores = _host_stores(plan, explicit_port=str(request.use_port) != DEFAULT_PORT)
 
     def release() -> None:
         # Last references to the stores: their servers stop and the ports are free again.
         stores.clear()
-        if log_sink is not None:
-            log_sink.close()
+        if on_finish is not None:
+            on_finish()
 
     bar_events, live_bar_ranks = _resolve_bars(request.progress_bars, request.panel)
     handle = LaunchHandle(
-        plan, request.function, request.args, sinks=out_sinks, timeout=request.timeout, run_id=run_id,
-        log_files=log_files, on_finish=release, bar_events=bar_events, live_bar_ranks=live_bar_ranks,
-        hang_timeout=request.effective_hang_timeout, on_hang=request.on_hang,
+        plan, request.function, request.args, sinks=output.sinks, timeout=request.timeout,
+        run_id=output.run_id, log_files=output.log_files, on_finish=release, bar_events=bar_events,
+        live_bar_ranks=live_bar_ranks, hang_timeout=request.effective_hang_timeout,
+        on_hang=request.on_hang, attempt=attempt, started=started,
     )  # fmt: skip
-    if bar_events and not request.panel and _in_kernel():
+    return handle, release
+
+
+def _wants_cell_bars(request: LaunchRequest) -> bool:
+    return _resolve_bars(request.progress_bars, request.panel)[0] and not request.panel and _in_kernel()
+
+
+def _launch_workers(request: LaunchRequest, plan: LaunchPlan) -> list[Any] | LaunchHandle:
+    output = _open_output(request, plan)
+    try:
+        handle, release = _new_handle(request, plan, output, on_finish=output.close)
+    except BaseException:
+        output.close()
+        raise
+    if _wants_cell_bars(request):
         CellBars(handle)  # the bars live in the calling cell, above the printed lines that follow
     try:
         handle._start(threaded=not request.block)
     except BaseException:
         release()
         raise
+    return _serve(request, handle)
+
+
+def _launch_with_restarts(request: LaunchRequest, plan: LaunchPlan) -> list[Any] | RestartingHandle:
+    """Return the values (or the handle) of a launch whose group restarts after a failure."""
+    output = _open_output(request, plan)
+
+    def start_attempt(attempt: int, started: float) -> LaunchHandle:
+        handle, release = _new_handle(request, plan, output, attempt=attempt, started=started)
+        try:
+            handle._start(threaded=False)  # supervised by the RestartingHandle's thread (or the caller)
+        except BaseException:
+            release()
+            raise
+        return handle
+
+    handle = RestartingHandle(
+        start_attempt, request.max_restarts, request.monitor_interval, timeout=request.timeout,
+        sinks=output.sinks, on_finish=output.close,
+    )  # fmt: skip
+    handle._start(threaded=not request.block)  # a first group that cannot start raises here
+    if _wants_cell_bars(request):
+        CellBars(handle)
+    return _serve(request, handle)
+
+
+def _serve(request: LaunchRequest, handle: LaunchHandle | RestartingHandle) -> list[Any] | Any:
+    """Return the handle (``block=False``) or, once the launch ended, its values; show the panel first."""
     if request.panel:
         try:
             _show_panel(handle)

@@ -50,6 +50,11 @@ class LaunchPanel(_Panel):
     chart per metric logged through ``NotebookTracker`` (``chart_data()``), redrawn at most once a
     second. The status rows show each rank's CPU %, resident and peak memory (and CUDA memory
     when a rank uses CUDA), as ``handle.status()`` reports them.
+
+    With a handle that restarts (``notebook_launcher(..., max_restarts=k)``), the header shows
+    ``attempt_text()`` ("attempt 2/3") and the panel lists ``restart_lines()``, one per earlier try
+    that failed (its root cause, exit code and time); lines of a later try are shown as
+    ``[rank N, attempt A]``.
     """
 
     def __init__(self, handle: Any, max_lines: int = 10_000, interval: float = 0.2) -> None:
@@ -156,6 +161,7 @@ class LaunchPanel(_Panel):
                     "cuda_allocated": getattr(s, "cuda_allocated", None),
                     "cuda_reserved": getattr(s, "cuda_reserved", None),
                     "last_line": s.last_line,
+                    "attempt": getattr(s, "attempt", 1),
                 }
             )
         return out
@@ -190,12 +196,19 @@ class LaunchPanel(_Panel):
         needle = self._filter.lower()
         with self._lock:
             lines = list(self.all_lines)
-        prefix = "[rank {}{}] "
-        return [
-            prefix.format(line.rank, "!" if line.stream == "stderr" else "") + line.text
-            for line in lines
-            if not needle or needle in line.text.lower()
-        ]
+        return [_line_prefix(line) + line.text for line in lines if not needle or needle in line.text.lower()]
+
+    def attempt_text(self) -> str:
+        """Return ``"attempt A/N"`` for a launch with restarts (", restarting" while waiting for the next try), else ""."""
+        max_restarts = getattr(self.handle, "max_restarts", 0)
+        if not max_restarts:
+            return ""
+        text = f"attempt {self.handle.attempt}/{max_restarts + 1}"
+        return text + (", restarting" if getattr(self.handle, "restarting", False) else "")
+
+    def restart_lines(self) -> list[str]:
+        """Return one line per earlier try that did not succeed: its number, time, root cause and exit code."""
+        return [a.line() for a in getattr(self.handle, "attempts", []) if a.state != "succeeded"]
 
     def error_text(self) -> str:
         """Return the root cause (rank, pid, type, message and traceback) of a failed launch, else ""."""
@@ -228,6 +241,16 @@ class LaunchPanel(_Panel):
             for rank, stack in sorted(self.stacks.items())
         ]
         return f"<div style='overflow:auto'><table><tr>{''.join(cells)}</tr></table></div>"
+
+    def _restarts_html(self) -> str:
+        lines = self.restart_lines()
+        if not lines:
+            return ""
+        return (
+            "<div style='background:#fcf8e3;border:1px solid #f0ad4e;padding:4px'>"
+            f"<b>{html.escape(self.attempt_text())}</b>"
+            f"<pre style='margin:0;white-space:pre-wrap'>{html.escape(chr(10).join(lines))}</pre></div>"
+        )
 
     def _hang_html(self) -> str:
         text = self.hang_text()
@@ -310,9 +333,11 @@ class LaunchPanel(_Panel):
 
     def _html(self) -> str:
         state = self.state
+        attempt = html.escape(self.attempt_text())
         return (
             f"<b>LaunchPanel</b> {self.handle.num_processes if hasattr(self.handle, 'num_processes') else len(self.ranks)}"
-            f" process(es) {_badge(state, _STATE_STYLE.get(state, ''))}<br>"
+            f" process(es) {_badge(state, _STATE_STYLE.get(state, ''))} {attempt}<br>"
+            + self._restarts_html()
             + self._status_html()
             + self._bars_html()
             + self._chart_html()
@@ -327,7 +352,9 @@ class LaunchPanel(_Panel):
         cuda = self._uses_cuda(rows)
         bars = "".join(f"\n[rank {b.rank}] {b.text}" for b in self.bars())
         table = _text_table(self._headers(rows), [self._row_cells(r, cuda) for r in rows])
-        return f"LaunchPanel({self.state})\n{table}{bars}"
+        attempt = f", {self.attempt_text()}" if self.attempt_text() else ""
+        restarts = "".join(f"\n{line}" for line in self.restart_lines())
+        return f"LaunchPanel({self.state}{attempt}){restarts}\n{table}{bars}"
 
     def _build_widget(self) -> Any:
         w = _import_ipywidgets()
@@ -340,6 +367,7 @@ class LaunchPanel(_Panel):
         self._w_stacks_button.on_click(lambda _b: self.show_stacks())
         self._w_stacks = w.HTML()
         self._w_hang = w.HTML()
+        self._w_restarts = w.HTML()
         self._w_status = w.HTML()
         self._w_bars = _BarRows(w)
         self._w_chart = w.Image(format="png", layout=w.Layout(display="none", max_width="100%"))
@@ -357,6 +385,7 @@ class LaunchPanel(_Panel):
         return w.VBox(
             [
                 w.HBox([self._w_state, self._w_stop, self._w_stacks_button]),
+                self._w_restarts,
                 self._w_status,
                 self._w_hang,
                 self._w_stacks,
@@ -368,7 +397,8 @@ class LaunchPanel(_Panel):
         )
 
     def _set_controls(self, state: str, done: bool) -> None:
-        self._w_state.description = state
+        attempt = self.attempt_text()
+        self._w_state.description = f"{state} ({attempt})" if attempt else state
         self._w_state.button_style = _STATE_STYLE.get(state, "")
         self._w_stop.disabled = done
         self._w_stacks_button.disabled = done
@@ -394,6 +424,7 @@ class LaunchPanel(_Panel):
         self._refresh_chart(done)
         self._w_error.value = self._error_html()
         self._w_hang.value = self._hang_html()
+        self._w_restarts.value = self._restarts_html()
         self._w_stacks.value = self._stacks_html()
         for rank, out in self._w_rank_out.items():
             out.value = self._pre(self.lines(rank))
@@ -412,3 +443,10 @@ class LaunchPanel(_Panel):
     def _update_view(self) -> None:
         if not self.closed:
             self.refresh()
+
+
+def _line_prefix(line: Any) -> str:
+    """Return ``[rank N] `` (``!`` after N for stderr), with ``, attempt A`` for a line of a restarted try."""
+    bang = "!" if line.stream == "stderr" else ""
+    attempt = getattr(line, "attempt", 1)
+    return f"[rank {line.rank}{bang}] " if attempt == 1 else f"[rank {line.rank}{bang}, attempt {attempt}] "

@@ -8,8 +8,10 @@ from .errors import LaunchError, RankFailure
 from .handle import LaunchHandle, RankStatus
 from .output import LogDirSink, OutputLine, PrintSink
 from .plan import LaunchPlan, resolve_plan
+from .restarts import Attempt, RestartingHandle
 
 __all__ = [
+    "Attempt",
     "LaunchError",
     "LaunchHandle",
     "LaunchPlan",
@@ -18,5 +20,6 @@ __all__ = [
     "PrintSink",
     "RankFailure",
     "RankStatus",
+    "RestartingHandle",
     "resolve_plan",
 ]

@@ -141,7 +141,8 @@ class LaunchRequest:
     def _check_times(self) -> None:
         if self.timeout is not None and not (_is_number(self.timeout) and self.timeout > 0):
             raise ValueError(f"timeout={self.timeout!r} must be a positive number of seconds or None")
-        if not (_is_number(self.monitor_interval) and self.monitor_interval > 0):
+        # inf would make the wait before a restart endless (and threading refuses it as a timeout)
+        if not (_is_number(self.monitor_interval) and 0 < self.monitor_interval < math.inf):
             raise ValueError(
                 f"monitor_interval={self.monitor_interval!r} must be a positive number of seconds"
             )

@@ -1,55 +1,465 @@
 """Single-node fault tolerance: restart the whole group after a failed attempt, as torch elastic does.
 
 ``notebook_launcher(max_restarts=k, monitor_interval=s)`` on one machine runs the group; when a rank
-fails, every rank is stopped (as always), ``s`` seconds pass and the group starts again, up to ``k``
-times. Each restart is announced to the launch's sinks (the printed cell output, the panel's log and
-the log directory). When every attempt failed, the last attempt's ``LaunchError`` is raised, root
-cause and traceback first, with the number of attempts in its summary.
+fails, every rank is stopped (as always), ``s`` seconds pass and a new group starts, up to ``k``
+times. :class:`RestartingHandle` is the one handle of the whole run, blocking or not: it starts each
+attempt (a :class:`LaunchHandle`), forwards its lines (tagged with the attempt) and events, keeps an
+:class:`Attempt` record per ended try, announces each restart to the sinks and ends with the
+successful attempt's values or the last attempt's ``LaunchError`` (root cause and traceback first).
+
+Only a failed rank restarts the group. A stop, a kill or an interrupt (^C) ends the run without a
+restart, during an attempt or during the wait before the next one; so does ``timeout``, which
+covers the whole run (restarts and waits included), not each attempt.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from .doctor import RankStack
 from .errors import LaunchError
+from .events import BarState
+from .handle import LaunchHandle, RankStatus
+from .output import OutputLine
+from .plan import LaunchPlan
 
-__all__ = ["run_with_restarts"]
+__all__ = ["Attempt", "RestartingHandle"]
 
 logger = logging.getLogger(__name__)
 
+_HISTORY = 200_000  # lines kept over all attempts, as a LaunchHandle keeps for one
 
-def run_with_restarts(
-    attempt: Callable[[int], Any],
-    max_restarts: int,
-    monitor_interval: float,
-    announce: Callable[[str], None],
-) -> Any:
-    """Return what the first successful ``attempt(restart_index)`` returns, restarting after failures.
 
-    Only a failed rank (a ``LaunchError`` naming failures) restarts the group; a timeout, a stop or
-    an interrupt ends the launch as without restarts.
+@dataclass(frozen=True)
+class Attempt:
+    """One ended try of a launch with ``max_restarts``: how it ended and, when it failed, why."""
+
+    number: int
+    """1 for the first group, 2 for the first restart, ..."""
+    state: str
+    """``"succeeded"``, ``"failed"`` (a rank failed) or ``"stopped"`` (stop, interrupt, timeout, hang)."""
+    started_at: float
+    """``time.time()`` when the group started."""
+    ended_at: float
+    """``time.time()`` when its last rank had ended."""
+    rank: int | None = None
+    """The root cause's rank (None unless a rank failed or timed out)."""
+    exitcode: int | None = None
+    """The root cause's exit code (negative: killed by that signal)."""
+    failure: str = ""
+    """The root cause's one-line summary: rank, pid, exception type and message."""
+    error: LaunchError | None = field(default=None, repr=False, compare=False)
+    """The attempt's own error, traceback included (None when it succeeded)."""
+
+    def line(self) -> str:
+        """Return one line: ``attempt 1 failed at 10:02:03 after 1.2 s: rank 1 (pid 42) ValueError: ... (exit code 1)``."""
+        when = time.strftime("%H:%M:%S", time.localtime(self.ended_at))
+        text = f"attempt {self.number} {self.state} at {when} after {self.ended_at - self.started_at:.1f} s"
+        if self.failure:
+            text += f": {self.failure}"
+        return text + (f" (exit code {self.exitcode})" if self.exitcode is not None else "")
+
+
+def _record(handle: LaunchHandle, started_at: float) -> Attempt:
+    error = handle.error
+    statuses = {s.rank: s for s in handle.status()}
+    if error is None:
+        return Attempt(handle.attempt, "succeeded", started_at, time.time())
+    state = "failed" if any(s.state == "failed" for s in statuses.values()) else "stopped"
+    root = error.root_cause
+    if root is None:
+        return Attempt(
+            handle.attempt, state, started_at, time.time(), failure=error.summary or "", error=error
+        )
+    # A rank that raised has a failure without an exit code; its process's code is in its status.
+    exitcode = root.exitcode if root.exitcode is not None else statuses[root.rank].exitcode
+    return Attempt(
+        handle.attempt, state, started_at, time.time(), root.rank, exitcode, root.headline(), error
+    )
+
+
+class RestartingHandle:
+    """A launch with ``max_restarts``: the same interface as :class:`LaunchHandle`, over every attempt.
+
+    ``status()``, ``pids``, ``stacks()``, ``bars()``, ``metrics`` and ``hang_report`` are those of
+    the current (or last) attempt; ``lines()`` and ``subscribe()`` cover every attempt, each
+    ``OutputLine`` carrying its ``attempt``. ``attempt`` is the current try's number, ``restarts``
+    how many groups were started after the first, ``attempts`` the records of the ended tries, and
+    ``subscribe_events`` also sends ``("restart", -1, Attempt)`` when a failed try is followed by a
+    new one. ``result()`` gives the successful attempt's values or raises the last ``LaunchError``.
     """
-    for restart in range(max_restarts + 1):
-        try:
-            return attempt(restart)
-        except LaunchError as exc:
-            if not exc.failures:
-                raise
-            if restart == max_restarts:
-                if max_restarts == 0:
-                    raise
-                summary = f"all {max_restarts + 1} attempts failed (max_restarts={max_restarts})"
-                if exc.summary:
-                    summary = f"{exc.summary}; {summary}"
-                raise LaunchError(exc.failures, summary=summary, stacks=exc.stacks) from exc
-            headline = exc.failures[0].headline()
-            logger.info("restarting the group after %s", headline)
-            announce(
-                f"restarting the group in {monitor_interval:g} s (restart {restart + 1} of {max_restarts}) "
-                f"after {headline}"
+
+    def __init__(
+        self,
+        start_attempt: Callable[[int, float], LaunchHandle],
+        max_restarts: int,
+        monitor_interval: float,
+        *,
+        timeout: float | None = None,
+        sinks: Sequence[Callable[[OutputLine], None]] = (),
+        on_finish: Callable[[], None] | None = None,
+    ) -> None:
+        self.max_restarts = max_restarts
+        """How many times a failed group is restarted (the run makes at most ``max_restarts + 1`` tries)."""
+        self.monitor_interval = monitor_interval
+        """Seconds between a failed try's end and the next try's start."""
+        self._start_attempt = start_attempt  # (attempt number, run start) -> started, unsupervised handle
+        self._timeout = timeout
+        self._sinks = list(sinks)
+        self._on_finish = on_finish
+        self._lock = threading.RLock()
+        self._wake = threading.Event()  # set by stop()/kill(): ends the wait before a restart at once
+        self._done = threading.Event()
+        self._history: collections.deque[OutputLine] = collections.deque(maxlen=_HISTORY)
+        self._subscribers: list[Callable[[OutputLine], None]] = []
+        self._event_subscribers: list[Callable[[str, int, Any], None]] = []
+        self._done_callbacks: list[Callable[[RestartingHandle], None]] = []
+        self._attempts: list[Attempt] = []
+        self._current: LaunchHandle | None = None
+        self._current_started = 0.0
+        self._stop_reason: str | None = None
+        self._error: LaunchError | None = None
+        self._values: list | None = None
+        self._thread: threading.Thread | None = None
+        self._started = time.monotonic()
+        self.restarting = False
+        """True while waiting ``monitor_interval`` before the next try."""
+
+    # ------------------------------------------------------------------ the run
+
+    @property
+    def attempt(self) -> int:
+        """Return the number of the current (or last) try: 1, then 2 after the first restart, ..."""
+        return self._current.attempt if self._current is not None else 1
+
+    @property
+    def restarts(self) -> int:
+        """Return how many times the group was restarted so far."""
+        return self.attempt - 1
+
+    @property
+    def attempts(self) -> list[Attempt]:
+        """Return the records of the tries that ended, oldest first."""
+        with self._lock:
+            return list(self._attempts)
+
+    @property
+    def done(self) -> bool:
+        """Return True once the run ended: a try succeeded, the last one failed, or it was stopped."""
+        return self._done.is_set()
+
+    @property
+    def error(self) -> LaunchError | None:
+        """Return the run's error once done (None while running or after a successful try)."""
+        return self._error if self.done else None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Return True when the run finished within ``timeout`` seconds (None: wait for it)."""
+        if not self._done.wait(timeout):
+            return False
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        return True
+
+    def result(self, timeout: float | None = None) -> list:
+        """Return each rank's value from the successful try; raise the run's LaunchError if none succeeded."""
+        if not self.wait(timeout):
+            raise TimeoutError(
+                f"the launch is still running after {timeout} s; call result() again or stop()"
             )
-            time.sleep(monitor_interval)
-    raise AssertionError("unreachable: the last attempt returns or raises")
+        if self._error is not None:
+            raise self._error
+        return list(self._values or [])
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Stop the run: the current try's workers as ``LaunchHandle.stop`` does, and no restart. Idempotent."""
+        current = self._request_stop("stopped by the user")
+        if current is not None:
+            current.stop(grace)
+
+    def kill(self) -> None:
+        """Stop the run with SIGKILL to the current try's workers, and no restart."""
+        current = self._request_stop("killed by the user")
+        if current is not None:
+            current.kill()
+
+    def add_done_callback(self, fn: Callable[[RestartingHandle], None]) -> None:
+        """Call ``fn(handle)`` when the run is done (at once if it already is)."""
+        with self._lock:
+            if not self.done:
+                self._done_callbacks.append(fn)
+                return
+        fn(self)
+
+    def __repr__(self) -> str:
+        if self._current is None:
+            return "<RestartingHandle (not started)>"
+        states = collections.Counter(s.state for s in self.status())
+        summary = ", ".join(f"{n} {state}" for state, n in states.items())
+        tries = f"attempt {self.attempt}/{self.max_restarts + 1}"
+        return f"<RestartingHandle {self.run_id} {self.num_processes} process(es), {tries}: {summary}>"
+
+    # ------------------------------------------------------------------ the current try
+
+    @property
+    def plan(self) -> LaunchPlan:
+        """Return the current try's plan (its rendezvous port changes with each try)."""
+        return self._handle().plan
+
+    @property
+    def run_id(self) -> str:
+        """Return the run's id (the log folder's name under ``log_dir``)."""
+        return self._handle().run_id
+
+    @property
+    def log_files(self) -> dict[int, dict[str, str]]:
+        """Return ``{rank: {"stdout": path, "stderr": path}}`` when ``log_dir`` was given (every try writes there)."""
+        return self._handle().log_files
+
+    @property
+    def num_processes(self) -> int:
+        """Return the number of worker processes of each try."""
+        return self._handle().num_processes
+
+    @property
+    def pids(self) -> list[int | None]:
+        """Return each rank's pid in the current try."""
+        return self._handle().pids
+
+    def status(self) -> list[RankStatus]:
+        """Return a snapshot of every rank's status in the current try (``RankStatus.attempt`` says which)."""
+        return self._handle().status()
+
+    def stacks(self) -> dict[int, RankStack]:
+        """Return every live rank's current Python stacks ({} between tries and once done)."""
+        return {} if self.done else self._handle().stacks()
+
+    @property
+    def hang_report(self) -> str | None:
+        """Return the current try's suspected-hang report, if one was seen."""
+        return self._handle().hang_report
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """Return what the current try logged through ``NotebookTracker`` (a restart starts a new list)."""
+        return self._handle().metrics
+
+    def metrics_frame(self) -> Any:
+        """Return the current try's ``metrics`` as a pandas DataFrame indexed by step (needs pandas)."""
+        return self._handle().metrics_frame()
+
+    def bars(self, rank: int | None = None, live_only: bool = False) -> list[BarState]:
+        """Return the current try's progress bars (of ``rank``); ``live_only``: open bars of live ranks."""
+        return self._handle().bars(rank, live_only)
+
+    @property
+    def live_bar_ranks(self) -> set[int] | None:
+        """Return the ranks whose bars a view shows live (None: all)."""
+        return self._handle().live_bar_ranks
+
+    def subscribe(self, callback: Callable[[OutputLine], None]) -> Callable[[], None]:
+        """Send ``callback`` every line so far (every try), then each new one; return the unsubscribe function."""
+        with self._lock:
+            for line in list(self._history):
+                callback(line)
+            self._subscribers.append(callback)
+        return lambda: self._remove(self._subscribers, callback)
+
+    def subscribe_events(self, callback: Callable[[str, int, Any], None]) -> Callable[[], None]:
+        """Call ``callback(kind, rank, state)`` for every try's events and each ``"restart"``; return the unsubscribe function."""
+        with self._lock:
+            self._event_subscribers.append(callback)
+        return lambda: self._remove(self._event_subscribers, callback)
+
+    def lines(self, rank: int | None = None) -> list[OutputLine]:
+        """Return the output lines of every try so far, of one ``rank`` or of all."""
+        with self._lock:
+            return [line for line in self._history if rank is None or line.rank == rank]
+
+    # ------------------------------------------------------------------ supervision
+
+    def _handle(self) -> LaunchHandle:
+        if self._current is None:
+            raise RuntimeError("the launch has not started its first group yet")
+        return self._current
+
+    def _remove(self, targets: list, callback: Callable) -> None:
+        with self._lock:
+            if callback in targets:
+                targets.remove(callback)
+
+    def _request_stop(self, reason: str) -> LaunchHandle | None:
+        with self._lock:
+            if self.done:
+                return None
+            self._stop_reason = self._stop_reason or reason
+            current = self._current
+        self._wake.set()
+        return current
+
+    def _start(self, threaded: bool = True) -> None:
+        """Start the first try here (its errors raise in the caller), and the supervising thread if ``threaded``."""
+        try:
+            self._begin(1)
+        except BaseException:
+            self._finish()
+            raise
+        if threaded:
+            self._thread = threading.Thread(
+                target=self._supervise, name=f"notebook_accel-restarts-{self.run_id}", daemon=True
+            )
+            self._thread.start()
+
+    def _run_here(self) -> None:
+        """Supervise every try in the calling thread (a blocking launch); ^C stops the run and re-raises."""
+        self._supervise(interruptible=True)
+
+    def _begin(self, number: int) -> None:
+        started_at = time.time()
+        handle = self._start_attempt(number, self._started)
+        # Nothing is read from the workers before _supervise: subscribing now misses no line or event.
+        handle.subscribe(self._on_line)
+        handle.subscribe_events(self._notify)
+        with self._lock:
+            self._current, self._current_started = handle, started_at
+            stop = self._stop_reason is not None
+        if stop:  # stop() came while the group was starting
+            handle.stop()
+
+    def _supervise(self, interruptible: bool = False) -> None:
+        try:
+            while True:
+                handle = self._handle()
+                handle._run_here() if interruptible else handle._supervise()
+                if not self._after_attempt(handle) or not self._wait_to_restart():
+                    break
+                try:
+                    self._begin(handle.attempt + 1)
+                except Exception as exc:  # e.g. no free port: the run ends with the last failure
+                    self._error = self._final_error(f"restart {handle.attempt} could not start ({exc!r})")
+                    self._error.__cause__ = exc
+                    break
+        except BaseException:
+            # ^C (in a try, its workers are already stopped; or while waiting) or a supervisor crash.
+            with self._lock:
+                self._stop_reason = self._stop_reason or "interrupted"
+            current = self._current
+            if current is not None and not current.done:
+                current.kill()
+                current.wait()
+            if current is not None and (not self._attempts or self._attempts[-1].number != current.attempt):
+                self._attempts.append(_record(current, self._current_started))
+            self._error = self._error or self._final_error(None)
+            raise
+        finally:
+            self._finish()
+
+    def _after_attempt(self, handle: LaunchHandle) -> bool:
+        """Record the ended try; return True when a restart follows (the run's result is set otherwise)."""
+        record = _record(handle, self._current_started)
+        with self._lock:
+            self._attempts.append(record)
+        if record.state == "succeeded":
+            self._values = handle.result()
+            return False
+        if record.state != "failed" or self._stop_reason is not None or self._out_of_time():
+            self._error = self._final_error(None)
+            return False
+        if record.number > self.max_restarts:
+            self._error = self._final_error(
+                f"all {record.number} attempts failed (max_restarts={self.max_restarts})"
+            )
+            return False
+        logger.info("restarting the group after %s", record.failure)
+        self._announce(
+            f"restarting the group in {self.monitor_interval:g} s (restart {record.number} of "
+            f"{self.max_restarts}) after {record.failure}"
+        )
+        self._notify("restart", -1, record)
+        return True
+
+    def _wait_to_restart(self) -> bool:
+        """Return True once ``monitor_interval`` passed; False (the run's error set) after a stop or the timeout."""
+        wait = self.monitor_interval
+        if self._timeout is not None:
+            wait = min(wait, max(0.0, self._started + self._timeout - time.monotonic()))
+        self.restarting = True
+        try:
+            self._wake.wait(wait)
+        finally:
+            self.restarting = False
+        restart = len(self._attempts)
+        if self._stop_reason is not None:
+            self._error = self._final_error(
+                f"{self._stop_reason} before restart {restart} of {self.max_restarts}"
+            )
+            return False
+        if self._out_of_time():
+            self._error = self._final_error(f"timeout={self._timeout} s ran out before restart {restart}")
+            return False
+        return True
+
+    def _out_of_time(self) -> bool:
+        return self._timeout is not None and time.monotonic() - self._started >= self._timeout
+
+    def _final_error(self, why: str | None) -> LaunchError:
+        """Return the run's error: the last try's failures and traceback, with ``why`` (or which try it was) added."""
+        last = self._attempts[-1]
+        error = last.error
+        if why is None:
+            why = f"{self._stop_reason or last.state} on attempt {last.number} of {self.max_restarts + 1}"
+        if error is None:  # the last try had succeeded: only a crash of this supervisor gets here
+            return LaunchError([], f"launch {why}")
+        summary = f"{error.summary}; {why}" if error.summary else why
+        final = LaunchError(error.failures, summary=summary, stacks=error.stacks)
+        final.__cause__ = error
+        return final
+
+    def _on_line(self, line: OutputLine) -> None:
+        with self._lock:
+            self._history.append(line)
+            targets = list(self._subscribers)
+        for target in targets:
+            try:
+                target(line)
+            except Exception:
+                logger.exception("subscriber %r failed on a line of rank %d", target, line.rank)
+
+    def _notify(self, kind: str, rank: int, state: Any) -> None:
+        with self._lock:
+            targets = list(self._event_subscribers)
+        for target in targets:
+            try:
+                target(kind, rank, state)
+            except Exception:
+                logger.exception("event subscriber %r failed on %r", target, kind)
+
+    def _announce(self, text: str) -> None:
+        for sink in self._sinks:
+            announce = getattr(sink, "announce", None)
+            if announce is not None:
+                try:
+                    announce(text)
+                except Exception:
+                    logger.exception("sink %r failed to show a restart", sink)
+
+    def _finish(self) -> None:
+        if self._on_finish is not None:
+            try:
+                self._on_finish()
+            except Exception:
+                logger.exception("launch clean-up failed")
+        with self._lock:
+            self._done.set()
+            callbacks, self._done_callbacks = self._done_callbacks, []
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception:
+                logger.exception("done callback %r failed", fn)
