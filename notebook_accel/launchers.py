@@ -261,7 +261,7 @@ class _RunOutput:
 
 
 def _open_output(request: LaunchRequest, plan: LaunchPlan) -> _RunOutput:
-    """Return the launch's sinks (and log files), the plan announced to them."""
+    """Return the launch's sinks (and its log files when ``log_dir`` is given)."""
     output = _RunOutput(_run_id(request.rdzv_id), _build_sinks(plan, request))
     if request.log_dir is not None:
         base = plan.node_rank * plan.num_processes
@@ -271,7 +271,6 @@ def _open_output(request: LaunchRequest, plan: LaunchPlan) -> _RunOutput:
         output.log_files = {
             r: {s: str(output.log_sink.path(r, s)) for s in ("stdout", "stderr")} for r in ranks
         }
-    _announce(output.sinks, plan.describe())
     return output
 
 
@@ -284,8 +283,12 @@ def _new_handle(
     started: float | None = None,
     on_finish: Callable[[], None] | None = None,
 ) -> tuple[LaunchHandle, Callable[[], None]]:
-    """Return a group's handle (not started) over freshly hosted stores, and the function releasing them."""
+    """Return a group's handle (not started) over freshly hosted stores, and the function releasing them.
+
+    The plan, with the port found, is announced to the sinks first.
+    """
     plan, stores = _host_stores(plan, explicit_port=str(request.use_port) != DEFAULT_PORT)
+    _announce(output.sinks, plan.describe())  # with the port the stores got (each group gets its own)
 
     def release() -> None:
         # Last references to the stores: their servers stop and the ports are free again.
