@@ -42,13 +42,44 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def _run_two_nodes(tmp_path: Path, backend: str, fail: bool) -> list[str]:
+_ENDINGS_SCRIPT = textwrap.dedent(
+    """
+    import ctypes, sys
+    import torch, torch.distributed as dist
+    from notebook_accel import notebook_launcher
+    from notebook_accel.launch import LaunchError
+
+    def fn(mode):
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 1 and mode == "segv":
+            print("rank one about to crash", file=sys.stderr, flush=True)
+            ctypes.string_at(0)  # SIGSEGV; rank 0 then loses its peer in all_reduce
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        dist.barrier()
+        if dist.get_rank() == 1:
+            sys.exit(0)
+        return dist.get_rank() * 10
+
+    node_rank, port, backend, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    try:
+        print("RESULT", notebook_launcher(fn, (mode,), num_processes=1, num_nodes=2, node_rank=node_rank,
+                                          use_port=port))
+    except LaunchError as exc:
+        print("LAUNCHERROR", exc.failures[0].rank, exc.failures[0].message)
+        print("TRACEBACK", exc.failures[0].traceback)
+    """
+)
+
+
+def _run_two_nodes(tmp_path: Path, backend: str, fail: bool | str, script_text: str = _SCRIPT) -> list[str]:
     script = tmp_path / "node.py"
-    script.write_text(_SCRIPT)
+    script.write_text(script_text)
     port = str(free_port())
+    mode = fail if isinstance(fail, str) else ("1" if fail else "0")
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), str(rank), port, backend, "1" if fail else "0"],
+            [sys.executable, str(script), str(rank), port, backend, mode],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -85,3 +116,20 @@ def test_failure_on_one_node_is_a_launch_error(tmp_path):
     outs = _run_two_nodes(tmp_path, "static", fail=True)
     assert "LAUNCHERROR 1 KeyError 'node one broke'" in outs[1], outs[1]
     assert "LAUNCHERROR 0" in outs[0], outs[0]  # its peer vanished from the collective
+
+
+@pytest.mark.timeout(90)
+def test_clean_sys_exit_is_a_success_on_the_elastic_path(tmp_path):
+    outs = _run_two_nodes(tmp_path, "static", "exit0", _ENDINGS_SCRIPT)
+    assert "RESULT [0]" in outs[0], outs[0]
+    assert "RESULT [None]" in outs[1], outs[1]  # rank 1 called sys.exit(0)
+
+
+@pytest.mark.timeout(90)
+def test_a_signal_death_on_the_elastic_path_carries_its_stderr_and_python_stack(tmp_path):
+    outs = _run_two_nodes(tmp_path, "static", "segv", _ENDINGS_SCRIPT)
+    assert "LAUNCHERROR 1 killed by SIGSEGV" in outs[1], outs[1]
+    traceback = outs[1].split("TRACEBACK", 1)[1]
+    assert "Last stderr lines of rank 1:" in traceback and "rank one about to crash" in traceback, outs[1]
+    # faulthandler's dump, read back from elastic's log file: the Python frame that crashed
+    assert "Fatal Python error: Segmentation fault" in traceback and "in fn" in traceback, outs[1]

@@ -7,10 +7,18 @@ output is tailed by elastic from per-rank log files (prefix from ``log_line_pref
 default ``[rank N] ``) straight to this process's stdout/stderr, so ``sinks`` and a handle
 (``block=False``) are not available; the returned list holds this node's ranks only, in local-rank
 order; failures come from elastic's error files, converted into ``LaunchError``.
+
+As on one node: a clean ``sys.exit(0)`` is a success that returns None (torch's worker treats exit
+code 0 so), and a rank killed by a signal carries its last stderr lines (read back from elastic's
+log file) and, for fatal signals, the Python stack ``faulthandler`` printed (torch elastic enables
+it in every worker). Not available here: a handle, so no ``stacks()`` of live ranks, no stop or
+timeout (with where each rank was) and no hang report; elastic runs the workers to the end in its
+own agent, which this process does not reach while ``elastic_launch`` runs.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -18,7 +26,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from .errors import LaunchError, RankFailure, order_failures, signal_name
+from .errors import LaunchError, RankFailure, death_notes, order_failures, signal_name
 from .plan import LaunchPlan, threads_per_worker
 from .worker import _reset_state, to_cpu
 
@@ -42,7 +50,20 @@ def _template(user_template: str | None) -> str:
     return re.sub(r"(?<!\$)\{(rank|local_rank|role_name)\}", r"${\1}", user_template)
 
 
-def _failure_of(rank: int, failure) -> RankFailure:
+def _stderr_tail(log_base: str, local_rank: int, limit: int = 300) -> list[str]:
+    """Return the last lines elastic logged for ``local_rank``'s stderr in this run (its latest attempt)."""
+    # DefaultLogsSpecs writes <base>/<run_id>_<random>/attempt_<n>/<local_rank>/stderr.log
+    paths = glob.glob(os.path.join(glob.escape(log_base), "*", "attempt_*", str(local_rank), "stderr.log"))
+    if not paths:
+        return []
+    try:
+        with open(max(paths, key=os.path.getmtime), encoding="utf-8", errors="replace") as f:
+            return f.read().splitlines()[-limit:]
+    except OSError:
+        return []
+
+
+def _failure_of(rank: int, failure, log_base: str = "") -> RankFailure:
     message, tb, exc_type = str(getattr(failure, "message", "")), "", "ChildFailedError"
     error_file = getattr(failure, "error_file", "")
     if error_file and os.path.isfile(error_file):
@@ -66,6 +87,8 @@ def _failure_of(rank: int, failure) -> RankFailure:
     sig = signal_name(-code) if isinstance(code, int) and code < 0 else None
     if sig and not tb:
         exc_type, message = "Signal", f"killed by {sig}"
+        notes = death_notes(_stderr_tail(log_base, getattr(failure, "local_rank", rank))) if log_base else ""
+        tb = f"Last stderr lines of rank {rank}:\n{notes}" if notes else ""
     return RankFailure(
         rank,
         getattr(failure, "pid", None),
@@ -129,7 +152,7 @@ def launch_elastic(
         except ChildFailedError as exc:
             # Root cause first, by the same rule as single-node launches (collateral failures last).
             raise LaunchError(
-                order_failures([_failure_of(rank, f) for rank, f in sorted(exc.failures.items())])
+                order_failures([_failure_of(rank, f, base) for rank, f in sorted(exc.failures.items())])
             ) from None
     finally:
         if own_dir:

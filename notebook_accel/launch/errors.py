@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-__all__ = ["LaunchError", "RankFailure"]
+__all__ = ["LaunchError", "RankFailure", "death_notes"]
 
 # How many of the non-root failures get a traceback excerpt in ``str(LaunchError)``.
 _SHOWN_TRACEBACKS = 2
 _EXCERPT_LINES = 6
+_SHOWN_TAIL = 15  # stderr lines of a rank killed by a signal shown before a fatal-error dump (or alone)
 
 # Messages of errors that a rank raises *because* a peer died (a collective losing its peer); such a
 # failure is a consequence, so a signal death or a genuine exception close in time ranks before it.
@@ -68,6 +69,15 @@ def signal_name(signum: int) -> str:
         return _signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def death_notes(lines: list[str]) -> str:
+    """Return the last stderr lines of a rank killed by a signal: what it said, then faulthandler's stacks."""
+    fatal = max((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), default=None)
+    if fatal is None:
+        return "\n".join(lines[-_SHOWN_TAIL:])
+    dump = [line for line in lines[fatal:] if not line.startswith("Extension modules:")]
+    return "\n".join(lines[max(0, fatal - _SHOWN_TAIL) : fatal] + dump)
 
 
 def order_failures(failures: list[RankFailure], window: float = 2.0) -> list[RankFailure]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .doctor import HangWatch, RankStack, StackCollector, describe_stacks, hang_message
-from .errors import LaunchError, RankFailure, order_failures, signal_name
+from .errors import LaunchError, RankFailure, death_notes, order_failures, signal_name
 from .events import BarState, EventHub, FrameDecoder
 from .output import LineSplitter, OutputLine
 from .plan import LaunchPlan, threads_per_worker
@@ -40,7 +40,6 @@ _LIVE: weakref.WeakSet[LaunchHandle] = weakref.WeakSet()  # running launches, st
 _HISTORY = 200_000  # lines kept for late subscribers and .lines()
 _DRAIN_SECONDS = 2.0  # after the last exit, how long pipes held by stray descendants may stay open
 _STDERR_TAIL = 300  # stderr lines kept per rank (room for a faulthandler dump of every thread)
-_SHOWN_TAIL = 15  # of them, shown before a fatal-error dump (or alone when there is none)
 
 
 @dataclass
@@ -627,7 +626,7 @@ class LaunchHandle:
             if code is not None and code < 0:
                 name = signal_name(-code)
                 hint = " (the out-of-memory killer sends SIGKILL)" if -code == signal.SIGKILL else ""
-                tail = _death_notes(list(rank.stderr_tail))
+                tail = death_notes(list(rank.stderr_tail))
                 shown = f"Last stderr lines of rank {rank.rank}:\n{tail}" if tail else ""
                 failure = RankFailure(
                     rank.rank, rank.status.pid, "Signal", f"killed by {name}{hint}", shown, code, name
@@ -711,15 +710,6 @@ class LaunchHandle:
                 stacks=where,
             )
         return None
-
-
-def _death_notes(lines: list[str]) -> str:
-    """Return the last stderr lines of a rank killed by a signal: what it said, then faulthandler's stacks."""
-    fatal = max((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), default=None)
-    if fatal is None:
-        return "\n".join(lines[-_SHOWN_TAIL:])
-    dump = [line for line in lines[fatal:] if not line.startswith("Extension modules:")]
-    return "\n".join(lines[max(0, fatal - _SHOWN_TAIL) : fatal] + dump)
 
 
 @atexit.register
