@@ -285,3 +285,20 @@ def _gated_third_try(counter_dir: str, gate: str) -> int:
     while not os.path.exists(gate):
         time.sleep(0.02)
     return tries
+
+
+def test_interrupt_right_after_a_group_started_leaves_no_worker_behind(tmp_path, monkeypatch):
+    from notebook_accel.launch.handle import LaunchHandle
+
+    snap = Snapshot()
+
+    def interrupted(self, callback):  # ^C between the fork and the start of supervision
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LaunchHandle, "subscribe_events", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        notebook_launcher(
+            _flaky, args=(str(tmp_path), 0, str(tmp_path / "never")), num_processes=2, max_restarts=1,
+            block=False, sinks=[],
+        )  # fmt: skip
+    snap.assert_clean()

@@ -323,12 +323,17 @@ class RestartingHandle:
     def _begin(self, number: int) -> None:
         started_at = time.time()
         handle = self._start_attempt(number, self._started)
-        # Nothing is read from the workers before _supervise: subscribing now misses no line or event.
-        handle.subscribe(self._on_line)
-        handle.subscribe_events(self._notify)
-        with self._lock:
-            self._current, self._current_started = handle, started_at
-            stop = self._stop_reason is not None
+        try:
+            # Nothing is read from the workers before _supervise: subscribing now misses no line or event.
+            handle.subscribe(self._on_line)
+            handle.subscribe_events(self._notify)
+            with self._lock:
+                self._current, self._current_started = handle, started_at
+                stop = self._stop_reason is not None
+        except BaseException:  # ^C right after the start: no group may be left unsupervised
+            handle.kill()
+            handle._supervise()
+            raise
         if stop:  # stop() came while the group was starting
             handle.stop()
 
@@ -350,9 +355,9 @@ class RestartingHandle:
             with self._lock:
                 self._stop_reason = self._stop_reason or "interrupted"
             current = self._current
-            if current is not None and not current.done:
+            if current is not None and not current.done:  # started, not supervised yet: reap it here
                 current.kill()
-                current.wait()
+                current._supervise()
             if current is not None and (not self._attempts or self._attempts[-1].number != current.attempt):
                 self._attempts.append(_record(current, self._current_started))
             self._error = self._error or self._final_error(None)
