@@ -196,3 +196,39 @@ def test_spawn_from_a_kernel_ships_the_cell_function(kernel):
     assert status == "ok", err
     assert "SPAWN [5, 6]" in out
     _assert_no_leaks(kernel, before)
+
+
+def test_restarts_in_a_kernel_print_each_attempt_and_stop_on_interrupt(kernel):
+    before = _fds(kernel)
+    define = """
+        import tempfile
+        _tries_dir = tempfile.mkdtemp()
+        def flaky(failures):
+            path = os.path.join(_tries_dir, os.environ["RANK"])
+            tries = os.path.getsize(path) if os.path.exists(path) else 0
+            with open(path, "a") as f:
+                f.write("x")
+            print(f"try {tries}", flush=True)
+            dist.init_process_group("gloo")
+            if dist.get_rank() == 1 and tries < failures:
+                raise ValueError(f"try {tries} fails")
+            dist.barrier()
+            return tries
+        """
+    status, out, err, _ = kernel.run(
+        define
+        + 'print("RESULTS", notebook_launcher(flaky, (1,), num_processes=2, max_restarts=1, monitor_interval=0.05))'
+    )
+    assert status == "ok", err
+    assert "[rank 1] try 0" in out and "[rank 1, attempt 2] try 1" in out, out
+    assert (
+        "restarting the group in 0.05 s (restart 1 of 1) after rank 1" in out and "RESULTS [1, 1]" in out
+    ), out
+    # ^C during the wait before a restart: the run ends there, nothing restarts, nothing is left.
+    status, out, err, ename = kernel.run(
+        define + "notebook_launcher(flaky, (9,), num_processes=2, max_restarts=3, monitor_interval=60)",
+        interrupt_after="restarting the group",
+    )
+    assert status == "error" and ename == "KeyboardInterrupt", (status, out, err)
+    assert "attempt 2" not in out, out
+    _assert_no_leaks(kernel, before)
