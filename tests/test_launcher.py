@@ -270,6 +270,29 @@ def test_forked_ranks_run_threaded_ops_after_the_caller_did():
     assert got == [2, 2]
 
 
+def test_text_the_caller_had_buffered_is_written_once_by_the_caller(tmp_path):
+    # A script whose stdout goes to a file is block-buffered: each forked rank used to flush the
+    # caller's pending text into the caller's stdout before taking its own pipe (3 copies, 2 ranks).
+    script = tmp_path / "buffered.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import io, sys
+            sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False), 1 << 16))
+            from notebook_accel import notebook_launcher
+            print("pending in the caller")
+            got = []
+            notebook_launcher(lambda: print("from a rank"), num_processes=2, sinks=[lambda ln: got.append(ln.text)])
+            print("ranks said", got)
+            """
+        )
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("pending in the caller") == 1, out.stdout
+    assert "ranks said ['from a rank', 'from a rank']" in out.stdout
+
+
 def test_twenty_launches_in_a_row():
     for i in range(20):
         assert notebook_launcher(_allreduce_rank, num_processes=2, sinks=[])[1]["sum"].item() == 3.0, i

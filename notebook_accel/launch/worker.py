@@ -83,9 +83,16 @@ def _moved(value: Any, tensor_type: type) -> Any:
     return value
 
 
+# The streams a forked worker inherited, kept referenced until it exits (see _redirect).
+_INHERITED_STREAMS: list = []
+
+
 def _redirect(out_fd: int, err_fd: int) -> None:
-    sys.stdout.flush() if sys.stdout else None
-    sys.stderr.flush() if sys.stderr else None
+    # The inherited streams are neither flushed nor finalized here: text the launching process had
+    # buffered (a script's stdout redirected to a file is block-buffered) is its own to write, and a
+    # worker writing it printed it once more per rank. A flush could also block for good on a
+    # stream lock that another thread of the launcher held at the fork.
+    _INHERITED_STREAMS.extend((sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__))
     os.dup2(out_fd, 1)
     os.dup2(err_fd, 2)
     os.close(out_fd)
