@@ -134,6 +134,29 @@ def test_gradient_accumulation_plugin() -> None:
         GradientAccumulationPlugin(num_steps=0)
 
 
+def test_gradient_accumulation_plugin_to_dict_and_to_kwargs() -> None:
+    # Accelerate 1.15: the plugin is a KwargsHandler; to_dict has every field, to_kwargs the changed ones
+    plugin = GradientAccumulationPlugin(num_steps=3, sync_each_batch=True)
+    assert plugin.to_dict() == {
+        "num_steps": 3,
+        "adjust_scheduler": True,
+        "sync_with_dataloader": True,
+        "sync_each_batch": True,
+    }
+    assert plugin.to_kwargs() == {"num_steps": 3, "sync_each_batch": True}
+    assert GradientAccumulationPlugin().to_kwargs() == {}
+
+
+def test_ddp_kwargs_to_dict_leaves_out_the_comm_hook_fields_unless_asked() -> None:
+    handler = DistributedDataParallelKwargs(comm_hook="fp16", find_unused_parameters=True)
+    plain = handler.to_dict()
+    assert plain["find_unused_parameters"] is True and plain["bucket_cap_mb"] == 25
+    assert not {"comm_hook", "comm_wrapper", "comm_state_option"} & set(plain)
+    full = handler.to_dict(ignore_keys=())
+    assert full["comm_hook"] == "fp16" and full["comm_state_option"] == {}
+    assert "dim" not in handler.to_dict(ignore_keys=("dim",))
+
+
 def test_dynamo_plugin_defaults_env_and_kwargs() -> None:
     plugin = TorchDynamoPlugin()
     assert plugin.backend is DynamoBackend.NO and plugin.mode == "default" and plugin.fullgraph is False

@@ -103,6 +103,10 @@ class DistributedDataParallelKwargs(KwargsHandler):
 
     _not_kwargs = ("comm_hook", "comm_wrapper", "comm_state_option")
 
+    def to_dict(self, ignore_keys: tuple[str, ...] = _not_kwargs) -> dict[str, Any]:
+        """Return the fields as a ``{name: value}`` dict, leaving out ``ignore_keys`` (the comm-hook ones)."""
+        return {name: value for name, value in super().to_dict().items() if name not in ignore_keys}
+
     def __post_init__(self) -> None:
         self.comm_hook = str(self.comm_hook).lower()
         self.comm_wrapper = str(self.comm_wrapper).lower()

@@ -22,6 +22,7 @@ from .deepspeed_plugin import DeepSpeedPlugin
 from .enums import DynamoBackend
 from .environment import parse_flag_from_env
 from .fsdp_plugin import FullyShardedDataParallelPlugin
+from .kwargs import KwargsHandler
 from .megatron_plugin import MegatronLMPlugin
 
 __all__ = [
@@ -41,8 +42,11 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class GradientAccumulationPlugin:
-    """Configure gradient accumulation: ``Accelerator(gradient_accumulation_plugin=...)``."""
+class GradientAccumulationPlugin(KwargsHandler):
+    """Configure gradient accumulation: ``Accelerator(gradient_accumulation_plugin=...)``.
+
+    A KwargsHandler: ``to_dict()`` gives every field, ``to_kwargs()`` the ones changed from the defaults.
+    """
 
     num_steps: int = None
     """Number of steps to accumulate gradients over (None: the Accelerator's own setting)."""
