@@ -113,6 +113,20 @@ class MegatronEngine(nn.Module):
         self.eval_total_loss_dict: dict[str, torch.Tensor] = {}
         self.eval_iterations = 0
 
+    def train(self) -> MegatronEngine:
+        """Return self, with every model chunk (and so ``forward``) in training mode; takes no ``mode``, as in Accelerate."""
+        for chunk in self.module:
+            chunk.train()
+        self.training = True
+        return self
+
+    def eval(self) -> MegatronEngine:
+        """Return self, with every model chunk in evaluation mode: ``forward`` then runs evaluation steps."""
+        for chunk in self.module:
+            chunk.eval()
+        self.training = False
+        return self
+
     def get_batch_data_iterator(self, batch_data):
         """Return an iterator over ``batch_data`` cut into ``num_micro_batches`` micro-batches along dim 0."""
         if not batch_data:

@@ -320,3 +320,17 @@ def test_megatron_data_parallel_group_is_used_once_its_state_is_initialized(monk
     assert mlm._megatron_data_parallel_group() is None  # installed, not initialized: the default group
     state.initialized = True
     assert mlm._megatron_data_parallel_group() is group
+
+
+def test_engine_train_and_eval_switch_every_chunk_and_the_forward_step() -> None:
+    engine = _engine()
+    assert engine.eval() is engine
+    assert engine.training is False and not engine.module[0].training
+    with pytest.raises(ImportError, match=r"MegatronEngine.eval_step needs Megatron-LM"):
+        engine(x=torch.zeros(2, 1))
+    assert engine.train() is engine
+    assert engine.training is True and engine.module[0].training
+    with pytest.raises(ImportError, match=r"MegatronEngine.train_step needs Megatron-LM"):
+        engine(x=torch.zeros(2, 1))
+    with pytest.raises(TypeError):
+        engine.train(False)  # Accelerate 1.15's MegatronEngine.train takes no mode
