@@ -22,7 +22,7 @@ from .data_loader import prepare_data_loader as _shard_data_loader
 from .optimizer import AcceleratedOptimizer
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState
-from .utils.megatron_lm import MegatronLMDummyDataLoader, megatron_plugin_of, megatron_only, require_megatron
+from .utils.megatron_lm import MegatronLMDummyDataLoader, megatron_only, megatron_plugin_of, require_megatron
 from .utils.megatron_train_steps import BertTrainStep, GPTTrainStep, T5TrainStep
 
 __all__ = [
