@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import copy
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from ._validation import env as _env
 from ._validation import positive_int as _positive_int
 from .enums import MIXED_PRECISION_CHOICES
 from .environment import parse_flag_from_env
+from .fsdp_plugin import get_module_class_from_name
 
 __all__ = ["DeepSpeedPlugin"]
 
@@ -166,6 +168,7 @@ class DeepSpeedPlugin:
         if self.zero3_init_flag and self.zero_stage != 3:
             logger.warning("DeepSpeedPlugin: zero3_init_flag only applies to ZeRO stage 3; turning it off")
             self.zero3_init_flag = False
+        self._selected = False
 
     # -- config building -----------------------------------------------------------------------
     def _build_config(self) -> dict:
@@ -314,6 +317,97 @@ class DeepSpeedPlugin:
         flags = {"fp16.enabled": mixed_precision == "fp16", "bf16.enabled": mixed_precision == "bf16"}
         for key in flags:
             self.fill_match(key, must_match=False, **flags)
+
+    def is_auto(self, ds_key_long: str) -> bool:
+        """Return whether the config value at dotted key ``ds_key_long`` is ``"auto"`` (False when absent)."""
+        return self.get_value(ds_key_long) == "auto"
+
+    def is_zero3_init_enabled(self) -> bool:
+        """Return whether models are built directly partitioned: ``zero3_init_flag`` under ZeRO stage 3."""
+        return bool(self.zero3_init_flag) and self.is_zero3
+
+    # -- several plugins: AcceleratorState selects the active one ------------------------------------
+    @property
+    def selected(self) -> bool:
+        """Return whether this plugin is the active one of ``AcceleratorState().deepspeed_plugins``."""
+        return self._selected
+
+    @selected.setter
+    def selected(self, value: bool) -> None:
+        # AcceleratorState.select_deepspeed_plugin flips this flag on every registered plugin.
+        if value:
+            self.select(_from_accelerator_state=True)
+        else:
+            self._selected = False
+
+    def select(self, _from_accelerator_state: bool = False) -> None:
+        """Return None; mark this plugin active and point transformers' DeepSpeed weakref at its config.
+
+        Only ``AcceleratorState().select_deepspeed_plugin(name)`` may call it, so that exactly one plugin
+        is active: called directly it raises ValueError naming that method.
+        """
+        if not _from_accelerator_state:
+            raise ValueError(
+                "A `DeepSpeedPlugin` object must be enabled through the state, which deselects the others: "
+                "call `AcceleratorState().select_deepspeed_plugin(name)`"
+            )
+        # transformers reads the weakref to build models partitioned: only ZeRO-3 init needs it. Without
+        # deepspeed, configuring stays possible (prepare() raises ImportError naming it).
+        if self.is_zero3_init_enabled() and imports.is_deepspeed_available():
+            self.set_deepspeed_weakref()
+        self._selected = True
+
+    def set_deepspeed_weakref(self) -> None:
+        """Return None; register this config with transformers so ``from_pretrained`` builds ZeRO-3 models partitioned.
+
+        transformers keeps a weak reference to the last ``HfDeepSpeedConfig`` created; the plugin holds it
+        in ``self.dschf``. Without transformers this is a no-op, unless ZeRO-3 init is on (then ImportError);
+        transformers' config object itself needs deepspeed (ImportError naming it).
+        """
+        if not imports.is_transformers_available():
+            if self.is_zero3_init_enabled():
+                raise ImportError(
+                    "DeepSpeedPlugin: zero3_init_flag=True builds transformers models partitioned and needs "
+                    "transformers: pip install transformers (or set zero3_init_flag=False)"
+                )
+            return
+        self.require_deepspeed()
+        from transformers.integrations import HfDeepSpeedConfig
+
+        config = copy.deepcopy(self.deepspeed_config)
+        # DeepSpeed's own config parser refuses "auto": placeholders until the dataloaders fix the sizes.
+        for key in ("gradient_accumulation_steps", "train_micro_batch_size_per_gpu"):
+            if config.get(key, "auto") == "auto":
+                config[key] = 1
+        if config.get("train_batch_size") == "auto":
+            del config["train_batch_size"]
+        self.dschf = HfDeepSpeedConfig(config)
+
+    def set_moe_leaf_modules(self, model: Any) -> None:
+        """Return None; mark ``model``'s ``transformer_moe_cls_names`` classes as ZeRO-3 leaf modules (no-op if unset).
+
+        DeepSpeed then gathers each MoE block's parameters as a whole instead of hooking its experts one by
+        one. A class name absent from ``model`` raises ValueError; a missing (or pre-0.14) deepspeed ImportError.
+        """
+        if self.transformer_moe_cls_names is None:
+            return
+        names = [name.strip() for name in str(self.transformer_moe_cls_names).split(",") if name.strip()]
+        classes = [get_module_class_from_name(model, name) for name in names]
+        missing = [name for name, cls in zip(names, classes) if cls is None]
+        if missing:
+            raise ValueError(
+                f"DeepSpeedPlugin: transformer_moe_cls_names names {missing} but the model has no module of "
+                f"that class; use class names of its MoE blocks (e.g. 'MixtralSparseMoeBlock')"
+            )
+        self.require_deepspeed()
+        try:
+            from deepspeed.utils import set_z3_leaf_modules
+        except ImportError as err:
+            raise ImportError(
+                "DeepSpeedPlugin.set_moe_leaf_modules needs deepspeed>=0.14.0 (set_z3_leaf_modules): "
+                "pip install -U deepspeed"
+            ) from err
+        set_z3_leaf_modules(model, classes)
 
     @property
     def is_zero3(self) -> bool:
