@@ -1,0 +1,313 @@
+"""The trackers of the hosted services: TensorBoard, W&B, Comet ML, Aim, MLflow, ClearML, DVCLive, SwanLab, Trackio.
+
+Each imports its package when built (ImportError naming it when missing) and logs through that
+package's own API. Re-exported by ``notebook_accel.tracking`` (where Accelerate serves them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from .tracking_base import GeneralTracker, _plain, _require
+from .utils.environment import str_to_bool
+
+__all__ = [
+    "AimTracker",
+    "ClearMLTracker",
+    "CometMLTracker",
+    "DVCLiveTracker",
+    "MLflowTracker",
+    "SwanLabTracker",
+    "TensorBoardTracker",
+    "TrackioTracker",
+    "WandBTracker",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class TensorBoardTracker(GeneralTracker):
+    """Write scalars, text and dicts of scalars with ``torch.utils.tensorboard`` (needs ``tensorboard``)."""
+
+    name = "tensorboard"
+    requires_logging_directory = True
+
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike, **kwargs: Any) -> None:
+        super().__init__()
+        _require("tensorboard", "tensorboard", self.name)
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.run_name = run_name
+        self.logging_dir = os.path.join(logging_dir, run_name)
+        self.writer = SummaryWriter(self.logging_dir, **kwargs)
+        self.run = self.writer
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self.writer.add_hparams(values, metric_dict={})
+        self.writer.flush()
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        for key, value in values.items():
+            if isinstance(value, (int, float)) or (hasattr(value, "item") and getattr(value, "ndim", 1) == 0):
+                self.writer.add_scalar(key, _plain(value), global_step=step, **kwargs)
+            elif isinstance(value, str):
+                self.writer.add_text(key, value, global_step=step, **kwargs)
+            elif isinstance(value, dict):
+                self.writer.add_scalars(key, value, global_step=step, **kwargs)
+        self.writer.flush()
+
+    def finish(self) -> None:
+        self.writer.close()
+
+
+class WandBTracker(GeneralTracker):
+    """Log to Weights & Biases (needs ``wandb``)."""
+
+    name = "wandb"
+    requires_logging_directory = False
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        wandb = _require("wandb", "wandb", self.name)
+        self.run_name = run_name
+        self.run = wandb.init(project=run_name, **kwargs)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self.run.config.update(values, allow_val_change=True)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.run.log(values, step=step, **kwargs)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+class CometMLTracker(GeneralTracker):
+    """Log to Comet ML (needs ``comet_ml``)."""
+
+    name = "comet_ml"
+    requires_logging_directory = False
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        comet_ml = _require("comet_ml", "comet_ml", self.name)
+        self.run_name = run_name
+        self.run = comet_ml.start(project_name=run_name, **kwargs)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self.run._set_parameters(values)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        if step is not None:
+            self.run.set_step(step)
+        for key, value in values.items():
+            if isinstance(value, (int, float)) or hasattr(value, "item"):
+                self.run.log_metric(key, _plain(value), step=step, **kwargs)
+            elif isinstance(value, str):
+                self.run.log_other(key, value, **kwargs)
+            elif isinstance(value, dict):
+                self.run.log_metrics(value, step=step, **kwargs)
+
+    def finish(self) -> None:
+        self.run.end()
+
+
+class AimTracker(GeneralTracker):
+    """Log to Aim (needs ``aim``)."""
+
+    name = "aim"
+    requires_logging_directory = True
+
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike = ".", **kwargs: Any) -> None:
+        super().__init__()
+        aim = _require("aim", "aim", self.name)
+        self.run_name = run_name
+        self.run = aim.Run(repo=str(logging_dir), **kwargs)
+        self.run.name = run_name
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self.run["hparams"] = values
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        for key, value in values.items():
+            self.run.track(_plain(value), name=key, step=step, **kwargs)
+
+    def finish(self) -> None:
+        self.run.close()
+
+
+class MLflowTracker(GeneralTracker):
+    """Log to MLflow (needs ``mlflow``); ``logging_dir`` becomes the tracking URI when given."""
+
+    name = "mlflow"
+    requires_logging_directory = False
+
+    def __init__(
+        self,
+        experiment_name: str | None = None,
+        logging_dir: str | os.PathLike | None = None,
+        run_id: str | None = None,
+        tags: dict[str, Any] | str | None = None,
+        nested_run: bool | None = False,
+        run_name: str | None = None,
+        description: str | None = None,
+    ) -> None:
+        super().__init__()
+        mlflow = _require("mlflow", "mlflow", self.name)
+        self._mlflow = mlflow
+        # MLflow's own environment variables win over the arguments, as in MLflow's tools.
+        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", experiment_name)
+        run_id = os.environ.get("MLFLOW_RUN_ID", run_id)
+        tags = os.environ.get("MLFLOW_TAGS", tags)
+        if isinstance(tags, str):
+            try:
+                tags = json.loads(tags)
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"MLflowTracker: tags must be a dict or its JSON text, got {tags!r}"
+                ) from error
+        nested_run = (
+            str_to_bool(os.environ["MLFLOW_NESTED_RUN"], to_bool=True)
+            if "MLFLOW_NESTED_RUN" in os.environ
+            else nested_run
+        )
+        if logging_dir is not None:
+            mlflow.set_tracking_uri(str(logging_dir))
+        experiment = mlflow.get_experiment_by_name(experiment_name) if experiment_name else None
+        if experiment_name and experiment is None:
+            experiment_id = mlflow.create_experiment(experiment_name)
+        else:
+            experiment_id = experiment.experiment_id if experiment else None
+        self.run_name = run_name
+        self.run = mlflow.start_run(
+            run_id=run_id,
+            experiment_id=experiment_id,
+            run_name=run_name,
+            nested=bool(nested_run),
+            tags=tags,
+            description=description,
+        )
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        # MLflow caps parameter values at 500 characters; longer ones are dropped with a note.
+        kept = {k: v for k, v in values.items() if len(str(v)) <= 500}
+        for key in set(values) - set(kept):
+            logger.warning("MLflow: parameter %r is longer than 500 characters and was not logged", key)
+        self._mlflow.log_params(kept)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        metrics = {k: _plain(v) for k, v in values.items() if isinstance(_plain(v), (int, float))}
+        self._mlflow.log_metrics(metrics, step=step)
+
+    def finish(self) -> None:
+        self._mlflow.end_run()
+
+
+class ClearMLTracker(GeneralTracker):
+    """Log to ClearML (needs ``clearml``)."""
+
+    name = "clearml"
+    requires_logging_directory = False
+
+    def __init__(self, run_name: str | None = None, **kwargs: Any) -> None:
+        super().__init__()
+        clearml = _require("clearml", "clearml", self.name)
+        self.run_name = run_name
+        kwargs.setdefault("project_name", run_name)
+        self.run = clearml.Task.init(**kwargs)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self.run.connect_configuration(values)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        reporter = self.run.get_logger()
+        for key, value in values.items():
+            title, _, series = key.partition("/")
+            value = _plain(value)
+            if isinstance(value, (int, float)):
+                if step is None:
+                    reporter.report_single_value(name=key, value=value, **kwargs)
+                else:
+                    reporter.report_scalar(
+                        title=title, series=series or title, value=value, iteration=step, **kwargs
+                    )
+
+    def finish(self) -> None:
+        self.run.close()
+
+
+class DVCLiveTracker(GeneralTracker):
+    """Log with DVCLive (needs ``dvclive``)."""
+
+    name = "dvclive"
+    requires_logging_directory = False
+
+    def __init__(self, run_name: str | None = None, live: Any = None, **kwargs: Any) -> None:
+        super().__init__()
+        dvclive = _require("dvclive", "dvclive", self.name)
+        self.run_name = run_name
+        self.run = live if live is not None else dvclive.Live(**kwargs)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self.run.log_params(values)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        if step is not None:
+            self.run.step = step
+        for key, value in values.items():
+            value = _plain(value)
+            if isinstance(value, (int, float)):
+                self.run.log_metric(key, value, **kwargs)
+        self.run.next_step()
+
+    def finish(self) -> None:
+        self.run.end()
+
+
+class SwanLabTracker(GeneralTracker):
+    """Log to SwanLab (needs ``swanlab``)."""
+
+    name = "swanlab"
+    requires_logging_directory = False
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        swanlab = _require("swanlab", "swanlab", self.name)
+        self._swanlab = swanlab
+        self.run_name = run_name
+        self.run = swanlab.init(project=run_name, **kwargs)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self._swanlab.config.update(values)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.run.log(values, step=step, **kwargs)
+
+    def finish(self) -> None:
+        self._swanlab.finish()
+
+
+class TrackioTracker(GeneralTracker):
+    """Log to Trackio (needs ``trackio``)."""
+
+    name = "trackio"
+    requires_logging_directory = False
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        trackio = _require("trackio", "trackio", self.name)
+        self._trackio = trackio
+        self.run_name = run_name
+        self.run = trackio.init(project=run_name, **kwargs)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self._trackio.config.update(values)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.run.log(values, step=step, **kwargs)
+
+    def finish(self) -> None:
+        self.run.finish()
