@@ -134,7 +134,9 @@ class DataLoaderAdapter(DataLoader):
                 "state_dict() needs a stateful loader: build it with use_stateful_dataloader=True "
                 "(DataLoaderConfiguration(use_stateful_dataloader=True) in an Accelerator)"
             )
-        return self.adjust_state_dict_for_prefetch(self.base_dataloader.state_dict())
+        self.dl_state_dict = self.base_dataloader.state_dict()
+        self.adjust_state_dict_for_prefetch()
+        return self.dl_state_dict
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Return nothing; resume the stateful loader at the position ``state_dict`` describes."""
@@ -144,9 +146,12 @@ class DataLoaderAdapter(DataLoader):
             )
         self.base_dataloader.load_state_dict(state_dict)
 
-    def adjust_state_dict_for_prefetch(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        """Return ``state_dict`` as is: this loader yields batches as it fetches them (no batch held ahead)."""
-        return state_dict
+    def adjust_state_dict_for_prefetch(self) -> None:
+        """Return nothing; make ``dl_state_dict`` (the position last read) count only batches handed out.
+
+        This loader yields each batch as it fetches it, so no batch is held ahead and the recorded
+        position already is the one to resume from; a subclass that reads ahead moves it back here.
+        """
 
 
 def find_sampler(dataloader: Any) -> Sampler | None:
@@ -159,6 +164,17 @@ def find_sampler(dataloader: Any) -> Sampler | None:
             return getattr(obj, "sampler", None)
         obj, seen = inner, seen + 1
     return getattr(dataloader, "sampler", None)
+
+
+def _sampler_holder(dataloader: Any) -> Any:
+    """Return the innermost batch sampler holding ``.sampler`` behind ``dataloader`` (``dataloader`` if none)."""
+    obj = getattr(dataloader, "batch_sampler", None)
+    for _ in range(8):
+        inner = getattr(obj, "batch_sampler", None)
+        if inner is None:
+            break
+        obj = inner
+    return obj if obj is not None and hasattr(obj, "sampler") else dataloader
 
 
 def get_sampler(dataloader: Any) -> Sampler | None:
@@ -205,6 +221,22 @@ class _PositionedLoader(DataLoaderAdapter):
     """
 
     _position: LoaderPosition | None = None
+
+    def get_sampler(self) -> Sampler | None:
+        """Return the sampler that orders this loader's samples (through its batch samplers)."""
+        return find_sampler(self)
+
+    def set_sampler(self, sampler: Sampler) -> None:
+        """Return nothing; make ``sampler`` order this loader's samples from the next epoch on."""
+        if not isinstance(sampler, Sampler):
+            raise TypeError(f"set_sampler needs a torch.utils.data.Sampler, got {type(sampler).__name__}")
+        holder = _sampler_holder(self)
+        if holder is self:
+            raise ValueError(
+                "set_sampler: this loader batches with no sampler to replace (an iterable dataset or a "
+                "batch sampler without .sampler); build the DataLoader with the sampler instead"
+            )
+        holder.sampler = sampler
 
     def _keep_position(self) -> None:
         self._position = LoaderPosition(self.base_dataloader) if self.use_stateful_dataloader else None

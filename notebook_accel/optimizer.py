@@ -99,9 +99,14 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             state_dict = send_to_device(state_dict, self.accelerator_state.device)
         self.optimizer.load_state_dict(state_dict)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
+        """Return nothing; clear the gradients on a synchronising step (None: the wrapped optimizer's default)."""
         # On accumulating steps the gradients must survive until the synchronising step.
-        if self.gradient_state.sync_gradients:
+        if not self.gradient_state.sync_gradients:
+            return
+        if set_to_none is None:
+            self.optimizer.zero_grad()
+        else:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def train(self) -> None:

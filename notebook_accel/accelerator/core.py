@@ -38,13 +38,14 @@ from .checkpoint import Checkpointer, PreparedObjects, _full_options
 from .flags import SPLIT_BATCHES_UNSET, AcceleratorFlags, check_accumulation_steps, resolve_flags
 from .precision import Precision
 from .tracking import _TrackingMixin
+from .training import _TrainingMixin
 
 __all__ = ["Accelerator"]
 
 logger = logging.getLogger(__name__)
 
 
-class Accelerator(_TrackingMixin, _mesh.ParallelismMixin):
+class Accelerator(_TrackingMixin, _TrainingMixin, _mesh.ParallelismMixin):
     """Prepare a training loop for the current process world (single process, DDP, FSDP, mixed precision).
 
     Parameters follow Accelerate's: ``device_placement`` (move models and batches to the device),
@@ -312,7 +313,7 @@ class Accelerator(_TrackingMixin, _mesh.ParallelismMixin):
     def on_local_main_process(self, function: Callable | None = None) -> Callable:
         return self.state.on_local_main_process(function)
 
-    def on_last_process(self, function: Callable | None = None) -> Callable:
+    def on_last_process(self, function: Callable) -> Callable:
         return self.state.on_last_process(function)
 
     def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
@@ -539,22 +540,6 @@ class Accelerator(_TrackingMixin, _mesh.ParallelismMixin):
             yield
 
     @contextlib.contextmanager
-    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
-        """Force the next backward of a DDP ``model`` to synchronise, even inside ``no_sync``."""
-        if not self.use_distributed or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            yield
-            return
-        saved = (model.require_backward_grad_sync, model.require_forward_param_sync)
-        model.require_backward_grad_sync = True
-        model.require_forward_param_sync = True
-        # Without this the reducer expects the unused-parameter search of the previous forward.
-        model.reducer.prepare_for_backward([])
-        try:
-            yield
-        finally:
-            model.require_backward_grad_sync, model.require_forward_param_sync = saved
-
-    @contextlib.contextmanager
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
         """Train on uneven per-process inputs: processes that run out of batches shadow the others' collectives.
 
@@ -748,9 +733,19 @@ class Accelerator(_TrackingMixin, _mesh.ParallelismMixin):
         weights = [self.get_state_dict(model) for model in self._models]
         return self._checkpointer.save(output_dir, weights, self.step, self.scaler, safe_serialization)
 
-    def load_state(self, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any) -> None:
-        """Restore everything ``save_state`` wrote (the latest automatic checkpoint when ``input_dir`` is None)."""
-        saved = self._checkpointer.load(input_dir, self.unwrap_model, self.scaler, **load_model_func_kwargs)
+    def load_state(
+        self,
+        input_dir: str | os.PathLike | None = None,
+        load_kwargs: dict | None = None,
+        **load_model_func_kwargs: Any,
+    ) -> None:
+        """Restore everything ``save_state`` wrote (the latest automatic checkpoint when ``input_dir`` is None).
+
+        ``load_kwargs`` go to the loader of each optimizer, scheduler, sampler, scaler and RNG file
+        (e.g. ``{"mmap": True}``); ``load_model_func_kwargs`` to each model's ``load_state_dict``.
+        """
+        kwargs = dict(load_model_func_kwargs, load_kwargs=load_kwargs)
+        saved = self._checkpointer.load(input_dir, self.unwrap_model, self.scaler, **kwargs)
         self.step = saved.get("step", self.step)
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:

@@ -31,8 +31,7 @@ class GradientState:
         self.__dict__ = self._shared_state
         if not self.initialized:
             self.sync_gradients = True
-            self.active_dataloader = None
-            self.dataloader_references: list[Any] = [None]
+            self._dataloader_references: list[Any] = [None]
             self.plugin_kwargs: dict[str, Any] = {}
             self._is_xla_gradients_synced = False
             self._end_of_dataloader = False
@@ -45,6 +44,20 @@ class GradientState:
     def initialized(self) -> bool:
         """Return whether the shared state has been set up."""
         return bool(self._shared_state.get("_initialized", False))
+
+    @property
+    def active_dataloader(self) -> Any:
+        """The dataloader being iterated (the innermost when loops nest), or None outside any loop."""
+        return self._dataloader_references[-1]
+
+    @property
+    def dataloader_references(self) -> list[Any]:
+        """The dataloaders being iterated, outermost first, after a leading None."""
+        return self._dataloader_references
+
+    @dataloader_references.setter
+    def dataloader_references(self, references: list[Any]) -> None:
+        self._dataloader_references = list(references) if references else [None]
 
     @property
     def num_steps(self) -> int:
@@ -117,8 +130,7 @@ class GradientState:
 
     def _add_dataloader(self, dataloader: Any) -> None:
         """Make ``dataloader`` the active one (a dataloader starting its iteration)."""
-        self.active_dataloader = dataloader
-        self.dataloader_references.append(dataloader)
+        self._dataloader_references.append(dataloader)
         self._end_of_dataloader = False
         self._remainder = -1
 
@@ -129,8 +141,7 @@ class GradientState:
                 del self.dataloader_references[i]
                 break
         if not self.dataloader_references:
-            self.dataloader_references = [None]
-        self.active_dataloader = self.dataloader_references[-1]
+            self._dataloader_references = [None]
         self._end_of_dataloader = False
         self._remainder = -1
 

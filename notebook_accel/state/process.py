@@ -133,10 +133,10 @@ class _ProcessControl:
             return self.on_local_main_process
         return self._run_where(function, lambda: self.is_local_main_process)
 
-    def on_last_process(self, function: Callable | None = None) -> Callable:
+    def on_last_process(self, function: Callable) -> Callable:
         """Return ``function`` wrapped to run on the last process only."""
-        if function is None:
-            return self.on_last_process
+        if not callable(function):
+            raise TypeError(f"on_last_process needs a function to decorate, got {function!r}")
         return self._run_where(function, lambda: self.is_last_process)
 
     def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
@@ -318,6 +318,11 @@ class AcceleratorState(_ProcessControl):
     def initialized(self) -> bool:
         """Return whether the AcceleratorState has been set up (by an ``Accelerator`` or directly)."""
         return bool(self._shared_state.get("_initialized", False))
+
+    @property
+    def fork_launched(self) -> bool:
+        """Return whether this process was forked by ``notebook_launcher`` (``ACCELERATE_FORK_LAUNCHED``)."""
+        return bool(self.__dict__.get("fork_launched", False))
 
     @property
     def mixed_precision(self) -> str:
