@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any
 
-from .tracking_base import GeneralTracker, _plain, _require
+from .tracking_base import GeneralTracker, _plain, _require, on_main_process
 from .utils.environment import str_to_bool
 
 __all__ = [
@@ -27,6 +27,31 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def _image_list(key: str, images: Any) -> list[Any]:
+    """Return ``images`` (one image or a list/tuple of them) as a list; a dict or string raises TypeError."""
+    if isinstance(images, (dict, str, bytes)):
+        raise TypeError(
+            f"log_images: {key!r} must map to an image (numpy array, PIL image, tensor) or a list of them, "
+            f"got {type(images).__name__}"
+        )
+    return list(images) if isinstance(images, (list, tuple)) else [images]
+
+
+def _title_series(key: str) -> tuple[str, str]:
+    """Return ClearML's (title, series) for ``key``: "title/series", or the key twice."""
+    title, _, series = key.partition("/")
+    return title, series or title
+
+
+def _check_table(tracker: str, columns: Any, data: Any, dataframe: Any) -> None:
+    # A table is columns + rows or a dataframe: both, or neither, is ambiguous.
+    if (dataframe is None) == (data is None):
+        raise ValueError(
+            f"{tracker}.log_table: give either `data` (rows, with `columns`) or `dataframe`, "
+            f"not {'both' if dataframe is not None else 'neither'}"
+        )
 
 
 class TensorBoardTracker(GeneralTracker):
@@ -59,6 +84,13 @@ class TensorBoardTracker(GeneralTracker):
                 self.writer.add_scalars(key, value, global_step=step, **kwargs)
         self.writer.flush()
 
+    @on_main_process
+    def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
+        """Return None; write each ``{name: batch of images}`` with ``SummaryWriter.add_images`` (``kwargs`` passed on)."""
+        for key, images in values.items():
+            self.writer.add_images(key, images, global_step=step, **kwargs)
+        self.writer.flush()
+
     def finish(self) -> None:
         self.writer.close()
 
@@ -80,6 +112,31 @@ class WandBTracker(GeneralTracker):
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         self.run.log(values, step=step, **kwargs)
+
+    @on_main_process
+    def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
+        """Return None; log each ``{name: image or list of images}`` as ``wandb.Image`` objects with ``run.log``."""
+        wandb = _require("wandb", "wandb", self.name)
+        logged = {
+            key: [wandb.Image(image) for image in _image_list(key, images)] for key, images in values.items()
+        }
+        self.run.log(logged, step=step, **kwargs)
+
+    @on_main_process
+    def log_table(
+        self,
+        table_name: str,
+        columns: list[str] | None = None,
+        data: list[list[Any]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Return None; log a ``wandb.Table`` (``columns`` + ``data`` rows, or a ``dataframe``) under ``table_name``."""
+        _check_table("WandBTracker", columns, data, dataframe)
+        wandb = _require("wandb", "wandb", self.name)
+        table = wandb.Table(columns=columns, data=data, dataframe=dataframe)
+        self.run.log({table_name: table}, step=step, **kwargs)
 
     def finish(self) -> None:
         self.run.finish()
@@ -134,6 +191,27 @@ class AimTracker(GeneralTracker):
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         for key, value in values.items():
             self.run.track(_plain(value), name=key, step=step, **kwargs)
+
+    @on_main_process
+    def log_images(
+        self, values: dict, step: int | None = None, kwargs: dict[str, dict] | None = None
+    ) -> None:
+        """Return None; track each ``{name: image or (image, caption)}`` as an ``aim.Image``.
+
+        ``kwargs`` holds the keyword arguments of ``aim.Image`` under ``"aim_image"`` and of ``Run.track``
+        under ``"track"``; another key raises ValueError.
+        """
+        kwargs = dict(kwargs or {})
+        unknown = sorted(set(kwargs) - {"aim_image", "track"})
+        if unknown:
+            raise ValueError(
+                f"AimTracker.log_images: kwargs keys must be 'aim_image' and/or 'track', got {unknown}"
+            )
+        aim = _require("aim", "aim", self.name)
+        for key, value in values.items():
+            image, caption = value if isinstance(value, tuple) else (value, "")
+            aim_image = aim.Image(image, caption=caption, **kwargs.get("aim_image", {}))
+            self.run.track(aim_image, name=key, step=step, **kwargs.get("track", {}))
 
     def finish(self) -> None:
         self.run.close()
@@ -202,6 +280,25 @@ class MLflowTracker(GeneralTracker):
         metrics = {k: _plain(v) for k, v in values.items() if isinstance(_plain(v), (int, float))}
         self._mlflow.log_metrics(metrics, step=step)
 
+    @on_main_process
+    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
+        """Return None; upload the file ``local_path`` to the run's artifacts (under ``artifact_path`` when given)."""
+        if not os.path.isfile(local_path):
+            raise FileNotFoundError(f"MLflowTracker.log_artifact: {local_path!r} is not a file")
+        self._mlflow.log_artifact(local_path=local_path, artifact_path=artifact_path)
+
+    @on_main_process
+    def log_artifacts(self, local_dir: str, artifact_path: str | None = None) -> None:
+        """Return None; upload everything in the directory ``local_dir`` to the run's artifacts."""
+        if not os.path.isdir(local_dir):
+            raise NotADirectoryError(f"MLflowTracker.log_artifacts: {local_dir!r} is not a directory")
+        self._mlflow.log_artifacts(local_dir=local_dir, artifact_path=artifact_path)
+
+    @on_main_process
+    def log_figure(self, figure: Any, artifact_file: str, **save_kwargs: Any) -> None:
+        """Return None; save a matplotlib/plotly ``figure`` as the run artifact ``artifact_file`` (``mlflow.log_figure``)."""
+        self._mlflow.log_figure(figure=figure, artifact_file=artifact_file, **save_kwargs)
+
     def finish(self) -> None:
         self._mlflow.end_run()
 
@@ -234,6 +331,40 @@ class ClearMLTracker(GeneralTracker):
                     reporter.report_scalar(
                         title=title, series=series or title, value=value, iteration=step, **kwargs
                     )
+
+    @on_main_process
+    def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
+        """Return None; report each image of ``{"title/series": images}`` with ``Logger.report_image``."""
+        reporter = self.run.get_logger()
+        for key, images in values.items():
+            title, series = _title_series(key)
+            for image in _image_list(key, images):
+                reporter.report_image(title=title, series=series, iteration=step, image=image, **kwargs)
+
+    @on_main_process
+    def log_table(
+        self,
+        table_name: str,
+        columns: list[str] | None = None,
+        data: list[list[Any]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Return None; report a table (``columns`` + ``data`` rows, or a ``dataframe``) with ``Logger.report_table``.
+
+        Without ``columns`` the first row of ``data`` is the header, as ClearML reads a list of lists.
+        """
+        _check_table("ClearMLTracker", columns, data, dataframe)
+        table = (
+            dataframe
+            if dataframe is not None
+            else ([list(columns)] if columns else []) + [list(row) for row in data]
+        )
+        title, series = _title_series(table_name)
+        self.run.get_logger().report_table(
+            title=title, series=series, iteration=step, table_plot=table, **kwargs
+        )
 
     def finish(self) -> None:
         self.run.close()
@@ -285,6 +416,15 @@ class SwanLabTracker(GeneralTracker):
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         self.run.log(values, step=step, **kwargs)
+
+    @on_main_process
+    def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
+        """Return None; log each ``{name: image or list of images}`` as ``swanlab.Image`` objects with ``run.log``."""
+        logged = {
+            key: [self._swanlab.Image(image) for image in _image_list(key, images)]
+            for key, images in values.items()
+        }
+        self.run.log(logged, step=step, **kwargs)
 
     def finish(self) -> None:
         self._swanlab.finish()
