@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from .._lazy import attach
 from .imports import is_megatron_lm_available
+from .megatron_plugin import _batch_args, _decay_args, _optimizer_args, _scheduler_steps
 from .operations import recursively_apply, send_to_device
 
 # The engine and the optimizer/scheduler wrappers extend the training-layer wrappers, which utils may
@@ -65,8 +66,6 @@ __all__ = sorted(_LAZY) + [
 ]
 
 logger = logging.getLogger(__name__)
-
-_OPTIMIZERS = {"Adam": "adam", "AdamW": "adam", "SGD": "sgd"}
 
 
 def require_megatron(what: str) -> Any:
@@ -255,9 +254,7 @@ def megatron_training_args(plugin: Any, objects: tuple, num_processes: int) -> d
         raise ValueError(
             "prepare() under Megatron-LM needs a DataLoader or MegatronLMDummyDataLoader(micro_batch_size=...)"
         )
-    dp_degree = num_processes // model_parallel
-    args.update(micro_batch_size=micro, global_batch_size=micro * plugin.num_micro_batches * dp_degree)
-    args["data_parallel_size"] = dp_degree
+    args.update(_batch_args(micro, plugin.num_micro_batches, num_processes // model_parallel))
     for obj in objects:
         if isinstance(obj, MegatronLMDummyDataLoader):
             args.update(obj.dataset_args)
@@ -268,38 +265,8 @@ def megatron_training_args(plugin: Any, objects: tuple, num_processes: int) -> d
             args["lr_warmup_iters"] = plugin.lr_warmup_iters or warmup
         elif isinstance(obj, torch.optim.Optimizer):
             args.update(_optimizer_args(obj))
-    for name in ("lr_decay_style", "min_lr", "weight_decay_incr_style", "lr_decay_iters"):
-        if getattr(plugin, name, None) is not None:
-            args.setdefault(name, getattr(plugin, name))
-    return args
-
-
-def _scheduler_steps(scheduler: MegatronLMDummyScheduler) -> tuple[int | None, int]:
-    """Return the dummy scheduler's total and warm-up steps.
-
-    Accelerate's Megatron-LM guide spells them ``num_training_steps`` / ``num_warmup_steps`` (they land in
-    ``kwargs``); those count when ``total_num_steps`` / ``warmup_num_steps`` are left at their defaults.
-    """
-    total = scheduler.total_num_steps
-    if total is None:
-        total = scheduler.kwargs.get("num_training_steps")
-    warmup = scheduler.warmup_num_steps or scheduler.kwargs.get("num_warmup_steps", 0)
-    return total, warmup
-
-
-def _optimizer_args(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    kind = _OPTIMIZERS.get(type(optimizer).__name__)
-    if kind is None:
-        raise ValueError(
-            f"Megatron-LM builds Adam or SGD optimizers; got {type(optimizer).__name__}: use torch.optim.AdamW, "
-            "Adam or SGD (their hyperparameters are handed over)"
-        )
-    group = optimizer.param_groups[0]
-    args = {"optimizer": kind, "lr": group["lr"], "weight_decay": group.get("weight_decay", 0.0)}
-    if kind == "adam":
-        args.update(adam_beta1=group["betas"][0], adam_beta2=group["betas"][1], adam_eps=group["eps"])
-    else:
-        args["sgd_momentum"] = group.get("momentum", 0.0)
+    for name, value in _decay_args(plugin).items():
+        args.setdefault(name, value)
     return args
 
 

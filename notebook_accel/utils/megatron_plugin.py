@@ -18,6 +18,7 @@ from ._validation import env as _env
 from ._validation import positive_int as _positive_int
 from .environment import str_to_bool
 from .imports import is_megatron_lm_available
+from .megatron_config import MODEL_CONFIGS_TO_MEGATRON_PARSERS
 
 __all__ = ["MegatronLMPlugin"]
 
@@ -45,11 +46,62 @@ _PASSED = (
     "expert_model_parallel_size", "context_parallel_size", "attention_dropout", "hidden_dropout",
     "attention_softmax_in_fp32", "expert_tensor_parallel_size", "calculate_per_token_loss",
 )  # fmt: skip
+_OPTIMIZERS = {"Adam": "adam", "AdamW": "adam", "SGD": "sgd"}
 _TENSORBOARD_FLAGS = (
     "log_timers_to_tensorboard",
     "log_validation_ppl_to_tensorboard",
     "log_memory_to_tensorboard",
 )
+
+
+def _scheduler_steps(scheduler: Any) -> tuple[int | None, int]:
+    """Return the ``MegatronLMDummyScheduler``'s total and warm-up steps (ValueError for another scheduler).
+
+    Accelerate's Megatron-LM guide spells them ``num_training_steps`` / ``num_warmup_steps`` (they land in
+    ``kwargs``); those count when ``total_num_steps`` / ``warmup_num_steps`` are left at their defaults.
+    """
+    if not all(hasattr(scheduler, name) for name in ("total_num_steps", "warmup_num_steps", "kwargs")):
+        raise ValueError(
+            f"Megatron-LM builds its own learning-rate schedule; got {type(scheduler).__name__}: pass "
+            "MegatronLMDummyScheduler(optimizer, total_num_steps=..., warmup_num_steps=...)"
+        )
+    total = scheduler.total_num_steps
+    if total is None:
+        total = scheduler.kwargs.get("num_training_steps")
+    warmup = scheduler.warmup_num_steps or scheduler.kwargs.get("num_warmup_steps", 0)
+    return total, warmup
+
+
+def _optimizer_args(optimizer: Any) -> dict[str, Any]:
+    """Return Megatron's optimizer type and the hyperparameters of ``optimizer``'s first parameter group."""
+    kind = _OPTIMIZERS.get(type(optimizer).__name__)
+    if kind is None:
+        raise ValueError(
+            f"Megatron-LM builds Adam or SGD optimizers; got {type(optimizer).__name__}: use torch.optim.AdamW, "
+            "Adam or SGD (their hyperparameters are handed over)"
+        )
+    group = optimizer.param_groups[0]
+    args = {"optimizer": kind, "lr": group["lr"], "weight_decay": group.get("weight_decay", 0.0)}
+    if kind == "adam":
+        args.update(adam_beta1=group["betas"][0], adam_beta2=group["betas"][1], adam_eps=group["eps"])
+    else:
+        args["sgd_momentum"] = group.get("momentum", 0.0)
+    return args
+
+
+def _batch_args(micro_batch_size: int, num_micro_batches: int, dp_degree: int) -> dict[str, int]:
+    """Return the micro/global batch sizes and data-parallel size: global = micro x micro-batches x dp."""
+    return {
+        "micro_batch_size": micro_batch_size,
+        "global_batch_size": micro_batch_size * num_micro_batches * dp_degree,
+        "data_parallel_size": dp_degree,
+    }
+
+
+def _decay_args(plugin: Any) -> dict[str, Any]:
+    """Return the plugin's learning-rate / weight-decay schedule settings that are set."""
+    names = ("lr_decay_style", "min_lr", "weight_decay_incr_style", "lr_decay_iters")
+    return {name: getattr(plugin, name) for name in names if getattr(plugin, name, None) is not None}
 
 
 @dataclass
@@ -260,6 +312,71 @@ class MegatronLMPlugin:
                 args.update(dict.fromkeys(_TENSORBOARD_FLAGS, True))
         args.update(self.other_megatron_args or {})
         return args
+
+    # -- filled in by Accelerator.prepare from the objects it is given -----------------------------
+    def set_network_size_args(self, model: Any, batch_data: Any = None) -> None:
+        """Return None; fill the network size arguments (layers, hidden size, heads, ...) from ``model.config``.
+
+        The parser is chosen by the transformers ``model_type`` (``MODEL_CONFIGS_TO_MEGATRON_PARSERS``; an
+        entry contained in the type also matches, e.g. "bert" for "megatron-bert"); ``batch_data``'s
+        ``input_ids`` width gives the sequence length when ``seq_length`` is unset.
+        """
+        model_type = str(getattr(getattr(model, "config", None), "model_type", "")).lower()
+        parser = MODEL_CONFIGS_TO_MEGATRON_PARSERS.get(model_type)
+        if parser is None:
+            parser = next(
+                (
+                    parse
+                    for name, parse in MODEL_CONFIGS_TO_MEGATRON_PARSERS.items()
+                    if model_type and name in model_type
+                ),
+                None,
+            )
+        if parser is None:
+            raise ValueError(
+                f"{_OWNER}: no Megatron-LM network parser for model_type={model_type!r}; known types are "
+                f"{sorted(MODEL_CONFIGS_TO_MEGATRON_PARSERS)} (register one with add_model_config_to_megatron_parser)"
+            )
+        parser(self, model, batch_data)
+
+    def set_mixed_precision(self, mixed_precision: str) -> None:
+        """Return None; turn on Megatron's ``fp16`` or ``bf16`` argument for that ``mixed_precision`` ("no": neither)."""
+        _choice(_OWNER, "mixed_precision", mixed_precision, ("no", "fp16", "bf16", "fp8"))
+        if mixed_precision in ("fp16", "bf16"):
+            self.megatron_lm_default_args[mixed_precision] = True
+        # Megatron's own DDP ("local") is what Accelerate's Megatron loop wraps models in.
+        self.megatron_lm_default_args["DDP_impl"] = "local"
+
+    def set_training_args(self, micro_batch_size: int, dp_degree: int) -> None:
+        """Return None; set the micro batch, the global batch (micro x ``num_micro_batches`` x ``dp_degree``) and dp size."""
+        _positive_int(_OWNER, "micro_batch_size", micro_batch_size)
+        _positive_int(_OWNER, "dp_degree", dp_degree)
+        args = _batch_args(micro_batch_size, self.num_micro_batches, dp_degree)
+        self.micro_batch_size, self.global_batch_size = args["micro_batch_size"], args["global_batch_size"]
+        self.megatron_lm_default_args.update(args)
+
+    def set_optimizer_type(self, optimizer: Any) -> None:
+        """Return None; set Megatron's optimizer ("adam" or "sgd") and ``optimizer``'s lr, weight decay, betas/momentum."""
+        self.megatron_lm_default_args.update(_optimizer_args(optimizer))
+
+    def set_scheduler_args(self, scheduler: Any) -> None:
+        """Return None; set ``train_iters`` / ``lr_warmup_iters`` from a ``MegatronLMDummyScheduler`` (the plugin's win).
+
+        The plugin's decay settings (``lr_decay_style``, ``min_lr``, ...) are set along with them.
+        """
+        total, warmup = _scheduler_steps(scheduler)
+        train_iters = self.train_iters or total
+        if train_iters is None:
+            raise ValueError(
+                f"{_OWNER}: Megatron-LM needs the number of training steps: give the MegatronLMDummyScheduler "
+                "total_num_steps=... or the plugin train_iters=..."
+            )
+        args = {"train_iters": train_iters, "lr_warmup_iters": self.lr_warmup_iters or warmup}
+        self.megatron_lm_default_args.update(args, **_decay_args(self))
+
+    def set_tensorboard_logging_options(self) -> None:
+        """Return None; turn on Megatron's timers, validation perplexity and memory logging to TensorBoard."""
+        self.megatron_lm_default_args.update(dict.fromkeys(_TENSORBOARD_FLAGS, True))
 
     @staticmethod
     def require_megatron() -> None:
