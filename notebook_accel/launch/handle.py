@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .completion import Completion
 from .doctor import HangWatch, RankStack, StackCollector, describe_stacks, hang_message
 from .errors import LaunchError, RankFailure, death_notes, order_failures, signal_name
 from .events import BarState, EventHub, FrameDecoder
@@ -89,7 +90,7 @@ class _Rank:
         self.last_activity = time.monotonic()
 
 
-class LaunchHandle:
+class LaunchHandle(Completion):
     """A launch in progress: per-rank status, live output, results, stop."""
 
     def __init__(
@@ -165,32 +166,7 @@ class LaunchHandle:
         with self._lock:
             return [RankStatus(**vars(r.status)) for r in self._ranks]
 
-    @property
-    def done(self) -> bool:
-        """Return True once every worker has ended and the launch is cleaned up."""
-        return self._done.is_set()
-
-    @property
-    def error(self) -> LaunchError | None:
-        """Return the launch's error once done (None while running or after success)."""
-        return self._error if self.done else None
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Return True when the launch finished within ``timeout`` seconds (None: wait for it)."""
-        if not self._done.wait(timeout):
-            return False
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-        return True
-
-    def result(self, timeout: float | None = None) -> list:
-        """Return each rank's return value (index = rank); raise LaunchError if the launch failed."""
-        if not self.wait(timeout):
-            raise TimeoutError(
-                f"the launch is still running after {timeout} s; call result() again or stop()"
-            )
-        if self._error is not None:
-            raise self._error
+    def _results(self) -> list:
         return [r.value for r in self._ranks]
 
     def stacks(self) -> dict[int, RankStack]:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .completion import Completion
 from .doctor import RankStack
 from .errors import LaunchError
 from .events import BarState
@@ -84,7 +85,7 @@ def _record(handle: LaunchHandle, started_at: float) -> Attempt:
     )
 
 
-class RestartingHandle:
+class RestartingHandle(Completion):
     """A launch with ``max_restarts``: the same interface as :class:`LaunchHandle`, over every attempt.
 
     ``status()``, ``pids``, ``stacks()``, ``bars()``, ``metrics`` and ``hang_report`` are those of
@@ -149,32 +150,7 @@ class RestartingHandle:
         with self._lock:
             return list(self._attempts)
 
-    @property
-    def done(self) -> bool:
-        """Return True once the run ended: a try succeeded, the last one failed, or it was stopped."""
-        return self._done.is_set()
-
-    @property
-    def error(self) -> LaunchError | None:
-        """Return the run's error once done (None while running or after a successful try)."""
-        return self._error if self.done else None
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Return True when the run finished within ``timeout`` seconds (None: wait for it)."""
-        if not self._done.wait(timeout):
-            return False
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-        return True
-
-    def result(self, timeout: float | None = None) -> list:
-        """Return each rank's value from the successful try; raise the run's LaunchError if none succeeded."""
-        if not self.wait(timeout):
-            raise TimeoutError(
-                f"the launch is still running after {timeout} s; call result() again or stop()"
-            )
-        if self._error is not None:
-            raise self._error
+    def _results(self) -> list:
         return list(self._values or [])
 
     def stop(self, grace: float = 1.0) -> None:
