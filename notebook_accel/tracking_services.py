@@ -398,56 +398,46 @@ class DVCLiveTracker(GeneralTracker):
         self.run.end()
 
 
-class SwanLabTracker(GeneralTracker):
-    """Log to SwanLab (needs ``swanlab``)."""
+class _ProjectRunTracker(GeneralTracker):
+    """A tracker whose library starts a run with ``init(project=run_name, **kwargs)`` (module = ``name``)."""
 
-    name = "swanlab"
     requires_logging_directory = False
 
     def __init__(self, run_name: str, **kwargs: Any) -> None:
         super().__init__()
-        swanlab = _require("swanlab", "swanlab", self.name)
-        self._swanlab = swanlab
+        self._library = _require(self.name, self.name, self.name)
         self.run_name = run_name
-        self.run = swanlab.init(project=run_name, **kwargs)
+        self.run = self._library.init(project=run_name, **kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self._swanlab.config.update(values)
+        self._library.config.update(values)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         self.run.log(values, step=step, **kwargs)
+
+
+class SwanLabTracker(_ProjectRunTracker):
+    """Log to SwanLab (needs ``swanlab``)."""
+
+    name = "swanlab"
 
     @on_main_process
     def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
         """Return None; log each ``{name: image or list of images}`` as ``swanlab.Image`` objects with ``run.log``."""
         logged = {
-            key: [self._swanlab.Image(image) for image in _image_list(key, images)]
+            key: [self._library.Image(image) for image in _image_list(key, images)]
             for key, images in values.items()
         }
         self.run.log(logged, step=step, **kwargs)
 
     def finish(self) -> None:
-        self._swanlab.finish()
+        self._library.finish()
 
 
-class TrackioTracker(GeneralTracker):
+class TrackioTracker(_ProjectRunTracker):
     """Log to Trackio (needs ``trackio``)."""
 
     name = "trackio"
-    requires_logging_directory = False
-
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        trackio = _require("trackio", "trackio", self.name)
-        self._trackio = trackio
-        self.run_name = run_name
-        self.run = trackio.init(project=run_name, **kwargs)
-
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self._trackio.config.update(values)
-
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        self.run.log(values, step=step, **kwargs)
 
     def finish(self) -> None:
         self.run.finish()

@@ -19,6 +19,7 @@ from notebook_accel.tracking import (
     MLflowTracker,
     SwanLabTracker,
     TensorBoardTracker,
+    TrackioTracker,
     WandBTracker,
 )
 
@@ -227,3 +228,31 @@ def test_swanlab_log_images_wraps_every_image(monkeypatch) -> None:
     ((name, (logged,), kwargs),) = calls
     assert name == "run.log" and kwargs == {"step": 7, "print_to_console": True}
     assert logged["gen"][0].kind == "Image" and logged["gen"][0].args[0] is IMAGE
+
+
+@pytest.mark.parametrize(
+    ("cls", "module", "finish_call"),
+    [(SwanLabTracker, "swanlab", "finish"), (TrackioTracker, "trackio", "run.finish")],
+)
+def test_project_run_trackers_start_log_configure_and_finish(monkeypatch, cls, module, finish_call) -> None:
+    calls: list = []
+    _module(
+        monkeypatch,
+        module,
+        init=lambda **kwargs: calls.append(("init", (), kwargs)) or _Recorder(calls, "run."),
+        config=_Recorder(calls, "config."),
+        finish=lambda: calls.append(("finish", (), {})),
+    )
+    tracker = cls("my-project", mode="offline")
+    tracker.store_init_configuration({"lr": 0.1})
+    tracker.log({"loss": 1.5}, step=3)
+    tracker.finish()
+    assert [c[0] for c in calls] == ["init", "config.update", "run.log", finish_call]
+    assert calls[0][2] == {"project": "my-project", "mode": "offline"} and tracker.run_name == "my-project"
+    assert calls[1][1] == ({"lr": 0.1},) and calls[2][1:] == (({"loss": 1.5},), {"step": 3})
+
+
+def test_project_run_tracker_without_its_library_names_the_install(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "trackio", None)
+    with pytest.raises(ImportError, match=r"log_with='trackio' requires `trackio`: pip install trackio"):
+        TrackioTracker("p")
