@@ -7,20 +7,28 @@ None) and then ``_done``; waiting, the error and the results read the same way f
 
 from __future__ import annotations
 
+import logging
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
 
 from .errors import LaunchError
 
 __all__ = ["Completion"]
 
+logger = logging.getLogger(__name__)
+
 
 class Completion(ABC):
-    """``done``, ``error``, ``wait()`` and ``result()`` over ``_done``, ``_error``, ``_thread`` and ``_results()``."""
+    """``done``, ``error``, ``wait()``, ``result()`` and done callbacks, over the state a handle sets up."""
 
     _done: threading.Event
     _error: LaunchError | None
     _thread: threading.Thread | None
+    _lock: threading.RLock
+    _done_callbacks: list[Callable[[Any], None]]
+    _on_finish: Callable[[], None] | None
 
     @property
     def done(self) -> bool:
@@ -49,6 +57,30 @@ class Completion(ABC):
         if self._error is not None:
             raise self._error
         return self._results()
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        """Call ``fn(handle)`` when the run is done (at once if it already is)."""
+        with self._lock:
+            if not self.done:
+                self._done_callbacks.append(fn)
+                return
+        fn(self)
+
+    def _complete(self) -> None:
+        """Run the clean-up, mark the run done, then call the done callbacks (each failure logged)."""
+        if self._on_finish is not None:
+            try:
+                self._on_finish()
+            except Exception:
+                logger.exception("launch clean-up failed")
+        with self._lock:
+            self._done.set()
+            callbacks, self._done_callbacks = self._done_callbacks, []
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception:
+                logger.exception("done callback %r failed", fn)
 
     @abstractmethod
     def _results(self) -> list:

@@ -247,14 +247,6 @@ class LaunchHandle(Completion):
         with self._lock:
             return [line for line in self._history if rank is None or line.rank == rank]
 
-    def add_done_callback(self, fn: Callable[[LaunchHandle], None]) -> None:
-        """Call ``fn(handle)`` when the launch is done (at once if it already is)."""
-        with self._lock:
-            if not self.done:
-                self._done_callbacks.append(fn)
-                return
-        fn(self)
-
     def __repr__(self) -> str:
         states = collections.Counter(s.state for s in self.status())
         summary = ", ".join(f"{n} {state}" for state, n in states.items())
@@ -653,19 +645,7 @@ class LaunchHandle(Completion):
         self._error = self._build_error()
         self._collector.close()
         _LIVE.discard(self)
-        if self._on_finish is not None:
-            try:
-                self._on_finish()
-            except Exception:
-                logger.exception("launch clean-up failed")
-        with self._lock:
-            self._done.set()
-            callbacks, self._done_callbacks = self._done_callbacks, []
-        for fn in callbacks:
-            try:
-                fn(self)
-            except Exception:
-                logger.exception("done callback %r failed", fn)
+        self._complete()
 
     def _kill_at_exit(self) -> None:
         """SIGKILL the workers' process groups (interpreter exit with a launch still running)."""

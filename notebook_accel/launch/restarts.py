@@ -165,14 +165,6 @@ class RestartingHandle(Completion):
         if current is not None:
             current.kill()
 
-    def add_done_callback(self, fn: Callable[[RestartingHandle], None]) -> None:
-        """Call ``fn(handle)`` when the run is done (at once if it already is)."""
-        with self._lock:
-            if not self.done:
-                self._done_callbacks.append(fn)
-                return
-        fn(self)
-
     def __repr__(self) -> str:
         if self._current is None:
             return "<RestartingHandle (not started)>"
@@ -284,7 +276,7 @@ class RestartingHandle(Completion):
         try:
             self._begin(1)
         except BaseException:
-            self._finish()
+            self._complete()
             raise
         if threaded:
             self._thread = threading.Thread(
@@ -339,7 +331,7 @@ class RestartingHandle(Completion):
             self._error = self._error or self._final_error(None)
             raise
         finally:
-            self._finish()
+            self._complete()
 
     def _after_attempt(self, handle: LaunchHandle) -> bool:
         """Record the ended try; return True when a restart follows (the run's result is set otherwise)."""
@@ -431,16 +423,4 @@ class RestartingHandle(Completion):
                     logger.exception("sink %r failed to show a restart", sink)
 
     def _finish(self) -> None:
-        if self._on_finish is not None:
-            try:
-                self._on_finish()
-            except Exception:
-                logger.exception("launch clean-up failed")
-        with self._lock:
-            self._done.set()
-            callbacks, self._done_callbacks = self._done_callbacks, []
-        for fn in callbacks:
-            try:
-                fn(self)
-            except Exception:
-                logger.exception("done callback %r failed", fn)
+        self._complete()
