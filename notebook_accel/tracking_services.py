@@ -95,32 +95,47 @@ class TensorBoardTracker(GeneralTracker):
         self.writer.close()
 
 
-class WandBTracker(GeneralTracker):
-    """Log to Weights & Biases (needs ``wandb``)."""
+class _ProjectRunTracker(GeneralTracker):
+    """A tracker whose library starts a run with ``init(project=run_name, **kwargs)`` (module = ``name``)."""
 
-    name = "wandb"
     requires_logging_directory = False
 
     def __init__(self, run_name: str, **kwargs: Any) -> None:
         super().__init__()
-        wandb = _require("wandb", "wandb", self.name)
+        self._library = _require(self.name, self.name, self.name)
         self.run_name = run_name
-        self.run = wandb.init(project=run_name, **kwargs)
+        self.run = self._library.init(project=run_name, **kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self.run.config.update(values, allow_val_change=True)
+        self._library.config.update(values)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         self.run.log(values, step=step, **kwargs)
 
+    def finish(self) -> None:
+        self.run.finish()
+
+
+class _ImageRunTracker(_ProjectRunTracker):
+    """A project-run tracker whose library wraps images in ``<library>.Image`` for ``run.log``."""
+
     @on_main_process
     def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """Return None; log each ``{name: image or list of images}`` as ``wandb.Image`` objects with ``run.log``."""
-        wandb = _require("wandb", "wandb", self.name)
+        """Return None; log each ``{name: image or list of images}`` as the library's ``Image`` objects with ``run.log``."""
         logged = {
-            key: [wandb.Image(image) for image in _image_list(key, images)] for key, images in values.items()
+            key: [self._library.Image(image) for image in _image_list(key, images)]
+            for key, images in values.items()
         }
         self.run.log(logged, step=step, **kwargs)
+
+
+class WandBTracker(_ImageRunTracker):
+    """Log to Weights & Biases (needs ``wandb``)."""
+
+    name = "wandb"
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self.run.config.update(values, allow_val_change=True)
 
     @on_main_process
     def log_table(
@@ -134,12 +149,8 @@ class WandBTracker(GeneralTracker):
     ) -> None:
         """Return None; log a ``wandb.Table`` (``columns`` + ``data`` rows, or a ``dataframe``) under ``table_name``."""
         _check_table("WandBTracker", columns, data, dataframe)
-        wandb = _require("wandb", "wandb", self.name)
-        table = wandb.Table(columns=columns, data=data, dataframe=dataframe)
+        table = self._library.Table(columns=columns, data=data, dataframe=dataframe)
         self.run.log({table_name: table}, step=step, **kwargs)
-
-    def finish(self) -> None:
-        self.run.finish()
 
 
 class CometMLTracker(GeneralTracker):
@@ -398,37 +409,10 @@ class DVCLiveTracker(GeneralTracker):
         self.run.end()
 
 
-class _ProjectRunTracker(GeneralTracker):
-    """A tracker whose library starts a run with ``init(project=run_name, **kwargs)`` (module = ``name``)."""
-
-    requires_logging_directory = False
-
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        self._library = _require(self.name, self.name, self.name)
-        self.run_name = run_name
-        self.run = self._library.init(project=run_name, **kwargs)
-
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self._library.config.update(values)
-
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        self.run.log(values, step=step, **kwargs)
-
-
-class SwanLabTracker(_ProjectRunTracker):
+class SwanLabTracker(_ImageRunTracker):
     """Log to SwanLab (needs ``swanlab``)."""
 
     name = "swanlab"
-
-    @on_main_process
-    def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """Return None; log each ``{name: image or list of images}`` as ``swanlab.Image`` objects with ``run.log``."""
-        logged = {
-            key: [self._library.Image(image) for image in _image_list(key, images)]
-            for key, images in values.items()
-        }
-        self.run.log(logged, step=step, **kwargs)
 
     def finish(self) -> None:
         self._library.finish()
@@ -438,6 +422,3 @@ class TrackioTracker(_ProjectRunTracker):
     """Log to Trackio (needs ``trackio``)."""
 
     name = "trackio"
-
-    def finish(self) -> None:
-        self.run.finish()

@@ -231,10 +231,16 @@ def test_swanlab_log_images_wraps_every_image(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize(
-    ("cls", "module", "finish_call"),
-    [(SwanLabTracker, "swanlab", "finish"), (TrackioTracker, "trackio", "run.finish")],
+    ("cls", "module", "config_call", "finish_call"),
+    [
+        (SwanLabTracker, "swanlab", "config.update", "finish"),
+        (TrackioTracker, "trackio", "config.update", "run.finish"),
+        (WandBTracker, "wandb", "run.configupdate", "run.finish"),  # the recorder joins nested names
+    ],
 )
-def test_project_run_trackers_start_log_configure_and_finish(monkeypatch, cls, module, finish_call) -> None:
+def test_project_run_trackers_start_log_configure_and_finish(
+    monkeypatch, cls, module, config_call, finish_call
+) -> None:
     calls: list = []
     _module(
         monkeypatch,
@@ -247,7 +253,7 @@ def test_project_run_trackers_start_log_configure_and_finish(monkeypatch, cls, m
     tracker.store_init_configuration({"lr": 0.1})
     tracker.log({"loss": 1.5}, step=3)
     tracker.finish()
-    assert [c[0] for c in calls] == ["init", "config.update", "run.log", finish_call]
+    assert [c[0] for c in calls] == ["init", config_call, "run.log", finish_call]
     assert calls[0][2] == {"project": "my-project", "mode": "offline"} and tracker.run_name == "my-project"
     assert calls[1][1] == ({"lr": 0.1},) and calls[2][1:] == (({"loss": 1.5},), {"step": 3})
 
