@@ -161,19 +161,13 @@ class DataLoaderShard(_PositionedLoader, DataLoaderStateMixin):
         """Return the length of the underlying (unsharded) dataset."""
         return len(_unsharded(self.dataset))
 
-    def _compute_remainder(self) -> int:
-        # Known up front: for a sharded stream that is the padded stream (so 0: its padding completes
-        # the last batch and gather_for_metrics keeps it, as in Accelerate).
-        if self._drop_last:
-            return -1
-        try:
-            length = len(self.dataset)
-        except TypeError:
-            return -1
-        if isinstance(self.dataset, IterableDatasetShard):
+    def _remainder_length(self) -> int | None:
+        # A sharded stream counts as the whole padded stream (so the remainder is 0: its padding
+        # completes the last batch and gather_for_metrics keeps it, as in Accelerate).
+        length = super()._remainder_length()
+        if length is not None and isinstance(self.dataset, IterableDatasetShard):
             length *= self.dataset.num_processes
-        total = self.total_batch_size
-        return length % total if total else -1
+        return length
 
     def __iter__(self) -> Iterator[Any]:
         if self.rng_types:

@@ -94,12 +94,16 @@ class DataLoaderStateMixin:
         # batch (the dispatcher) or never report it (SkipDataLoader) override this.
         if self._drop_last:
             return -1
-        try:
-            length = len(self.dataset)
-        except TypeError:
-            return -1
+        length = self._remainder_length()
         total = getattr(self, "total_batch_size", None)
-        return length % total if total else -1
+        return length % total if length is not None and total else -1
+
+    def _remainder_length(self) -> int | None:
+        """Return how many samples the epoch's batches hold together (None when unknown)."""
+        try:
+            return len(self.dataset)
+        except TypeError:
+            return None
 
 
 class DataLoaderAdapter(DataLoader):
