@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .launch.cell_bars import CellBars
+from .launch.cell_bars import CellBars, kernel_display
 from .launch.elastic import launch_elastic
 from .launch.handle import LaunchHandle
 from .launch.output import LogDirSink, OutputLine, PrintSink
@@ -63,19 +63,12 @@ _run_counter = itertools.count()
 _WORKER_OPTIONS = ("timeout", "log_dir", "sinks", "panel")
 
 
-def _in_kernel() -> bool:
-    """Return True when called in a Jupyter kernel (IPython is imported only if the caller did)."""
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    return shell is not None and hasattr(shell, "kernel")
-
-
 def _resolve_bars(progress_bars: str, panel: bool) -> tuple[bool, set[int] | None]:
     """Return (whether workers send bar events, the ranks shown live: None for all) for ``progress_bars``."""
     mode = progress_bars
     if mode == "auto":
         # A plain script keeps tqdm's own text; a notebook (or a panel) gets live bars.
-        mode = "main" if panel or _in_kernel() else "text"
+        mode = "main" if panel or kernel_display() is not None else "text"
     if mode == "text":
         return False, None
     return True, ({0} if mode == "main" else None)
@@ -306,8 +299,11 @@ def _new_handle(
     return handle, release
 
 
-def _wants_cell_bars(request: LaunchRequest) -> bool:
-    return _resolve_bars(request.progress_bars, request.panel)[0] and not request.panel and _in_kernel()
+def _show_cell_bars(request: LaunchRequest, handle: LaunchHandle | RestartingHandle) -> None:
+    """Draw the live bars in the calling cell (in a kernel, bars on, no panel): above the lines that follow."""
+    display = kernel_display()
+    if display is not None and not request.panel and _resolve_bars(request.progress_bars, request.panel)[0]:
+        CellBars(handle, display)
 
 
 def _launch_workers(request: LaunchRequest, plan: LaunchPlan) -> list[Any] | LaunchHandle:
@@ -317,8 +313,7 @@ def _launch_workers(request: LaunchRequest, plan: LaunchPlan) -> list[Any] | Lau
     except BaseException:
         output.close()
         raise
-    if _wants_cell_bars(request):
-        CellBars(handle)  # the bars live in the calling cell, above the printed lines that follow
+    _show_cell_bars(request, handle)
     try:
         handle._start(threaded=not request.block)
     except BaseException:
@@ -345,8 +340,7 @@ def _launch_with_restarts(request: LaunchRequest, plan: LaunchPlan) -> list[Any]
         sinks=output.sinks, on_finish=output.close,
     )  # fmt: skip
     handle._start(threaded=not request.block)  # a first group that cannot start raises here
-    if _wants_cell_bars(request):
-        CellBars(handle)
+    _show_cell_bars(request, handle)
     return _serve(request, handle)
 
 

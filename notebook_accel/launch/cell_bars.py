@@ -9,11 +9,26 @@ final line is printed with the rank's other lines.
 from __future__ import annotations
 
 import html
+import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CellBars", "render_bars_html", "render_bars_text"]
+__all__ = ["CellBars", "kernel_display", "render_bars_html", "render_bars_text"]
+
+
+def kernel_display() -> Callable[..., Any] | None:
+    """Return IPython's ``display`` when called in a Jupyter kernel, else None.
+
+    Nothing is imported: a kernel has imported IPython (and with it ``IPython.display``) already, and
+    outside one the core must not load it.
+    """
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or not hasattr(shell, "kernel"):
+        return None
+    return ipython.display.display
 
 
 def render_bars_text(bars: list[Any]) -> str:
@@ -36,10 +51,8 @@ def render_bars_html(bars: list[Any]) -> str:
 class CellBars:
     """Show the open bars of ``handle``'s live ranks in one output of the calling cell."""
 
-    def __init__(self, handle: Any, interval: float = 0.2) -> None:
-        from IPython.display import display  # only ever built in a kernel
-
-        self._display = display
+    def __init__(self, handle: Any, display: Callable[..., Any], interval: float = 0.2) -> None:
+        self._display = display  # the kernel's (kernel_display())
         self._handle = handle
         self.interval = interval
         self._lock = threading.Lock()
