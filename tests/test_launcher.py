@@ -293,6 +293,19 @@ def test_text_the_caller_had_buffered_is_written_once_by_the_caller(tmp_path):
     assert "ranks said ['from a rank', 'from a rank']" in out.stdout
 
 
+def _fork_from_a_worker() -> int:
+    from notebook_accel.launch.procs import _FORKER
+
+    pid = _FORKER.fork(lambda: os._exit(7))
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_a_forked_worker_can_fork_through_the_launcher_thread_in_turn():
+    # The caller holds the fork thread's lock while a worker is forked; the worker's copy of it must
+    # not stay held (a launch from inside a worker waited forever).
+    assert notebook_launcher(_fork_from_a_worker, num_processes=2, sinks=[], timeout=30) == [7, 7]
+
+
 def test_twenty_launches_in_a_row():
     for i in range(20):
         assert notebook_launcher(_allreduce_rank, num_processes=2, sinks=[])[1]["sum"].item() == 3.0, i

@@ -162,6 +162,9 @@ class _ForkThread:
                 continue
             if pid == 0:
                 threading.current_thread().name = "MainThread"
+                # The caller held the lock while waiting for this fork: the child's copy stays held
+                # for good, and a launch from the child (a worker forking in turn) would wait forever.
+                self._lock = threading.Lock()
                 try:
                     child()
                 finally:
