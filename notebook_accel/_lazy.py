@@ -73,3 +73,35 @@ def attach(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], Any]
         return sorted(set(table) | set(importlib.import_module(package).__dict__))
 
     return __getattr__, __dir__
+
+
+def forward(package: str, target: str) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """Return ``(__getattr__, __dir__)`` for a face that serves every public name of one module.
+
+    ``package`` (an Accelerate path such as ``notebook_accel.utils.deepspeed``) then offers the names in
+    ``target``'s ``__all__``; ``target`` is imported the first time a name is looked up, so the face
+    itself imports nothing and writes no name down a second time.
+    """
+
+    def _public() -> tuple[Any, list[str]]:
+        module = importlib.import_module(target)
+        return module, list(getattr(module, "__all__", ()))
+
+    def __getattr__(name: str) -> Any:
+        if name.startswith("__") and name != "__all__":
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        module, public = _public()
+        if name == "__all__":
+            return public
+        if name not in public:
+            raise AttributeError(
+                f"module {package!r} has no attribute {name!r} (its names live in {target!r})"
+            )
+        value = getattr(module, name)
+        sys.modules[package].__dict__[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(_public()[1]) | set(sys.modules[package].__dict__))
+
+    return __getattr__, __dir__

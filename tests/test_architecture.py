@@ -52,6 +52,9 @@ _AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("big_modeling", ("notebook_accel.big_modeling",)),
     # Pipeline-parallel inference (prepare_pippy): reads the process state, builds on utils.
     ("inference", ("notebook_accel.inference",)),
+    # The engines (DeepSpeed, Megatron-LM, FSDP, bitsandbytes, fp8, XLA): above the training loop's
+    # wrappers they extend and big_modeling (quantized loading), below the accelerator that uses them.
+    ("integrations", ("notebook_accel.integrations",)),
     ("accelerator", ("notebook_accel.accelerator", "notebook_accel._accelerator_")),
     ("launchers", ("notebook_accel.launchers",)),
     ("widgets", ("notebook_accel.widgets",)),
@@ -68,6 +71,9 @@ _ALLOWED: dict[str, frozenset[str]] = {
     "big_modeling": frozenset({"lazy", "utils", "state", "hooks", "big_modeling"}),
     "inference": frozenset({"lazy", "utils", "state", "inference"}),
     "training": frozenset({"lazy", "utils", "state", "training"}),
+    "integrations": frozenset(
+        {"lazy", "utils", "state", "hooks", "big_modeling", "training", "integrations"}
+    ),
     "accelerator": _EVERYTHING - {"hooks", "big_modeling", "launch", "launchers", "widgets", "facade"},
     "launchers": frozenset({"lazy", "utils", "state", "launch", "launchers"}),
     "widgets": _EVERYTHING - {"facade"},

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
+from notebook_accel.integrations.quantization import bnb as bnb_utils
 from notebook_accel.utils import BnbQuantizationConfig, infer_auto_device_map
-from notebook_accel.utils import bnb as bnb_utils
 from notebook_accel.utils.bnb import get_quantized_model_device_map, quantize_and_offload_8bit
 from notebook_accel.utils.offload import load_offloaded_weight
 

@@ -11,9 +11,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from notebook_accel import Accelerator
+from notebook_accel.integrations.megatron import lm as mlm
 from notebook_accel.state import PartialState
 from notebook_accel.utils import MegatronLMPlugin
-from notebook_accel.utils import megatron_lm as mlm
 from notebook_accel.utils.megatron_lm import (
     MegatronEngine,
     MegatronLMDummyDataLoader,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
+from notebook_accel.integrations.fp8.recipes import TERecipeKwargs
 from notebook_accel.utils.ao import (
     convert_model_to_fp8_ao,
     filter_first_and_last_linear_layers,
@@ -12,7 +13,6 @@ from notebook_accel.utils.ao import (
     find_first_last_linear_layers,
     has_ao_layers,
 )
-from notebook_accel.utils.fp8_recipes import TERecipeKwargs
 from notebook_accel.utils.transformer_engine import (
     apply_fp8_autowrap,
     contextual_fp8_autocast,

@@ -14,6 +14,8 @@ import pytest
 import torch
 from torch import nn
 
+from notebook_accel.integrations import xla as xla_module
+from notebook_accel.integrations.quantization import bnb as bnb_module
 from notebook_accel.utils import (
     BnbQuantizationConfig,
     FullyShardedDataParallelPlugin,
@@ -25,8 +27,6 @@ from notebook_accel.utils import (
     save,
     wait_for_everyone,
 )
-from notebook_accel.utils import bnb as bnb_module
-from notebook_accel.utils import torch_xla as xla_module
 from notebook_accel.utils.environment import patch_environment
 from tests._dist import run_distributed
 

@@ -19,12 +19,31 @@ from ..checkpointing import (
     save_custom_state,
 )
 from ..data_loader import DataLoaderDispatcher, prepare_data_loader, skip_first_batches
+from ..integrations.deepspeed.plugin import DeepSpeedPlugin
+from ..integrations.fp8.ao import convert_model_to_fp8_ao
+from ..integrations.fp8.recipes import AORecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
+from ..integrations.fp8.transformer_engine import apply_fp8_autowrap, convert_model
+from ..integrations.fsdp.checkpoints import (
+    load_fsdp_model,
+    load_fsdp_optimizer,
+    save_fsdp_model,
+    save_fsdp_optimizer,
+)
+from ..integrations.fsdp.fsdp2 import (
+    ensure_weights_retied,
+    fsdp2_apply_ac,
+    fsdp2_canonicalize_names,
+    fsdp2_prepare_model,
+    fsdp2_switch_optimizer_parameters,
+    get_fsdp2_grad_scaler,
+)
+from ..integrations.fsdp.plugin import FullyShardedDataParallelPlugin
+from ..integrations.megatron.plugin import MegatronLMPlugin
 from ..logging import get_logger
 from ..optimizer import AcceleratedOptimizer
 from ..scheduler import AcceleratedScheduler
 from ..state import AcceleratorState, GradientState, PartialState
 from ..tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, filter_trackers
-from ..utils.ao import convert_model_to_fp8_ao
 from ..utils.compilation import (
     compile_regions,
     compile_regions_deepspeed,
@@ -46,20 +65,8 @@ from ..utils.constants import (
     WEIGHTS_NAME,
     WEIGHTS_PATTERN_NAME,
 )
-from ..utils.deepspeed_plugin import DeepSpeedPlugin
 from ..utils.enums import DistributedType, DynamoBackend, FP8BackendType, LoggerType, PrecisionType, RNGType
 from ..utils.environment import parse_choice_from_env
-from ..utils.fp8_recipes import AORecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
-from ..utils.fsdp2 import (
-    ensure_weights_retied,
-    fsdp2_apply_ac,
-    fsdp2_canonicalize_names,
-    fsdp2_prepare_model,
-    fsdp2_switch_optimizer_parameters,
-    get_fsdp2_grad_scaler,
-)
-from ..utils.fsdp_plugin import FullyShardedDataParallelPlugin
-from ..utils.fsdp_utils import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
 from ..utils.grad_scaler import get_grad_scaler
 from ..utils.imports import (
     is_bf16_available,
@@ -78,7 +85,6 @@ from ..utils.kwargs import (
     KwargsHandler,
     ProfileKwargs,
 )
-from ..utils.megatron_plugin import MegatronLMPlugin
 from ..utils.memory import release_memory
 from ..utils.modeling import get_mixed_precision_context_manager
 from ..utils.operations import (
@@ -110,7 +116,6 @@ from ..utils.package_checks import (
 )
 from ..utils.parallelism import ParallelismConfig
 from ..utils.plugins import GradientAccumulationPlugin, TorchDynamoPlugin, TorchTensorParallelPlugin
-from ..utils.transformer_engine import apply_fp8_autowrap, convert_model
 from ..utils.versions import compare_versions, is_torch_version
 from .core import Accelerator
 

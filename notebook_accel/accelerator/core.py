@@ -21,6 +21,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ..data_loader import prepare_data_loader, skip_first_batches
+from ..integrations.fsdp import wrap as _fsdp
 from ..optimizer import AcceleratedOptimizer
 from ..scheduler import AcceleratedScheduler
 from ..state import AcceleratorState, GradientState
@@ -30,7 +31,6 @@ from ..utils.compilation import is_compiled_module
 from ..utils.enums import DistributedType, PrecisionType
 from ..utils.memory import release_memory
 from ..utils.other import extract_model_from_parallel, save
-from . import fsdp as _fsdp
 from . import mesh as _mesh
 from . import profiling as _profiling
 from . import wrapping as _model

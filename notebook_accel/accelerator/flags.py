@@ -11,16 +11,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ..integrations.deepspeed.plugin import DeepSpeedPlugin
+from ..integrations.fsdp.plugin import FullyShardedDataParallelPlugin
 from ..utils import kwargs as kw
 from ..utils.configs import DataLoaderConfiguration, ProjectConfiguration
 from ..utils.enums import check_mixed_precision
 from ..utils.environment import parse_flag_from_env
-from ..utils.plugins import (
-    DeepSpeedPlugin,
-    FullyShardedDataParallelPlugin,
-    GradientAccumulationPlugin,
-    TorchDynamoPlugin,
-)
+from ..utils.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
 
 __all__ = ["AcceleratorFlags", "resolve_flags"]
 

@@ -23,8 +23,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from ..integrations.fsdp.plugin import FullyShardedDataParallelPlugin
 from ..utils.environment import parse_flag_from_env
-from ..utils.fsdp_plugin import FullyShardedDataParallelPlugin
 from ..utils.parallelism import ParallelismConfig
 
 __all__ = ["ParallelismMixin", "apply_tensor_parallel", "build_mesh", "plugins_for_parallelism"]

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from ..integrations.fp8.recipes import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
 from ..utils.enums import DistributedType, FP8BackendType
-from ..utils.fp8_recipes import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
 
 __all__: list[str] = []
 

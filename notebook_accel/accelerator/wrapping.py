@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
+from ..integrations.fp8.recipes import TERecipeKwargs
+from ..integrations.fsdp import wrap as _fsdp
 from ..utils import imports
 from ..utils.enums import DistributedType
-from ..utils.fp8_recipes import TERecipeKwargs
-from . import fsdp as _fsdp
 
 __all__: list[str] = []
 

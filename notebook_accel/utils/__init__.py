@@ -14,7 +14,7 @@ def _add(module: str, *names: str) -> None:
 
 # DeepSpeed config parsing and placeholders (running DeepSpeed needs `pip install deepspeed`)
 _add(
-    ".deepspeed",
+    "..integrations.deepspeed.config",
     "HfDeepSpeedConfig",
     "DummyOptim",
     "DummyScheduler",
@@ -63,17 +63,12 @@ _add(
     "ProfileKwargs",
 )
 # plugins
+_add(".plugins", "GradientAccumulationPlugin", "TorchDynamoPlugin", "TorchTensorParallelPlugin")
+_add("..integrations.deepspeed.plugin", "DeepSpeedPlugin")
+_add("..integrations.fsdp.plugin", "FullyShardedDataParallelPlugin")
+_add("..integrations.megatron.plugin", "MegatronLMPlugin")
 _add(
-    ".plugins",
-    "DeepSpeedPlugin",
-    "FullyShardedDataParallelPlugin",
-    "GradientAccumulationPlugin",
-    "MegatronLMPlugin",
-    "TorchDynamoPlugin",
-    "TorchTensorParallelPlugin",
-)
-_add(
-    ".fsdp_utils",
+    "..integrations.fsdp.checkpoints",
     "save_fsdp_model",
     "load_fsdp_model",
     "save_fsdp_optimizer",
@@ -83,7 +78,7 @@ _add(
     "disable_fsdp_ram_efficient_loading",
 )
 _add(
-    ".fsdp2",
+    "..integrations.fsdp.fsdp2",
     "ensure_weights_retied",
     "fsdp2_apply_ac",
     "fsdp2_canonicalize_names",
@@ -224,8 +219,8 @@ _add(".other", "extract_model_from_parallel", "save", "wait_for_everyone", "merg
 # random
 _add(".random", "set_seed", "synchronize_rng_state", "synchronize_rng_states")
 # XLA and quantization
-_add(".torch_xla", "install_xla")
-_add("..big_modeling.quantize", "load_and_quantize_model")
+_add("..integrations.xla", "install_xla")
+_add("..integrations.quantization.quantize", "load_and_quantize_model")
 # Accelerate 1.15 names (issue 12)
 _add(
     ".constants",
@@ -323,20 +318,22 @@ _add(
     "model_has_dtensor",
     "recursive_getattr",
 )
-_add(".fp8_recipes", "AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs")
+_add("..integrations.fp8.recipes", "AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs")
 _add(".launch", "PrepareForLaunch")
-_add(".ao", "convert_model_to_fp8_ao", "filter_first_and_last_linear_layers", "has_ao_layers")
 _add(
-    ".transformer_engine",
+    "..integrations.fp8.ao", "convert_model_to_fp8_ao", "filter_first_and_last_linear_layers", "has_ao_layers"
+)
+_add(
+    "..integrations.fp8.transformer_engine",
     "apply_fp8_autowrap",
     "contextual_fp8_autocast",
     "convert_model",
     "has_transformer_engine_layers",
 )
-_add(".megatron_config", "add_model_config_to_megatron_parser")
+_add("..integrations.megatron.config", "add_model_config_to_megatron_parser")
 # Megatron-LM's placeholders, train steps and loss averaging (running Megatron needs megatron-core)
 _add(
-    ".megatron_lm",
+    "..integrations.megatron.lm",
     "AbstractTrainStep",
     "BertTrainStep",
     "GPTTrainStep",
@@ -345,7 +342,7 @@ _add(
     "T5TrainStep",
     "avg_losses_across_data_parallel_group",
 )
-_add(".bnb", "has_4bit_bnb_layers")
+_add("..integrations.quantization.bnb", "has_4bit_bnb_layers")
 
 __all__ = sorted(_TABLE)
 __getattr__, __dir__ = attach(__name__, _TABLE)

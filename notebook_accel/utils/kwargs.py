@@ -27,7 +27,7 @@ __all__ = [
 # The FP8 recipes subclass KwargsHandler, so they live in utils.fp8_recipes and resolve here at first use.
 _FP8_RECIPES = dict.fromkeys(
     ("AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs"),
-    "notebook_accel.utils.fp8_recipes",
+    "notebook_accel.integrations.fp8.recipes",
 )
 __all__ += sorted(_FP8_RECIPES)
 __getattr__, __dir__ = attach(__name__, _FP8_RECIPES)

@@ -33,7 +33,6 @@ from .imports import is_torch_distributed_available, is_torch_xla_available, is_
 from .network import get_free_port, is_port_in_use
 from .package_checks import is_deepspeed_available, is_numpy_available, is_peft_available
 from .tensors import id_tensor_storage
-from .transformer_engine import convert_model
 from .versions import is_torch_version
 
 __all__ = [
@@ -64,8 +63,6 @@ __all__ = [
     "wait_for_everyone",
 ]
 # Accelerate 1.15 serves these names at this path too (defined elsewhere).
-__all__ += ["convert_model"]
-# Accelerate 1.15 serves these names at this path too (defined elsewhere).
 __all__ += [
     "DistributedType",
     "FSDP_PYTORCH_VERSION",
@@ -79,7 +76,11 @@ __all__ += [
 ]
 __all__ += ["write_basic_config"]
 # notebook_accel.logging sits above utils (it reads the process state): served at first use.
-_REEXPORTED_LAZILY = {"get_logger": "notebook_accel.logging"}
+# convert_model belongs to the fp8 integration, above utils: served at first use too.
+_REEXPORTED_LAZILY = {
+    "get_logger": "notebook_accel.logging",
+    "convert_model": "notebook_accel.integrations.fp8.transformer_engine",
+}
 __all__ += ["PartialState", *sorted(_REEXPORTED_LAZILY)]
 __getattr__, __dir__ = attach(__name__, _REEXPORTED_LAZILY)
 

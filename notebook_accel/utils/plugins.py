@@ -1,11 +1,12 @@
-"""Plugins passed to the Accelerator: DeepSpeed, FSDP, gradient accumulation, Megatron-LM, torch.compile, TP.
+"""Plugins passed to the Accelerator: gradient accumulation, torch.compile, tensor parallelism.
 
 Each is a dataclass that validates its fields in ``__post_init__`` (a bad value raises ValueError
 naming the field and the valid choices). Fields left at ``None`` fall back to the ``ACCELERATE_*`` /
 ``FSDP_*`` / ``MEGATRON_LM_*`` variables that ``accelerate launch`` exports, then to Accelerate's
 defaults. The engines themselves (deepspeed, megatron-core) are imported only when used.
-``DeepSpeedPlugin``, ``FullyShardedDataParallelPlugin`` and ``MegatronLMPlugin`` live in their own
-modules (``deepspeed_plugin.py``, ``fsdp_plugin.py``, ``megatron_plugin.py``) and are re-exported here.
+The engines' plugins (``DeepSpeedPlugin``, ``FullyShardedDataParallelPlugin``, ``MegatronLMPlugin``) live
+with their engines in ``notebook_accel.integrations`` (``deepspeed/plugin.py``, ``fsdp/plugin.py``,
+``megatron/plugin.py``), so that the process state, which imports this module, loads none of them.
 """
 
 from __future__ import annotations
@@ -18,18 +19,12 @@ from typing import Any
 from ._validation import choice as _choice
 from ._validation import env as _env
 from ._validation import positive_int as _positive_int
-from .deepspeed_plugin import DeepSpeedPlugin
 from .enums import DynamoBackend
 from .environment import parse_flag_from_env
-from .fsdp_plugin import FullyShardedDataParallelPlugin
 from .kwargs import KwargsHandler
-from .megatron_plugin import MegatronLMPlugin
 
 __all__ = [
-    "DeepSpeedPlugin",
-    "FullyShardedDataParallelPlugin",
     "GradientAccumulationPlugin",
-    "MegatronLMPlugin",
     "TorchDynamoPlugin",
     "TorchTensorParallelPlugin",
 ]

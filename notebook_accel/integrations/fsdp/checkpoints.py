@@ -32,11 +32,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from .._lazy import attach
-from .allocation import get_non_persistent_buffers
-from .atomic_files import atomic_write
-from .compilation import is_compiled_module
-from .constants import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from ..._lazy import attach
+from ...utils.allocation import get_non_persistent_buffers
+from ...utils.atomic_files import atomic_write
+from ...utils.compilation import is_compiled_module
+from ...utils.constants import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from ...utils.other import is_peft_model, save
+from ...utils.versions import is_torch_version
 from .fsdp2 import (
     ensure_weights_retied,
     fsdp2_apply_ac,
@@ -49,9 +51,7 @@ from .fsdp2 import (
     get_module_children_bottom_up,
     get_parameters_from_modules,
 )
-from .fsdp_plugin import get_module_class_from_name
-from .other import is_peft_model, save
-from .versions import is_torch_version
+from .plugin import get_module_class_from_name
 
 __all__ = [
     "FSDP_MODEL_NAME",

@@ -1,7 +1,7 @@
 """Wrapping a model for FSDP, version 1 (``FullyShardedDataParallel``) or 2 (``fully_shard``), on CPU or GPU.
 
 ``prepare_fsdp`` is the one entry the Accelerator calls; the plugin (resolved once, see
-``utils/fsdp_plugin.py``) says which version and how. FSDP1 replaces the model by a wrapper
+``plugin.py``) says which version and how. FSDP1 replaces the model by a wrapper
 module; FSDP2 keeps the model and swaps its parameters for sharded ``DTensor``s. Either way the
 optimizer the user built on the unwrapped model is re-pointed at the new parameters here, and the
 gradient norm is computed over all shards (``clip_grad_norm``).
@@ -24,7 +24,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.distributed.tensor import DTensor
 
-from ..utils.fsdp2 import fsdp2_canonicalize_names, fsdp2_prepare_auto_wrap_policy, fsdp2_prepare_model
+from .fsdp2 import fsdp2_canonicalize_names, fsdp2_prepare_auto_wrap_policy, fsdp2_prepare_model
 
 __all__ = ["clip_grad_norm", "prepare_fsdp", "remap_optimizer_params"]
 

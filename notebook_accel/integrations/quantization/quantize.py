@@ -13,13 +13,13 @@ import os
 import torch
 from torch import nn
 
-from ..utils import bnb
-from ..utils.checkpoints import load_checkpoint_in_model
-from ..utils.configs import BnbQuantizationConfig
-from ..utils.devices import OFFLOAD_KEYS, device_key
-from ..utils.placement import DevicePlacement, require_offload_folder
-from .dispatch import dispatch_model
-from .empty import init_empty_weights
+from ...big_modeling.dispatch import dispatch_model
+from ...big_modeling.empty import init_empty_weights
+from ...utils.checkpoints import load_checkpoint_in_model
+from ...utils.configs import BnbQuantizationConfig
+from ...utils.devices import OFFLOAD_KEYS, device_key
+from ...utils.placement import DevicePlacement, require_offload_folder
+from . import bnb
 
 __all__ = ["load_and_quantize_model"]
 

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._validation import choice as _choice
-from ._validation import env as _env
-from ._validation import positive_int as _positive_int
-from .environment import str_to_bool
-from .imports import is_megatron_lm_available
-from .megatron_config import MODEL_CONFIGS_TO_MEGATRON_PARSERS
+from ...utils._validation import choice as _choice
+from ...utils._validation import env as _env
+from ...utils._validation import positive_int as _positive_int
+from ...utils.environment import str_to_bool
+from ...utils.imports import is_megatron_lm_available
+from .config import MODEL_CONFIGS_TO_MEGATRON_PARSERS
 
 __all__ = ["MegatronLMPlugin"]
 

@@ -4,7 +4,7 @@ Megatron-LM builds the model, optimizer, scheduler and data iterators itself fro
 the script passes placeholders that carry its choices: ``MegatronLMDummyScheduler`` (steps and warm-up)
 and ``MegatronLMDummyDataLoader`` (Megatron's data arguments). ``megatron_training_args`` turns what
 ``prepare`` received into Megatron's arguments, in plain Python. The train-step classes (batch, forward
-and loss functions, plain torch) are in :mod:`notebook_accel.utils.megatron_train_steps`.
+and loss functions, plain torch) are in :mod:`notebook_accel.integrations.megatron.train_steps`.
 ``avg_losses_across_data_parallel_group`` and ``gather_across_data_parallel_groups`` use Megatron's
 data-parallel group when Megatron's parallel state is initialized; otherwise every process is a
 data-parallel rank (plain data parallelism, as notebook_accel launches), so they use the default process
@@ -22,15 +22,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .._lazy import attach
-from .imports import is_megatron_lm_available
-from .megatron_plugin import _batch_args, _decay_args, _optimizer_args, _scheduler_steps
-from .operations import recursively_apply, send_to_device
+from ..._lazy import attach
+from ...utils.imports import is_megatron_lm_available
+from ...utils.operations import recursively_apply, send_to_device
+from .plugin import _batch_args, _decay_args, _optimizer_args, _scheduler_steps
 
 # The engine and the optimizer/scheduler wrappers extend the training-layer wrappers, which utils may
 # not import; the train steps import this module. The lazy table serves them all at this path.
-_ENGINE = "notebook_accel._megatron_engine"
-_STEPS = "notebook_accel.utils.megatron_train_steps"
+_ENGINE = "notebook_accel.integrations.megatron.engine"
+_STEPS = "notebook_accel.integrations.megatron.train_steps"
 _LAZY = {
     "AcceleratedOptimizer": "notebook_accel.optimizer",
     "AcceleratedScheduler": "notebook_accel.scheduler",

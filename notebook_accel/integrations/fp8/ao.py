@@ -12,8 +12,8 @@ from typing import Any
 
 from torch import nn
 
-from .imports import torchao_required
-from .package_checks import is_torchao_available
+from ...utils.imports import torchao_required
+from ...utils.package_checks import is_torchao_available
 
 __all__ = [
     "convert_model_to_fp8_ao",

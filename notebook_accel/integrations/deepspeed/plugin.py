@@ -15,13 +15,13 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from . import imports
-from ._validation import choice as _choice
-from ._validation import env as _env
-from ._validation import positive_int as _positive_int
-from .enums import MIXED_PRECISION_CHOICES
-from .environment import parse_flag_from_env
-from .fsdp_plugin import get_module_class_from_name
+from ...utils import imports
+from ...utils._validation import choice as _choice
+from ...utils._validation import env as _env
+from ...utils._validation import positive_int as _positive_int
+from ...utils.enums import MIXED_PRECISION_CHOICES
+from ...utils.environment import parse_flag_from_env
+from ..fsdp.plugin import get_module_class_from_name
 
 __all__ = ["DeepSpeedPlugin"]
 

@@ -4,7 +4,7 @@ One dataclass serves both versions because Accelerate scripts pass one plugin an
 ``fsdp_version``. ``__post_init__`` resolves every unset field once (argument, then the ``FSDP_*``
 variable that ``accelerate launch`` exports, then the version's default) into the objects torch takes,
 and rejects a setting the chosen version cannot honour with a ValueError naming the field and the fix.
-The wrapping itself lives in ``notebook_accel.accelerator.fsdp``; this module only describes it.
+The wrapping itself lives in ``notebook_accel.integrations.fsdp.wrap``; this module only describes it.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch.distributed import fsdp
 
-from ._validation import choice as _choice
-from ._validation import env as _env
-from .environment import parse_flag_from_env, str_to_bool
+from ...utils._validation import choice as _choice
+from ...utils._validation import env as _env
+from ...utils.environment import parse_flag_from_env, str_to_bool
 
 __all__ = ["FullyShardedDataParallelPlugin", "get_module_class_from_name"]
 

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._validation import choice
-from .environment import str_to_bool
-from .kwargs import KwargsHandler
-from .package_checks import is_msamp_available, is_torchao_available, is_transformer_engine_available
+from ...utils._validation import choice
+from ...utils.environment import str_to_bool
+from ...utils.kwargs import KwargsHandler
+from ...utils.package_checks import is_msamp_available, is_torchao_available, is_transformer_engine_available
 
 __all__ = ["AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs"]
 

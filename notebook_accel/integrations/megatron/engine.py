@@ -18,12 +18,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .data_loader import prepare_data_loader as _shard_data_loader
-from .optimizer import AcceleratedOptimizer
-from .scheduler import AcceleratedScheduler
-from .state import AcceleratorState, GradientState
-from .utils.megatron_lm import MegatronLMDummyDataLoader, megatron_only, megatron_plugin_of, require_megatron
-from .utils.megatron_train_steps import BertTrainStep, GPTTrainStep, T5TrainStep
+from ...data_loader import prepare_data_loader as _shard_data_loader
+from ...optimizer import AcceleratedOptimizer
+from ...scheduler import AcceleratedScheduler
+from ...state import AcceleratorState, GradientState
+from .lm import MegatronLMDummyDataLoader, megatron_only, megatron_plugin_of, require_megatron
+from .train_steps import BertTrainStep, GPTTrainStep, T5TrainStep
 
 __all__ = [
     "MegatronEngine",

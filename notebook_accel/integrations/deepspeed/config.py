@@ -17,19 +17,19 @@ from typing import Any
 
 import torch
 
-from .._lazy import attach
-from .enums import DistributedType
-from .package_checks import is_bnb_available
-from .versions import compare_versions
+from ..._lazy import attach
+from ...utils.enums import DistributedType
+from ...utils.package_checks import is_bnb_available
+from ...utils.versions import compare_versions
 
 # The engine/optimizer/scheduler wrappers extend the training-layer wrappers, which utils may not
 # import; the lazy table serves them at this path (as the package facades do).
 _LAZY = {
     "AcceleratedOptimizer": "notebook_accel.optimizer",
     "AcceleratedScheduler": "notebook_accel.scheduler",
-    "DeepSpeedEngineWrapper": "notebook_accel._deepspeed_engine",
-    "DeepSpeedOptimizerWrapper": "notebook_accel._deepspeed_engine",
-    "DeepSpeedSchedulerWrapper": "notebook_accel._deepspeed_engine",
+    "DeepSpeedEngineWrapper": "notebook_accel.integrations.deepspeed.engine",
+    "DeepSpeedOptimizerWrapper": "notebook_accel.integrations.deepspeed.engine",
+    "DeepSpeedSchedulerWrapper": "notebook_accel.integrations.deepspeed.engine",
 }
 __getattr__, __dir__ = attach(__name__, _LAZY)
 

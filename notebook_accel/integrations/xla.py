@@ -7,7 +7,7 @@ import logging
 import subprocess
 import sys
 
-from .environment import detect_platform
+from ..utils.environment import detect_platform
 
 __all__ = ["install_xla"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .optimizer import AcceleratedOptimizer
-from .scheduler import AcceleratedScheduler
+from ...optimizer import AcceleratedOptimizer
+from ...scheduler import AcceleratedScheduler
 
 __all__ = ["DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper"]
 

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .imports import is_hpu_available
-from .operations import GatheredParameters
-from .package_checks import is_transformer_engine_available
+from ...utils.imports import is_hpu_available
+from ...utils.operations import GatheredParameters
+from ...utils.package_checks import is_transformer_engine_available
 
 __all__ = [
     "GatheredParameters",

@@ -1,7 +1,7 @@
 """bitsandbytes quantization pieces: check the library, choose the layers to keep, swap Linear layers.
 
 ``load_and_quantize_model`` (which also loads and dispatches the weights, so it needs the hooks) lives
-in :mod:`notebook_accel.big_modeling.quantize`; this module lists it lazily at its Accelerate path.
+in :mod:`notebook_accel.integrations.quantization.quantize`; this module lists it lazily at its Accelerate path.
 """
 
 from __future__ import annotations
@@ -15,23 +15,25 @@ import torch
 from torch import nn
 from torch.torch_version import TorchVersion
 
-from .._lazy import attach
-from . import imports
-from .checkpoints import load_checkpoint_in_model as load_checkpoint_in_model  # Accelerate's bnb has it
-from .configs import BnbQuantizationConfig
-from .device_map import DEVICE_MAP_STRATEGIES, infer_auto_device_map, resolve_device_map
-from .device_memory import get_balanced_memory
-from .devices import OFFLOAD_KEYS, device_key
-from .enums import CustomDtype
-from .offload import offload_weight
-from .package_checks import is_4bit_bnb_available, is_8bit_bnb_available
-from .tensors import set_module_tensor_to_device
-from .tied_params import find_tied_parameters
+from ..._lazy import attach
+from ...utils import imports
+from ...utils.checkpoints import (
+    load_checkpoint_in_model as load_checkpoint_in_model,  # Accelerate's bnb has it
+)
+from ...utils.configs import BnbQuantizationConfig
+from ...utils.device_map import DEVICE_MAP_STRATEGIES, infer_auto_device_map, resolve_device_map
+from ...utils.device_memory import get_balanced_memory
+from ...utils.devices import OFFLOAD_KEYS, device_key
+from ...utils.enums import CustomDtype
+from ...utils.offload import offload_weight
+from ...utils.package_checks import is_4bit_bnb_available, is_8bit_bnb_available
+from ...utils.tensors import set_module_tensor_to_device
+from ...utils.tied_params import find_tied_parameters
 
 # load_and_quantize_model loads and dispatches (hooks): resolved at first use, not imported (a lazy
 # table entry keeps utils below big_modeling).
 _FROM_BIG_MODELING = {
-    "load_and_quantize_model": "notebook_accel.big_modeling.quantize",
+    "load_and_quantize_model": "notebook_accel.integrations.quantization.quantize",
     # Accelerate's bnb module serves these too; they build on hooks, above utils.
     "dispatch_model": "notebook_accel.big_modeling",
     "init_empty_weights": "notebook_accel.big_modeling",
@@ -52,6 +54,9 @@ __all__ = [
 ]
 # Accelerate 1.15 serves these names at this path too (defined elsewhere).
 __all__ += [
+    "BnbQuantizationConfig",
+    "find_tied_parameters",
+    "load_checkpoint_in_model",
     "get_balanced_memory",
     "infer_auto_device_map",
     "is_4bit_bnb_available",

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .megatron_lm import avg_losses_across_data_parallel_group
+from .lm import avg_losses_across_data_parallel_group
 
 __all__ = ["AbstractTrainStep", "BertTrainStep", "GPTTrainStep", "T5TrainStep"]
 

@@ -1,0 +1,1 @@
+"""DeepSpeed: the plugin (``plugin``), the config object and placeholders (``config``), the wrappers (``engine``)."""

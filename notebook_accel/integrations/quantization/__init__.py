@@ -1,0 +1,1 @@
+"""bitsandbytes quantization: the layer swaps (``bnb``) and ``load_and_quantize_model`` (``quantize``)."""
