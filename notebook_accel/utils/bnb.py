@@ -1,0 +1,8 @@
+"""``accelerate.utils.bnb``: the bitsandbytes quantization helpers.
+
+Served from :mod:`notebook_accel.integrations.quantization.bnb` (every name of its ``__all__``), imported the first time a name is asked for.
+"""
+
+from .._lazy import forward
+
+__getattr__, __dir__ = forward(__name__, "notebook_accel.integrations.quantization.bnb")
