@@ -28,10 +28,10 @@ from notebook_accel.hooks import (
 )
 from notebook_accel.hooks.offloaded import find_align_hook
 from notebook_accel.prefetch import THREAD_NAME_PREFIX, Prefetcher, enable_prefetch
-from notebook_accel.utils import placement
-from notebook_accel.utils.checkpoints import load_checkpoint_in_model
-from notebook_accel.utils.device_map import check_device_map
-from notebook_accel.utils.placement import DevicePlacement
+from notebook_accel.utils.checkpoint_io.checkpoints import load_checkpoint_in_model
+from notebook_accel.utils.device_planning import placement
+from notebook_accel.utils.device_planning.device_map import check_device_map
+from notebook_accel.utils.device_planning.placement import DevicePlacement
 
 
 class Block(nn.Module):

@@ -237,7 +237,7 @@ def test_offload_state_dict_round_trip(tmp_path, monkeypatch) -> None:
     spills: list[str] = []
     real_mkdtemp = tempfile.mkdtemp
     monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: spills.append(real_mkdtemp(**kw)) or spills[-1])
-    from notebook_accel.utils import checkpoints
+    from notebook_accel.utils.checkpoint_io import checkpoints
 
     written: list[str] = []
     real_offload_weight = checkpoints.offload_weight

@@ -170,7 +170,7 @@ def test_string_budgets_and_key_spellings() -> None:
 
 def test_verbose_records_decisions(caplog) -> None:
     model = meta_lm()
-    with caplog.at_level(logging.INFO, logger="notebook_accel.utils.planner"):
+    with caplog.at_level(logging.INFO, logger="notebook_accel.utils.device_planning.planner"):
         plan = plan_device_map(model, max_memory={0: 2000, "cpu": 10**9}, verbose=True)
     assert plan.decisions and any("next device" in d or "splitting" in d for d in plan.decisions)
     assert "->" in caplog.text
@@ -327,7 +327,7 @@ def test_get_max_memory_queries_gpus_when_present() -> None:
 def test_cpu_budget_honours_cgroup_limit(monkeypatch) -> None:
     import psutil
 
-    from notebook_accel.utils import device_memory
+    from notebook_accel.utils.device_planning import device_memory
 
     assert device_memory._available_cpu_memory() <= psutil.virtual_memory().available
     monkeypatch.setattr(device_memory, "_cgroup_memory_left", lambda: 12345)
@@ -335,7 +335,7 @@ def test_cpu_budget_honours_cgroup_limit(monkeypatch) -> None:
 
 
 def test_device_key_errors() -> None:
-    from notebook_accel.utils.devices import device_key
+    from notebook_accel.utils.device_planning.devices import device_key
 
     assert device_key("cuda") == 0 and device_key(torch.device("cuda:2")) == 2
     assert device_key(" CPU ") == "cpu" and device_key("3") == 3
@@ -354,7 +354,7 @@ def test_model_larger_than_every_budget_including_disk() -> None:
 
 
 def test_strategy_memory_is_the_one_meaning_of_each_strategy() -> None:
-    from notebook_accel.utils.device_map import strategy_memory
+    from notebook_accel.utils.device_planning.device_map import strategy_memory
 
     model = meta_lm(n=4, tie=False)
     assert strategy_memory(model, "sequential", {"cpu": "1KiB"}) == {"cpu": 1024}

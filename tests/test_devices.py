@@ -1,13 +1,13 @@
-"""notebook_accel.utils.devices: the one place a device's spelling is decided, and DeviceLookup."""
+"""notebook_accel.utils.device_planning.devices: the one place a device's spelling is decided, and DeviceLookup."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from notebook_accel.utils.device_memory import get_max_memory
-from notebook_accel.utils.devices import device_key, device_label, is_disk, torch_device
-from notebook_accel.utils.placement import DeviceLookup
+from notebook_accel.utils.device_planning.device_memory import get_max_memory
+from notebook_accel.utils.device_planning.devices import device_key, device_label, is_disk, torch_device
+from notebook_accel.utils.device_planning.placement import DeviceLookup
 
 
 def test_device_key_spells_devices_as_device_maps_do() -> None:

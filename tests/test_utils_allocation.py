@@ -8,7 +8,7 @@ from torch import nn
 
 from notebook_accel.big_modeling import cpu_offload
 from notebook_accel.state import PartialState
-from notebook_accel.utils import tensors as tensors_module
+from notebook_accel.utils.device_planning import tensors as tensors_module
 from notebook_accel.utils.grad_scaler import get_grad_scaler
 from notebook_accel.utils.modeling import (
     check_device_same,
@@ -40,7 +40,9 @@ def test_get_module_size_with_ties_adds_the_tied_module_once() -> None:
     model = _model()
     sizes = compute_module_sizes(model)
     # "0" (24 bytes) tied to 1.0.weight: module "1" (52) joins it, the shared weight (24) counted once.
-    size, names, modules = get_module_size_with_ties(["1.0.weight"], 24, sizes, [("1", model[1]), ("0", model[0])])
+    size, names, modules = get_module_size_with_ties(
+        ["1.0.weight"], 24, sizes, [("1", model[1]), ("0", model[0])]
+    )
     assert (size, names, modules) == (52, ["1"], [model[1]])
     assert get_module_size_with_ties([], 24, sizes, [("1", model[1])]) == (24, [], [])
     # A tied parameter whose module was already placed adds nothing.

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from notebook_accel.utils import constants, imports, package_checks, versions
+from notebook_accel.utils.device_planning.sizes import dtype_byte_size
 from notebook_accel.utils.enums import (
     CustomDtype,
     DDPCommunicationHookType,
@@ -19,7 +20,6 @@ from notebook_accel.utils.enums import (
     PrecisionType,
 )
 from notebook_accel.utils.kwargs import DistributedDataParallelKwargs, InitProcessGroupKwargs
-from notebook_accel.utils.sizes import dtype_byte_size
 
 
 def test_compare_versions_reads_installed_metadata_and_version_objects() -> None:

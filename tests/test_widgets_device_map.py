@@ -8,8 +8,8 @@ import torch.nn as nn
 from notebook_accel.widgets import DeviceMapExplorer
 from notebook_accel.widgets._machine import MachineInfo
 
-from notebook_accel.utils.device_map import resolve_device_map
-from notebook_accel.utils.sizes import compute_module_sizes, convert_file_size_to_int
+from notebook_accel.utils.device_planning.device_map import resolve_device_map
+from notebook_accel.utils.device_planning.sizes import compute_module_sizes, convert_file_size_to_int
 
 MiB = 1024**2
 GiB = 1024**3

@@ -10,9 +10,13 @@ from typing import Any
 
 import torch
 
-from notebook_accel.utils.device_map import DEVICE_MAP_STRATEGIES, plan_device_map, strategy_memory
-from notebook_accel.utils.sizes import compute_module_sizes, convert_file_size_to_int
-from notebook_accel.utils.tied_params import find_tied_parameters
+from notebook_accel.utils.device_planning.device_map import (
+    DEVICE_MAP_STRATEGIES,
+    plan_device_map,
+    strategy_memory,
+)
+from notebook_accel.utils.device_planning.sizes import compute_module_sizes, convert_file_size_to_int
+from notebook_accel.utils.device_planning.tied_params import find_tied_parameters
 
 from ._base import _badge, _fmt_bytes, _import_ipywidgets, _Panel, _size_literal, _table, _text_table
 from ._charts import png_img_tag, stacked_bars_png
@@ -21,7 +25,7 @@ from ._modules import suggest_no_split_classes
 
 __all__ = ["DeviceMapExplorer"]
 
-STRATEGIES = DEVICE_MAP_STRATEGIES  # the one list, from notebook_accel.utils.device_map
+STRATEGIES = DEVICE_MAP_STRATEGIES  # the one list, from notebook_accel.utils.device_planning.device_map
 DTYPES = (None, "float32", "float16", "bfloat16", "int8")
 _AS_STORED = "as stored"  # the dtype dropdown's value for None (ipywidgets shows a None value blank)
 _GIB = 1024**3

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from notebook_accel.big_modeling import init_empty_weights
-from notebook_accel.utils.sizes import get_max_layer_size
+from notebook_accel.utils.device_planning.sizes import get_max_layer_size
 
 from ._activations import ActivationTrace, normalize_sample_input, trace_activations
 from ._base import _badge, _fmt_bytes, _import_ipywidgets, _Panel, _size_literal, _table, _text_table

@@ -24,8 +24,9 @@ from ..hooks import attach_layerwise_casting_hooks
 from ..hooks.align import LayerwiseCastingHook
 from ..utils.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 from ..utils.device_info import check_cuda_p2p_ib_support
-from ..utils.device_map import infer_auto_device_map
-from ..utils.device_memory import get_balanced_memory
+from ..utils.device_planning.device_map import infer_auto_device_map
+from ..utils.device_planning.device_memory import get_balanced_memory
+from ..utils.device_planning.tied_params import retie_parameters
 from ..utils.imports import (
     is_mlu_available,
     is_musa_available,
@@ -35,7 +36,6 @@ from ..utils.imports import (
     is_xpu_available,
 )
 from ..utils.package_checks import is_bnb_available
-from ..utils.tied_params import retie_parameters
 from .dispatch import dispatch_model, load_checkpoint_and_dispatch
 from .empty import init_empty_weights, init_on_device
 from .offload import cpu_offload, cpu_offload_with_hook, disk_offload
@@ -84,9 +84,9 @@ _ALSO_HERE = {
     "OffloadedWeightsLoader": "notebook_accel.utils.offload",
     "extract_submodules_state_dict": "notebook_accel.utils.offload",
     "offload_state_dict": "notebook_accel.utils.offload",
-    "check_device_map": "notebook_accel.utils.placement",
-    "find_tied_parameters": "notebook_accel.utils.tied_params",
-    "load_checkpoint_in_model": "notebook_accel.utils.checkpoints",
+    "check_device_map": "notebook_accel.utils.device_planning.placement",
+    "find_tied_parameters": "notebook_accel.utils.device_planning.tied_params",
+    "load_checkpoint_in_model": "notebook_accel.utils.checkpoint_io.checkpoints",
     "parse_flag_from_env": "notebook_accel.utils.environment",
     # utils.other reads the process state: importing it here would load the state, the plugins and
     # torch.distributed.fsdp for every big-model import (tests/test_big_modeling_import.py).

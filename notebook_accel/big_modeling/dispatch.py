@@ -1,6 +1,6 @@
 """Dispatching a model over a device map: ``dispatch_model`` and ``load_checkpoint_and_dispatch``.
 
-The device map is checked once per load (a :class:`~notebook_accel.utils.placement.DevicePlacement`
+The device map is checked once per load (a :class:`~notebook_accel.utils.device_planning.placement.DevicePlacement`
 that loading and dispatching share). Modules mapped to a device are placed there by one hook per
 block; "cpu" blocks (with a GPU main device) and "disk" blocks are loaded at their forward from a
 lazy weights map. Until the hooks are removed, ``model.to(device)`` on a model dispatched with
@@ -19,12 +19,12 @@ import torch
 from torch import nn
 
 from ..hooks import attach_align_device_hook_on_blocks
-from ..utils.checkpoints import load_checkpoint_in_model
-from ..utils.device_map import DEVICE_MAP_STRATEGIES, resolve_device_map
-from ..utils.devices import DISK, OFFLOAD_KEYS, Device, device_key, torch_device
+from ..utils.checkpoint_io.checkpoints import load_checkpoint_in_model
+from ..utils.device_planning.device_map import DEVICE_MAP_STRATEGIES, resolve_device_map
+from ..utils.device_planning.devices import DISK, OFFLOAD_KEYS, Device, device_key, torch_device
+from ..utils.device_planning.placement import DevicePlacement, require_offload_folder
+from ..utils.device_planning.tied_params import find_tied_parameters
 from ..utils.offload import OffloadedWeightsLoader, extract_submodules_state_dict, offload_state_dict
-from ..utils.placement import DevicePlacement, require_offload_folder
-from ..utils.tied_params import find_tied_parameters
 from .offload import check_no_meta, has_offload_index, start_prefetch
 
 __all__ = ["dispatch_model", "load_checkpoint_and_dispatch"]

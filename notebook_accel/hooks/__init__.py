@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from .._lazy import attach as _lazy_attach
 from ..utils._ops_structure import find_device, send_to_device
-from ..utils.allocation import get_non_persistent_buffers
+from ..utils.device_planning.allocation import get_non_persistent_buffers
+from ..utils.device_planning.sizes import named_module_tensors
+from ..utils.device_planning.tensors import set_module_tensor_to_device
 from ..utils.imports import is_mlu_available, is_musa_available, is_npu_available
 from ..utils.memory import clear_device_cache
 from ..utils.offload import PrefixedDataset
-from ..utils.sizes import named_module_tensors
-from ..utils.tensors import set_module_tensor_to_device
 from .align import AlignDevicesHook, CpuOffload, LayerwiseCastingHook, UserCpuOffloadHook
 from .attach import (
     attach_align_device_hook,

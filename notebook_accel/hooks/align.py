@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..utils.devices import device_label, torch_device
+from ..utils.device_planning.devices import device_label, torch_device
 from ..utils.offload import weights_source
 from . import events
 from .base import ModelHook, remove_hook_from_module

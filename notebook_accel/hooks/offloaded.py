@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..utils.devices import device_label
-from ..utils.tensors import set_module_tensor_to_device
+from ..utils.device_planning.devices import device_label
+from ..utils.device_planning.tensors import set_module_tensor_to_device
 from .align import AlignDevicesHook
 from .base import SequentialHook
 
@@ -123,7 +123,9 @@ def get_state_dict_from_offload(
     for sub_name, sub in module.named_modules():
         sub_prefix = prefix + (f"{sub_name}." if sub_name else "")
         aligned = (
-            align_module_device(sub, device_to_put_offload) if has_offloaded_params(sub) else contextlib.nullcontext()
+            align_module_device(sub, device_to_put_offload)
+            if has_offloaded_params(sub)
+            else contextlib.nullcontext()
         )
         with aligned:
             for key, tensor in _own_tensors(sub):

@@ -183,7 +183,7 @@ _add(
 # the `utils.modeling` face: that face also serves get_mixed_precision_context_manager, which reads
 # the process state, and a big-model name must not load the state (tests/test_big_modeling_import.py).
 _add(
-    ".sizes",
+    ".device_planning.sizes",
     "calculate_maximum_sizes",
     "compute_module_sizes",
     "compute_module_total_buffer_size",
@@ -192,12 +192,17 @@ _add(
     "dtype_byte_size",
     "convert_file_size_to_int",
 )
-_add(".device_memory", "get_balanced_memory", "get_max_memory")
-_add(".device_map", "infer_auto_device_map", "clean_device_map")
-_add(".placement", "check_device_map")
-_add(".checkpoints", "load_checkpoint_in_model", "load_state_dict", "shard_checkpoint")
-_add(".tied_params", "retie_parameters", "find_tied_parameters", "check_tied_parameters_on_same_device")
-_add(".tensors", "set_module_tensor_to_device", "id_tensor_storage")
+_add(".device_planning.device_memory", "get_balanced_memory", "get_max_memory")
+_add(".device_planning.device_map", "infer_auto_device_map", "clean_device_map")
+_add(".device_planning.placement", "check_device_map")
+_add(".checkpoint_io.checkpoints", "load_checkpoint_in_model", "load_state_dict", "shard_checkpoint")
+_add(
+    ".device_planning.tied_params",
+    "retie_parameters",
+    "find_tied_parameters",
+    "check_tied_parameters_on_same_device",
+)
+_add(".device_planning.tensors", "set_module_tensor_to_device", "id_tensor_storage")
 _add(".modeling", "get_mixed_precision_context_manager")
 # offload
 _add(
@@ -280,7 +285,7 @@ _add(
 _add(".versions", "compare_versions")
 _add(".grad_scaler", "get_grad_scaler")
 _add(".other", "is_peft_model")
-_add(".allocation", "check_tied_parameters_in_config")
+_add(".device_planning.allocation", "check_tied_parameters_in_config")
 _add(".tqdm", "tqdm")
 _add(
     ".compilation",

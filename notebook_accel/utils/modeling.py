@@ -21,7 +21,14 @@ from typing import Any
 import torch
 
 from .._lazy import attach
-from .allocation import (
+from .checkpoint_io.checkpoints import (
+    find_checkpoint_files,
+    load_checkpoint_in_model,
+    load_state_dict,
+    shard_checkpoint,
+)
+from .constants import SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from .device_planning.allocation import (
     check_device_same,
     check_tied_parameters_in_config,
     fallback_allocate,
@@ -29,9 +36,7 @@ from .allocation import (
     get_module_size_with_ties,
     get_non_persistent_buffers,
 )
-from .checkpoints import find_checkpoint_files, load_checkpoint_in_model, load_state_dict, shard_checkpoint
-from .constants import SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
-from .device_map import (
+from .device_planning.device_map import (
     DeviceMapPlan,
     check_device_map,
     clean_device_map,
@@ -39,7 +44,22 @@ from .device_map import (
     plan_device_map,
     resolve_device_map,
 )
-from .device_memory import get_balanced_memory, get_max_memory
+from .device_planning.device_memory import get_balanced_memory, get_max_memory
+from .device_planning.sizes import (
+    calculate_maximum_sizes,
+    compute_module_sizes,
+    compute_module_total_buffer_size,
+    convert_file_size_to_int,
+    dtype_byte_size,
+    get_max_layer_size,
+    named_module_tensors,
+)
+from .device_planning.tensors import id_tensor_storage, set_module_tensor_to_device
+from .device_planning.tied_params import (
+    check_tied_parameters_on_same_device,
+    find_tied_parameters,
+    retie_parameters,
+)
 from .enums import CustomDtype, DistributedType
 from .grad_scaler import get_grad_scaler
 from .imports import (
@@ -57,17 +77,6 @@ from .memory import clear_device_cache
 from .offload import load_offloaded_weight, load_offloaded_weights, offload_weight, save_offload_index
 from .other import _accelerator_state, is_peft_model
 from .package_checks import is_peft_available, is_tqdm_available
-from .sizes import (
-    calculate_maximum_sizes,
-    compute_module_sizes,
-    compute_module_total_buffer_size,
-    convert_file_size_to_int,
-    dtype_byte_size,
-    get_max_layer_size,
-    named_module_tensors,
-)
-from .tensors import id_tensor_storage, set_module_tensor_to_device
-from .tied_params import check_tied_parameters_on_same_device, find_tied_parameters, retie_parameters
 from .tqdm import tqdm
 from .versions import is_torch_version
 
@@ -142,7 +151,9 @@ _FROM_HOOKS = dict.fromkeys(
     ),
     "notebook_accel.hooks.offloaded",
 )
-_FROM_HOOKS["AcceleratorState"] = "notebook_accel.state"  # served here by Accelerate too; state is above utils
+_FROM_HOOKS["AcceleratorState"] = (
+    "notebook_accel.state"  # served here by Accelerate too; state is above utils
+)
 __all__ += sorted(_FROM_HOOKS)
 __getattr__, __dir__ = attach(__name__, _FROM_HOOKS)
 

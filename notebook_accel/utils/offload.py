@@ -28,9 +28,9 @@ from safetensors import safe_open
 from torch import nn
 
 from .atomic_files import atomic_write
-from .devices import device_label
-from .safetensors_header import SAFETENSORS_DTYPES, read_header
-from .tensors import set_module_tensor_to_device
+from .checkpoint_io.safetensors_header import SAFETENSORS_DTYPES, read_header
+from .device_planning.devices import device_label
+from .device_planning.tensors import set_module_tensor_to_device
 
 __all__ = [
     "offload_weight",

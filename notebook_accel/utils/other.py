@@ -28,11 +28,11 @@ from .compilation import (
 )
 from .config_file import write_basic_config
 from .constants import FSDP_PYTORCH_VERSION
+from .device_planning.tensors import id_tensor_storage
 from .enums import DistributedType
 from .imports import is_torch_distributed_available, is_torch_xla_available, is_weights_only_available
 from .network import get_free_port, is_port_in_use
 from .package_checks import is_deepspeed_available, is_numpy_available, is_peft_available
-from .tensors import id_tensor_storage
 from .versions import is_torch_version
 
 __all__ = [

@@ -33,10 +33,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..._lazy import attach
-from ...utils.allocation import get_non_persistent_buffers
 from ...utils.atomic_files import atomic_write
 from ...utils.compilation import is_compiled_module
 from ...utils.constants import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from ...utils.device_planning.allocation import get_non_persistent_buffers
 from ...utils.other import is_peft_model, save
 from ...utils.versions import is_torch_version
 from .fsdp2 import (

@@ -17,18 +17,22 @@ from torch.torch_version import TorchVersion
 
 from ..._lazy import attach
 from ...utils import imports
-from ...utils.checkpoints import (
+from ...utils.checkpoint_io.checkpoints import (
     load_checkpoint_in_model as load_checkpoint_in_model,  # Accelerate's bnb has it
 )
 from ...utils.configs import BnbQuantizationConfig
-from ...utils.device_map import DEVICE_MAP_STRATEGIES, infer_auto_device_map, resolve_device_map
-from ...utils.device_memory import get_balanced_memory
-from ...utils.devices import OFFLOAD_KEYS, device_key
+from ...utils.device_planning.device_map import (
+    DEVICE_MAP_STRATEGIES,
+    infer_auto_device_map,
+    resolve_device_map,
+)
+from ...utils.device_planning.device_memory import get_balanced_memory
+from ...utils.device_planning.devices import OFFLOAD_KEYS, device_key
+from ...utils.device_planning.tensors import set_module_tensor_to_device
+from ...utils.device_planning.tied_params import find_tied_parameters
 from ...utils.enums import CustomDtype
 from ...utils.offload import offload_weight
 from ...utils.package_checks import is_4bit_bnb_available, is_8bit_bnb_available
-from ...utils.tensors import set_module_tensor_to_device
-from ...utils.tied_params import find_tied_parameters
 
 # load_and_quantize_model loads and dispatches (hooks): resolved at first use, not imported (a lazy
 # table entry keeps utils below big_modeling).

@@ -15,10 +15,10 @@ from torch import nn
 
 from ...big_modeling.dispatch import dispatch_model
 from ...big_modeling.empty import init_empty_weights
-from ...utils.checkpoints import load_checkpoint_in_model
+from ...utils.checkpoint_io.checkpoints import load_checkpoint_in_model
 from ...utils.configs import BnbQuantizationConfig
-from ...utils.devices import OFFLOAD_KEYS, device_key
-from ...utils.placement import DevicePlacement, require_offload_folder
+from ...utils.device_planning.devices import OFFLOAD_KEYS, device_key
+from ...utils.device_planning.placement import DevicePlacement, require_offload_folder
 from . import bnb
 
 __all__ = ["load_and_quantize_model"]

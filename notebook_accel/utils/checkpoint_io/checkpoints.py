@@ -21,13 +21,17 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from .constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
-from .devices import Device, device_label, is_disk
-from .offload import load_offloaded_weights, offload_weight, save_offload_index
-from .placement import DeviceLookup, DevicePlacement, require_offload_folder
-from .sizes import _as_dtype, convert_file_size_to_int
-from .tensors import set_module_tensor_to_device
-from .tied_params import check_tied_parameters_on_same_device, find_tied_parameters, retie_parameters
+from ..constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from ..device_planning.devices import Device, device_label, is_disk
+from ..device_planning.placement import DeviceLookup, DevicePlacement, require_offload_folder
+from ..device_planning.sizes import _as_dtype, convert_file_size_to_int
+from ..device_planning.tensors import set_module_tensor_to_device
+from ..device_planning.tied_params import (
+    check_tied_parameters_on_same_device,
+    find_tied_parameters,
+    retie_parameters,
+)
+from ..offload import load_offloaded_weights, offload_weight, save_offload_index
 
 __all__ = ["find_checkpoint_files", "load_checkpoint_in_model", "load_state_dict", "shard_checkpoint"]
 

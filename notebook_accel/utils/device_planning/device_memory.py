@@ -9,9 +9,9 @@ from typing import Union
 import torch
 from torch import nn
 
+from ..imports import cuda_device_count
 from ._module_tree import build_tree
 from .devices import GPU_LESS_KEYS, device_key
-from .imports import cuda_device_count
 from .sizes import convert_file_size_to_int
 
 __all__ = ["get_balanced_memory", "get_max_memory", "order_devices"]

@@ -9,8 +9,8 @@ from typing import Any, Union
 import torch
 from torch import nn
 
+from ..memory import clear_device_cache
 from .devices import torch_device
-from .memory import clear_device_cache
 from .sizes import _as_dtype
 
 __all__ = ["id_tensor_storage", "set_module_tensor_to_device"]

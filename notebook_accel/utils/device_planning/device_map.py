@@ -1,7 +1,7 @@
 """Device maps: infer one (``infer_auto_device_map``), explain it (``DeviceMapPlan``), check and clean one.
 
 Planning takes a flat preorder snapshot of the model (``_module_tree``), then one greedy pass of a
-:class:`~notebook_accel.utils.planner.DevicePlanner` over it. Checking a map against its model is
+:class:`~notebook_accel.utils.device_planning.planner.DevicePlanner` over it. Checking a map against its model is
 ``utils.placement``'s job (``check_device_map`` is re-exported here).
 """
 

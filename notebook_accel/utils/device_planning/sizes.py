@@ -10,7 +10,7 @@ from typing import Union
 import torch
 from torch import nn
 
-from .enums import CustomDtype
+from ..enums import CustomDtype
 
 __all__ = [
     "calculate_maximum_sizes",
