@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .data_loader import SeedableRandomSampler
-from .loader_adapter import find_sampler
+from .data_loader.loader_adapter import find_sampler
 from .logging import get_logger
 from .state import PartialState
 from .utils.atomic_files import atomic_write, fsync_tree

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from notebook_accel import Accelerator
 from notebook_accel.data_loader import prepare_data_loader
-from notebook_accel.loader_adapter import DataLoaderAdapter
+from notebook_accel.data_loader.loader_adapter import DataLoaderAdapter
 from notebook_accel.optimizer import AcceleratedOptimizer
 from notebook_accel.state import GradientState
 from notebook_accel.utils import (

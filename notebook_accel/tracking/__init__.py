@@ -6,8 +6,8 @@ DVCLive, SwanLab, Trackio) over the same :class:`GeneralTracker` interface, plus
 :class:`NotebookTracker` (``log_with="notebook"``), which sends the values of a launched run to the
 notebook that launched it (live charts in the launch panel, ``handle.metrics``).
 A tracker whose package is missing raises ImportError naming it; ``"all"`` selects the services
-whose package is installed. The base class lives in ``tracking_base``, the service trackers in
-``tracking_services``; this module serves them all and keeps the registry (``log_with`` names).
+whose package is installed. The base class lives in ``tracking.base``, the service trackers in
+``tracking.services``; this module serves them all and keeps the registry (``log_with`` names).
 """
 
 from __future__ import annotations
@@ -19,26 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .logging import get_logger
-from .state import PartialState
-from .tracking_base import GeneralTracker, _plain, on_main_process
-from .tracking_services import (
-    AimTracker,
-    ClearMLTracker,
-    CometMLTracker,
-    DVCLiveTracker,
-    MLflowTracker,
-    SwanLabTracker,
-    TensorBoardTracker,
-    TrackioTracker,
-    WandBTracker,
-)
-from .utils._worker_channel import send_event
-from .utils.atomic_files import atomic_write
-from .utils.enums import LoggerType
-from .utils.environment import str_to_bool
-from .utils.operations import listify
-from .utils.package_checks import (
+from ..logging import get_logger
+from ..state import PartialState
+from ..utils._worker_channel import send_event
+from ..utils.atomic_files import atomic_write
+from ..utils.enums import LoggerType
+from ..utils.environment import str_to_bool
+from ..utils.operations import listify
+from ..utils.package_checks import (
     is_aim_available,
     is_clearml_available,
     is_comet_ml_available,
@@ -50,7 +38,19 @@ from .utils.package_checks import (
     is_trackio_available,
     is_wandb_available,
 )
-from .utils.versions import compare_versions
+from ..utils.versions import compare_versions
+from .base import GeneralTracker, _plain, on_main_process
+from .services import (
+    AimTracker,
+    ClearMLTracker,
+    CometMLTracker,
+    DVCLiveTracker,
+    MLflowTracker,
+    SwanLabTracker,
+    TensorBoardTracker,
+    TrackioTracker,
+    WandBTracker,
+)
 
 __all__ = [
     "AimTracker",

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from .utils.operations import broadcast_object_list
+from ..utils.operations import broadcast_object_list
 
 __all__ = ["BatchSamplerShard", "IterableDatasetShard", "SeedableRandomSampler", "SkipBatchSampler"]
 

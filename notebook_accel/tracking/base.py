@@ -1,6 +1,6 @@
 """The tracker interface: ``GeneralTracker``, the ``on_main_process`` guard and the helpers the trackers share.
 
-Split from ``tracking`` so that the service trackers (``tracking_services``) and the registry
+Split from ``tracking`` so that the service trackers (``tracking.services``) and the registry
 (``tracking``) build on one base; ``notebook_accel.tracking`` re-exports every public name here.
 """
 
@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .state import PartialState
+from ..state import PartialState
 
 __all__ = ["GeneralTracker", "on_main_process"]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Sampler
 
-from .state import GradientState
+from ..state import GradientState
 from .stateful import LoaderPosition, make_stateful_loader
 
 __all__ = ["DataLoaderAdapter", "DataLoaderStateMixin", "find_sampler", "get_sampler"]
@@ -221,7 +221,7 @@ class _PositionedLoader(DataLoaderAdapter):
     """A prepared loader whose epoch position survives a checkpoint (``use_stateful_dataloader=True``).
 
     The position is that of the batch last handed out, not of the look-ahead the loader reads to flag
-    its last batch (see :class:`~notebook_accel.stateful.LoaderPosition`).
+    its last batch (see :class:`~notebook_accel.data_loader.stateful.LoaderPosition`).
     """
 
     _position: LoaderPosition | None = None

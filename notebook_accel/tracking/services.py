@@ -11,8 +11,8 @@ import logging
 import os
 from typing import Any
 
-from .tracking_base import GeneralTracker, _plain, _require, on_main_process
-from .utils.environment import str_to_bool
+from ..utils.environment import str_to_bool
+from .base import GeneralTracker, _plain, _require, on_main_process
 
 __all__ = [
     "AimTracker",

@@ -15,15 +15,15 @@ from typing import Any
 
 import torch
 
-from .loader_adapter import DataLoaderStateMixin, _data_parallel_share, _PositionedLoader
-from .state import PartialState
-from .utils.operations import (
+from ..state import PartialState
+from ..utils.operations import (
     broadcast_object_list,
     concatenate,
     find_batch_size,
     send_to_device,
     slice_tensors,
 )
+from .loader_adapter import DataLoaderStateMixin, _data_parallel_share, _PositionedLoader
 
 __all__ = ["DataLoaderDispatcher"]
 

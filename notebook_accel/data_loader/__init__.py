@@ -19,29 +19,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
-from .batch_dispatch import DataLoaderDispatcher
-from .loader_adapter import (
-    DataLoaderAdapter,
-    DataLoaderStateMixin,
-    _data_parallel_share,
-    _loader_kwargs,
-    _PositionedLoader,
-    get_sampler,
-)
-from .logging import get_logger
-from .samplers import (
-    BatchSamplerShard,
-    IterableDatasetShard,
-    SeedableRandomSampler,
-    SkipBatchSampler,
-    _own_epoch_counter,
-    _shard_batch_sampler,
-    _usable_rng_types,
-)
-from .state import GradientState, PartialState
-from .utils.enums import DistributedType, RNGType
-from .utils.imports import is_torch_xla_available
-from .utils.operations import (
+from ..logging import get_logger
+from ..state import GradientState, PartialState
+from ..utils.enums import DistributedType, RNGType
+from ..utils.imports import is_torch_xla_available
+from ..utils.operations import (
     broadcast,
     broadcast_object_list,
     concatenate,
@@ -51,9 +33,27 @@ from .utils.operations import (
     send_to_device,
     slice_tensors,
 )
-from .utils.package_checks import is_datasets_available, is_torchdata_stateful_dataloader_available
-from .utils.random import synchronize_rng_states
-from .utils.versions import compare_versions, is_torch_version
+from ..utils.package_checks import is_datasets_available, is_torchdata_stateful_dataloader_available
+from ..utils.random import synchronize_rng_states
+from ..utils.versions import compare_versions, is_torch_version
+from .batch_dispatch import DataLoaderDispatcher
+from .loader_adapter import (
+    DataLoaderAdapter,
+    DataLoaderStateMixin,
+    _data_parallel_share,
+    _loader_kwargs,
+    _PositionedLoader,
+    get_sampler,
+)
+from .samplers import (
+    BatchSamplerShard,
+    IterableDatasetShard,
+    SeedableRandomSampler,
+    SkipBatchSampler,
+    _own_epoch_counter,
+    _shard_batch_sampler,
+    _usable_rng_types,
+)
 
 __all__ = [
     "BatchSamplerShard",
