@@ -14,14 +14,12 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.hooks import RemovableHandle
 
-from ..data_loader import prepare_data_loader, skip_first_batches
-from ..integrations.fsdp import wrap as _fsdp
+from .._lazy import LazyModule
+from ..data_loader import prepare_data_loader
 from ..optimizer import AcceleratedOptimizer
 from ..scheduler import AcceleratedScheduler
 from ..state import AcceleratorState, GradientState
@@ -30,22 +28,27 @@ from ..utils import operations as _ops
 from ..utils.compilation import is_compiled_module
 from ..utils.enums import DistributedType, PrecisionType
 from ..utils.memory import release_memory
-from ..utils.other import extract_model_from_parallel, save
+from ..utils.other import extract_model_from_parallel
 from . import mesh as _mesh
 from . import profiling as _profiling
 from . import wrapping as _model
-from .checkpoint import Checkpointer, PreparedObjects, _full_options
-from .flags import SPLIT_BATCHES_UNSET, AcceleratorFlags, check_accumulation_steps, resolve_flags
+from .checkpoint import Checkpointer, PreparedObjects
+from .flags import SPLIT_BATCHES_UNSET, AcceleratorFlags, resolve_flags
 from .precision import Precision
+from .process import _ProcessMixin
+from .saving import _SavingMixin
 from .tracking import _TrackingMixin
 from .training import _TrainingMixin
 
 __all__ = ["Accelerator"]
 
+# FSDP wrapping loads torch.distributed.fsdp: imported when a model is prepared for FSDP.
+_fsdp = LazyModule("notebook_accel.integrations.fsdp.wrap")
+
 logger = logging.getLogger(__name__)
 
 
-class Accelerator(_TrackingMixin, _TrainingMixin, _mesh.ParallelismMixin):
+class Accelerator(_ProcessMixin, _SavingMixin, _TrackingMixin, _TrainingMixin, _mesh.ParallelismMixin):
     """Prepare a training loop for the current process world (single process, DDP, FSDP, mixed precision).
 
     Parameters follow Accelerate's: ``device_placement`` (move models and batches to the device),
@@ -177,156 +180,6 @@ class Accelerator(_TrackingMixin, _TrainingMixin, _mesh.ParallelismMixin):
         self._save_model_state_pre_hook: OrderedDict[int, Callable] = prepared.save_hooks
         self._load_model_state_pre_hook: OrderedDict[int, Callable] = prepared.load_hooks
         self.deepspeed_engine_wrapped: Any = None
-
-    # ------------------------------------------------------------------ state read-through
-    @property
-    def distributed_type(self) -> DistributedType:
-        return self.state.distributed_type
-
-    @property
-    def num_processes(self) -> int:
-        return self.state.num_processes
-
-    @property
-    def process_index(self) -> int:
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        return self.state.local_process_index
-
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.process_index == self.num_processes - 1
-
-    @property
-    def use_distributed(self) -> bool:
-        """Whether more than one process trains together."""
-        return self.state.use_distributed
-
-    @property
-    def mixed_precision(self) -> str:
-        return self.state.mixed_precision
-
-    @property
-    def split_batches(self) -> bool:
-        return self.dataloader_config.split_batches
-
-    @property
-    def dispatch_batches(self) -> bool | None:
-        return self.dataloader_config.dispatch_batches
-
-    @property
-    def even_batches(self) -> bool:
-        return self.dataloader_config.even_batches
-
-    @even_batches.setter
-    def even_batches(self, value: bool) -> None:
-        self.dataloader_config.even_batches = value
-
-    @property
-    def use_seedable_sampler(self) -> bool:
-        return self.dataloader_config.use_seedable_sampler
-
-    @property
-    def non_blocking(self) -> bool:
-        return self.dataloader_config.non_blocking
-
-    @property
-    def project_dir(self) -> str | None:
-        return self.project_configuration.project_dir
-
-    @property
-    def logging_dir(self) -> str | None:
-        return self.project_configuration.logging_dir
-
-    @property
-    def save_iteration(self) -> int:
-        """Number of the next automatically named checkpoint."""
-        return self.project_configuration.iteration
-
-    @property
-    def sync_gradients(self) -> bool:
-        """Whether this step synchronises gradients (False while accumulating)."""
-        return self.gradient_state.sync_gradients
-
-    @sync_gradients.setter
-    def sync_gradients(self, sync_gradients: bool) -> None:
-        self.gradient_state._set_sync_gradients(sync_gradients)
-
-    @property
-    def gradient_accumulation_steps(self) -> int:
-        return self.gradient_state.num_steps
-
-    @gradient_accumulation_steps.setter
-    def gradient_accumulation_steps(self, steps: int) -> None:
-        check_accumulation_steps(steps)
-        self.gradient_state.plugin_kwargs.update({"num_steps": steps})
-
-    @property
-    def optimizer_step_was_skipped(self) -> bool:
-        """Whether the last optimizer step was skipped (fp16 overflow)."""
-        return any(opt.step_was_skipped for opt in self._optimizers)
-
-    @property
-    def is_fsdp2(self) -> bool:
-        return self.state.is_fsdp2
-
-    # ------------------------------------------------------------------ process control
-    def wait_for_everyone(self) -> None:
-        """Block until every process reaches this point."""
-        self.state.wait_for_everyone()
-
-    @contextlib.contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """Yield this process's share of ``inputs`` (see ``PartialState.split_between_processes``)."""
-        with self.state.split_between_processes(inputs, apply_padding=apply_padding) as part:
-            yield part
-
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
-        """Run the block on the main process first, then on the others."""
-        with self.state.main_process_first():
-            yield
-
-    @contextlib.contextmanager
-    def local_main_process_first(self) -> Iterator[None]:
-        """Run the block on each node's local main process first, then on the others."""
-        with self.state.local_main_process_first():
-            yield
-
-    def on_main_process(self, function: Callable | None = None) -> Callable:
-        return self.state.on_main_process(function)
-
-    def on_local_main_process(self, function: Callable | None = None) -> Callable:
-        return self.state.on_local_main_process(function)
-
-    def on_last_process(self, function: Callable) -> Callable:
-        return self.state.on_last_process(function)
-
-    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
-        return self.state.on_process(function, process_index=process_index)
-
-    def on_local_process(
-        self, function: Callable | None = None, local_process_index: int | None = None
-    ) -> Callable:
-        return self.state.on_local_process(function, local_process_index=local_process_index)
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on the local main process only."""
-        self.state.print(*args, **kwargs)
 
     # ------------------------------------------------------------------ prepare
     def prepare(self, *args: Any, device_placement: list[bool | None] | None = None) -> Any:
@@ -685,88 +538,6 @@ class Accelerator(_TrackingMixin, _TrainingMixin, _mesh.ParallelismMixin):
     def clear(self, *objects: Any) -> Any:
         """Alias of :meth:`free_memory`."""
         return self.free_memory(*objects)
-
-    # ------------------------------------------------------------------ checkpoints (see .checkpoint)
-    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
-        """Save ``obj`` to ``f`` once per machine (see ``utils.save``)."""
-        on_each_node = self.project_configuration.save_on_each_node
-        save(obj, f, save_on_each_node=on_each_node, safe_serialization=safe_serialization)
-
-    def save_model(
-        self,
-        model: torch.nn.Module,
-        save_directory: str | os.PathLike,
-        max_shard_size: int | str = "10GB",
-        safe_serialization: bool = True,
-    ) -> None:
-        """Write ``model``'s weights to ``save_directory`` (safetensors, sharded with an index past ``max_shard_size``)."""
-        save_directory = Path(save_directory)
-        if save_directory.is_file():
-            raise ValueError(f"save_model needs a directory, but {str(save_directory)!r} is a file")
-        state_dict = self.get_state_dict(model)  # every process takes part (FSDP gathers)
-        self._checkpointer.save_model(state_dict, save_directory, max_shard_size, safe_serialization)
-
-    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
-        """Call ``hook(models, weights, output_dir)`` before ``save_state`` writes; return a removable handle."""
-        return self._checkpointer.add_save_hook(hook)
-
-    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
-        """Call ``hook(models, input_dir)`` before ``load_state`` reads; return a removable handle."""
-        return self._checkpointer.add_load_hook(hook)
-
-    def register_for_checkpointing(self, *objects: Any) -> None:
-        """Include ``objects`` (each with ``state_dict``/``load_state_dict``) in ``save_state``/``load_state``."""
-        self._checkpointer.register(*objects)
-
-    def save_state(
-        self,
-        output_dir: str | os.PathLike | None = None,
-        safe_serialization: bool = True,
-        **save_model_func_kwargs: Any,
-    ) -> str:
-        """Save models, optimizers, schedulers, samplers, scaler, RNG states and registered objects; return the folder.
-
-        With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the folder is
-        ``project_dir/checkpoints/checkpoint_{iteration}`` (see :meth:`.checkpoint.Checkpointer.save`).
-        ``save_model_func_kwargs`` are accepted for compatibility (DeepSpeed's saver takes them).
-        """
-        weights = [self.get_state_dict(model) for model in self._models]
-        return self._checkpointer.save(output_dir, weights, self.step, self.scaler, safe_serialization)
-
-    def load_state(
-        self,
-        input_dir: str | os.PathLike | None = None,
-        load_kwargs: dict | None = None,
-        **load_model_func_kwargs: Any,
-    ) -> None:
-        """Restore everything ``save_state`` wrote (the latest automatic checkpoint when ``input_dir`` is None).
-
-        ``load_kwargs`` go to the loader of each optimizer, scheduler, sampler, scaler and RNG file
-        (e.g. ``{"mmap": True}``); ``load_model_func_kwargs`` to each model's ``load_state_dict``.
-        """
-        kwargs = dict(load_model_func_kwargs, load_kwargs=load_kwargs)
-        saved = self._checkpointer.load(input_dir, self.unwrap_model, self.scaler, **kwargs)
-        self.step = saved.get("step", self.step)
-
-    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
-        """Return ``dataloader`` resuming after its first ``num_batches`` batches (mid-epoch resume)."""
-        return skip_first_batches(dataloader, num_batches=num_batches)
-
-    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        """Return the full state dict of ``model`` (gathered from shards under FSDP / ZeRO-3)."""
-        if self.distributed_type == DistributedType.DEEPSPEED and hasattr(
-            model, "_zero3_consolidated_16bit_state_dict"
-        ):
-            if self.state.deepspeed_plugin.is_zero3:
-                return model._zero3_consolidated_16bit_state_dict()
-        if self.distributed_type == DistributedType.FSDP:
-            from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-            # Every process takes part in gathering the full (unsharded) weights.
-            return get_model_state_dict(model, options=_full_options(self.device))
-        if unwrap:
-            model = self.unwrap_model(model)
-        return model.state_dict()
 
     def __repr__(self) -> str:
         return (
