@@ -12,6 +12,12 @@ statement loaded them. Runs of all statements are interleaved so that other load
 note the load average printed at the top and bottom. ``--baseline REV`` also measures the package as
 it was at git revision REV (exported to a temporary folder put first on ``PYTHONPATH``), run for run
 interleaved with the working tree's, and prints the ratio.
+
+Side by side with Accelerate 1.15 (installed in the same environment): ``from notebook_accel import
+Accelerator; Accelerator(cpu=True)`` and the same line with ``accelerate``, run after run in fresh
+interpreters, timed with ``time.perf_counter`` inside the process: the whole (torch included) and
+what the line adds after ``import torch``. torch is the same for both and is most of the whole, so the
+part after torch is the figure that compares the two packages; both ratios are printed.
 """
 
 from __future__ import annotations
@@ -35,6 +41,11 @@ STATEMENTS = (
     "from notebook_accel import cpu_offload, disk_offload",
     "from notebook_accel import Accelerator",
 )
+# The same user line with each package, compared side by side.
+SIDE_BY_SIDE = {
+    "notebook_accel": "from notebook_accel import Accelerator; Accelerator(cpu=True)",
+    "accelerate": "from accelerate import Accelerator; Accelerator(cpu=True)",
+}
 # Loaded by the big-model path only through a chain that does not belong there.
 WATCHED = ("notebook_accel.state", "sympy", "torch.distributed.fsdp")
 
@@ -65,6 +76,33 @@ def _run(statement: str, source: str | None = None) -> tuple[float, list[str]]:
         if not name[1:].startswith(" ") and name.strip() != "torch":
             total_us += int(cumulative)
     return total_us / 1000, eval(out.stdout.strip().splitlines()[-1])  # noqa: S307 - our own print
+
+
+def _run_timed(statement: str) -> tuple[float, float]:
+    """Return (seconds for the whole, seconds after ``import torch``) of ``statement`` in a fresh interpreter."""
+    code = (
+        "import time\nstart = time.perf_counter()\nimport torch\nafter_torch = time.perf_counter()\n"
+        f"{statement}\nend = time.perf_counter()\nprint(end - start, end - after_torch)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    whole, after_torch = map(float, out.stdout.split())
+    return whole, after_torch
+
+
+def _side_by_side(runs: int) -> None:
+    """Print our Accelerator line against Accelerate's, interleaved run for run, with the ratios."""
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in SIDE_BY_SIDE}
+    for _ in range(runs):
+        for name, statement in SIDE_BY_SIDE.items():
+            times[name].append(_run_timed(statement))
+    whole = {name: statistics.median(t[0] for t in runs_) for name, runs_ in times.items()}
+    after = {name: statistics.median(t[1] for t in runs_) for name, runs_ in times.items()}
+    for name, statement in SIDE_BY_SIDE.items():
+        print(f"{whole[name] * 1000:8.1f} ms whole, {after[name] * 1000:7.1f} ms after torch  {statement}")
+    print(
+        f"notebook_accel/accelerate: whole {whole['notebook_accel'] / whole['accelerate']:.2f}x, "
+        f"after torch {after['notebook_accel'] / after['accelerate']:.2f}x"
+    )
 
 
 def _export(revision: str, folder: str) -> None:
@@ -111,6 +149,8 @@ def main() -> None:
             )
         print(line)
     print("(medians of the time each statement adds on top of torch)")
+    _side_by_side(args.runs)
+    print("(medians of fresh interpreters, interleaved)")
     print(f"load average after: {os.getloadavg()}")
 
 

@@ -105,3 +105,21 @@ def forward(package: str, target: str) -> tuple[Callable[[str], Any], Callable[[
         return sorted(set(_public()[1]) | set(sys.modules[package].__dict__))
 
     return __getattr__, __dir__
+
+
+class LazyModule(types.ModuleType):
+    """A stand-in for a module that is imported the first time one of its attributes is read.
+
+    For a costly module used only on some paths (``torch.distributed.fsdp`` when an FSDP plugin is
+    built, an engine's wrapping code when a model is prepared for it): the holder's own import stays cheap.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+
+    def __getattr__(self, attribute: str) -> Any:
+        module = importlib.import_module(self.__name__)
+        return getattr(module, attribute)
+
+    def __reduce__(self) -> tuple[Callable[[str], Any], tuple[str]]:
+        return importlib.import_module, (self.__name__,)

@@ -30,6 +30,7 @@ from .data_loader.loader_adapter import find_sampler
 from .logging import get_logger
 from .state import PartialState
 from .utils.atomic_files import atomic_write, fsync_tree
+from .utils.checkpoint_io.checkpoints import shard_checkpoint
 from .utils.constants import (
     MODEL_NAME,
     OPTIMIZER_NAME,
@@ -53,7 +54,6 @@ from .utils.imports import (
     is_torch_xla_available,
     is_xpu_available,
 )
-from .utils.modeling import shard_checkpoint
 from .utils.other import get_pretty_name, load, save
 from .utils.versions import is_torch_version
 

@@ -19,26 +19,6 @@ from ..checkpointing import (
     save_custom_state,
 )
 from ..data_loader import DataLoaderDispatcher, prepare_data_loader, skip_first_batches
-from ..integrations.deepspeed.plugin import DeepSpeedPlugin
-from ..integrations.fp8.ao import convert_model_to_fp8_ao
-from ..integrations.fp8.recipes import AORecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
-from ..integrations.fp8.transformer_engine import apply_fp8_autowrap, convert_model
-from ..integrations.fsdp.checkpoints import (
-    load_fsdp_model,
-    load_fsdp_optimizer,
-    save_fsdp_model,
-    save_fsdp_optimizer,
-)
-from ..integrations.fsdp.fsdp2 import (
-    ensure_weights_retied,
-    fsdp2_apply_ac,
-    fsdp2_canonicalize_names,
-    fsdp2_prepare_model,
-    fsdp2_switch_optimizer_parameters,
-    get_fsdp2_grad_scaler,
-)
-from ..integrations.fsdp.plugin import FullyShardedDataParallelPlugin
-from ..integrations.megatron.plugin import MegatronLMPlugin
 from ..logging import get_logger
 from ..optimizer import AcceleratedOptimizer
 from ..scheduler import AcceleratedScheduler
@@ -79,14 +59,12 @@ from ..utils.imports import (
 from ..utils.kwargs import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
-    FP8RecipeKwargs,
     GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
     ProfileKwargs,
 )
 from ..utils.memory import release_memory
-from ..utils.modeling import get_mixed_precision_context_manager
 from ..utils.operations import (
     convert_outputs_to_fp32,
     gather,
@@ -236,5 +214,38 @@ _REEXPORTED_LAZILY = {
     "get_state_dict_offloaded_model": "notebook_accel.hooks.offloaded",
     "has_offloaded_params": "notebook_accel.hooks.offloaded",
 }
-__all__ += sorted(_REEXPORTED_LAZILY)
+# The engines' helpers load their engine (torch.distributed.fsdp, DTensor...): served at first use, so that
+# importing the Accelerator costs none of it.
+_REEXPORTED_LAZILY.update(
+    {
+        "DeepSpeedPlugin": "notebook_accel.integrations.deepspeed.plugin",
+        "FullyShardedDataParallelPlugin": "notebook_accel.integrations.fsdp.plugin",
+        "MegatronLMPlugin": "notebook_accel.integrations.megatron.plugin",
+        "get_mixed_precision_context_manager": "notebook_accel.utils.modeling",
+    }
+    | dict.fromkeys(
+        ("AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs"),
+        "notebook_accel.integrations.fp8.recipes",
+    )
+    | dict.fromkeys(("convert_model_to_fp8_ao",), "notebook_accel.integrations.fp8.ao")
+    | dict.fromkeys(
+        ("apply_fp8_autowrap", "convert_model"), "notebook_accel.integrations.fp8.transformer_engine"
+    )
+    | dict.fromkeys(
+        ("load_fsdp_model", "load_fsdp_optimizer", "save_fsdp_model", "save_fsdp_optimizer"),
+        "notebook_accel.integrations.fsdp.checkpoints",
+    )
+    | dict.fromkeys(
+        (
+            "ensure_weights_retied",
+            "fsdp2_apply_ac",
+            "fsdp2_canonicalize_names",
+            "fsdp2_prepare_model",
+            "fsdp2_switch_optimizer_parameters",
+            "get_fsdp2_grad_scaler",
+        ),
+        "notebook_accel.integrations.fsdp.fsdp2",
+    )
+)
+__all__ += sorted(set(_REEXPORTED_LAZILY) - set(__all__))
 __getattr__, __dir__ = attach(__name__, _REEXPORTED_LAZILY)

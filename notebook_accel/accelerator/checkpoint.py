@@ -18,19 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.utils.hooks import RemovableHandle
 
 from .. import checkpointing as _ckpt
+from .._lazy import LazyModule
 from ..utils.configs import ProjectConfiguration
 from ..utils.enums import DistributedType
 
 __all__ = ["Checkpointer", "PreparedObjects"]
+
+# torch.distributed.checkpoint loads DTensor (and sympy): imported when a sharded model is saved or loaded.
+_dcp_state = LazyModule("torch.distributed.checkpoint.state_dict")
 
 
 @dataclasses.dataclass
@@ -252,7 +250,7 @@ class Checkpointer:
 
 
 def _full_options(device: torch.device, strict: bool = True) -> Any:
-    return StateDictOptions(full_state_dict=True, cpu_offload=device.type != "cpu", strict=strict)
+    return _dcp_state.StateDictOptions(full_state_dict=True, cpu_offload=device.type != "cpu", strict=strict)
 
 
 class _FullModelState:
@@ -265,7 +263,7 @@ class _FullModelState:
         return {}  # no tied aliases to account for: the full state dict names every tensor
 
     def load_state_dict(self, state: dict[str, torch.Tensor], strict: bool = True) -> Any:
-        return set_model_state_dict(
+        return _dcp_state.set_model_state_dict(
             self.model, state, options=_full_options(torch.device("cpu"), strict=strict)
         )
 
@@ -284,7 +282,11 @@ class _FullOptimizerState:
         self.device = device
 
     def state_dict(self) -> dict[str, Any]:
-        return get_optimizer_state_dict(self.model, self.optimizer, options=_full_options(self.device))
+        return _dcp_state.get_optimizer_state_dict(
+            self.model, self.optimizer, options=_full_options(self.device)
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        set_optimizer_state_dict(self.model, self.optimizer, state, options=_full_options(self.device))
+        _dcp_state.set_optimizer_state_dict(
+            self.model, self.optimizer, state, options=_full_options(self.device)
+        )

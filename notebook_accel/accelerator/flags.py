@@ -9,17 +9,24 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..integrations.deepspeed.plugin import DeepSpeedPlugin
-from ..integrations.fsdp.plugin import FullyShardedDataParallelPlugin
+from .._lazy import LazyModule
 from ..utils import kwargs as kw
 from ..utils.configs import DataLoaderConfiguration, ProjectConfiguration
 from ..utils.enums import check_mixed_precision
 from ..utils.environment import parse_flag_from_env
 from ..utils.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
 
+if TYPE_CHECKING:
+    from ..integrations.fsdp.plugin import FullyShardedDataParallelPlugin
+
 __all__ = ["AcceleratorFlags", "resolve_flags"]
+
+# The engines' plugins load when a flag or an environment variable asks for their engine.
+_deepspeed = LazyModule("notebook_accel.integrations.deepspeed.plugin")
+_fsdp = LazyModule("notebook_accel.integrations.fsdp.plugin")
+_recipes = LazyModule("notebook_accel.integrations.fp8.recipes")
 
 
 class _FromDataLoaderConfig:
@@ -157,11 +164,12 @@ _HANDLER_SLOTS = {
     "GradScalerKwargs": "scaler",
     "InitProcessGroupKwargs": "init",
     "AutocastKwargs": "autocast",
+    "ProfileKwargs": "profile",
+    # the fp8 recipes (integrations/fp8/recipes.py) load only if no plain handler matched
     "FP8RecipeKwargs": "fp8",
     "TERecipeKwargs": "fp8",
     "MSAMPRecipeKwargs": "fp8",
     "AORecipeKwargs": "fp8",
-    "ProfileKwargs": "profile",
 }
 
 
@@ -171,7 +179,7 @@ def sort_kwargs_handlers(kwargs_handlers: list[Any] | None) -> dict[str, Any]:
     for handler in kwargs_handlers or []:
         slot = None
         for name, key in _HANDLER_SLOTS.items():
-            if isinstance(handler, getattr(kw, name)):
+            if isinstance(handler, getattr(_recipes if name.endswith("RecipeKwargs") else kw, name)):
                 slot = key
         if slot is None:
             raise TypeError(
@@ -191,17 +199,17 @@ def resolve_deepspeed_plugin(deepspeed_plugin: Any, deepspeed_plugins: Any) -> A
         raise ValueError("pass deepspeed_plugin or deepspeed_plugins, not both")
     plugin = deepspeed_plugins if deepspeed_plugins is not None else deepspeed_plugin
     if plugin is None and parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"):
-        plugin = DeepSpeedPlugin()
+        plugin = _deepspeed.DeepSpeedPlugin()
     if plugin is not None:  # one plugin or a dict of named ones: deepspeed is needed either way
-        DeepSpeedPlugin.require_deepspeed()
+        _deepspeed.DeepSpeedPlugin.require_deepspeed()
     return plugin
 
 
 def resolve_fsdp_plugin(fsdp_plugin: Any) -> Any:
     """Return the FSDP plugin from the argument or ``ACCELERATE_USE_FSDP``."""
     if fsdp_plugin is None and parse_flag_from_env("ACCELERATE_USE_FSDP"):
-        fsdp_plugin = FullyShardedDataParallelPlugin()
-    if fsdp_plugin is not None and not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
+        fsdp_plugin = _fsdp.FullyShardedDataParallelPlugin()
+    if fsdp_plugin is not None and not isinstance(fsdp_plugin, _fsdp.FullyShardedDataParallelPlugin):
         raise TypeError(
             f"fsdp_plugin must be a FullyShardedDataParallelPlugin, got {type(fsdp_plugin).__name__}"
         )

@@ -16,14 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    ParallelStyle,
-    RowwiseParallel,
-    parallelize_module,
-)
 
-from ..integrations.fsdp.plugin import FullyShardedDataParallelPlugin
+from .._lazy import LazyModule
 from ..utils.environment import parse_flag_from_env
 from ..utils.parallelism import ParallelismConfig
 
@@ -31,7 +25,10 @@ __all__ = ["ParallelismMixin", "apply_tensor_parallel", "build_mesh", "plugins_f
 
 logger = logging.getLogger(__name__)
 
-_TP_STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+# Tensor parallelism loads DTensor (and sympy, a second of import): imported when a plan is applied.
+_tp = LazyModule("torch.distributed.tensor.parallel")
+_fsdp_plugin = LazyModule("notebook_accel.integrations.fsdp.plugin")
+_TP_STYLES = {"colwise": "ColwiseParallel", "rowwise": "RowwiseParallel"}
 
 
 def plugins_for_parallelism(
@@ -60,7 +57,7 @@ def plugins_for_parallelism(
         )
     if parallelism_config.dp_shard_enabled or parallelism_config.cp_enabled:
         if fsdp_plugin is None:
-            fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+            fsdp_plugin = _fsdp_plugin.FullyShardedDataParallelPlugin(fsdp_version=2)
         elif fsdp_plugin.fsdp_version != 2:
             raise ValueError(
                 f"ParallelismConfig(dp_shard_size={parallelism_config.dp_shard_size}, cp_size="
@@ -105,11 +102,11 @@ def apply_tensor_parallel(model: torch.nn.Module, mesh: Any, parallelism_config:
                     f"tp_plan[{name!r}]={style!r} is not a known style; use one of {sorted(_TP_STYLES)} or a "
                     "torch ParallelStyle"
                 )
-            style = _TP_STYLES[style]()
-        elif not isinstance(style, ParallelStyle):
+            style = getattr(_tp, _TP_STYLES[style])()
+        elif not isinstance(style, _tp.ParallelStyle):
             raise TypeError(f"tp_plan[{name!r}] must be a style name or a ParallelStyle, got {style!r}")
         styles[name] = style
-    return parallelize_module(model, mesh["tp"], styles)
+    return _tp.parallelize_module(model, mesh["tp"], styles)
 
 
 class ParallelismMixin:

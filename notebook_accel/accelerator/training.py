@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..integrations.fp8.recipes import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
+from .._lazy import LazyModule
 from ..utils.enums import DistributedType, FP8BackendType
 
 __all__: list[str] = []
@@ -33,11 +33,13 @@ _MULTI_DEVICE = frozenset(
         DistributedType.MULTI_NEURON,
     }
 )
+# The fp8 integration loads when an fp8 recipe handler is given.
+_recipes = LazyModule("notebook_accel.integrations.fp8.recipes")
 # Checked in this order: FP8RecipeKwargs derives from both TE and MS-AMP recipes and names its backend.
 _RECIPE_BACKENDS = (
-    (AORecipeKwargs, FP8BackendType.AO),
-    (TERecipeKwargs, FP8BackendType.TE),
-    (MSAMPRecipeKwargs, FP8BackendType.MSAMP),
+    ("AORecipeKwargs", FP8BackendType.AO),
+    ("TERecipeKwargs", FP8BackendType.TE),
+    ("MSAMPRecipeKwargs", FP8BackendType.MSAMP),
 )
 
 
@@ -59,10 +61,10 @@ class _TrainingMixin:
         """The backend for fp8 training: the fp8 recipe handler's, MSAMP for a DeepSpeed plugin with ``enable_msamp``, else NO."""
         handler = self.fp8_recipe_handler
         if handler is not None:
-            if isinstance(handler, FP8RecipeKwargs):
+            if isinstance(handler, _recipes.FP8RecipeKwargs):
                 return FP8BackendType(handler.backend)
             for kind, backend in _RECIPE_BACKENDS:
-                if isinstance(handler, kind):
+                if isinstance(handler, getattr(_recipes, kind)):
                     return backend
         plugin = self.state.deepspeed_plugin
         if plugin is not None and getattr(plugin, "enable_msamp", False):

@@ -11,12 +11,15 @@ from typing import Any
 
 import torch
 
-from ..integrations.fp8.recipes import TERecipeKwargs
-from ..integrations.fsdp import wrap as _fsdp
+from .._lazy import LazyModule
 from ..utils import imports
 from ..utils.enums import DistributedType
 
 __all__: list[str] = []
+
+# FSDP wrapping loads torch.distributed.fsdp: imported when a model is prepared for FSDP.
+_fsdp = LazyModule("notebook_accel.integrations.fsdp.wrap")
+_recipes = LazyModule("notebook_accel.integrations.fp8.recipes")
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +114,7 @@ def check_engines(state: Any, megatron_lm_plugin: Any, mixed_precision: str, fp8
     if mixed_precision == "fp8":
         if fp8_handler is None:
             # 1.15's default FP8 engine is TransformerEngine (FP8RecipeKwargs is deprecated).
-            fp8_handler = TERecipeKwargs()
+            fp8_handler = _recipes.TERecipeKwargs()
         fp8_handler.check_engine()
 
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any, Literal
 
-from .._lazy import attach
 from ._validation import choice
 from .enums import DDPCommunicationHookType
 
@@ -24,13 +23,7 @@ __all__ = [
     "KwargsHandler",
     "ProfileKwargs",
 ]
-# The FP8 recipes subclass KwargsHandler, so they live in utils.fp8_recipes and resolve here at first use.
-_FP8_RECIPES = dict.fromkeys(
-    ("AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs"),
-    "notebook_accel.integrations.fp8.recipes",
-)
-__all__ += sorted(_FP8_RECIPES)
-__getattr__, __dir__ = attach(__name__, _FP8_RECIPES)
+# The FP8 recipes (KwargsHandler subclasses) live with the fp8 integration: integrations/fp8/recipes.py.
 
 
 class KwargsHandler:

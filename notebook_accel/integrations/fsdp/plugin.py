@@ -19,13 +19,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed import fsdp
 
+from ..._lazy import LazyModule
 from ...utils._validation import choice as _choice
 from ...utils._validation import env as _env
 from ...utils.environment import parse_flag_from_env, str_to_bool
 
 __all__ = ["FullyShardedDataParallelPlugin", "get_module_class_from_name"]
+
+# torch.distributed.fsdp (with DTensor and sympy, seconds of import) loads when a plugin is built.
+fsdp = LazyModule("torch.distributed.fsdp")
 
 logger = logging.getLogger(__name__)
 
