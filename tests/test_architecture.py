@@ -4,7 +4,10 @@ What is enforced (docs/architecture.md explains why):
 
 - no import cycle among our own modules (imports inside functions and under ``TYPE_CHECKING``
   count: they are how cycles hide);
-- imports point downwards (the direction rules in ``_ALLOWED`` below);
+- imports point downwards (the direction rules in ``_ALLOWED`` below), and so do lazy references: a
+  string naming one of our modules (a facade's ``attach``/``_add`` table entry, a ``LazyModule`` or
+  ``forward`` target, a ``sys.modules[...]`` look-up) is read as an edge too; the upward ones are listed,
+  each with its reason, in ``UPWARD_ALLOWED``;
 - imports of our own modules sit at the top of the file, never inside a function (the one lazy
   ``panel=True`` import of the widgets is the exception);
 - the headless core never imports ipywidgets, matplotlib or IPython when a module is imported;
@@ -19,6 +22,8 @@ longer exists (whoever fixes it deletes its line).
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,8 +84,110 @@ _ALLOWED: dict[str, frozenset[str]] = {
     "widgets": _EVERYTHING - {"facade"},
     "facade": _EVERYTHING - {"widgets"},
 }
-# The documented exception: two utils modules read the process state (rank, world size).
-_UTILS_READING_STATE = frozenset({"notebook_accel.utils.operations", "notebook_accel.utils.other"})
+
+
+def _upward_entries(
+    source: str, targets: tuple[str, ...], reason: str, kind: str = "lazy"
+) -> dict[tuple[str, str, str], str]:
+    """Return allowlist entries ``(kind, source, target) -> reason`` for modules named without the prefix."""
+    return {
+        (kind, f"notebook_accel.{source}".rstrip("."), f"notebook_accel.{t}".rstrip(".")): reason
+        for t in targets
+    }
+
+
+_ENGINES_SERVED_BY_UTILS = (
+    "integrations.deepspeed.config",
+    "integrations.deepspeed.plugin",
+    "integrations.fp8.ao",
+    "integrations.fp8.recipes",
+    "integrations.fp8.transformer_engine",
+    "integrations.fsdp.checkpoints",
+    "integrations.fsdp.fsdp2",
+    "integrations.fsdp.plugin",
+    "integrations.megatron.config",
+    "integrations.megatron.lm",
+    "integrations.megatron.plugin",
+    "integrations.quantization.bnb",
+    "integrations.quantization.quantize",
+    "integrations.xla",
+)
+# The one allowlist of references that point up the layers: (module, module it names) -> why. A lazy
+# reference resolves at first use (a facade's table entry, a LazyModule or forward() target, a
+# sys.modules look-up), so it costs the lower module nothing at import; each is here because
+# Accelerate serves the name at that path (the path is given) or, for the two real imports, because the
+# function needs the process state. The test fails on an upward reference not listed here, and on an
+# entry nothing uses any more (delete it).
+UPWARD_ALLOWED: dict[tuple[str, str, str], str] = {
+    # real imports: the collectives and the process helpers read the rank and world size
+    **_upward_entries(
+        "utils.operations", ("state",), "gather/reduce/broadcast read the process state", kind="import"
+    ),
+    **_upward_entries(
+        "utils.other", ("state",), "wait_for_everyone, save read the process state", kind="import"
+    ),
+    # lazy references, each an Accelerate path
+    **_upward_entries("utils", _ENGINES_SERVED_BY_UTILS, "accelerate.utils serves the engines' names"),
+    **_upward_entries(
+        "utils",
+        ("hooks.offloaded",),
+        "accelerate.utils.has_offloaded_params / align_module_device / get_state_dict_offloaded_model",
+    ),
+    **_upward_entries("utils.deepspeed", ("integrations.deepspeed.config",), "accelerate.utils.deepspeed"),
+    **_upward_entries("utils.megatron_lm", ("integrations.megatron.lm",), "accelerate.utils.megatron_lm"),
+    **_upward_entries("utils.fsdp_utils", ("integrations.fsdp.checkpoints",), "accelerate.utils.fsdp_utils"),
+    **_upward_entries("utils.bnb", ("integrations.quantization.bnb",), "accelerate.utils.bnb"),
+    **_upward_entries(
+        "utils.transformer_engine",
+        ("integrations.fp8.transformer_engine",),
+        "accelerate.utils.transformer_engine",
+    ),
+    **_upward_entries("utils.ao", ("integrations.fp8.ao",), "accelerate.utils.ao"),
+    **_upward_entries("utils.torch_xla", ("integrations.xla",), "accelerate.utils.torch_xla"),
+    **_upward_entries(
+        "utils.dataclasses",
+        (
+            "integrations.deepspeed.plugin",
+            "integrations.fp8.recipes",
+            "integrations.fsdp.plugin",
+            "integrations.megatron.config",
+            "integrations.megatron.plugin",
+        ),
+        "accelerate.utils.dataclasses holds every configuration class, the engines' included",
+    ),
+    **_upward_entries(
+        "utils.modeling",
+        ("hooks.offloaded", "state"),
+        "accelerate.utils.modeling.{has_offloaded_params,AcceleratorState}",
+    ),
+    **_upward_entries(
+        "utils.other",
+        ("integrations.fp8.transformer_engine", "logging"),
+        "accelerate.utils.other.{convert_model,get_logger}",
+    ),
+    **_upward_entries("utils.random", ("state",), "accelerate.utils.random.AcceleratorState"),
+    **_upward_entries("utils.tqdm", ("state",), "accelerate.utils.tqdm.PartialState"),
+    **_upward_entries(
+        "utils.launch", ("commands.config.config_args",), "accelerate.utils.launch.SageMakerConfig"
+    ),
+    **_upward_entries("hooks", ("state",), "accelerate.hooks.PartialState"),
+    **_upward_entries("accelerator", ("hooks.offloaded",), "accelerate.accelerator.has_offloaded_params"),
+    **_upward_entries("local_sgd", ("accelerator",), "accelerate.local_sgd.Accelerator"),
+    **_upward_entries(
+        "utils._accelerate_alias",
+        ("",),
+        "install_as_accelerate: `import accelerate` gives this whole package",
+    ),
+    # sys.modules look-ups: read a state that exists, never import or build it
+    **_upward_entries(
+        "utils.environment",
+        ("state",),
+        "sys.modules: the rank of an existing PartialState for log lines and seeds, before any state exists",
+    ),
+    **_upward_entries(
+        "launch.worker", ("state",), "sys.modules: a forked worker forgets the singletons it inherited"
+    ),
+}
 
 # violation -> engineer/area that owns the fix ("lead": not assigned). May only shrink: delete the line
 # of what you fix (the test fails until you do).
@@ -111,6 +218,11 @@ class Import:
     target: str
     function: str | None  # qualified name of the enclosing function, None at module/class level
     line: int
+    # "import": an import statement. "lazy": a string naming one of our modules, absolute or relative
+    # to the file's package, resolved at run time: a lazy table entry (``attach``/``_add``), a
+    # ``LazyModule``/``forward`` target, or a ``sys.modules[...]`` look-up. Lazy references count for the
+    # direction rules, not for cycles or the top-of-file rule (nothing is imported when the file is).
+    kind: str = "import"
 
 
 @dataclass
@@ -159,9 +271,24 @@ def _own(name: str, modules: dict[str, Path]) -> str | None:
     return None
 
 
+_RELATIVE_NAME = re.compile(r"(\.+)([A-Za-z_][\w.]*)")
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """Return the ids of the docstring nodes of a module, its classes and functions."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
 class _Visitor(ast.NodeVisitor):
-    def __init__(self, module: str, is_package: bool, scan: Scan) -> None:
+    def __init__(self, module: str, is_package: bool, scan: Scan, docstrings: set[int] = frozenset()) -> None:
         self.module, self.is_package, self.scan = module, is_package, scan
+        self.docstrings = docstrings
         self.scope: list[str] = []
         self.functions: list[str] = []
         self.type_checking = 0
@@ -209,6 +336,18 @@ class _Visitor(ast.NodeVisitor):
         if target is not None and target != self.module:
             self.scan.imports.append(Import(self.module, target, function, line))
 
+    def visit_Constant(self, node):  # noqa: N802
+        if not isinstance(node.value, str) or id(node) in self.docstrings:
+            return
+        name = node.value
+        relative = _RELATIVE_NAME.fullmatch(name)
+        if relative:
+            level, rest = len(relative.group(1)), relative.group(2)
+            name = _resolve(self.module, self.is_package, ast.ImportFrom(module=rest, names=[], level=level))
+        if name in self.scan.modules and name != self.module:
+            function = self.functions[-1] if self.functions else None
+            self.scan.imports.append(Import(self.module, name, function, node.lineno, kind="lazy"))
+
     def visit_Import(self, node):  # noqa: N802
         for alias in node.names:
             self._record(alias.name, node.lineno)
@@ -227,7 +366,7 @@ def scan(roots=SOURCE_ROOTS) -> Scan:
     top = roots[0][0].parent
     for module, path in result.modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        _Visitor(module, path.name == "__init__.py", result).visit(tree)
+        _Visitor(module, path.name == "__init__.py", result, _docstrings(tree)).visit(tree)
         package = module.rsplit(".", 1)[0]
         if package == "notebook_accel" and path.name.startswith(MIXIN_PREFIXES):
             result.mixin_files.append(path.relative_to(top).as_posix())
@@ -238,6 +377,8 @@ def cycles(imports: list[Import]) -> list[list[str]]:
     """Return the strongly connected groups (>1 module) of the import graph, each sorted (Tarjan)."""
     graph: dict[str, set[str]] = {}
     for imp in imports:
+        if imp.kind != "import":
+            continue  # a lazy reference imports nothing when its file is imported
         graph.setdefault(imp.source, set()).add(imp.target)
         graph.setdefault(imp.target, set())
     index: dict[str, int] = {}
@@ -277,13 +418,14 @@ def _upward(imp: Import) -> str | None:
     source_area, target_area = area_of(imp.source), area_of(imp.target)
     if target_area in _ALLOWED[source_area]:
         return None
-    if source_area == "utils" and target_area == "state" and imp.source in _UTILS_READING_STATE:
+    if (imp.kind, imp.source, imp.target) in UPWARD_ALLOWED:
         return None
     if (imp.source, imp.target) == LAZY_PANEL_IMPORT or (
         imp.source == LAZY_PANEL_IMPORT[0] and imp.target.startswith(LAZY_PANEL_IMPORT[1] + ".")
     ):
         return None
-    return f"upward import: {imp.source} -> {imp.target} ({source_area} may not import {target_area})"
+    what = "upward import" if imp.kind == "import" else "upward lazy reference"
+    return f"{what}: {imp.source} -> {imp.target} ({source_area} may not import {target_area})"
 
 
 def violations(result: Scan) -> dict[str, dict[str, str]]:
@@ -303,7 +445,7 @@ def violations(result: Scan) -> dict[str, dict[str, str]]:
         if message:
             found["upward imports"].setdefault(message, f"line {imp.line}")
         lazy_panel = imp.source == LAZY_PANEL_IMPORT[0] and imp.target.startswith(LAZY_PANEL_IMPORT[1])
-        if imp.function is not None and not lazy_panel:
+        if imp.kind == "import" and imp.function is not None and not lazy_panel:
             key = f"in-function import: {imp.source}.{imp.function} -> {imp.target}"
             found["in-function imports"].setdefault(key, f"line {imp.line}")
     for module, library, line in result.gui_imports:
@@ -343,6 +485,12 @@ def test_architecture_rules() -> None:
     print("architecture:", summary(found))
     problems = check(found, KNOWN_VIOLATIONS)
     assert not problems, "architecture rules:\n" + "\n".join(problems)
+
+
+def test_every_upward_allowance_is_used() -> None:
+    # An allowance that nothing needs any more is deleted, so the list only ever names what exists.
+    used = {(imp.kind, imp.source, imp.target) for imp in scan().imports}
+    assert sorted(set(UPWARD_ALLOWED) - used) == []
 
 
 def test_known_violations_name_an_owner() -> None:
@@ -409,6 +557,62 @@ def test_checker_sees_upward_imports(tmp_path: Path) -> None:
     )
     # operations may read the state.
     assert not any(key.startswith("upward import: notebook_accel.utils.operations") for key in found)
+
+
+def test_checker_sees_upward_lazy_references(tmp_path: Path) -> None:
+    # Each form a facade uses to name a module it loads later, from a utils module that may not import
+    # them: an attach() table, an _add() entry (relative), a LazyModule target and a sys.modules look-up.
+    found = _found(
+        tmp_path,
+        {
+            "notebook_accel/state.py": "",
+            "notebook_accel/integrations/__init__.py": "",
+            "notebook_accel/integrations/engine.py": "",
+            "notebook_accel/utils/table.py": (
+                '"""notebook_accel.state (a docstring is no reference)."""\n'
+                "_TABLE = {'Engine': 'notebook_accel.integrations.engine'}\n"
+                "__getattr__, __dir__ = attach(__name__, _TABLE)\n"
+            ),
+            "notebook_accel/utils/__init__.py": "_add('..integrations.engine', 'Engine')\n_add('.table', 'x')\n",
+            "notebook_accel/utils/proxy.py": "engine = LazyModule('notebook_accel.integrations.engine')\n",
+            "notebook_accel/utils/peek.py": "import sys\n\ndef rank():\n    return sys.modules.get('notebook_accel.state')\n",
+        },
+    )
+    upward = "(utils may not import integrations)"
+    assert (
+        f"upward lazy reference: notebook_accel.utils.table -> notebook_accel.integrations.engine {upward}"
+        in found
+    )
+    assert (
+        f"upward lazy reference: notebook_accel.utils -> notebook_accel.integrations.engine {upward}" in found
+    )
+    assert (
+        f"upward lazy reference: notebook_accel.utils.proxy -> notebook_accel.integrations.engine {upward}"
+        in found
+    )
+    assert (
+        "upward lazy reference: notebook_accel.utils.peek -> notebook_accel.state (utils may not import state)"
+        in found
+    )
+    # A docstring naming a module, a same-layer entry and a look-up inside a function are no violation of
+    # their own (the look-up counts for the direction only), and lazy references close no cycle.
+    assert "upward lazy reference: notebook_accel.utils.table -> notebook_accel.state" not in str(found)
+    assert not any(key.startswith(("in-function import", "import cycle")) for key in found)
+
+
+def test_listed_upward_references_pass_and_unlisted_ones_fail(tmp_path: Path, monkeypatch) -> None:
+    files = {
+        "notebook_accel/integrations/__init__.py": "",
+        "notebook_accel/integrations/engine.py": "",
+        "notebook_accel/utils/face.py": "forward(__name__, 'notebook_accel.integrations.engine')\n",
+    }
+    key = "upward lazy reference: notebook_accel.utils.face -> notebook_accel.integrations.engine"
+    assert any(found.startswith(key) for found in _found(tmp_path, files))
+    allowed = {
+        ("lazy", "notebook_accel.utils.face", "notebook_accel.integrations.engine"): "accelerate.utils.face"
+    }
+    monkeypatch.setattr(sys.modules[__name__], "UPWARD_ALLOWED", allowed)
+    assert not any(found.startswith(key) for found in _found(tmp_path, files))
 
 
 def test_checker_sees_long_functions_gui_imports_and_mixins(tmp_path: Path) -> None:
