@@ -227,7 +227,7 @@ def save_accelerator_state(
         states = [s.state_dict() if isinstance(s, torch.nn.Module) else s for s in model_states]
         total = _payload_bytes(states) + _payload_bytes(optimizer_states)
         raise NoSpaceError(
-            exc.errno, f"{exc.strerror} The whole checkpoint needs about {total / 1e6:.1f} MB.", exc.filename
+            exc.errno, f"{exc.strerror} The whole checkpoint needs about {total / 1e6:.1f} MB", exc.filename
         ) from exc
     logger.info("saved training state to %s", output_dir)
     return output_dir

@@ -73,7 +73,7 @@ def _out_of_room(exc: BaseException, path: str, directory: str, needs: int | Non
         return None
     code = getattr(exc, "errno", None)
     if code not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) and not (
-        isinstance(exc, (RuntimeError, OSError)) and any(t in str(exc) for t in _SHORT_WRITE_TEXT)
+        isinstance(exc, Exception) and any(t in str(exc) for t in _SHORT_WRITE_TEXT)
     ):
         return None
     try:
@@ -82,19 +82,17 @@ def _out_of_room(exc: BaseException, path: str, directory: str, needs: int | Non
         free = None
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     need = f", about {_mb(needs)} for this file" if needs else ""
-    if code == errno.EFBIG or "File too large" in str(exc) or "os error 27" in str(exc):
+    limited = code == errno.EFBIG or "File too large" in str(exc) or "os error 27" in str(exc)
+    if limited or (limit != resource.RLIM_INFINITY and (free is None or free > limit)):
         cause = f"it exceeds this process's file-size limit (ulimit -f: {_mb(limit)}{need})"
-        code = errno.EFBIG
-    elif limit != resource.RLIM_INFINITY and (free is None or free > limit):
-        cause = f"it exceeds this process's file-size limit (ulimit -f: {_mb(limit)}{need})"
-        code = errno.EFBIG
+        code, advice = errno.EFBIG, "Raise the limit (ulimit -f) or write smaller files"
     else:
         room = f"{_mb(free)} free" if free is not None else "free space unknown"
         cause = f"the disk is full ({room} on {directory!r}{need})"
-        code = errno.ENOSPC
+        code, advice = errno.ENOSPC, "Free some space (or save elsewhere) and save again"
     return NoSpaceError(
-        code, f"could not write {path!r}: {cause}. Free some space (or save elsewhere) and save again; nothing "
-        f"was left half-written ({type(exc).__name__}: {str(exc).strip()[:200]})", path
+        code, f"could not write {path!r}: {cause}. {advice}; nothing was left half-written "
+        f"({type(exc).__name__}: {str(exc).strip()[:200]}).", path
     )  # fmt: skip
 
 
