@@ -133,5 +133,7 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
         end = stop
     if 8 + length + end != size:
         short = ": the file is cut short" if size - 8 - length < end else ""
-        raise _bad(path, f"its tensors cover {end} bytes of data but the file holds {size - 8 - length}{short}")
+        raise _bad(
+            path, f"its tensors cover {end} bytes of data but the file holds {size - 8 - length}{short}"
+        )
     return SafetensorsHeader(path, header, 8 + length, metadata)
