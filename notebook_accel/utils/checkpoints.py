@@ -174,11 +174,11 @@ def _read_index(index_path: str) -> tuple[list[str], dict[str, str]]:
         by_file.setdefault(path, []).append(key)
     for path, keys in by_file.items():
         if path.endswith(".safetensors"):
-            check_shard_holds(index_path, path, keys, safetensors_keys(path))
+            _check_shard_holds(index_path, path, keys, safetensors_keys(path))
     return list(by_file), weight_map
 
 
-def check_shard_holds(index_path: str, shard_path: str, wanted: list[str], keys: Any) -> None:
+def _check_shard_holds(index_path: str, shard_path: str, wanted: list[str], keys: Any) -> None:
     """Raise ValueError naming the index, the shard and the tensors the index maps to it that it does not hold."""
     held = set(keys)
     absent = [key for key in wanted if key not in held]
@@ -370,7 +370,7 @@ class _CheckpointLoader:
                 try:
                     if weight_map is not None and not shard.safetensors:
                         wanted = [k for k, f in weight_map.items() if os.path.join(folder, f) == path]
-                        check_shard_holds(index_path, path, wanted, shard.keys)
+                        _check_shard_holds(index_path, path, wanted, shard.keys)
                     for key in shard.keys:
                         self._load_one(shard, key)
                 finally:
