@@ -29,7 +29,7 @@ from .data_loader import SeedableRandomSampler
 from .data_loader.loader_adapter import find_sampler
 from .logging import get_logger
 from .state import PartialState
-from .utils.atomic_files import atomic_write, fsync_tree
+from .utils.atomic_files import NoSpaceError, atomic_write, fsync_tree
 from .utils.checkpoint_io.checkpoints import shard_checkpoint
 from .utils.constants import (
     MODEL_NAME,
@@ -44,6 +44,7 @@ from .utils.constants import (
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
 )
+from .utils.checkpoint_io.file_checks import safetensors_keys, torch_load_named
 from .utils.imports import (
     is_cuda_available,
     is_hpu_available,
@@ -113,7 +114,20 @@ def _model_file(index: int, safe_serialization: bool) -> str:
 
 def _torch_save(obj: Any, path: Path) -> None:
     """Write ``obj`` with torch.save to a temporary name, then rename it into place."""
-    atomic_write(os.fspath(path), lambda tmp: torch.save(obj, tmp))
+    atomic_write(os.fspath(path), lambda tmp: torch.save(obj, tmp), needs=_payload_bytes(obj))
+
+
+def _payload_bytes(obj: Any) -> int:
+    """Return the bytes of the tensors and arrays in ``obj`` (nested dicts, lists, tuples): what saving it takes."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(_payload_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_payload_bytes(v) for v in obj)
+    return 0
 
 
 def _torch_load(path: Path, map_location: Any = None, **load_kwargs: Any) -> Any:
@@ -123,7 +137,7 @@ def _torch_load(path: Path, map_location: Any = None, **load_kwargs: Any) -> Any
     would run code) is refused with an error naming the file, and nothing in it runs.
     """
     try:
-        return load(path, map_location=map_location, **load_kwargs)
+        return torch_load_named(path, loader=load, map_location=map_location, **load_kwargs)
     except pickle.UnpicklingError as exc:
         reason = str(exc).strip().splitlines()
         detail = next(
@@ -203,12 +217,30 @@ def save_accelerator_state(
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    # Gathering a sharded optimizer state is collective: every process computes it.
+    optimizer_states = [optimizer.state_dict() for optimizer in optimizers]
+    try:
+        _write_state(output_dir, model_states, optimizer_states, schedulers, dataloaders, scaler,
+                     safe_serialization, is_writer)  # fmt: skip
+        _torch_save(_rng_state(step), output_dir / f"{RNG_STATE_NAME}_{process_index}.pkl")
+    except NoSpaceError as exc:
+        states = [s.state_dict() if isinstance(s, torch.nn.Module) else s for s in model_states]
+        total = _payload_bytes(states) + _payload_bytes(optimizer_states)
+        raise NoSpaceError(
+            exc.errno, f"{exc.strerror} The whole checkpoint needs about {total / 1e6:.1f} MB", exc.filename
+        ) from exc
+    logger.info("saved training state to %s", output_dir)
+    return output_dir
+
+
+def _write_state(
+    output_dir: Path, model_states: list[Any], optimizer_states: list[Any], schedulers: list[Any],
+    dataloaders: list[Any], scaler: Any, safe_serialization: bool, is_writer: bool,
+) -> None:  # fmt: skip
+    """Write the shared files of a state folder (on the writing process only)."""
     if is_writer:
         for i, state in enumerate(model_states):
             save_model_weights(state, output_dir / _model_file(i, safe_serialization), safe_serialization)
-    # Gathering a sharded optimizer state is collective: every process computes it.
-    optimizer_states = [optimizer.state_dict() for optimizer in optimizers]
-    if is_writer:
         for i, state in enumerate(optimizer_states):
             _torch_save(state, output_dir / f"{_indexed(OPTIMIZER_NAME, i)}.bin")
         for i, scheduler in enumerate(schedulers):
@@ -221,9 +253,6 @@ def save_accelerator_state(
                 _torch_save(dataloader.state_dict(), output_dir / f"{_indexed(DATALOADER_STATE_NAME, i)}.bin")
         if scaler is not None:
             _torch_save(scaler.state_dict(), output_dir / SCALER_NAME)
-    _torch_save(_rng_state(step), output_dir / f"{RNG_STATE_NAME}_{process_index}.pkl")
-    logger.info("saved training state to %s", output_dir)
-    return output_dir
 
 
 def load_accelerator_state(
@@ -236,13 +265,16 @@ def load_accelerator_state(
     scaler: Any = None,
     map_location: Any = None,
     load_kwargs: dict | None = None,
+    custom_objects: list[Any] | None = None,
     **load_model_func_kwargs: Any,
 ) -> dict[str, Any]:
     """Restore the state written by :func:`save_accelerator_state`; return attributes to restore (``step``).
 
-    ``load_kwargs`` go to every ``torch.load`` of optimizer, scheduler, sampler, scaler and RNG files
-    (e.g. ``mmap=True``); they always load with ``weights_only=True``. ``load_model_func_kwargs`` go
-    to ``load_state_dict`` of each model (e.g. ``strict=False``).
+    Every file is read and checked (present, not empty or cut short, the model's keys and shapes) before
+    anything is restored, so a bad file leaves the run as it was. ``load_kwargs`` go to every
+    ``torch.load`` of optimizer, scheduler, sampler, scaler and RNG files (e.g. ``mmap=True``); they
+    always load with ``weights_only=True``. ``load_model_func_kwargs`` go to ``load_state_dict`` of each
+    model (e.g. ``strict=False``). ``custom_objects`` (registered objects) are restored last.
     """
     load_kwargs = dict(load_kwargs or {})
     if load_kwargs.pop("weights_only", True) is not True:
@@ -253,48 +285,78 @@ def load_accelerator_state(
     recover_directory(input_dir)
     if not input_dir.is_dir():
         raise FileNotFoundError(f"checkpoint folder {str(input_dir)!r} does not exist")
-    map_location = "cpu" if map_location is None else map_location
-    for i, model in enumerate(models):
-        safe, legacy = input_dir / _model_file(i, True), input_dir / _model_file(i, False)
-        if safe.exists():
-            state = _load_safetensors(safe)
-        elif legacy.exists():
-            state = torch.load(legacy, map_location="cpu", weights_only=True)
-        else:
-            raise FileNotFoundError(
-                f"no weights for model {i} in {str(input_dir)!r}: expected {safe.name} or {legacy.name}"
-            )
+    files = _StateFiles(input_dir, "cpu" if map_location is None else map_location, load_kwargs)
+    model_states = [files.model(i) for i in range(len(models))]
+    for model, state in zip(models, model_states):
+        _check_fits(model, state, load_model_func_kwargs.get("strict", True))
+    optimizer_states = [files.required(f"{_indexed(OPTIMIZER_NAME, i)}.bin", f"optimizer {i}", True)
+                        for i in range(len(optimizers))]  # fmt: skip
+    scheduler_states = [files.required(f"{_indexed(SCHEDULER_NAME, i)}.bin", f"scheduler {i}")
+                        for i in range(len(schedulers))]  # fmt: skip
+    loader_states = [
+        (
+            files.optional(f"{_indexed(SAMPLER_NAME, i)}.bin"),
+            files.optional(f"{_indexed(DATALOADER_STATE_NAME, i)}.bin")
+            if getattr(dataloader, "use_stateful_dataloader", False)
+            else None,
+        )
+        for i, dataloader in enumerate(dataloaders)
+    ]
+    scaler_state = None if scaler is None else files.required(SCALER_NAME, "the fp16 gradient scaler")
+    rng = files.optional(f"{RNG_STATE_NAME}_{process_index}.pkl")
+    custom_states = [
+        files.required(f"custom_checkpoint_{i}.pkl", f"registered object {i} ({type(obj).__name__})")
+        for i, obj in enumerate(custom_objects or ())
+    ]
+    # Everything was read: restore in one go.
+    for model, state in zip(models, model_states):
         _load_into(model, state, **load_model_func_kwargs)
-    for i, optimizer in enumerate(optimizers):
-        path = input_dir / f"{_indexed(OPTIMIZER_NAME, i)}.bin"
-        _require(path, f"optimizer {i}")
-        optimizer.load_state_dict(_torch_load(path, map_location, **load_kwargs))
-    for i, scheduler in enumerate(schedulers):
-        path = input_dir / f"{_indexed(SCHEDULER_NAME, i)}.bin"
-        _require(path, f"scheduler {i}")
-        scheduler.load_state_dict(_torch_load(path, **load_kwargs))
-    for i, dataloader in enumerate(dataloaders):
-        path = input_dir / f"{_indexed(SAMPLER_NAME, i)}.bin"
-        if path.exists():
-            _load_sampler_state(dataloader, _torch_load(path, **load_kwargs))
-        position = input_dir / f"{_indexed(DATALOADER_STATE_NAME, i)}.bin"
-        if getattr(dataloader, "use_stateful_dataloader", False) and position.exists():
-            dataloader.load_state_dict(_torch_load(position, **load_kwargs))
+    for optimizer, state in zip(optimizers, optimizer_states):
+        optimizer.load_state_dict(state)
+    for scheduler, state in zip(schedulers, scheduler_states):
+        scheduler.load_state_dict(state)
+    for dataloader, (sampler_state, position) in zip(dataloaders, loader_states):
+        if sampler_state is not None:
+            _load_sampler_state(dataloader, sampler_state)
+        if position is not None:
+            dataloader.load_state_dict(position)
     if scaler is not None:
-        path = input_dir / SCALER_NAME
-        _require(path, "the fp16 gradient scaler")
-        scaler.load_state_dict(_torch_load(path, **load_kwargs))
-    override: dict[str, Any] = {}
-    rng_path = input_dir / f"{RNG_STATE_NAME}_{process_index}.pkl"
-    if rng_path.exists():
-        rng = _torch_load(rng_path, **load_kwargs)
-        _set_rng_state(rng)
-        override["step"] = rng.get("step", 0)
-    else:
+        scaler.load_state_dict(scaler_state)
+    for obj, state in zip(custom_objects or (), custom_states):
+        obj.load_state_dict(state)
+    if rng is None:
         logger.warning(
             "no RNG state for process %d in %s: random streams are not restored", process_index, input_dir
         )
-    return override
+        return {}
+    _set_rng_state(rng)
+    return {"step": rng.get("step", 0)}
+
+
+class _StateFiles:
+    """Reads the files of one checkpoint folder, each failure naming its file (nothing is restored here)."""
+
+    def __init__(self, folder: Path, map_location: Any, load_kwargs: dict[str, Any]) -> None:
+        self.folder, self.map_location, self.load_kwargs = folder, map_location, load_kwargs
+
+    def model(self, i: int) -> dict[str, torch.Tensor]:
+        safe, legacy = self.folder / _model_file(i, True), self.folder / _model_file(i, False)
+        if safe.exists():
+            return _load_safetensors(safe)
+        if legacy.exists():
+            return torch_load_named(legacy, map_location="cpu", weights_only=True)
+        raise FileNotFoundError(
+            f"no weights for model {i} in {str(self.folder)!r}: expected {safe.name} or {legacy.name}"
+        )
+
+    def required(self, name: str, what: str, mapped: bool = False) -> Any:
+        path = self.folder / name
+        _require(path, what)
+        return _torch_load(path, self.map_location if mapped else None, **self.load_kwargs)
+
+    def optional(self, name: str) -> Any:
+        path = self.folder / name
+        return _torch_load(path, **self.load_kwargs) if path.exists() else None
 
 
 def _require(path: Path, what: str) -> None:
@@ -308,7 +370,32 @@ def _require(path: Path, what: str) -> None:
 def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
+    safetensors_keys(path)  # names the file when it is empty or cut short (safetensors does not)
     return load_file(str(path), device="cpu")
+
+
+def _check_fits(model: Any, state: dict[str, torch.Tensor], strict: bool) -> None:
+    """Raise before anything is restored when ``state`` cannot load into ``model`` (keys, shapes)."""
+    if not isinstance(model, torch.nn.Module):
+        return  # a full-state adapter (FSDP): its own loader checks
+    own = model.state_dict()
+    for name, tensor in state.items():
+        if name in own and own[name].shape != tensor.shape:
+            raise RuntimeError(
+                f"Error(s) in loading state_dict for {type(model).__name__}: size mismatch for {name}: copying "
+                f"a param with shape {tensor.shape} from checkpoint, the shape in current model is "
+                f"{own[name].shape}. Nothing was restored."
+            )
+    if strict:
+        aliases = _alias_names(own)
+        missing = [k for k in own if k not in state and k not in aliases]
+        unexpected = [k for k in state if k not in own]
+        if missing or unexpected:
+            raise RuntimeError(
+                f"checkpoint does not match {type(model).__name__}: missing keys {missing[:10]}, "
+                f"unexpected keys {unexpected[:10]} (pass strict=False to load_state to accept). Nothing was "
+                "restored."
+            )
 
 
 def _load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], **kwargs: Any) -> None:
@@ -363,7 +450,11 @@ def save_model_weights(
         from safetensors.torch import save_file
 
         tensors = _dedupe_for_safetensors(state)
-        atomic_write(os.fspath(path), lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+        atomic_write(
+            os.fspath(path),
+            lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}),
+            needs=_payload_bytes(tensors),
+        )
     else:
         _torch_save(state, path)
 
@@ -435,7 +526,14 @@ def atomic_directory(final: str | os.PathLike, state: Any, is_writer: bool) -> I
         tmp.mkdir(parents=True)
     state.wait_for_everyone()
     tmp.mkdir(parents=True, exist_ok=True)  # a process on a node without the shared folder
-    yield tmp
+    try:
+        yield tmp
+    except BaseException:
+        # What a failed save wrote goes at once (a full disk stays full otherwise, failing the next
+        # save elsewhere too); the earlier checkpoint at ``final`` was never touched.
+        if is_writer:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     state.wait_for_everyone()
     if is_writer:
         _swap_into_place(final, tmp)

@@ -317,10 +317,14 @@ def test_shape_mismatch_names_tensor_and_shapes(tmp_path) -> None:
     state["layers.0.0.weight"] = torch.zeros(4, 8)
     checkpoint = save_checkpoint(tmp_path / "ckpt", state, "file-safetensors", "1GB")
     with pytest.raises(
-        ValueError, match=r"shape \(4, 8\) in 'layers\.0\.0\.weight' \(which has shape \(8, 8\)\)"
+        ValueError,
+        match=r"shape torch.Size\(\[4, 8\]\) in \"weight\" \(which has shape torch.Size\(\[8, 8\]\)\), this looks "
+        r"incorrect: 'layers\.0\.0\.weight' of Net has shape \(8, 8\), the value \(4, 8\)",
     ):
         load_checkpoint_in_model(meta_net(), checkpoint)
-    with pytest.raises(ValueError, match=r"shape \(4, 8\) in 'layers\.0\.0\.weight'"):
+    with pytest.raises(
+        ValueError, match=r"'layers\.0\.0\.weight' of Net has shape \(8, 8\), the value \(4, 8\)"
+    ):
         load_checkpoint_in_model(
             meta_net(), checkpoint, device_map={"": "cpu", "layers": "disk"}, offload_folder=tmp_path / "o"
         )

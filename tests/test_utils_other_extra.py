@@ -80,11 +80,11 @@ def test_tp_size_dtensor_and_kernel_check(monkeypatch, caplog) -> None:
     assert get_model_tp_size(model) == 4
     import notebook_accel.utils.other as other
 
-    monkeypatch.setattr(other.sys, "platform", "linux")
-    monkeypatch.setattr(other.platform, "release", lambda: "5.4.0-150-generic")
+    uname = other.platform.uname_result("Linux", "host", "5.4.0-150-generic", "#1", "x86_64")
+    monkeypatch.setattr(other.platform, "uname", lambda: uname)
     with caplog.at_level(logging.WARNING):
         check_os_kernel()
-    assert "Linux kernel 5.4.0 is older than 5.5.0" in caplog.text
+    assert "Detected kernel version 5.4.0, which is below the recommended minimum of 5.5.0" in caplog.text
 
 
 def test_ports() -> None:

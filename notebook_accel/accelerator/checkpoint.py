@@ -240,10 +240,9 @@ class Checkpointer:
             prepared.dataloaders,
             self.state.process_index,
             scaler=scaler,
+            custom_objects=prepared.custom_objects,
             **load_model_func_kwargs,
         )
-        for i, obj in enumerate(prepared.custom_objects):
-            _ckpt.load_custom_state(obj, source, i)
         if self.config.automatic_checkpoint_naming and source.name.startswith("checkpoint_"):
             self.config.iteration = int(source.name.split("_")[-1]) + 1
         return override

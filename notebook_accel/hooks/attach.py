@@ -280,18 +280,20 @@ def attach_layerwise_casting_hooks(
 ) -> None:
     """Store weights in ``storage_dtype`` and compute in ``compute_dtype``, per layer; return nothing.
 
-    With neither skip argument, ``module`` itself gets one :class:`LayerwiseCastingHook`. Otherwise
-    every Linear/Conv layer below it does, except those whose qualified name matches one of
-    ``skip_modules_pattern`` (regular expressions) or whose class is in ``skip_modules_classes``.
+    Every Linear/Conv layer (``module`` itself when it is one) gets a :class:`LayerwiseCastingHook`, except
+    those whose qualified name matches one of ``skip_modules_pattern`` (regular expressions) or whose class
+    is in ``skip_modules_classes``; other modules (norms, embeddings, a model's own parameters) keep their
+    dtype, as in Accelerate 1.15.
     """
     if isinstance(skip_modules_pattern, str):
         skip_modules_pattern = (skip_modules_pattern,)
-    if skip_modules_pattern is None and skip_modules_classes is None:
-        add_hook_to_module(module, LayerwiseCastingHook(storage_dtype, compute_dtype, non_blocking))
-        return
     rule = _CastingSkips(
         tuple(re.compile(p) for p in skip_modules_pattern or ()), tuple(skip_modules_classes or ())
     )
+    if isinstance(module, _CASTABLE_LAYERS):
+        if not (rule.classes and isinstance(module, rule.classes)):
+            add_hook_to_module(module, LayerwiseCastingHook(storage_dtype, compute_dtype, non_blocking))
+        return
     for name, current in _walk(module, stop=rule.stops_at):
         if name and isinstance(current, _CASTABLE_LAYERS) and not rule.skips(name, current):
             add_hook_to_module(current, LayerwiseCastingHook(storage_dtype, compute_dtype, non_blocking))

@@ -28,6 +28,7 @@ from safetensors import safe_open
 from torch import nn
 
 from .atomic_files import atomic_write
+from .checkpoint_io.file_checks import path_inside
 from .checkpoint_io.safetensors_header import SAFETENSORS_DTYPES, read_header
 from .device_planning.devices import device_label
 from .device_planning.tensors import set_module_tensor_to_device
@@ -58,14 +59,7 @@ def _dtype_from_name(name: str) -> torch.dtype:
 
 def _inside(folder: str | os.PathLike, relative: str, what: str) -> str:
     """Return ``folder/relative``; raise ValueError when it would leave ``folder`` (``..``, absolute, symlink)."""
-    base = os.path.realpath(os.fspath(folder))
-    target = os.path.realpath(os.path.join(base, relative))
-    if os.path.isabs(relative) or os.path.commonpath([base, target]) != base:
-        raise ValueError(
-            f"{what} {relative!r} leaves the offload folder {os.fspath(folder)!r}; offloaded names must stay "
-            "inside it (no '..', no absolute paths)"
-        )
-    return target
+    return path_inside(folder, relative, what, "offload folder")
 
 
 def _check_index(index: Any, where: str) -> dict:

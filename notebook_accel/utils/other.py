@@ -332,18 +332,24 @@ def clean_state_dict_for_safetensors(state_dict: dict) -> dict:
 
 
 def check_os_kernel() -> None:
-    """Warn when this Linux kernel is older than 5.5, on which processes are known to hang."""
-    if not sys.platform.startswith("linux"):
+    """Warn, naming the running kernel's version, when this Linux kernel is older than 5.5 (processes can hang)."""
+    info = platform.uname()
+    if info.system != "Linux":
         return
-    release = platform.release().split("-")[0]
+    release = str(info.release)
+    numbers = release.split("-")[0].split("+")[0]
     try:
-        version = tuple(int(part) for part in release.split(".")[:2])
+        version = tuple(int(part) for part in numbers.split(".")[:2])
     except ValueError:
         return
     if version < (5, 5):
+        # Starts as Accelerate 1.15's message (tests and log filters match on it), then the full release.
         logger.warning(
-            "Linux kernel %s is older than 5.5.0, on which processes can hang; upgrade the kernel", release
-        )
+            "Detected kernel version %s, which is below the recommended minimum of 5.5.0; this can cause the "
+            "process to hang. It is recommended to upgrade the kernel to the minimum version or higher "
+            "(running kernel: %s).",
+            numbers, release,
+        )  # fmt: skip
 
 
 # What ``load`` allows beyond tensors: numpy arrays (saved random states hold them).

@@ -25,13 +25,14 @@ from ..constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDE
 from ..device_planning.devices import Device, device_label, is_disk
 from ..device_planning.placement import DeviceLookup, DevicePlacement, require_offload_folder
 from ..device_planning.sizes import _as_dtype, convert_file_size_to_int
-from ..device_planning.tensors import set_module_tensor_to_device
+from ..device_planning.tensors import set_module_tensor_to_device, shape_mismatch
 from ..device_planning.tied_params import (
     check_tied_parameters_on_same_device,
     find_tied_parameters,
     retie_parameters,
 )
 from ..offload import load_offloaded_weights, offload_weight, save_offload_index
+from .file_checks import path_inside, safetensors_keys, torch_load_named
 
 __all__ = ["find_checkpoint_files", "load_checkpoint_in_model", "load_state_dict", "shard_checkpoint"]
 
@@ -52,6 +53,9 @@ class _Shard:
         self._handles: dict[str, Any] = {}
         mapped = False
         if self.safetensors:
+            # safetensors' own reader says "header too small" without the file's name; the checked header
+            # names the file and says whether it is empty or cut short.
+            self.keys = safetensors_keys(path)
             handle = self._handle("cpu")
             metadata = handle.metadata() or {}
             fmt = metadata.get("format", "pt")
@@ -63,7 +67,6 @@ class _Shard:
                 raise ValueError(
                     f"The safetensors file {path} holds {fmt!r} weights; only PyTorch ('pt') ones load here."
                 )
-            self.keys = list(handle.keys())
             self.state: dict[str, torch.Tensor] = {}
         else:
             self.state, mapped = _torch_load(path)
@@ -94,12 +97,12 @@ def _torch_load(path: str) -> tuple[dict[str, torch.Tensor], bool]:
     """Return ``(state dict, memory-mapped?)`` for a ``.bin``/``.pt`` file, read with ``weights_only=True``."""
     mapped = True
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        state = torch_load_named(path, map_location="cpu", weights_only=True, mmap=True)
     except RuntimeError as err:
         if "mmap" not in str(err) and "zipfile" not in str(err):
             raise
         # Legacy (pre-zipfile) checkpoints cannot be memory-mapped.
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch_load_named(path, map_location="cpu", weights_only=True)
         mapped = False
     if not isinstance(state, dict):
         raise ValueError(f"{path} holds a {type(state).__name__}, not a state dict of tensors.")
@@ -141,11 +144,20 @@ def load_state_dict(
 # ------------------------------------------------------------------------------------ finding checkpoint files
 
 
+class CheckpointNotFoundError(FileNotFoundError, ValueError):
+    """No checkpoint at the path given (a ValueError too, as Accelerate raises for it)."""
+
+
 def _read_index(index_path: str) -> tuple[list[str], dict[str, str]]:
+    """Return ``(shard files, weight map)`` of an index after checking it against its shards.
+
+    Every shard must stay inside the index's folder, exist and (safetensors: read from its header, which
+    costs no data read) hold the tensors the index maps to it.
+    """
     try:
         with open(index_path, encoding="utf-8") as f:
             index = json.load(f)
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"The checkpoint index {index_path} is not valid JSON: {err}") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
@@ -153,37 +165,74 @@ def _read_index(index_path: str) -> tuple[list[str], dict[str, str]]:
             f"The checkpoint index {index_path} has no 'weight_map' dict of weight name -> shard file."
         )
     folder = os.path.dirname(index_path)
-    files: list[str] = []
+    by_file: dict[str, list[str]] = {}
     for key, shard in weight_map.items():
         path = os.path.join(folder, shard)
-        if path not in files:
+        if path not in by_file:
+            where = f"shard of the index {index_path!r} (holding {key!r})"
+            path_inside(folder or ".", shard, where, "checkpoint folder", follow_symlinks=False)
             if not os.path.isfile(path):
                 raise FileNotFoundError(
                     f"Shard file {path!r} (holding {key!r}) named by the index {index_path!r} does not exist."
                 )
-            files.append(path)
-    return files, weight_map
+        by_file.setdefault(path, []).append(key)
+    for path, keys in by_file.items():
+        if path.endswith(".safetensors"):
+            _check_shard_holds(index_path, path, keys, safetensors_keys(path))
+    return list(by_file), weight_map
+
+
+def _check_shard_holds(index_path: str, shard_path: str, wanted: list[str], keys: Any) -> None:
+    """Raise ValueError naming the index, the shard and the tensors the index maps to it that it does not hold."""
+    held = set(keys)
+    absent = [key for key in wanted if key not in held]
+    if absent:
+        shown = ", ".join(repr(k) for k in absent[:5]) + (
+            f" and {len(absent) - 5} more" if len(absent) > 5 else ""
+        )
+        raise ValueError(
+            f"The checkpoint index {index_path!r} maps {shown} to the shard {shard_path!r}, which does not hold "
+            f"{'it' if len(absent) == 1 else 'them'}: the index and the shards do not belong together (was "
+            "the checkpoint saved again with other shards?). Rewrite the index or save the checkpoint again."
+        )
+
+
+def _is_index_file(path: str) -> bool:
+    """Return whether ``path`` is a JSON index (any name): ``.json``, or a file whose text starts with ``{``."""
+    if path.endswith(".json"):
+        return True
+    if path.endswith(".safetensors"):
+        return False
+    with open(path, "rb") as f:
+        head = f.read(64)
+    # A safetensors header length can start with the byte "{", but its high bytes are NULs; JSON has none.
+    return b"\0" not in head and head.lstrip().startswith(b"{")
 
 
 def find_checkpoint_files(checkpoint: Union[str, os.PathLike]) -> tuple[list[str], str | None]:
     """Return ``(files, index_path)`` for the four checkpoint forms; safetensors wins when both formats exist.
 
-    Forms: one weights file; an ``.index.json`` of shards; a folder holding one ``.index.json``; a folder
-    holding ``model.safetensors`` or ``pytorch_model.bin``.
+    Forms: one weights file; an index of shards (a ``weight_map`` in JSON, any file name); a folder holding
+    one ``.index.json``; a folder holding ``model.safetensors`` or ``pytorch_model.bin``.
     """
-    path = os.fspath(checkpoint)
+    files, index_path, _ = _locate(os.fspath(checkpoint))
+    return files, index_path
+
+
+def _locate(path: str) -> tuple[list[str], str | None, dict[str, str] | None]:
+    """Return ``(files, index_path, weight_map)``; see :func:`find_checkpoint_files`."""
     if os.path.isfile(path):
-        if path.endswith(".json"):
-            return _read_index(path)[0], path
-        return [path], None
+        if _is_index_file(path):
+            return _indexed(path)
+        return [path], None, None
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"Checkpoint {path!r} is neither a file nor a folder.")
+        raise CheckpointNotFoundError(f"Checkpoint {path!r} is neither a file nor a folder.")
     entries = set(os.listdir(path))
     # safetensors before .bin; within a format a single file before an index, as Accelerate does.
     for name in (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME):
         if name in entries:
             full = os.path.join(path, name)
-            return (_read_index(full)[0], full) if name.endswith(".json") else ([full], None)
+            return _indexed(full) if name.endswith(".json") else ([full], None, None)
     indexes = sorted(f for f in entries if f.endswith(".index.json"))
     if len(indexes) > 1:
         raise ValueError(
@@ -191,11 +240,15 @@ def find_checkpoint_files(checkpoint: Union[str, os.PathLike]) -> tuple[list[str
             "or pass the index file itself."
         )
     if indexes:
-        index_path = os.path.join(path, indexes[0])
-        return _read_index(index_path)[0], index_path
-    raise FileNotFoundError(
+        return _indexed(os.path.join(path, indexes[0]))
+    raise CheckpointNotFoundError(
         f"{path} is not a folder containing a `.index.json` file or a {SAFE_WEIGHTS_NAME} or {WEIGHTS_NAME} file."
     )
+
+
+def _indexed(index_path: str) -> tuple[list[str], str, dict[str, str]]:
+    files, weight_map = _read_index(index_path)
+    return files, index_path, weight_map
 
 
 # -------------------------------------------------------------------------------------- loading into a model
@@ -271,9 +324,10 @@ def load_checkpoint_in_model(
         model, placement, offload_folder, target_dtype, list(keep_in_fp32_modules or ()), offload_state_dict,
         offload_buffers,
     )  # fmt: skip
-    loader.load(find_checkpoint_files(checkpoint)[0], tied)
+    files, index_path, weight_map = _locate(os.fspath(checkpoint))
+    loader.load(files, tied, index_path, weight_map)
     retie_parameters(model, tied)
-    _report_keys(model, loader.expected, loader.loaded, loader.unexpected, tied, strict)
+    _report_keys(model, os.fspath(checkpoint), loader, tied, strict)
 
 
 class _CheckpointLoader:
@@ -304,12 +358,23 @@ class _CheckpointLoader:
         self.spill_folder = tempfile.mkdtemp(prefix="na-state-dict-") if offload_state_dict else None
         self.spill_index: dict[str, dict] = {}
 
-    def load(self, files: list[str], tied: list[list[str]]) -> None:
-        """Load every file; on failure remove the ``.dat`` files written so far. The spill folder is always removed."""
+    def load(
+        self, files: list[str], tied: list[list[str]], index_path: str | None = None,
+        weight_map: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        """Load every file; on failure remove the ``.dat`` files written so far. The spill folder is always removed.
+
+        With an index, each ``.bin`` shard is checked to hold what the index maps to it (safetensors shards
+        were checked from their headers before anything loaded).
+        """
+        folder = os.path.dirname(index_path or "")
         try:
             for path in _progress(files):
                 shard = _Shard(path)
                 try:
+                    if weight_map is not None and not shard.safetensors:
+                        wanted = [k for k, f in weight_map.items() if os.path.join(folder, f) == path]
+                        _check_shard_holds(index_path, path, wanted, shard.keys)
                     for key in shard.keys:
                         self._load_one(shard, key)
                 finally:
@@ -327,8 +392,16 @@ class _CheckpointLoader:
                 shutil.rmtree(self.spill_folder, ignore_errors=True)
 
     def _dtype_for(self, key: str, value: torch.Tensor) -> torch.dtype | None:
-        """Return the dtype ``value`` is cast to (None: keep it); integer and bool weights are never cast."""
+        """Return the dtype ``value`` is cast to (None: keep it).
+
+        With ``dtype`` floating weights are cast to it (``keep_in_fp32_modules`` to float32), integer and
+        bool ones never. Without it, a weight of another kind than the model's tensor (an int64 tensor for
+        a float parameter) takes the model tensor's dtype, as ``load_state_dict`` does.
+        """
         if not value.is_floating_point():
+            current = _current_tensor(self.model, key)
+            if self.dtype is None and current is not None and current.is_floating_point():
+                return current.dtype
             return None
         if self.dtype is not None and _kept_in_fp32(key, self.keep_in_fp32_modules):
             return torch.float32
@@ -344,6 +417,8 @@ class _CheckpointLoader:
             raise ValueError(f"{key} has no device in the device_map; add its module or ''.")
         value = shard.get(key, "cpu" if is_disk(device) else device)
         dtype = self._dtype_for(key, value)
+        if dtype is not None and not value.is_floating_point():  # an integer tensor for a float weight
+            value, dtype = value.to(dtype), None
         if is_disk(device) and (self.offload_buffers or not is_buffer):
             self._to_disk(shard, key, value, dtype or value.dtype)
         elif self.spill_folder is not None and not shard.file_backed and str(device) == "cpu":
@@ -384,11 +459,16 @@ class _CheckpointLoader:
             load_offloaded_weights(self.model, self.spill_index, self.spill_folder)
 
 
-def _copy_in_place(model: nn.Module, key: str, value: torch.Tensor) -> bool:
-    """Copy ``value`` into the model's existing tensor ``key`` (as ``load_state_dict`` does); False if it is meta."""
+def _current_tensor(model: nn.Module, key: str) -> torch.Tensor | None:
+    """Return the model's parameter or buffer ``key`` (None when the model has no such tensor)."""
     module_name, _, leaf = key.rpartition(".")
     owner = model.get_submodule(module_name) if module_name else model
-    current = owner._parameters.get(leaf) if leaf in owner._parameters else owner._buffers.get(leaf)
+    return owner._parameters.get(leaf) if leaf in owner._parameters else owner._buffers.get(leaf)
+
+
+def _copy_in_place(model: nn.Module, key: str, value: torch.Tensor) -> bool:
+    """Copy ``value`` into the model's existing tensor ``key`` (as ``load_state_dict`` does); False if it is meta."""
+    current = _current_tensor(model, key)
     if current is None or current.device.type == "meta":
         return False
     _check_shape(model, key, value)
@@ -398,26 +478,21 @@ def _copy_in_place(model: nn.Module, key: str, value: torch.Tensor) -> bool:
 
 
 def _check_shape(model: nn.Module, key: str, value: torch.Tensor) -> None:
-    module_name, _, leaf = key.rpartition(".")
-    owner = model.get_submodule(module_name) if module_name else model
-    old = owner._parameters.get(leaf) if leaf in owner._parameters else owner._buffers.get(leaf)
+    old = _current_tensor(model, key)
     if old is not None and old.shape != value.shape:
-        raise ValueError(
-            f"Trying to set a tensor of shape {tuple(value.shape)} in {key!r} (which has shape {tuple(old.shape)}): "
-            "the checkpoint does not match the model."
-        )
+        raise shape_mismatch(key, model, old.shape, value.shape)
 
 
 def _report_keys(
-    model: nn.Module, expected: dict[str, bool], loaded: set[str], unexpected: list[str], tied: list[list[str]],
-    strict: bool,
-) -> None:  # fmt: skip
-    covered = set(loaded)
+    model: nn.Module, checkpoint: str, loader: _CheckpointLoader, tied: list[list[str]], strict: bool
+) -> None:
+    covered = set(loader.loaded)
     for group in tied:
         if covered.intersection(group):
             covered.update(group)
     persistent = _persistent_names(model)
-    missing = [name for name in expected if name not in covered and name in persistent]
+    missing = [name for name in loader.expected if name not in covered and name in persistent]
+    unexpected = loader.unexpected
     if strict and (missing or unexpected):
         parts = []
         if missing:
@@ -430,7 +505,13 @@ def _report_keys(
     if missing:
         logger.warning("Some weights were not in the checkpoint and keep their current values: %s", missing)
     if unexpected:
-        logger.warning("Some weights of the checkpoint are not used by the model: %s", unexpected)
+        # Accelerate 1.15's wording (a set of names), which users and tests match on.
+        logger.warning(
+            "Some weights of the model checkpoint at %s were not used when initializing %s: %s. This may or may "
+            "not be an issue - make sure that the checkpoint does not have unnecessary parameters, or that the "
+            "model definition correctly corresponds to the checkpoint.",
+            checkpoint, type(model).__name__, set(unexpected),
+        )  # fmt: skip
 
 
 def _progress(files: list[str]):

@@ -104,11 +104,14 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            raise _bad(path, f"it holds {size} bytes, fewer than the 8-byte header length")
+            empty = ": the file is empty" if size == 0 else ": the file is cut short"
+            raise _bad(path, f"it holds {size} bytes, fewer than the 8-byte header length{empty}")
         (length,) = struct.unpack("<Q", head)
         if length > MAX_HEADER_BYTES or 8 + length > size:
             raise _bad(
-                path, f"its header length {length} exceeds the file ({size} bytes) or the 100 MB limit"
+                path,
+                f"its header length {length} exceeds the file ({size} bytes) or the 100 MB limit: the file "
+                "is cut short or not a safetensors file",
             )
         raw = f.read(length)
     try:
@@ -129,5 +132,8 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
             )
         end = stop
     if 8 + length + end != size:
-        raise _bad(path, f"its tensors cover {end} bytes of data but the file holds {size - 8 - length}")
+        short = ": the file is cut short" if size - 8 - length < end else ""
+        raise _bad(
+            path, f"its tensors cover {end} bytes of data but the file holds {size - 8 - length}{short}"
+        )
     return SafetensorsHeader(path, header, 8 + length, metadata)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import warnings
 from typing import Union
 
 from ._module_tree import ModuleTree
@@ -68,6 +69,7 @@ class DevicePlanner:
             self.queued[node] = True
             self.heap.append((-tree.layer[node], node))
         heapq.heapify(self.heap)
+        self.largest_layer = -self.heap[0][0] if self.heap else 0  # of the whole model, before any placement
 
     def run(self) -> DevicePlanner:
         """Place every entry; return self. Raises ``ValueError`` when something fits on no device."""
@@ -214,15 +216,24 @@ class DevicePlanner:
         )
 
     def warn_buffers_on_gpu(self) -> None:
-        """Warn when the offloaded entries' buffers (kept on the GPU) fit no GPU's remaining memory."""
+        """Warn when the offloaded entries' buffers (kept on the GPU) fit no GPU's remaining memory.
+
+        A GPU's remaining memory is its budget less what was placed on it and less the room kept for the
+        model's largest layer, as Accelerate 1.15 counts it; the warning is a ``UserWarning`` with its text.
+        """
         if not (self.offloaded_buffers and self.gpus):
             return
-        free = [self.budget[g] - self.device_bytes.get(g, 0) for g in self.gpus if g in self.budget]
+        free = [
+            self.budget[g] - self.device_bytes.get(g, 0) - self.largest_layer
+            for g in self.gpus
+            if g in self.budget
+        ]
         if not any(f >= self.offloaded_buffers for f in free):
-            logger.warning(
-                "The offloaded layers need %d bytes of buffers on the GPU, which does not seem to fit any GPU's "
-                "remaining memory; pass offload_buffers=True if you run out of memory.",
-                self.offloaded_buffers,
+            warnings.warn(
+                f"Current model requires {self.offloaded_buffers} bytes of buffer for offloaded layers, which "
+                "seems does not fit any GPU's remaining memory. If you are experiencing a OOM later, please "
+                "consider using offload_buffers=True.",
+                stacklevel=4,
             )
 
 

@@ -35,6 +35,17 @@ def _resolve(module: nn.Module, tensor_name: str) -> tuple[nn.Module, str]:
     return owner, leaf
 
 
+def shape_mismatch(tensor_name: str, module: nn.Module, expected: torch.Size, got: torch.Size) -> ValueError:
+    """Return the ValueError for a value of shape ``got`` set into ``tensor_name`` (shape ``expected``) of ``module``."""
+    leaf = tensor_name.rpartition(".")[2]
+    # Starts as Accelerate 1.15's message (which names only the leaf), then names the full tensor.
+    return ValueError(
+        f'Trying to set a tensor of shape {got} in "{leaf}" (which has shape {expected}), this looks incorrect: '
+        f"{tensor_name!r} of {type(module).__name__} has shape {tuple(expected)}, the value {tuple(got)}; the "
+        "checkpoint does not match the model."
+    )
+
+
 def _same_place(tensor: torch.Tensor, device: torch.device) -> bool:
     if tensor.device.type != device.type:
         return False
@@ -54,11 +65,12 @@ def set_module_tensor_to_device(
 ) -> None:
     """Set ``tensor_name`` (a dotted parameter or buffer name) of ``module`` on ``device``, optionally to ``value``.
 
-    Without ``dtype`` a floating ``value`` takes the dtype of the tensor it replaces (like
-    ``nn.Module.load_state_dict``); with ``dtype`` floating values are cast to it, integer and bool values
+    Without ``dtype`` a ``value`` takes the dtype of the tensor it replaces (like
+    ``nn.Module.load_state_dict``; an integer value for a float weight too); with ``dtype`` floating values are cast to it, integer and bool values
     never. The parameter class and ``requires_grad`` are kept. A CPU ``value`` of the right dtype is used as
     is, not copied (memory-mapped checkpoints stay zero-copy). ``tied_params_map`` (data pointer -> device ->
     tensor) reuses a tied tensor already materialised on ``device`` instead of copying it again.
+    A ``value`` whose shape differs raises ValueError naming the tensor and both shapes.
     ``non_blocking`` makes the copy asynchronous where the devices allow it; ``clear_cache`` (default)
     empties the accelerator's cache after a tensor moved to or from an accelerator, so the memory the
     old copy held is returned at once.
@@ -86,12 +98,11 @@ def set_module_tensor_to_device(
         if not isinstance(value, torch.Tensor):
             value = torch.as_tensor(value)
         if old.shape != value.shape:
-            raise ValueError(
-                f"Trying to set a tensor of shape {tuple(value.shape)} in {tensor_name!r} (which has shape "
-                f"{tuple(old.shape)}): the checkpoint does not match the model."
-            )
+            raise shape_mismatch(tensor_name, module, old.shape, value.shape)
         if dtype is None:
-            if value.is_floating_point() and value.dtype != old.dtype:
+            # The tensor's own dtype wins, whatever the value's kind (an int64 checkpoint tensor for a float
+            # weight becomes float), as in load_state_dict; quantised parameter classes convert for themselves.
+            if value.dtype != old.dtype and type(old) in (nn.Parameter, torch.Tensor):
                 value = value.to(old.dtype)
         elif not str(value.dtype).startswith(_NOT_CAST_PREFIXES):
             value = value.to(_as_dtype(dtype))
