@@ -31,6 +31,7 @@ from .logging import get_logger
 from .state import PartialState
 from .utils.atomic_files import NoSpaceError, atomic_write, fsync_tree
 from .utils.checkpoint_io.checkpoints import shard_checkpoint
+from .utils.checkpoint_io.file_checks import safetensors_keys, torch_load_named
 from .utils.constants import (
     MODEL_NAME,
     OPTIMIZER_NAME,
@@ -44,7 +45,6 @@ from .utils.constants import (
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
 )
-from .utils.checkpoint_io.file_checks import safetensors_keys, torch_load_named
 from .utils.imports import (
     is_cuda_available,
     is_hpu_available,
