@@ -261,11 +261,19 @@ def test_stacks_button_shows_every_rank_side_by_side():
     _wait_for(lambda: len(panel.merged_lines()) == 2)
     # both workers installed their stacks handler
     _wait_for(lambda: all(s.answered for s in handle.stacks().values()))
+    # handle.stacks(): each frame is followed by its source line, as in a traceback.
+    for stack in handle.stacks().values():
+        lines = stack.text.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.endswith(" in _forever"))
+        assert lines[at + 1] == "    _time.sleep(0.05)", stack.text
+        assert "_time.sleep(0.05)" not in stack.dump  # faulthandler's own dump has no source
     panel._w_stacks_button.click()
     assert sorted(panel.stacks) == [0, 1]
     assert all("in _forever at test_widgets_launch.py" in s.summary() for s in panel.stacks.values())
     view = panel._w_stacks.value
     assert view.count("<td") == 2 and "rank 0" in view and "rank 1" in view and "_forever" in view
+    # The panel's stacks show the source lines too: the loop's line once per rank.
+    assert view.count("    _time.sleep(0.05)") == 2, view
     assert handle.status()[0].state == "running"  # taking the stacks stopped nothing
     panel.stop()
     assert handle.wait(20)
