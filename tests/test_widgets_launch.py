@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -196,6 +197,11 @@ def test_panel_shows_live_bars_of_the_main_process_and_usage_numbers():
     progress, label = box.children
     assert (progress.value, progress.max, progress.bar_style) == (1000.0, 1000.0, "success")
     assert "[rank 0] epoch: 100%" in label.value and "1000/1000" in label.value
+    # Beside the graphical bar, tqdm's line less its text bar: counts, elapsed<remaining, rate.
+    live = next(text for value, _, text in seen_running if 0 < value < 1000)
+    assert re.search(r"\[rank 0\] epoch: +\d+% \d+/1000 \[\d\d:\d\d&lt;\d\d:\d\d, +[\d.]+it/s\]", live), live
+    assert not any("|" in text or "\u2588" in text for _, _, text in seen_running), seen_running
+    assert "|" not in label.value and "\u2588" not in label.value, label.value
     assert [b.rank for b in panel.bars()] == [0]
     # The rank tab: the prints and one final bar line, not a line per redraw.
     assert panel.lines(1) == ["at 0", "at 250", "at 500", "at 750", panel.lines(1)[-1]]
