@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import atexit
 import collections
+import fcntl
 import gc
 import logging
 import os
 import selectors
 import signal
+import struct
+import termios
 import threading
 import time
 import weakref
@@ -246,6 +249,16 @@ class LaunchHandle(Completion):
         """Return the output lines so far, of one ``rank`` or of all."""
         with self._lock:
             return [line for line in self._history if rank is None or line.rank == rank]
+
+    def output_drained(self, rank: int) -> bool:
+        """Return True when every byte ``rank`` wrote to stdout/stderr so far has reached the sinks.
+
+        (A last line without its newline stays pending.) The interactive ranks print a command's
+        last lines before its result with it.
+        """
+        with self._lock:
+            r = self._ranks[rank - self._ranks[0].rank]
+            return not any(name != "result" and _unread_bytes(fd) for fd, name in r.fds.items())
 
     def __repr__(self) -> str:
         states = collections.Counter(s.state for s in self.status())
@@ -507,6 +520,10 @@ class LaunchHandle(Completion):
             self._begin_stop(f"stopped on a {message}", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], 1.0)
 
     def _read(self, sel: selectors.BaseSelector, rank: _Rank, fd: int, kind: str) -> None:
+        with self._lock:  # output_drained() sees each read either not begun or handed to the sinks
+            self._read_locked(sel, rank, fd, kind)
+
+    def _read_locked(self, sel: selectors.BaseSelector, rank: _Rank, fd: int, kind: str) -> None:
         try:
             data = os.read(fd, 1 << 16)
         except BlockingIOError:
@@ -666,6 +683,14 @@ class LaunchHandle(Completion):
                 stacks=where,
             )
         return None
+
+
+def _unread_bytes(fd: int) -> int:
+    """Return how many bytes wait unread in the pipe ``fd`` (0 where that cannot be asked)."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
 
 
 @atexit.register

@@ -1,0 +1,341 @@
+"""The kernel's end of one persistent group: the launch handle, a socket per rank, and one exchange at a time.
+
+``Group.exchange`` sends a command to some ranks and waits for their replies in the calling thread,
+printing the ranks' lines meanwhile (in a kernel: into the running cell). While it waits it watches
+for what would otherwise hang the cell: a rank that died (the launcher stops the others), ranks
+sitting in a collective for a rank that already failed, the launcher's hang report, and the Stop
+button (SIGINT to the busy ranks; ranks that do not stop within a few seconds break the group).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import pickle
+import select
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..launch.doctor import RankStack, describe_stacks
+from ..launch.errors import RankFailure, order_failures
+from ..launch.events import FrameDecoder
+from ..launch.handle import LaunchHandle
+from ..launch.output import OutputLine, PrintSink
+from .errors import RankError
+from .rank_loop import send_frame
+
+__all__ = ["CellSink", "Group"]
+
+logger = logging.getLogger(__name__)
+
+_POLL_SECONDS = 0.05
+_INTERRUPT_SECONDS = 3.0  # after SIGINT, how long busy ranks get to stop before the group is given up
+_FAILED_GRACE = 1.0  # after a rank failed, how long the others run before their stacks are looked at
+_SAMPLE_SECONDS = 0.5
+_DRAIN_SECONDS = 1.0
+_DEATH_SECONDS = 5.0
+_LAST_LINES = 15
+_GLOO_NOTE = (
+    "gloo cannot abort a collective without losing the ranks, so the group was stopped and every rank's "
+    "namespace is lost; ranks.restart() (%ranks restart) forks new ranks from the kernel"
+)
+
+
+class CellSink:
+    """Where the group's lines go: queued for the thread of the running command, else printed at once."""
+
+    def __init__(self, printing: bool, prefix_template: str | None, num_processes: int) -> None:
+        self._lock = threading.Lock()
+        self._queue: collections.deque[OutputLine] | None = None
+        self.printing = printing
+        self._template, self._n = prefix_template, num_processes
+
+    def printer(self) -> PrintSink:
+        """Return a PrintSink bound to the calling thread's streams now (a kernel's: the running cell)."""
+        return PrintSink(prefix_template=self._template, num_processes=self._n)
+
+    def __call__(self, line: OutputLine) -> None:
+        with self._lock:
+            if self._queue is not None:
+                self._queue.append(line)
+                return
+        if self.printing:
+            self.printer().write(line)
+
+    def announce(self, text: str) -> None:
+        """Log the launcher's own messages (the plan): not part of any rank's output."""
+        logger.info("%s", text)
+
+    def begin(self) -> None:
+        """Queue the lines from now on, for ``flush`` by the calling thread."""
+        with self._lock:
+            self._queue = collections.deque()
+
+    def flush(self, printer: PrintSink) -> None:
+        """Print the queued lines from the calling thread."""
+        while True:
+            with self._lock:
+                if not self._queue:
+                    return
+                line = self._queue.popleft()
+            printer.write(line)
+
+    def end(self, printer: PrintSink) -> None:
+        """Print what is queued, then print later lines at once again."""
+        self.flush(printer)
+        with self._lock:
+            rest, self._queue = list(self._queue or ()), None
+        for line in rest:
+            printer.write(line)
+
+
+class _Conn:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.decoder = FrameDecoder()
+        self.closed = False
+
+    def read(self) -> list[tuple]:
+        """Return the messages completed by what can be read now (marks ``closed`` at EOF)."""
+        try:
+            data = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return []
+        except OSError:
+            data = b""
+        if not data:
+            self.closed = True
+            return []
+        return self.decoder.feed(data)
+
+
+def failure_of(rank: int, pid: int | None, reply: tuple, when: float) -> RankFailure:
+    """Return the RankFailure an ``("err", seq, type, message, traceback)`` reply describes."""
+    _, _, exc_type, message, tb = reply
+    return RankFailure(rank, pid, exc_type, message, tb, None, None, when)
+
+
+class _Wait:
+    """One exchange's bookkeeping: who still owes a reply, what came back, when the first error did."""
+
+    def __init__(self, seq: int, targets: list[int]) -> None:
+        self.seq = seq
+        self.pending = set(targets)
+        self.replies: dict[int, tuple] = {}
+        self.times: dict[int, float] = {}
+        self.first_error: float | None = None
+        self.samples: list[dict[int, str | None]] = []
+        self.next_sample = 0.0
+
+
+class Group:
+    """A started launch whose ranks serve commands over one socket each."""
+
+    def __init__(self, handle: LaunchHandle, conns: dict[int, socket.socket], sink: CellSink) -> None:
+        self.handle = handle
+        self.sink = sink
+        self._conns = {rank: _Conn(sock) for rank, sock in conns.items()}
+        self.broken = False
+        self.hang_report: str | None = None
+        self._unsubscribe = handle.subscribe_events(self._on_event)
+        self._seq = 0
+
+    def _on_event(self, kind: str, rank: int, item: Any) -> None:
+        if kind == "hang":
+            self.hang_report = item
+
+    @property
+    def alive(self) -> bool:
+        """Return True while every rank is up and the group can take commands."""
+        return not self.broken and not self.handle.done and not any(c.closed for c in self._conns.values())
+
+    def pid(self, rank: int) -> int | None:
+        """Return rank ``rank``'s pid."""
+        return self.handle.pids[rank]
+
+    # ------------------------------------------------------------------ one exchange
+
+    def exchange(
+        self, targets: list[int], command: tuple, on_reply: Callable[[int, tuple], None] | None = None
+    ) -> dict[int, tuple]:
+        """Return each target's reply to ``command`` (``(kind, *parts)``, sent as ``(kind, seq, *parts)``).
+
+        Raises RankError when the group broke meanwhile, KeyboardInterrupt after ^C (every busy
+        rank interrupted, or the group stopped if one would not stop).
+        """
+        self._seq += 1
+        body = pickle.dumps((command[0], self._seq, *command[1:]), protocol=pickle.HIGHEST_PROTOCOL)
+        wait = _Wait(self._seq, targets)
+        printer = self.sink.printer()
+        self.sink.begin()
+        try:
+            try:
+                for rank in targets:
+                    try:
+                        send_frame(self._conns[rank].sock, body)
+                    except OSError:
+                        self._conns[rank].closed = True
+                while wait.pending:
+                    self._step(wait, printer, on_reply)
+            except KeyboardInterrupt:
+                self._interrupt(wait, printer, on_reply)
+            self._drain(targets, printer)
+        finally:
+            self.sink.end(printer)
+        return wait.replies
+
+    def _poll(self, wait: _Wait, timeout: float, on_reply: Callable | None) -> None:
+        socks = {self._conns[r].sock: r for r in wait.pending if not self._conns[r].closed}
+        ready = select.select(list(socks), [], [], timeout)[0] if socks else time.sleep(timeout) or []
+        for sock in ready:
+            rank = socks[sock]
+            for message in self._conns[rank].read():
+                if message[1] != wait.seq:
+                    continue  # a late reply to an exchange given up on
+                now = time.monotonic()
+                wait.replies[rank], wait.times[rank] = message, now
+                wait.pending.discard(rank)
+                if message[0] == "err" and wait.first_error is None:
+                    wait.first_error = now
+                if on_reply is not None:
+                    on_reply(rank, message)
+
+    def _step(self, wait: _Wait, printer: PrintSink, on_reply: Callable | None) -> None:
+        self._poll(wait, _POLL_SECONDS, on_reply)
+        self.sink.flush(printer)
+        if not wait.pending:
+            return
+        if self.handle.done or any(self._conns[r].closed for r in wait.pending):
+            raise self._death(wait, printer)
+        if self.hang_report is not None:
+            raise self._give_up(wait, self.hang_report, self._take_stacks())
+        if wait.first_error is not None and time.monotonic() - wait.first_error >= _FAILED_GRACE:
+            self._watch_waiters(wait)
+
+    def _watch_waiters(self, wait: _Wait) -> None:
+        """Give the group up once the ranks still busy sit in a collective twice in a row, a rank having failed."""
+        now = time.monotonic()
+        if now < wait.next_sample:
+            return
+        wait.next_sample = now + _SAMPLE_SECONDS
+        stacks = self._take_stacks()
+        sample = {r: (stacks[r].collective() if r in stacks else None) for r in wait.pending}
+        wait.samples.append(sample)
+        stuck = all(name is not None for name in sample.values())
+        if stuck and len(wait.samples) >= 2 and wait.samples[-2] == sample:
+            failed = sorted(r for r, reply in wait.replies.items() if reply[0] == "err")
+            where = ", ".join(f"rank {r} in {name}" for r, name in sorted(sample.items()))
+            reason = (
+                f"the group is broken: {where} waits for rank(s) {failed}, which raised and will not join; "
+                + _GLOO_NOTE
+            )
+            raise self._give_up(wait, reason, stacks)
+
+    def _take_stacks(self) -> dict[int, RankStack]:
+        try:
+            return self.handle.stacks()
+        except Exception:  # the stacks are a help for the error, never a reason to hang
+            logger.exception("could not take the ranks' stacks")
+            return {}
+
+    def _give_up(self, wait: _Wait, reason: str, stacks: dict[int, RankStack]) -> RankError:
+        """Stop the whole group (it cannot go on) and return the error saying why."""
+        self.broken = True
+        self.stop(graceful=False)
+        failures = [
+            failure_of(r, self.pid(r), rep, wait.times[r])
+            for r, rep in wait.replies.items()
+            if rep[0] == "err"
+        ]
+        return RankError(
+            order_failures(failures), reason, describe_stacks(stacks) if stacks else None, broken=True
+        )
+
+    def _death(self, wait: _Wait, printer: PrintSink) -> RankError:
+        """Return the error of a group one of whose ranks died (the launcher stops the others)."""
+        self.broken = True
+        if not self.handle.wait(_DEATH_SECONDS):
+            self.stop(graceful=False)
+        self.sink.flush(printer)
+        launch_error = self.handle.error
+        failures = list(launch_error.failures) if launch_error is not None else []
+        for failure in failures:
+            if failure.exc_type == "ExitCode" or not failure.traceback:
+                lines = [line.text for line in self.handle.lines(failure.rank)][-_LAST_LINES:]
+                shown = "\n".join(lines) if lines else "(no output)"
+                failure.traceback = f"Last output lines of rank {failure.rank}:\n{shown}"
+        dead = sorted(f.rank for f in failures) or sorted(r for r, c in self._conns.items() if c.closed)
+        failures += [
+            failure_of(r, self.pid(r), rep, wait.times[r])
+            for r, rep in wait.replies.items()
+            if rep[0] == "err"
+        ]
+        reason = (
+            f"rank(s) {dead} died, and the launcher stopped the others with them: the group is broken and every "
+            "rank's namespace is lost; ranks.restart() (%ranks restart) forks new ranks from the kernel"
+        )
+        return RankError(order_failures(failures), reason, broken=True)
+
+    def _interrupt(self, wait: _Wait, printer: PrintSink, on_reply: Callable | None) -> None:
+        """Interrupt the busy ranks (SIGINT), wait a little for them, then raise KeyboardInterrupt."""
+        busy = sorted(wait.pending)
+        for rank in busy:
+            pid = self.pid(rank)
+            if pid is not None:
+                try:
+                    os.kill(pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + _INTERRUPT_SECONDS
+        try:
+            while wait.pending and time.monotonic() < deadline and self.alive:
+                self._poll(wait, _POLL_SECONDS, on_reply)
+                self.sink.flush(printer)
+        except KeyboardInterrupt:
+            pass  # a second ^C: give the group up at once
+        if not wait.pending and self.alive:
+            self._drain(busy, printer)
+            raise KeyboardInterrupt(
+                f"interrupted rank(s) {busy}; the ranks are alive and their namespaces intact"
+            )
+        stuck = sorted(wait.pending)
+        stacks = self._take_stacks() if self.alive else {}
+        self.broken = True
+        self.stop(graceful=False)
+        where = describe_stacks(stacks) if stacks else ""
+        raise KeyboardInterrupt(
+            f"rank(s) {stuck} did not stop within {_INTERRUPT_SECONDS:g} s of the interrupt, so the group was "
+            "stopped and every rank's namespace is lost (a rank inside a C call, such as a gloo collective, "
+            "cannot be interrupted); ranks.restart() (%ranks restart) forks new ranks from the kernel"
+            + (f"\n\n{where}" if where else "")
+        )
+
+    def _drain(self, ranks: list[int], printer: PrintSink) -> None:
+        """Print every line the ranks wrote before replying (they flushed their streams first)."""
+        deadline = time.monotonic() + _DRAIN_SECONDS
+        for rank in ranks:
+            while not self.handle.output_drained(rank) and time.monotonic() < deadline:
+                time.sleep(0.001)
+        self.sink.flush(printer)
+
+    # ------------------------------------------------------------------ the end
+
+    def stop(self, graceful: bool = True, timeout: float = 3.0) -> None:
+        """End the ranks (closing their sockets ends their loops; signals after ``timeout``); idempotent."""
+        for conn in self._conns.values():
+            if not conn.closed or conn.sock.fileno() >= 0:
+                conn.closed = True
+                conn.sock.close()
+        if not graceful:
+            self.handle.kill()
+        if not self.handle.wait(timeout if graceful else 1.0):
+            self.handle.stop(grace=0.5)
+            if not self.handle.wait(timeout):
+                self.handle.kill()
+                self.handle.wait(timeout)
+        self._unsubscribe()
