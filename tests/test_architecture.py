@@ -54,6 +54,8 @@ _AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("inference", ("notebook_accel.inference",)),
     ("accelerator", ("notebook_accel.accelerator", "notebook_accel._accelerator_")),
     ("launchers", ("notebook_accel.launchers",)),
+    # Interactive ranks: a persistent group built on the launcher (and its magics, IPython lazily).
+    ("interactive", ("notebook_accel.interactive",)),
     ("widgets", ("notebook_accel.widgets",)),
 )
 _EVERYTHING = frozenset(name for name, _ in _AREAS) | {"training", "facade"}
@@ -70,6 +72,7 @@ _ALLOWED: dict[str, frozenset[str]] = {
     "training": frozenset({"lazy", "utils", "state", "training"}),
     "accelerator": _EVERYTHING - {"hooks", "big_modeling", "launch", "launchers", "widgets", "facade"},
     "launchers": frozenset({"lazy", "utils", "state", "launch", "launchers"}),
+    "interactive": frozenset({"lazy", "utils", "state", "launch", "launchers", "interactive"}),
     "widgets": _EVERYTHING - {"facade"},
     "facade": _EVERYTHING - {"widgets"},
 }

@@ -26,6 +26,8 @@ import traceback
 import types
 from typing import Any
 
+from ..launch.worker import to_cpu
+from ..state import PartialState
 from ..utils._worker_channel import FRAME_HEADER
 
 __all__ = ["rank_main", "recv_frame", "send_frame", "split_code"]
@@ -206,8 +208,6 @@ def _value_payload(value: Any, with_repr: bool = True) -> dict[str, Any]:
     """Return what the kernel gets of a value: the value pickled (if it can be), its repr and HTML."""
     import cloudpickle  # by value for classes defined in a rank's __main__ (the kernel does not have them)
 
-    from ..launch.worker import to_cpu
-
     payload: dict[str, Any] = {"text": None, "html": None}
     if with_repr and value is not None:
         try:
@@ -252,8 +252,6 @@ def _in_namespace(function: Any, namespace: dict[str, Any]) -> Any:
 def _init_group() -> str | None:
     """Form the process group now (``PartialState()``); return what went wrong, or None."""
     try:
-        from ..state import PartialState
-
         PartialState()
     except Exception as exc:
         return f"{type_name(exc)}: {exc}\n{traceback.format_exc()}"

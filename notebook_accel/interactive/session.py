@@ -31,7 +31,7 @@ from ..launch.request import LaunchRequest
 from ..launchers import start_persistent_group
 from .errors import NoRanksError, RankError
 from .group import CellSink, Group, failure_of
-from .rank_loop import recv_frame, remember_source, split_code
+from .rank_loop import rank_main, recv_frame, remember_source, split_code
 
 __all__ = ["CellResult", "RankState", "Ranks", "current", "require_current", "start_ranks"]
 
@@ -184,7 +184,7 @@ class Ranks:
                 self._num_processes or 1,
             )
             request = LaunchRequest(
-                function=_rank_main,
+                function=rank_main,
                 args=(address, listener.fileno()),
                 block=False,
                 sinks=[sink],
@@ -447,12 +447,6 @@ _PUSH_FIX = (
 
 def _placeholder(address: str, listener_fd: int | None) -> None:
     """Stands for ``rank_main`` while the options are checked."""
-
-
-def _rank_main(address: str, listener_fd: int | None) -> None:
-    from .rank_loop import rank_main
-
-    rank_main(address, listener_fd)
 
 
 def _short(code: str, limit: int = 60) -> str:
