@@ -265,10 +265,13 @@ class Group:
         launch_error = self.handle.error
         failures = list(launch_error.failures) if launch_error is not None else []
         for failure in failures:
-            if failure.exc_type == "ExitCode" or not failure.traceback:
-                lines = [line.text for line in self.handle.lines(failure.rank)][-_LAST_LINES:]
-                shown = "\n".join(lines) if lines else "(no output)"
-                failure.traceback = f"Last output lines of rank {failure.rank}:\n{shown}"
+            # Its last lines on stdout (what it was doing), then what the launcher kept (a fatal-error dump).
+            streams = ("stdout", "stderr") if not failure.traceback else ("stdout",)
+            lines = [line.text for line in self.handle.lines(failure.rank) if line.stream in streams]
+            shown = "\n".join(lines[-_LAST_LINES:]) if lines else "(no output)"
+            failure.traceback = (
+                f"Last output lines of rank {failure.rank}:\n{shown}\n\n{failure.traceback}".rstrip()
+            )
         dead = sorted(f.rank for f in failures) or sorted(r for r, c in self._conns.items() if c.closed)
         failures += [
             failure_of(r, self.pid(r), rep, wait.times[r])

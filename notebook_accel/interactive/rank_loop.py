@@ -185,15 +185,7 @@ class RankLoop:
     def _pull(self, name: str) -> dict[str, Any]:
         if name not in self.namespace:
             raise NameError(f"name {name!r} is not defined on rank {self.rank}")
-        value = self.namespace[name]
-        payload = _value_payload(value, with_repr=False)
-        if "unpicklable" in payload:
-            raise TypeError(
-                f"{name} on rank {self.rank} is a {type(value).__module__}.{type(value).__qualname__}, which "
-                f"cannot be pickled back to the kernel ({payload['unpicklable']}); pull a picklable part of it "
-                "instead (a tensor, a state_dict(), plain lists or numbers), e.g. assign one to a name first"
-            )
-        return payload
+        return _value_payload(self.namespace[name], with_repr=False)
 
 
 def _user_traceback(exc: BaseException) -> str:

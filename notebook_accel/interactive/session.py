@@ -27,6 +27,7 @@ from typing import Any
 
 from ..launch.doctor import RankStack
 from ..launch.handle import LaunchHandle
+from ..launch.plan import START_METHODS
 from ..launch.request import LaunchRequest
 from ..launchers import start_persistent_group
 from .errors import NoRanksError, RankError
@@ -161,6 +162,11 @@ class Ranks:
     ) -> None:
         self._options = dict(more, num_processes=num_processes, start_method=start_method, panel=panel)
         self._options["hang_timeout"] = hang_timeout
+        if start_method not in START_METHODS:
+            raise ValueError(
+                f"start_method={start_method!r} is not supported; choose one of {', '.join(START_METHODS)} "
+                "(fork: the ranks start with the kernel's names)"
+            )
         # Every option checked now, before anything starts (the function and its args are replaced later).
         LaunchRequest(function=_placeholder, args=("", None), **self._options)
         self._group: Group | None = None
@@ -332,7 +338,7 @@ class Ranks:
                 self._books[r].update(busy=True, cell=cell)
 
             def on_reply(rank: int, reply: tuple) -> None:
-                self._books[rank].update(busy=False, failed=reply[0] != "ok")
+                self._books[rank].update(busy=False, failed=reply[0] == "err")
 
             try:
                 replies = group.exchange(targets, command, on_reply)
@@ -437,7 +443,15 @@ class Ranks:
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"{name!r} is not a Python name; pull a variable of the ranks by its name")
         targets, replies = self._command(on, ("pull", name), f"pull {name}")
-        return [_cell_result(r, replies[r][2]).value for r in targets]
+        results = [_cell_result(r, replies[r][2]) for r in targets]
+        for result in results:
+            if result.unpicklable is not None:
+                raise TypeError(
+                    f"{name} on rank {result.rank} is {result.unpicklable}, and cannot be pickled back to the "
+                    "kernel; pull a picklable part of it instead (a tensor, a state_dict(), plain lists or "
+                    "numbers): assign one to a name on the ranks first"
+                )
+        return [result.value for result in results]
 
 
 _PUSH_FIX = (
