@@ -272,7 +272,7 @@ def test_the_hang_watch_ends_a_collective_that_only_some_ranks_entered() -> None
 )
 def test_a_rank_that_dies_is_reported_with_its_last_output(ranks: Ranks, code: str, expected: str) -> None:
     with pytest.raises(RankError, match=expected) as info:
-        ranks.run(f"if rank == 1:\n" + "".join(f"    {line}\n" for line in code.splitlines()), on=None)
+        ranks.run("if rank == 1:\n" + "".join(f"    {line}\n" for line in code.splitlines()), on=None)
     error = info.value
     assert error.broken and ranks.broken
     assert error.failures[0].rank == 1

@@ -68,8 +68,9 @@ class CellSink:
             self.printer().write(line)
 
     def announce(self, text: str) -> None:
-        """Log the launcher's own messages (the plan): not part of any rank's output."""
-        logger.info("%s", text)
+        """Show the launcher's own messages (the plan), as notebook_launcher does."""
+        if self.printing:
+            self.printer().announce(text)
 
     def begin(self) -> None:
         """Queue the lines from now on, for ``flush`` by the calling thread."""
