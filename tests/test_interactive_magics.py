@@ -351,7 +351,8 @@ def test_status_stacks_restart_and_stop(ranks) -> None:
 
 @pytest.mark.timeout(300)
 def test_start_options_reach_start_ranks(kernel) -> None:
-    kernel.ok("%ranks start 2 --start-method fork --hang-timeout 30")
+    started = kernel.ok("%ranks start 2 --start-method fork --hang-timeout 30")
+    assert started.out == "<Ranks 2 rank(s), alive>"  # Out[] is the Ranks object: `r = %ranks start 2`
     try:
         # The options the running group was started with (Ranks keeps them for restart()).
         opts = kernel.ok("from notebook_accel import interactive\ninteractive.current()._options").out

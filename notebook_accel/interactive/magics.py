@@ -153,14 +153,15 @@ class RanksMagic:
         args = self._parsers[command].parse_args(rest)
         return getattr(self, f"_{command}")(args)
 
-    def _start(self, args: argparse.Namespace) -> None:
+    def _start(self, args: argparse.Namespace) -> Any:
         running = current()
         if running is not None and running.alive:  # a broken group is replaced: nothing left to lose
             raise RanksUsageError(
                 f"%ranks start: {running.num_processes} ranks are already running. "
                 "Use them, or `%ranks stop` (or `%ranks restart`) first."
             )
-        start_ranks(
+        # Shown as Out[] (``<Ranks 2 rank(s), alive>``), and ``ranks = %ranks start 2`` keeps the object.
+        return start_ranks(
             args.num_processes,
             start_method=args.start_method,
             panel=args.panel,
@@ -180,8 +181,9 @@ class RanksMagic:
     def _stacks(self, args: argparse.Namespace) -> StacksView:
         return StacksView(self._ranks("%ranks stacks").stacks())
 
-    def _restart(self, args: argparse.Namespace) -> Any:
-        return self._ranks("%ranks restart").restart()
+    def _restart(self, args: argparse.Namespace) -> None:
+        # Ranks.restart() warns which namespaces were lost; its list would only repeat that as Out[].
+        self._ranks("%ranks restart").restart()
 
     def _pull(self, args: argparse.Namespace) -> list:
         name = _identifier(args.name, "pull")
