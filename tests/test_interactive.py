@@ -60,6 +60,10 @@ def test_all_reduce_uses_the_group_and_output_is_printed_with_rank_labels(ranks:
     out = capsys.readouterr().out  # printed by the calling thread before run() returned
     assert "[rank 0] sum [3.0, 3.0, 3.0]" in out
     assert "[rank 1] sum [3.0, 3.0, 3.0]" in out
+    # More than a pipe holds: every line is printed before run() returns, the last one included.
+    ranks.run("for i in range(4000):\n    print('line', i, 'x' * 60)")
+    out = capsys.readouterr().out
+    assert out.count("[rank 0] line") == out.count("[rank 1] line") == 4000
     assert ranks.run(
         "from notebook_accel import PartialState\ns = PartialState()\n(s.num_processes, s.process_index)"
     ) == [
