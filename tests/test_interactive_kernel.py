@@ -113,3 +113,39 @@ def test_accelerator_steps_cell_by_cell_keep_the_ranks_in_sync(kernel: Kernel) -
     )
     assert "EQUAL True MOVED True" in out
     _ok(kernel, "ranks.stop()\nprint(interactive.current())")
+
+
+def _run_collecting_displays(kernel: Kernel, code: str, timeout: float = 60) -> tuple[str, list[str]]:
+    """Return (stdout and stderr, the text/plain of every display and display update) of one cell."""
+    msg_id = kernel.kc.execute(code)
+    out: list[str] = []
+    shown: list[str] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = kernel.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            out.append(content["text"])
+        elif kind in ("display_data", "update_display_data"):
+            shown.append(content["data"].get("text/plain", ""))
+        elif kind == "error":
+            raise AssertionError("\n".join(content["traceback"]))
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+    reply = kernel.kc.get_shell_msg(timeout=timeout)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kernel.kc.get_shell_msg(timeout=timeout)
+    return "".join(out), shown
+
+
+def test_a_commands_progress_bars_are_drawn_live_in_its_cell(kernel: Kernel) -> None:
+    _ok(kernel, ENSURE)
+    out, shown = _run_collecting_displays(
+        kernel,
+        "ranks.run('from tqdm.auto import tqdm\\nfor i in tqdm(range(40), desc=\"steps\"):\\n    time.sleep(0.05)')",
+    )
+    live = [text for text in shown if "[rank 0] steps:" in text]
+    assert live, (out, shown)  # the open bar, redrawn in place while the command ran
+    assert "[rank 0] steps: 100%" in out  # the closed bar's last line, with the rank's other lines (stderr)

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..launch.cell_bars import CellBars, kernel_display
 from ..launch.doctor import RankStack, describe_stacks
 from ..launch.errors import RankFailure, order_failures
 from ..launch.events import FrameDecoder
@@ -93,6 +94,46 @@ class CellSink:
             rest, self._queue = list(self._queue or ()), None
         for line in rest:
             printer.write(line)
+
+
+class _CommandBars:
+    """The handle as ``CellBars`` sees it during one command: its bar events, until ``close()``.
+
+    Each command draws the ranks' live progress bars in its own cell (the running one), as a
+    blocking ``notebook_launcher`` does; nothing is drawn outside a kernel or with a panel.
+    """
+
+    def __init__(self, handle: LaunchHandle, display: Callable[..., Any]) -> None:
+        self._handle = handle
+        self._unsubscribe: list[Callable[[], None]] = []
+        self._done: list[Callable[[Any], None]] = []
+        self.view = CellBars(self, display)
+
+    def subscribe_events(self, callback: Callable[[str, int, Any], None]) -> Callable[[], None]:
+        unsubscribe = self._handle.subscribe_events(callback)
+        self._unsubscribe.append(unsubscribe)
+        return unsubscribe
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        self._done.append(fn)
+
+    def bars(self, rank: int | None = None, live_only: bool = False) -> list:
+        return self._handle.bars(rank, live_only)
+
+    def close(self) -> None:
+        """Stop following the bars and draw them one last time."""
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        for fn in self._done:
+            try:
+                fn(self)
+            except Exception:
+                logger.exception("the last drawing of the command's bars failed")
+
+
+def _command_bars(handle: LaunchHandle, printing: bool) -> _CommandBars | None:
+    display = kernel_display() if printing else None
+    return _CommandBars(handle, display) if display is not None else None
 
 
 class _Conn:
@@ -173,6 +214,7 @@ class Group:
         body = pickle.dumps((command[0], self._seq, *command[1:]), protocol=pickle.HIGHEST_PROTOCOL)
         wait = _Wait(self._seq, targets)
         printer = self.sink.printer()
+        bars = None
         self.sink.begin()
         try:
             try:
@@ -187,6 +229,8 @@ class Group:
                 self._interrupt(wait, printer, on_reply)
             self._drain(targets, printer)
         finally:
+            if bars is not None:
+                bars.close()
             self.sink.end(printer)
         return wait.replies
 

@@ -229,6 +229,7 @@ class Ranks:
         lost = list(range(self.num_processes)) if self._group is not None else []
         if self._group is not None:
             self._group.stop()
+        self._stopped = True  # until the new ranks are up (a failed start leaves this stopped)
         self._start()
         global _current
         with _current_lock:

@@ -251,14 +251,15 @@ class LaunchHandle(Completion):
             return [line for line in self._history if rank is None or line.rank == rank]
 
     def output_drained(self, rank: int) -> bool:
-        """Return True when every byte ``rank`` wrote to stdout/stderr so far has reached the sinks.
+        """Return True when every byte ``rank`` wrote to its pipes so far was handled (lines at the sinks).
 
-        (A last line without its newline stays pending.) The interactive ranks print a command's
-        last lines before its result with it.
+        That is its stdout and stderr, and its events (a closed progress bar's last line); a last
+        line without its newline stays pending. The interactive ranks print a command's last lines
+        before its result with it.
         """
         with self._lock:
             r = self._ranks[rank - self._ranks[0].rank]
-            return not any(name != "result" and _unread_bytes(fd) for fd, name in r.fds.items())
+            return not any(_unread_bytes(fd) for fd in r.fds)
 
     def __repr__(self) -> str:
         states = collections.Counter(s.state for s in self.status())
