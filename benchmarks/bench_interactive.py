@@ -14,7 +14,8 @@ Each variant runs in its own ipykernel (started through jupyter_client, history 
 "start -> first result" is timed inside the kernel (``time.perf_counter`` around the calls), median of
 ``--cycles`` start/stop cycles. "empty cell" is the median of ``-n`` empty cells timed inside the kernel
 (the magic's or the API's own cost); "round trip" times the same empty cell from the client, execute
-request to the kernel going idle, next to a plain ``pass`` cell of the same kernel (Jupyter's own floor).
+request to the kernel going idle, interleaved with a plain ``pass`` cell of the same kernel (Jupyter's own
+floor, "pass cell").
 nbdistributed is never installed in the project's venv: give the python of a separate venv, e.g.
 ``python3 -m venv /work/wt/venv-nbd && /work/wt/venv-nbd/bin/pip install torch nbdistributed ipykernel``.
 """
@@ -151,14 +152,19 @@ class _Kernel:
             raise RuntimeError(f"cell failed:\n{code}\n{''.join(errors)}")
         return "".join(out)
 
-    def round_trips(self, code: str, n: int) -> list[float]:
-        """Return the client-side seconds of ``n`` runs of ``code`` (after one warm-up run)."""
-        times = []
+    def round_trips(self, code: str, n: int) -> tuple[list[float], list[float]]:
+        """Return client-side seconds of ``n`` runs of ``code`` and of a plain ``pass`` cell, interleaved.
+
+        Interleaved so that load from other programs on the machine hits both alike; one warm-up each.
+        """
+        times: list[float] = []
+        floor: list[float] = []
         for _ in range(n + 1):
-            start = time.perf_counter()
-            self.cell(code)
-            times.append(time.perf_counter() - start)
-        return times[1:]
+            for source, into in ((code, times), ("pass", floor)):
+                start = time.perf_counter()
+                self.cell(source)
+                into.append(time.perf_counter() - start)
+        return times[1:], floor[1:]
 
     def close(self) -> None:
         self.kc.stop_channels()
@@ -172,7 +178,7 @@ def measure(python: str, variant: dict, n: int, cycles: int) -> dict:
     try:
         kernel.cell(_SETUP)
         kernel.cell(variant["load"])
-        firsts, empties, trips = [], [], []
+        firsts, empties, trips, floor = [], [], [], []
         for cycle in range(cycles):
             out = kernel.cell(variant["start"].format(n=n))
             line = [ln for ln in out.splitlines() if ln.startswith("JSON ")]
@@ -182,9 +188,8 @@ def measure(python: str, variant: dict, n: int, cycles: int) -> dict:
             firsts.append(figures["first"])
             empties += figures["empty"]
             if cycle == 0:
-                trips = kernel.round_trips(variant["empty_cell"], n)
+                trips, floor = kernel.round_trips(variant["empty_cell"], n)
             kernel.cell(variant["stop"])
-        floor = kernel.round_trips("pass", n)
         return {"first": firsts, "empty": empties, "trip": trips, "floor": floor}
     finally:
         kernel.close()
@@ -226,6 +231,16 @@ def main() -> None:
         first = statistics.median(res["first"])
         print(
             f"{name:30} {first:14.3f} {_ms(res['empty']):>13} {_ms(res['trip']):>13} {_ms(res['floor']):>12}"
+        )
+    figures = {name: res for name, res in rows if not isinstance(res, str)}
+    ours, theirs = figures.get("notebook_accel %ranks magic"), figures.get("nbdistributed")
+    if ours and theirs:
+        ratios = {
+            k: statistics.median(theirs[k]) / statistics.median(ours[k]) for k in ("first", "empty", "trip")
+        }
+        print(
+            f"nbdistributed / %ranks magic: start->first x{ratios['first']:.1f}, empty cell x{ratios['empty']:.0f}, "
+            f"round trip x{ratios['trip']:.1f}"
         )
     print("start->first: start 2 ranks and get a cell's value back; empty cell: `pass` on both ranks")
     print("round trip: the empty cell from the client (execute -> idle); pass cell: a plain cell, the floor")

@@ -5,6 +5,7 @@ auto mode, pull/push, status, stacks, restart, stop, and each bad-usage message)
 from __future__ import annotations
 
 import textwrap
+import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -138,6 +139,7 @@ def magic() -> RanksMagic:
         ("start two", r"%ranks start: argument N: invalid int value: 'two'"),
         ("start 2 --spawn", r"%ranks start: unrecognized arguments: --spawn"),
         ("auto", r"%ranks auto: the following arguments are required: on\|off"),
+        ("pull 'w", r"%ranks pull 'w: No closing quotation; close the quote"),
         ("auto maybe", r"%ranks auto: argument on\|off: invalid choice: 'maybe'"),
         ("pull", "%ranks pull: the following arguments are required: NAME"),
         ("pull w.x", r"'w.x' is not a variable name; give a name like `%ranks pull weights`"),
@@ -212,7 +214,8 @@ class MagicKernel:
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
 
-    def run(self, code: str, timeout: float = 120) -> Cell:
+    def run(self, code: str, timeout: float = 120, interrupt_after: str | None = None) -> Cell:
+        """Run ``code``; with ``interrupt_after``, press Stop once that text was printed."""
         streams = {"stdout": [], "stderr": []}
         result: dict[str, Any] = {}
         error: dict[str, str] = {}
@@ -221,6 +224,8 @@ class MagicKernel:
             kind, content = msg["msg_type"], msg["content"]
             if kind == "stream":
                 streams[content["name"]].append(content["text"])
+                if interrupt_after and interrupt_after in "".join(streams["stdout"]):
+                    self.km.interrupt_kernel()
             elif kind == "execute_result":
                 result.update(content["data"])
             elif kind == "error":
@@ -314,6 +319,10 @@ def test_pull_assigns_the_list_in_the_kernel_and_push_sends_the_kernel_value(ran
     assert ranks.ok("%%ranks\nw['a'] + v + rank").out == "[rank 0] 3\n[rank 1] 4"
     ranks.ok("w = {'a': 5}\n%ranks push w --on 1")
     assert ranks.ok("%%ranks\nw['a']").out == "[rank 0] 1\n[rank 1] 5"
+    # A value that cannot be pickled refuses the whole push: `v` was not sent either.
+    refused = ranks.run("v = 3\nlock = __import__('threading').Lock()\n%ranks push v lock")
+    assert refused.status == "error" and "lock" in refused.evalue
+    assert ranks.ok("%%ranks\nv").out == "[all 2 ranks] 2"
 
 
 @pytest.mark.timeout(300)
@@ -391,3 +400,41 @@ def test_bad_usage_with_running_ranks(ranks) -> None:
     assert missing.ename == "ValueError" and "rank 5 does not exist" in missing.evalue
     # The refused cells changed nothing: the ranks still answer.
     assert ranks.ok("%%ranks\nrank").out == "[rank 0] 0\n[rank 1] 1"
+
+
+@pytest.mark.timeout(300)
+def test_stop_button_interrupts_a_ranks_cell_on_every_rank_and_keeps_the_namespaces(ranks) -> None:
+    ranks.ok("%%ranks\nkept = rank")
+    start = time.monotonic()
+    cell = ranks.run(
+        "%%ranks\nimport time\nprint('sleeping', flush=True)\ntime.sleep(60)",
+        interrupt_after="[rank 1] sleeping",
+    )
+    assert cell.ename == "KeyboardInterrupt" and time.monotonic() - start < 30
+    assert ranks.ok("%%ranks\nkept").out == "[rank 0] 0\n[rank 1] 1"
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_raising_while_the_other_waits_in_all_reduce_ends_the_cell_and_restart_recovers(
+    kernel,
+) -> None:
+    kernel.ok("%ranks start 2 --hang-timeout 3")
+    try:
+        start = time.monotonic()
+        cell = kernel.run(
+            """
+            %%ranks
+            import torch, torch.distributed as dist
+            if rank == 1:
+                raise ValueError("bad batch on rank 1")
+            dist.all_reduce(torch.ones(1))
+            """
+        )
+        assert cell.ename == "RankError" and time.monotonic() - start < 3 + 5 + 10
+        assert cell.evalue.startswith("rank 1 ") and "bad batch on rank 1" in cell.evalue
+        assert "broken" in cell.evalue and "%ranks restart" in cell.evalue
+        assert all("dead" in ln for ln in kernel.ok("%ranks status").out.splitlines()[1:])
+        kernel.ok("%ranks restart")
+        assert kernel.ok("%%ranks\nrank").out == "[rank 0] 0\n[rank 1] 1"
+    finally:
+        kernel.ok("%ranks stop")

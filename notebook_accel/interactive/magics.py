@@ -139,7 +139,10 @@ class RanksMagic:
 
     def line(self, text: str) -> Any:
         """Run ``%ranks text``; return what the magic displays (None: nothing)."""
-        words = shlex.split(text)
+        try:
+            words = shlex.split(text)
+        except ValueError as err:  # an unbalanced quote
+            raise RanksUsageError(f"%ranks {text}: {err}; close the quote") from None
         if not words:
             raise RanksUsageError(f"%ranks needs a command, one of: {', '.join(SUBCOMMANDS)}")
         command, rest = words[0], words[1:]
@@ -199,10 +202,9 @@ class RanksMagic:
                 f"%ranks push: the kernel has no variable {', '.join(map(repr, missing))}; "
                 "define it in a cell first, then push it."
             )
-        ranks = self._ranks("%ranks push")
-        on = parse_ranks(args.on)
-        for name in names:
-            ranks.push(name, self.shell.user_ns[name], on=on)
+        # All names in one command: a value that cannot be pickled refuses the push before any is sent.
+        values = {name: self.shell.user_ns[name] for name in names}
+        self._ranks("%ranks push").push_many(values, on=parse_ranks(args.on))
 
     def _auto(self, args: argparse.Namespace) -> None:
         if args.switch == "on":
