@@ -4,6 +4,8 @@ auto mode, pull/push, status, stacks, restart, stop, and each bad-usage message)
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 import time
 from dataclasses import dataclass
@@ -110,6 +112,12 @@ def test_status_table_and_stacks_view() -> None:
     assert "no stack came back from rank 1" in view
 
 
+def test_the_magics_import_no_ipython_until_loaded() -> None:
+    code = "import sys, notebook_accel.interactive.magics; print('IPython' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "False", proc.stderr
+
+
 # -- argument checks (no ranks are running in this process) --------------------------------------
 
 
@@ -202,6 +210,8 @@ class Cell:
     html: str | None
     ename: str | None
     evalue: str | None
+    displayed: list[dict]
+    """The mime bundles the cell displayed (``display_data``), e.g. a panel."""
 
 
 class MagicKernel:
@@ -219,6 +229,7 @@ class MagicKernel:
         streams = {"stdout": [], "stderr": []}
         result: dict[str, Any] = {}
         error: dict[str, str] = {}
+        displayed: list[dict] = []
 
         def hook(msg: dict) -> None:
             kind, content = msg["msg_type"], msg["content"]
@@ -228,6 +239,8 @@ class MagicKernel:
                     self.km.interrupt_kernel()
             elif kind == "execute_result":
                 result.update(content["data"])
+            elif kind == "display_data":
+                displayed.append(content["data"])
             elif kind == "error":
                 error.update(ename=content["ename"], evalue=content["evalue"])
 
@@ -243,6 +256,7 @@ class MagicKernel:
             result.get("text/html"),
             error.get("ename"),
             error.get("evalue"),
+            displayed,
         )
 
     def ok(self, code: str, timeout: float = 120) -> Cell:
@@ -367,6 +381,14 @@ def test_start_options_reach_start_ranks(kernel) -> None:
         opts = kernel.ok("from notebook_accel import interactive\ninteractive.current()._options").out
         assert "'hang_timeout': 30.0" in opts and "'start_method': 'fork'" in opts
         assert kernel.ok("%%ranks\nworld_size").out == "[all 2 ranks] 2"
+    finally:
+        kernel.ok("%ranks stop")
+    # --panel shows the launch panel (a widget, with its text form) for the ranks.
+    panel = kernel.ok("%ranks start 2 --panel")
+    try:
+        views = [d for d in panel.displayed if "application/vnd.jupyter.widget-view+json" in d]
+        assert views and views[0]["text/plain"].startswith("LaunchPanel(")
+        assert kernel.ok("%%ranks\nrank").out == "[rank 0] 0\n[rank 1] 1"
     finally:
         kernel.ok("%ranks stop")
     bad = kernel.run("%ranks start 2 --start-method bogus")
