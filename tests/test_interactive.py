@@ -302,6 +302,7 @@ def test_twenty_start_stop_cycles_leave_nothing_behind(_group: Ranks) -> None:
     snap.assert_clean()
 
 
-def test_hang_timeout_may_be_infinite() -> None:
-    ranks = Ranks(2, hang_timeout=math.inf)  # checked, not started
+@pytest.mark.parametrize("hang_timeout", [math.inf, None, 0.5])
+def test_hang_timeout_may_be_infinite_or_the_default(hang_timeout) -> None:
+    ranks = Ranks(2, hang_timeout=hang_timeout)  # checked, not started
     assert not ranks.alive and ranks.status() == []

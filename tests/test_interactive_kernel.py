@@ -48,6 +48,9 @@ def test_cell_functions_and_all_reduce_on_the_ranks(kernel: Kernel) -> None:
     # the ranks' lines land in the running cell, before the result
     assert out.index("[rank 0] reduced 3.0") < out.index("[3.0, 3.0]")
     assert "[rank 1] reduced 3.0" in out
+    # IPython's display() on a rank prints the value's text in the cell (not into the kernel's sockets)
+    out = _ok(kernel, "ranks.run('from IPython.display import display\\ndisplay(\"shown\", rank)')")
+    assert "[rank 0] 'shown'" in out and "[rank 1] 1" in out
 
 
 def test_stop_button_interrupts_every_rank_and_the_next_cell_works(kernel: Kernel) -> None:
@@ -112,7 +115,10 @@ def test_accelerator_steps_cell_by_cell_keep_the_ranks_in_sync(kernel: Kernel) -
         "print('EQUAL', torch.equal(w[0], w[1]), 'MOVED', min(moved) > 0)",
     )
     assert "EQUAL True MOVED True" in out
-    _ok(kernel, "ranks.stop()\nprint(interactive.current())")
+    out = _ok(
+        kernel, "import psutil\nranks.stop()\nprint(interactive.current(), psutil.Process().children())"
+    )
+    assert "None []" in out
 
 
 def _run_collecting_displays(kernel: Kernel, code: str, timeout: float = 60) -> tuple[str, list[str]]:

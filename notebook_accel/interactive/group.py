@@ -97,22 +97,30 @@ class CellSink:
 
 
 class _CommandBars:
-    """The handle as ``CellBars`` sees it during one command: its bar events, until ``close()``.
+    """The handle as ``CellBars`` sees it during one command: its bar events, passed on by ``pump()``.
 
     Each command draws the ranks' live progress bars in its own cell (the running one), as a
-    blocking ``notebook_launcher`` does; nothing is drawn outside a kernel or with a panel.
+    blocking ``notebook_launcher`` does; nothing is drawn outside a kernel or with a panel. The
+    events are handed to ``CellBars`` from the calling thread: a kernel sends what a thread
+    displays to the cell that started the thread, and the supervising one was started by an
+    earlier cell.
     """
 
     def __init__(self, handle: LaunchHandle, display: Callable[..., Any]) -> None:
         self._handle = handle
-        self._unsubscribe: list[Callable[[], None]] = []
+        self._events: collections.deque[tuple[str, int, Any]] = collections.deque()
+        self._callbacks: list[Callable[[str, int, Any], None]] = []
         self._done: list[Callable[[Any], None]] = []
+        self._unsubscribe = handle.subscribe_events(self._queue)
         self.view = CellBars(self, display)
 
+    def _queue(self, kind: str, rank: int, item: Any) -> None:
+        if kind == "bar":
+            self._events.append((kind, rank, item))
+
     def subscribe_events(self, callback: Callable[[str, int, Any], None]) -> Callable[[], None]:
-        unsubscribe = self._handle.subscribe_events(callback)
-        self._unsubscribe.append(unsubscribe)
-        return unsubscribe
+        self._callbacks.append(callback)
+        return lambda: self._callbacks.remove(callback)
 
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
         self._done.append(fn)
@@ -120,10 +128,20 @@ class _CommandBars:
     def bars(self, rank: int | None = None, live_only: bool = False) -> list:
         return self._handle.bars(rank, live_only)
 
+    def pump(self) -> None:
+        """Hand the bar events received so far to the view (from the calling thread)."""
+        while self._events:
+            event = self._events.popleft()
+            for callback in self._callbacks:
+                try:
+                    callback(*event)
+                except Exception:
+                    logger.exception("drawing the command's bars failed")
+
     def close(self) -> None:
         """Stop following the bars and draw them one last time."""
-        for unsubscribe in self._unsubscribe:
-            unsubscribe()
+        self._unsubscribe()
+        self.pump()
         for fn in self._done:
             try:
                 fn(self)
@@ -173,6 +191,7 @@ class _Wait:
         self.first_error: float | None = None
         self.samples: list[dict[int, str | None]] = []
         self.next_sample = 0.0
+        self.bars: _CommandBars | None = None
 
 
 class Group:
@@ -214,7 +233,7 @@ class Group:
         body = pickle.dumps((command[0], self._seq, *command[1:]), protocol=pickle.HIGHEST_PROTOCOL)
         wait = _Wait(self._seq, targets)
         printer = self.sink.printer()
-        bars = None
+        bars = wait.bars = _command_bars(self.handle, self.sink.printing)
         self.sink.begin()
         try:
             try:
@@ -253,6 +272,8 @@ class Group:
     def _step(self, wait: _Wait, printer: PrintSink, on_reply: Callable | None) -> None:
         self._poll(wait, _POLL_SECONDS, on_reply)
         self.sink.flush(printer)
+        if wait.bars is not None:
+            wait.bars.pump()
         if not wait.pending:
             return
         if self.handle.done or any(self._conns[r].closed for r in wait.pending):

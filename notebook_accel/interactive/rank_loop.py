@@ -112,6 +112,7 @@ class RankLoop:
     def serve(self) -> None:
         """Form the group, say ready, then run commands until the kernel closes the connection."""
         signal.signal(signal.SIGINT, self._on_sigint)
+        _plain_display()
         problem = _init_group()
         self._send(("ready", self.rank, os.getpid(), problem))
         while True:
@@ -239,6 +240,27 @@ def _in_namespace(function: Any, namespace: dict[str, Any]) -> Any:
     rebound.__qualname__ = function.__qualname__
     rebound.__doc__ = function.__doc__
     return rebound
+
+
+def _plain_display() -> None:
+    """Make IPython's ``display()`` in this rank print the value's text as an output line.
+
+    A rank forked from a kernel has the kernel's shell, whose display publisher would write to
+    the kernel's sockets (the forked copy of which nobody reads): the value would be lost.
+    """
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    publisher = getattr(shell, "display_pub", None)
+    if publisher is None:
+        return
+
+    def publish(data: Any = None, metadata: Any = None, *args: Any, **kwargs: Any) -> None:
+        text = data.get("text/plain") if isinstance(data, dict) else None
+        if text is not None:
+            print(text, flush=True)
+
+    publisher.publish = publish
+    publisher.clear_output = lambda *args, **kwargs: None
 
 
 def _init_group() -> str | None:

@@ -127,10 +127,6 @@ def start_ranks(
             f"start_ranks() got unknown option(s) {unknown}; it takes num_processes, start_method, panel, "
             f"hang_timeout and {', '.join(_MORE)}"
         )
-    if hang_timeout is None:
-        raise ValueError(
-            "hang_timeout=None: give a positive number of seconds, or math.inf for no hang detection"
-        )
     with _current_lock:
         running = current()
         if running is not None and running.alive:
