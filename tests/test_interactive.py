@@ -188,6 +188,13 @@ def test_a_second_start_and_bad_options_are_refused_without_side_effects(ranks: 
     assert [s.pid for s in ranks.status()] == pids and current() is ranks
 
 
+def test_stacks_between_commands_show_idle_ranks(ranks: Ranks) -> None:
+    stacks = ranks.stacks()
+    assert sorted(stacks) == [0, 1]
+    assert all(s.answered and s.summary() == "idle, waiting for a command" for s in stacks.values())
+    assert all("rank_loop.py" in s.text for s in stacks.values())
+
+
 def test_commands_after_stop_say_how_to_start(ranks: Ranks) -> None:
     ranks.stop()
     ranks.stop()  # idempotent
@@ -242,7 +249,8 @@ def test_a_rank_raising_while_the_other_waits_in_all_reduce_breaks_the_group_wit
     assert text.startswith("rank 1 (pid")
     assert "ValueError: bad batch on rank 1" in text
     assert "rank 0 in all_reduce" in text and "gloo cannot abort a collective" in text
-    assert "Stacks of rank 0" in text  # every rank's stack
+    assert "Stacks of rank 0" in text and "Stacks of rank 1" in text  # every rank's stack
+    assert "rank 1: idle, waiting for a command" in text
     with pytest.raises(RuntimeError, match=r"broken.*ranks.restart\(\)"):
         ranks.run("1")
     assert ranks.restart() == [0, 1]

@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ..launch.cell_bars import CellBars, kernel_display
@@ -45,6 +46,31 @@ _GLOO_NOTE = (
     "gloo cannot abort a collective without losing the ranks, so the group was stopped and every rank's "
     "namespace is lost; ranks.restart() (%ranks restart) forks new ranks from the kernel"
 )
+
+
+@dataclass(frozen=True)
+class IdleRankStack(RankStack):
+    """The stacks of a rank that waits for its next command (says so, instead of where in the loop)."""
+
+    def summary(self) -> str:
+        return "idle, waiting for a command"
+
+
+def mark_idle(stacks: dict[int, RankStack]) -> dict[int, RankStack]:
+    """Return ``stacks`` with the ranks waiting for a command (in the rank loop's read) marked idle."""
+    out: dict[int, RankStack] = {}
+    for rank, stack in stacks.items():
+        main = stack.main
+        innermost = main.frames[0] if main is not None and main.frames else None
+        waiting = (
+            innermost is not None
+            and innermost.function == "_recv_exactly"
+            and innermost.filename.endswith(os.path.join("interactive", "rank_loop.py"))
+        )
+        out[rank] = (
+            IdleRankStack(**{f.name: getattr(stack, f.name) for f in fields(stack)}) if waiting else stack
+        )
+    return out
 
 
 class CellSink:
@@ -304,7 +330,7 @@ class Group:
 
     def _take_stacks(self) -> dict[int, RankStack]:
         try:
-            return self.handle.stacks()
+            return mark_idle(self.handle.stacks())
         except Exception:  # the stacks are a help for the error, never a reason to hang
             logger.exception("could not take the ranks' stacks")
             return {}

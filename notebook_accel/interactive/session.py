@@ -31,7 +31,7 @@ from ..launch.plan import START_METHODS
 from ..launch.request import LaunchRequest
 from ..launchers import start_persistent_group
 from .errors import NoRanksError, RankError
-from .group import CellSink, Group, failure_of
+from .group import CellSink, Group, failure_of, mark_idle
 from .rank_loop import rank_main, recv_frame, remember_source, split_code
 
 __all__ = ["CellResult", "RankState", "Ranks", "current", "require_current", "start_ranks"]
@@ -292,7 +292,9 @@ class Ranks:
 
     def stacks(self) -> dict[int, RankStack]:
         """Return every live rank's current Python stacks (as ``LaunchHandle.stacks()``)."""
-        return self._group.handle.stacks() if self._group is not None and not self._stopped else {}
+        if self._group is None or self._stopped:
+            return {}
+        return mark_idle(self._group.handle.stacks())
 
     # ------------------------------------------------------------------ commands
 
