@@ -32,6 +32,11 @@ class RankError(LaunchError):
         self.broken = broken
         self.results = list(results or [])
 
+    def _render_traceback_(self) -> list[str]:
+        # IPython's hook for how an exception is shown: the kernel-side frames (the magic, the command
+        # plumbing) say nothing about the ranks' code; the message holds the ranks' own tracebacks.
+        return [f"{type(self).__name__}: {self}"]
+
 
 class NoRanksError(RuntimeError):
     """No ranks to run on: none were started, or they were stopped."""
