@@ -212,6 +212,8 @@ class Cell:
     evalue: str | None
     displayed: list[dict]
     """The mime bundles the cell displayed (``display_data``), e.g. a panel."""
+    traceback: list[str]
+    """The error's traceback lines as the notebook shows them."""
 
 
 class MagicKernel:
@@ -242,7 +244,7 @@ class MagicKernel:
             elif kind == "display_data":
                 displayed.append(content["data"])
             elif kind == "error":
-                error.update(ename=content["ename"], evalue=content["evalue"])
+                error.update(ename=content["ename"], evalue=content["evalue"], traceback=content["traceback"])
 
         reply = self.kc.execute_interactive(textwrap.dedent(code), timeout=timeout, output_hook=hook)
         # IPython shows a UsageError on stderr, with no error message: the reply names it.
@@ -257,6 +259,7 @@ class MagicKernel:
             error.get("ename"),
             error.get("evalue"),
             displayed,
+            error.get("traceback", []),
         )
 
     def ok(self, code: str, timeout: float = 120) -> Cell:
@@ -418,8 +421,8 @@ def test_bad_usage_with_running_ranks(ranks) -> None:
     again = ranks.run("%ranks start 2")
     assert again.ename == "UsageError" and "2 ranks are already running" in again.evalue
     assert "%ranks stop" in again.evalue
-    missing = ranks.run("%%ranks 5\nrank")
-    assert missing.ename == "ValueError" and "rank 5 does not exist" in missing.evalue
+    missing = ranks.run("%%ranks 0,5\nrank")
+    assert missing.ename == "UsageError" and "rank 5 does not exist; these ranks are 0..1" in missing.evalue
     # The refused cells changed nothing: the ranks still answer.
     assert ranks.ok("%%ranks\nrank").out == "[rank 0] 0\n[rank 1] 1"
 
@@ -454,6 +457,10 @@ def test_a_rank_raising_while_the_other_waits_in_all_reduce_ends_the_cell_and_re
         )
         assert cell.ename == "RankError" and time.monotonic() - start < 3 + 5 + 10
         assert cell.evalue.startswith("rank 1 ") and "bad batch on rank 1" in cell.evalue
+        # Shown as the ranks' error only (IPython's _render_traceback_), not the kernel's plumbing.
+        assert cell.traceback[0].startswith("RankError: rank 1 ") and "magics.py" not in "".join(
+            cell.traceback
+        )
         assert "broken" in cell.evalue and "%ranks restart" in cell.evalue
         assert all("dead" in ln for ln in kernel.ok("%ranks status").out.splitlines()[1:])
         kernel.ok("%ranks restart")

@@ -131,6 +131,12 @@ class RanksMagic:
         """Run ``body`` on the ranks ``line`` names; return what to display (None: nothing)."""
         on = parse_ranks(line)
         ranks = self._ranks("%%ranks")
+        missing = [r for r in on or () if r >= ranks.num_processes]
+        if missing:
+            raise RanksUsageError(
+                f"%%ranks {line.strip()}: rank {missing[0]} does not exist; these ranks are "
+                f"0..{ranks.num_processes - 1} (`%ranks status` lists them)"
+            )
         results = ranks.execute(body, on=on)
         shown = CellDisplay(results, ranks.num_processes)
         return None if shown.empty or _ends_with_semicolon(body) else shown
