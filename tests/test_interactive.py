@@ -275,6 +275,19 @@ def test_the_hang_watch_ends_a_collective_that_only_some_ranks_entered() -> None
         assert ranks.run("rank") == [0, 1]
 
 
+def test_idle_ranks_are_not_sampled_by_the_hang_watch() -> None:
+    current_ranks = current()
+    if current_ranks is not None:
+        current_ranks.stop()
+    with start_ranks(2, hang_timeout=1) as ranks:  # sampling after 1 s of silence while a command runs
+        collector = ranks.handle._collector
+        ranks.run("import time\ntime.sleep(2.5)")
+        sampled = os.path.getsize(collector.path(0))
+        assert sampled > 0  # the hang watch looked while the command ran
+        time.sleep(3)
+        assert os.path.getsize(collector.path(0)) == sampled  # and not while the ranks were idle
+
+
 @pytest.mark.parametrize(
     ("code", "expected"),
     [

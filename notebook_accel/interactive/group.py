@@ -230,6 +230,7 @@ class Group:
         self.broken = False
         self.hang_report: str | None = None
         self._unsubscribe = handle.subscribe_events(self._on_event)
+        handle.watch_for_hangs(False)  # on while a command runs
         self._seq = 0
 
     def _on_event(self, kind: str, rank: int, item: Any) -> None:
@@ -261,6 +262,7 @@ class Group:
         printer = self.sink.printer()
         bars = wait.bars = _command_bars(self.handle, self.sink.printing)
         self.sink.begin()
+        self.handle.watch_for_hangs(True)
         try:
             try:
                 for rank in targets:
@@ -274,6 +276,7 @@ class Group:
                 self._interrupt(wait, printer, on_reply)
             self._drain(targets, printer)
         finally:
+            self.handle.watch_for_hangs(False)
             if bars is not None:
                 bars.close()
             self.sink.end(printer)

@@ -147,6 +147,7 @@ class LaunchHandle(Completion):
         self._usage = UsageSampler()
         self._collector = StackCollector()
         self._hang = HangWatch(hang_timeout)
+        self._hang_active = True
         self._on_hang = on_hang
         self._stop_stacks: dict[int, RankStack] | None = None
         self.hang_report: str | None = None
@@ -494,8 +495,21 @@ class LaunchHandle(Completion):
         targets = self._stack_targets()
         return self._collector.collect(targets) if targets else {}
 
+    def watch_for_hangs(self, active: bool) -> None:
+        """Turn the hang watch on or off (on by default); turned back on, it starts afresh.
+
+        The interactive ranks keep it on while a command runs only: ranks waiting for the next
+        command are not signalled for their stacks every few seconds.
+        """
+        with self._lock:
+            if active and not self._hang_active:
+                reported = self._hang.reported
+                self._hang = HangWatch(self._hang.timeout)
+                self._hang.reported = reported
+            self._hang_active = active
+
     def _watch_for_hang(self, now: float) -> None:
-        if self._stop_started is not None:
+        if self._stop_started is not None or not self._hang_active:
             return
         live = {r.rank: r.last_activity for r in self._ranks if not r.exited}
         if len(live) < 2 or not self._hang.due(now, live):
