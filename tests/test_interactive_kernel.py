@@ -155,3 +155,31 @@ def test_a_commands_progress_bars_are_drawn_live_in_its_cell(kernel: Kernel) -> 
     live = [text for text in shown if "[rank 0] steps:" in text]
     assert live, (out, shown)  # the open bar, redrawn in place while the command ran
     assert "[rank 0] steps: 100%" in out  # the closed bar's last line, with the rank's other lines (stderr)
+
+
+def test_the_ranks_end_with_the_kernel() -> None:
+    import psutil
+
+    k = Kernel()
+    try:
+        out = _ok(
+            k,
+            "import notebook_accel\nranks = notebook_accel.start_ranks(2)\nprint('PIDS', ranks.handle.pids)",
+        )
+        pids = eval(out.split("PIDS", 1)[1].strip())
+        assert all(psutil.pid_exists(pid) for pid in pids)
+    finally:
+        k.close()  # the kernel is killed: no clean-up code of it runs
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_running(pid) for pid in pids):
+        time.sleep(0.1)
+    assert not any(_running(pid) for pid in pids)
+
+
+def _running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
