@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .group import IdleRankStack
+
 __all__ = ["CellDisplay", "RankValues", "StacksView", "StatusTable", "rank_label"]
 
 
@@ -157,7 +159,10 @@ class StatusTable:
 
 
 class StacksView:
-    """``Ranks.stacks()`` as text: every rank's threads with each frame's source line."""
+    """``Ranks.stacks()`` as text: per rank where it is, then its threads with each frame's source line.
+
+    A rank waiting for its next command shows only that: its stacks would be the rank loop's own frames.
+    """
 
     def __init__(self, stacks: dict[int, Any]) -> None:
         self.stacks = dict(sorted(stacks.items()))
@@ -165,10 +170,13 @@ class StacksView:
     def __repr__(self) -> str:
         blocks = []
         for rank, stack in self.stacks.items():
+            where = stack.summary() if hasattr(stack, "summary") else ""
+            head = f"[rank {rank}] {where}".rstrip()
+            if isinstance(stack, IdleRankStack):
+                blocks.append(head)
+                continue
             text = getattr(stack, "text", None) or str(stack)
-            if getattr(stack, "answered", True) is False:
-                text = f"(no stack came back from rank {rank} in time)\n{text}".rstrip()
-            blocks.append(f"[rank {rank}]\n{text.rstrip()}")
+            blocks.append(f"{head}\n{text.rstrip()}")
         return "\n\n".join(blocks)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
