@@ -83,12 +83,52 @@ def _wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout: float
     )
 
 
+# A notebook of interactive ranks with a launch panel, written next to the copies of notebooks/. Its
+# fourth cell runs on both ranks until the test has looked at the panel and created release.flag
+# (or for at most 120 s): the panel is seen while the cell runs, however slow the machine.
+_INTERACTIVE_CELLS = [
+    "%load_ext notebook_accel",
+    "%ranks start 2 --panel",
+    "%%ranks\nimport torch, torch.distributed as dist\nt = torch.ones(2) * (rank + 1)\ndist.all_reduce(t)\nt",
+    "%%ranks\nfor step in range(240):  # until the browser test saw the panel\n"
+    "    print(f'step {step} of rank {rank}', flush=True)\n"
+    "    if os.path.exists('release.flag'):\n        break\n    time.sleep(0.5)",
+    "%ranks stop",
+]
+INTERACTIVE = "interactive_panel_browser.ipynb"
+
+
+def _write_interactive_notebook(path: Path) -> None:
+    cells = [
+        {
+            "cell_type": "code",
+            "execution_count": None,
+            "id": f"c{i}",
+            "metadata": {},
+            "outputs": [],
+            "source": src,
+        }
+        for i, src in enumerate(["import os, time", *_INTERACTIVE_CELLS])
+    ]
+    kernelspec = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    notebook = {"cells": cells, "metadata": {"kernelspec": kernelspec}, "nbformat": 4, "nbformat_minor": 5}
+    path.write_text(json.dumps(notebook, indent=1))
+
+
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Start JupyterLab on 127.0.0.1 on a copy of notebooks/ (autosave must not touch the repository)."""
-    base = tmp_path_factory.mktemp("lab")
-    work = base / "notebooks"
+def lab_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Return the folder JupyterLab serves: a copy of notebooks/ and the interactive-ranks notebook."""
+    work = tmp_path_factory.mktemp("lab") / "notebooks"
     shutil.copytree(NOTEBOOKS, work, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    _write_interactive_notebook(work / INTERACTIVE)
+    return work
+
+
+@pytest.fixture(scope="module")
+def lab(lab_dir: Path) -> Iterator[str]:
+    """Start JupyterLab on 127.0.0.1 on a copy of notebooks/ (autosave must not touch the repository)."""
+    work = lab_dir
+    base = work.parent
     settings = base / "settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
     # Render every cell (no windowing), so that outputs of cells below the fold are in the DOM.
@@ -154,7 +194,9 @@ def _prompts(page: Page) -> list[str]:
 
 
 def _menu(page: Page, menu: str, item: str) -> None:
-    page.locator(".jp-Notebook").first.click()
+    # Focus the notebook through its first cell's prompt: a click on the notebook's middle lands, in
+    # a short notebook, on the space below the last cell, which adds an empty cell.
+    page.locator(".jp-Notebook .jp-Cell .jp-InputPrompt").first.click()
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(f"^{menu}$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{re.escape(item)}$")).click()
 
@@ -305,6 +347,11 @@ def _dashboard_seen(page: Page) -> dict:
     return page.evaluate("() => window.__dashboard")
 
 
+_STATUS_ROWS_JS = (
+    "t => [...t.querySelectorAll('tbody tr')].map(r => [...r.cells].map(c => c.innerText.trim()))"
+)
+
+
 def _watch_dashboard(shot: dict) -> Callable[[Page], None]:
     """Return a ``during`` callback saving quickstart-dashboard-running.png once the page saw the dashboard run."""
 
@@ -429,3 +476,52 @@ def test_handling_failures_runs_in_the_browser(browser, lab: str) -> None:  # no
     finally:
         _screenshot(page, name)
         page.close()
+
+
+def test_interactive_ranks_panel_while_a_cell_runs(browser, lab: str, lab_dir: Path) -> None:  # noqa: ANN001
+    """``%ranks start 2 --panel``, then a ``%%ranks`` cell: the panel shows both ranks running that cell."""
+    flag = lab_dir / "release.flag"
+    flag.unlink(missing_ok=True)
+    seen: dict = {}
+
+    def look(page: Page) -> None:
+        if seen.get("rows"):
+            return
+        panel = _panel_of(page.locator(".jupyter-widget-tab, .widget-tab").first)
+        try:
+            if panel.count() == 0:
+                return
+            rows = panel.locator("table").first.evaluate(_STATUS_ROWS_JS, timeout=2000)
+            running = [r for r in rows if r[2] == "running" and r[3].startswith("for step in range(240)")]
+            text = panel.locator(".widget-tab-contents").first.inner_text(timeout=2000)
+        except Exception as exc:  # the output re-rendered between two calls: look again next poll
+            seen.setdefault("errors", []).append(repr(exc)[:200])
+            return
+        if len(running) == 2 and "step 1 of rank 1" in text:
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            panel.scroll_into_view_if_needed()
+            panel.screenshot(path=str(SCREENSHOTS / "interactive-ranks-running-panel.png"))
+            page.screenshot(path=str(SCREENSHOTS / "interactive-ranks-running.png"))
+            seen["rows"] = rows
+            flag.write_text("seen\n")  # the cell on the ranks ends at its next step
+
+    page = _open_and_run(browser, lab, INTERACTIVE, during=look)
+    panel = None
+    try:
+        _no_widget_errors(page, INTERACTIVE)
+        assert seen.get("rows"), f"the panel never showed both ranks running the cell: {seen}"
+        tab_widget = page.locator(".jupyter-widget-tab, .widget-tab").first
+        panel = _panel_of(tab_widget)
+        # The all-reduce cell's value, equal on both ranks, is shown once.
+        outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+        assert "tensor([3., 3.])" in outputs, outputs[-2000:]
+        # After %ranks stop: the panel says stopped, each rank's row too, and its buttons are greyed out.
+        expect(panel.locator(".widget-button", has_text=re.compile(r"^\s*stopped\s*$"))).to_have_count(1)
+        expect(panel.locator("table").first.locator("tbody tr", has_text="stopped")).to_have_count(2)
+        expect(panel.locator(".widget-button", has_text="Stacks")).to_be_disabled()
+        titles = [t.strip() for t in tab_widget.locator(".lm-TabBar-tab").all_inner_texts()]
+        assert titles == ["all ranks", "rank 0", "rank 1"], titles
+    finally:
+        _screenshot(page, INTERACTIVE, panel)
+        page.close()
+        flag.unlink(missing_ok=True)

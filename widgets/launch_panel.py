@@ -28,6 +28,11 @@ _STATE_STYLE = {
 }
 _SHOWN_LINES = 500  # lines rendered per tab: the browser redraws the whole text on each update
 _KEPT_BARS = 3  # finished bars (leave=True) still shown per rank, newest last, as tqdm.notebook keeps them
+# An interactive rank's cell in its status row: one line, cut with an ellipsis past about 30 characters.
+_CELL_STYLE = (
+    "display:inline-block;max-width:22em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap;"
+    "vertical-align:middle"
+)
 _CHART_SECONDS = 1.0  # the metric chart is redrawn at most this often (matplotlib takes ~0.1 s a chart)
 
 
@@ -84,6 +89,7 @@ class LaunchPanel(_Panel):
                 )
         self.handle = handle
         self._ranks = ranks
+        self._last_cells: dict[int, str] = {}
         self.max_lines = max_lines
         self._lock = threading.Lock()
         self.ranks = [s.rank for s in handle.status()]
@@ -197,7 +203,8 @@ class LaunchPanel(_Panel):
 
         Memory figures are bytes; CPU % and memory are None where the handle does not report them.
         For interactive ranks, ``state`` is the rank's (idle, running, failed, dead) and ``cell`` the
-        short text of the cell it runs, or ran last ("" before the first; None for a launch).
+        short text of the cell it runs, or ran last ("" before the first; None for a launch), shown in
+        place of the elapsed time.
         """
         now = time.time()
         ranks = self._rank_states()
@@ -205,6 +212,8 @@ class LaunchPanel(_Panel):
         out = []
         for s in self.handle.status():
             mine = ranks.get(s.rank) if ranks is not None else None
+            if mine is not None and mine.cell:
+                self._last_cells[s.rank] = mine.cell  # still shown once the ranks stopped
             state = s.state
             if mine is not None:
                 state = mine.state
@@ -215,7 +224,7 @@ class LaunchPanel(_Panel):
                     "rank": s.rank,
                     "pid": s.pid,
                     "state": state,
-                    "cell": (mine.cell if mine is not None else "") if interactive else None,
+                    "cell": self._last_cells.get(s.rank, "") if interactive else None,
                     "elapsed": (s.ended_at or now) - s.started_at,
                     "cpu_percent": getattr(s, "cpu_percent", None),
                     "rss": getattr(s, "rss", None),
@@ -350,7 +359,7 @@ class LaunchPanel(_Panel):
     def _headers(self, rows: list[dict[str, Any]]) -> list[str]:
         headers = list(self._HEADERS)
         if any(r["cell"] is not None for r in rows):
-            headers.insert(3, "cell")
+            headers[3] = "cell"  # interactive ranks: the cell, in place of the ranks' age
         if self._uses_cuda(rows):
             headers.insert(-1, "CUDA allocated / reserved")
         return headers
@@ -360,8 +369,7 @@ class LaunchPanel(_Panel):
             str(row["rank"]),
             str(row["pid"]),
             row["state"],
-            *([] if row["cell"] is None else [row["cell"]]),
-            f"{row['elapsed']:.1f} s",
+            f"{row['elapsed']:.1f} s" if row["cell"] is None else row["cell"],
             "-" if row["cpu_percent"] is None else f"{row['cpu_percent']:.0f}",
             _fmt_bytes(row["rss"]),
             _fmt_bytes(row["peak_rss"]),
@@ -375,10 +383,18 @@ class LaunchPanel(_Panel):
         cuda = self._uses_cuda(rows)
         cells_of_rows = []
         for row in rows:
-            cells = [html.escape(c) for c in self._row_cells(row, cuda)]
+            # Figures never wrap (a squeezed table read "243.11 / MiB" on two lines); the last line may.
+            texts = self._row_cells(row, cuda)
+            cells = [f"<span style='white-space:nowrap'>{html.escape(c)}</span>" for c in texts[:-1]]
+            cells.append(html.escape(texts[-1]))
             cells[2] = _badge(row["state"], _STATE_STYLE.get(row["state"], ""))
+            if row["cell"] is not None:  # the cell's first line, cut to the column (all of it on hover)
+                cells[3] = (
+                    f"<code style='{_CELL_STYLE}' title='{html.escape(row['cell'], quote=True)}'>"
+                    f"{html.escape(row['cell'])}</code>"
+                )
             cells_of_rows.append(cells)
-        return _table(self._headers(rows), cells_of_rows, escape=False)
+        return _table(self._headers(rows), cells_of_rows, escape=False, wrap_headers=False)
 
     def _bars_html(self) -> str:
         bars = self.bars()
