@@ -72,6 +72,32 @@ def test_all_reduce_uses_the_group_and_output_is_printed_with_rank_labels(ranks:
     ]
 
 
+class _TimedStream:
+    """A stream recording when each piece of text was written."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[float, str]] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append((time.monotonic(), text))
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_output_is_printed_live_by_the_calling_thread(ranks: Ranks, monkeypatch) -> None:
+    stream = _TimedStream()
+    monkeypatch.setattr(sys, "stdout", stream)
+    ranks.run("import time\nprint('early', flush=True)\ntime.sleep(1.5)\nprint('late')")
+    ended = time.monotonic()
+    monkeypatch.undo()
+    early = [t for t, text in stream.writes if text == "[rank 0] early\n"]
+    late = [t for t, text in stream.writes if text == "[rank 0] late\n"]
+    assert early and late
+    assert ended - early[0] > 1.0  # shown while the command still ran, not at its end
+
+
 def test_functions_run_in_the_rank_namespace(ranks: Ranks) -> None:
     ranks.run("scale = 3 + rank")
     offset = 7  # noqa: F841  (a kernel local: a closure brings it along)
