@@ -29,10 +29,11 @@ def _group():
     main = sys.modules["__main__"]
     main.KERNEL_CONSTANT = KERNEL_CONSTANT
     main.kernel_helper = lambda x: x * 10
+    main.fork_lock = threading.Lock()
     ranks = start_ranks(2, hang_timeout=60)
     yield ranks
     ranks.stop()
-    for name in ("KERNEL_CONSTANT", "kernel_helper"):
+    for name in ("KERNEL_CONSTANT", "kernel_helper", "fork_lock"):
         delattr(main, name)
 
 
@@ -113,6 +114,23 @@ def test_functions_run_in_the_rank_namespace(ranks: Ranks) -> None:
     assert ranks.run(scaled, 2, plus=1) == [7, 10]
     assert ranks.run(with_offset) == [7, 8]
     assert ranks.run(len, [1, 2, 3]) == [3, 3]  # anything else is called as it is
+
+
+def test_cell_functions_use_what_the_ranks_got_at_the_fork_without_pickling_it(ranks: Ranks) -> None:
+    main = sys.modules["__main__"]
+    # Defined as a notebook cell defines them: in __main__, after the ranks were started.
+    exec(
+        "after_fork = 5\n"
+        "def helper():\n    return after_fork + rank\n"
+        "def uses_fork_lock():\n    return type(fork_lock).__name__, kernel_helper(1), helper()\n",
+        vars(main),
+    )
+    try:
+        # fork_lock (from before the fork) cannot be pickled: it stays behind, each rank uses its own
+        assert ranks.run(main.uses_fork_lock) == [("lock", 10, 5), ("lock", 10, 6)]
+    finally:
+        for name in ("after_fork", "helper", "uses_fork_lock"):
+            delattr(main, name)
 
 
 def test_execute_gives_text_and_html(ranks: Ranks) -> None:

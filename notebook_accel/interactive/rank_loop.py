@@ -222,17 +222,48 @@ def _value_payload(value: Any, with_repr: bool = True) -> dict[str, Any]:
     return payload
 
 
+def is_cell_function(value: Any) -> bool:
+    """Return True for a plain function defined in ``__main__`` (a notebook cell, a script)."""
+    return isinstance(value, types.FunctionType) and value.__module__ == "__main__"
+
+
+def without_globals(function: Any, known: frozenset[str]) -> Any:
+    """Return a copy of a cell function whose globals leave out the names in ``known`` (the ranks have them).
+
+    Pickled by value, a function brings the globals it uses; those the ranks got at the fork need
+    not travel (they may be big, or not picklable at all): the ranks look them up at home.
+    """
+    if not is_cell_function(function) or not known:
+        return function
+    kept = {
+        name: value
+        for name, value in function.__globals__.items()
+        if name not in known or name.startswith("__")
+    }
+    copy = types.FunctionType(
+        function.__code__, kept, function.__name__, function.__defaults__, function.__closure__
+    )
+    copy.__kwdefaults__ = function.__kwdefaults__
+    copy.__qualname__ = function.__qualname__
+    copy.__doc__ = function.__doc__
+    copy.__module__ = "__main__"
+    return copy
+
+
 def _in_namespace(function: Any, namespace: dict[str, Any]) -> Any:
     """Return ``function`` looking its global names up in the rank's namespace (as code run there does).
 
     A function from the kernel's ``__main__`` arrives with the kernel's values of the globals it
-    uses; names the rank lacks are taken from those, names the rank has keep the rank's values.
+    uses (those the ranks did not get at the fork); names the rank lacks are taken from those,
+    names the rank has keep the rank's values. Functions among them are rebound the same way.
     """
-    if not isinstance(function, types.FunctionType) or function.__module__ != "__main__":
+    if not is_cell_function(function):
         return function
-    for name in function.__code__.co_names:
-        if name not in namespace and name in function.__globals__:
-            namespace[name] = function.__globals__[name]
+    for name, value in list(function.__globals__.items()):
+        if name.startswith("__") or name in namespace:
+            continue
+        namespace[name] = value  # first: a function referring back to this one finds it
+        namespace[name] = _in_namespace(value, namespace)
     rebound = types.FunctionType(
         function.__code__, namespace, function.__name__, function.__defaults__, function.__closure__
     )

@@ -17,6 +17,7 @@ import pickle
 import select
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -32,7 +33,7 @@ from ..launch.request import LaunchRequest
 from ..launchers import start_persistent_group
 from .errors import NoRanksError, RankError
 from .group import CellSink, Group, failure_of, mark_idle
-from .rank_loop import rank_main, recv_frame, remember_source, split_code
+from .rank_loop import rank_main, recv_frame, remember_source, split_code, without_globals
 
 __all__ = ["CellResult", "RankState", "Ranks", "current", "require_current", "start_ranks"]
 
@@ -170,6 +171,7 @@ class Ranks:
         self._lock = threading.Lock()
         self._books: dict[int, dict[str, Any]] = {}
         self._num_processes = num_processes
+        self._known: frozenset[str] = frozenset()
 
     # ------------------------------------------------------------------ starting and stopping
 
@@ -207,6 +209,10 @@ class Ranks:
         self._num_processes = handle.num_processes
         self._books = {r: {"busy": False, "failed": False, "cell": ""} for r in range(handle.num_processes)}
         self._stopped = False
+        main = sys.modules.get("__main__")
+        forked = self._options["start_method"] == "fork" and main is not None
+        # Names every rank has for sure (a function using them need not bring them): the fork copied them.
+        self._known = frozenset(vars(main)) if forked else frozenset()
         _LIVE.add(self)
 
     def stop(self) -> None:
@@ -398,8 +404,9 @@ class Ranks:
                 )
             results = self.execute(code_or_fn, on)
         elif callable(code_or_fn):
+            function = without_globals(code_or_fn, self._known)
             blob = _dumps(
-                (code_or_fn, args, kwargs), "the function and its arguments", "pass picklable arguments"
+                (function, args, kwargs), "the function and its arguments", "pass picklable arguments"
             )
             targets, replies = self._command(
                 on, ("call", blob), _short(getattr(code_or_fn, "__qualname__", "call"))
@@ -436,6 +443,8 @@ class Ranks:
             _dumps(value, f"{name} (a {type(value).__module__}.{type(value).__qualname__})", _PUSH_FIX)
         blob = _dumps(values, "the values", _PUSH_FIX)
         self._command(on, ("push", blob), f"push {', '.join(values)}")
+        if on is None:
+            self._known |= frozenset(values)
 
     def pull(self, name: str, on: int | Iterable[int] | None = None) -> list:
         """Return the value of ``name`` on each targeted rank (rank order)."""
