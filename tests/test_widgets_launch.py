@@ -285,3 +285,15 @@ def test_stacks_button_shows_every_rank_side_by_side():
     assert handle.wait(20)
     _wait_for(lambda: panel._w_stacks_button.disabled)
     panel.close()
+
+
+def test_metric_chart_of_a_single_step_has_whole_step_ticks(monkeypatch):
+    from notebook_accel.widgets import _metrics_chart
+
+    figures = []
+    monkeypatch.setattr(_metrics_chart, "_to_png", lambda fig, **_margins: figures.append(fig) or b"png")
+    assert _metrics_chart.metrics_png({"loss": ([3], [1.0]), "lr": ([0, 1, 2], [0.1, 0.1, 0.1])}) == b"png"
+    one, three = figures[0].axes
+    assert one.get_xlim() == (2.0, 4.0)  # not 2.955..3.045 with ticks at fractions of a step
+    assert [t for t in one.get_xticks() if 2 <= t <= 4] == [2.0, 3.0, 4.0]
+    assert three.get_xlim()[0] < 0 < 2 < three.get_xlim()[1]
