@@ -12,7 +12,9 @@ from notebook_accel.interactive import RankError, Ranks, start_ranks
 
 pytestmark = pytest.mark.timeout(180)
 
-NAP = "nap = 4.0; import time; time.sleep(nap)"  # one line: the panel shows it whole as the cell
+# One line (the panel shows it whole as the cell), running until the test creates the file ``flag``
+# names: the cell is seen running however slow the machine, not for a fixed time.
+WAIT = "while not os.path.exists(flag): time.sleep(0.05)"
 
 
 def _wait_for(cond, timeout: float = 30.0) -> None:  # noqa: ANN001
@@ -34,7 +36,10 @@ def _states(panel: LaunchPanel) -> list[tuple[str, str]]:
     return [(row["state"], row["cell"]) for row in panel.rows()]
 
 
-def test_panel_shows_each_rank_idle_running_its_cell_then_idle(ranks: Ranks) -> None:
+def test_panel_shows_each_rank_idle_running_its_cell_then_idle(ranks: Ranks, tmp_path) -> None:  # noqa: ANN001
+    flag = tmp_path / "release"
+    ranks.run("import os, time")
+    ranks.push("flag", str(flag))
     panel = LaunchPanel(ranks, interval=0.05)
     assert panel.handle is ranks.handle and panel.ranks_object is ranks
     assert panel.widget is not None
@@ -44,24 +49,29 @@ def test_panel_shows_each_rank_idle_running_its_cell_then_idle(ranks: Ranks) -> 
     assert panel._w_stop.tooltip == "stop the ranks"
 
     done = threading.Event()
-    worker = threading.Thread(target=lambda: (ranks.run(NAP), done.set()), daemon=True)
+    worker = threading.Thread(target=lambda: (ranks.run(WAIT), done.set()), daemon=True)
     worker.start()
-    # Each rank's row: "running" and the cell it runs; the view follows without any output line.
-    _wait_for(
-        lambda: _states(panel) == [("running", NAP), ("running", NAP)] and "running" in panel._w_status.value
-    )
-    _wait_for(lambda: panel._w_state.description == "running")
-    assert panel.state == "running" and NAP in panel._w_status.value
-    assert "LaunchPanel(running)" in repr(panel) and NAP in repr(panel)
-    # The Stacks button while the cell runs: each rank's frame in the cell, with the cell's line.
-    panel._w_stacks_button.click()
-    for stack in panel.stacks.values():
-        assert "<rank cell" in stack.text and f"    {NAP}" in stack.text, stack.text
-    assert panel._w_stacks.value.count(f"    {NAP}") == 2
-    assert not done.is_set()  # taking the stacks did not end the cell
+    try:
+        # Each rank's row: "running" and the cell it runs; the view follows without any output line.
+        _wait_for(
+            lambda: (
+                _states(panel) == [("running", WAIT), ("running", WAIT)]
+                and "running" in panel._w_status.value
+            )
+        )
+        _wait_for(lambda: panel._w_state.description == "running")
+        assert panel.state == "running" and WAIT in panel._w_status.value
+        assert "LaunchPanel(running)" in repr(panel) and WAIT in repr(panel)
+        # The Stacks button while the cell runs: each rank's frame in the cell, with the cell's line.
+        panel._w_stacks_button.click()
+        for stack in panel.stacks.values():
+            assert "<rank cell" in stack.text and f"    {WAIT}" in stack.text, stack.text
+        assert panel._w_stacks.value.count(f"    {WAIT}") == 2
+    finally:
+        flag.write_text("done")  # the cell ends
     worker.join(60)
     assert done.is_set()
-    _wait_for(lambda: _states(panel) == [("idle", NAP), ("idle", NAP)])
+    _wait_for(lambda: _states(panel) == [("idle", WAIT), ("idle", WAIT)])
     _wait_for(lambda: panel._w_state.description == "idle" and "running" not in panel._w_status.value)
 
     # A cell raising on rank 1: that rank reads "failed", the other stays idle; the ranks are alive.
