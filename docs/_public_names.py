@@ -67,6 +67,10 @@ class PublicApi(SphinxDirective):
                         location=self.get_location(),
                     )
                     continue
+                if inspect.ismodule(obj):
+                    # A subpackage served by the facade has a page of its own: link to it.
+                    lines += [f"Subpackage :py:mod:`{facade}.{name} <{obj.__name__}>`.", ""]
+                    continue
                 lines += [f".. auto{_kind(obj)}:: {facade}.{name}", ""]
         container = nodes.container()
         self.state.nested_parse(

@@ -19,6 +19,9 @@ _TABLE: dict[str, str] = {
     # launch and training
     "notebook_launcher": ".launchers",
     "debug_launcher": ".launchers",
+    # interactive ranks: a process group kept alive between cells
+    "start_ranks": ".interactive",
+    "interactive": ".interactive",
     "Accelerator": ".accelerator",
     "skip_first_batches": ".data_loader",
     # big models
@@ -51,6 +54,9 @@ _TABLE: dict[str, str] = {
     # libraries that import `accelerate` by name run on us
     "install_as_accelerate": ".utils._accelerate_alias",
     "uninstall_as_accelerate": ".utils._accelerate_alias",
+    # `%load_ext notebook_accel`: IPython looks this name up, which loads the %ranks magics (and no
+    # IPython before that)
+    "load_ipython_extension": ".interactive.magics",
 }
 
 __all__ = sorted(_TABLE) + ["__version__"]

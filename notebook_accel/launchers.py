@@ -229,6 +229,46 @@ def _launch(request: LaunchRequest) -> list[Any] | LaunchHandle | RestartingHand
     return _launch_with_restarts(request, plan)
 
 
+def start_persistent_group(request: LaunchRequest) -> LaunchHandle:
+    """Return the started handle of a group whose workers run ``request.function`` until it returns.
+
+    The interactive ranks' launch (``notebook_accel.interactive``): the same plan, environment,
+    sinks, log files, hang watch and panel as ``notebook_launcher(..., block=False)``, supervised by
+    the handle's own thread; no bars are drawn in the calling cell (each command shows its own).
+    """
+    plan = resolve_plan(
+        request.num_processes, request.mixed_precision, request.use_port, request.master_addr,
+        request.node_rank, request.num_nodes, request.rdzv_backend, request.start_method,
+        force_cpu=request.force_cpu,
+    )  # fmt: skip
+    if plan.backend == "xla" or plan.num_nodes > 1:
+        raise ValueError(
+            f"a persistent group runs on one machine with gloo or nccl; this launch would use {plan.backend} "
+            f"on {plan.num_nodes} node(s): use notebook_launcher for it"
+        )
+    if plan.in_process:
+        plan = _with_workers(plan)
+    output = _open_output(request, plan)
+    try:
+        handle, release = _new_handle(request, plan, output, on_finish=output.close)
+    except BaseException:
+        output.close()
+        raise
+    try:
+        handle._start(threaded=True)
+    except BaseException:
+        release()
+        raise
+    if request.panel:
+        try:
+            _show_panel(handle)
+        except BaseException:
+            handle.kill()
+            handle.wait()
+            raise
+    return handle
+
+
 def _run_in_caller(request: LaunchRequest) -> Any:
     """Return ``function(*args)`` run here; a clean ``sys.exit(0)`` / ``sys.exit()`` returns None, as in a worker."""
     try:

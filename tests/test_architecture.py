@@ -62,6 +62,8 @@ _AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("integrations", ("notebook_accel.integrations",)),
     ("accelerator", ("notebook_accel.accelerator", "notebook_accel._accelerator_")),
     ("launchers", ("notebook_accel.launchers",)),
+    # Interactive ranks: a persistent group built on the launcher (and its magics, IPython lazily).
+    ("interactive", ("notebook_accel.interactive",)),
     ("widgets", ("notebook_accel.widgets",)),
 )
 _EVERYTHING = frozenset(name for name, _ in _AREAS) | {"training", "facade"}
@@ -81,6 +83,7 @@ _ALLOWED: dict[str, frozenset[str]] = {
     ),
     "accelerator": _EVERYTHING - {"hooks", "big_modeling", "launch", "launchers", "widgets", "facade"},
     "launchers": frozenset({"lazy", "utils", "state", "launch", "launchers"}),
+    "interactive": frozenset({"lazy", "utils", "state", "launch", "launchers", "interactive"}),
     "widgets": _EVERYTHING - {"facade"},
     "facade": _EVERYTHING - {"widgets"},
 }

@@ -53,7 +53,17 @@ def test_docs_build_without_warnings(built_html: Path) -> None:
 
 @pytest.mark.parametrize(
     "page",
-    ["launching", "state_and_ops", "big_models", "panels", "hosted", "multi_node", "migrating", "notebooks"],
+    [
+        "launching",
+        "interactive",
+        "state_and_ops",
+        "big_models",
+        "panels",
+        "hosted",
+        "multi_node",
+        "migrating",
+        "notebooks",
+    ],
 )
 def test_user_guide_page_is_built(built_html: Path, page: str) -> None:
     html = (built_html / "guide" / f"{page}.html").read_text(encoding="utf-8")
@@ -67,6 +77,10 @@ def test_user_guide_page_is_built(built_html: Path, page: str) -> None:
         ("utils", ["gather", "infer_auto_device_map", "shard_checkpoint", "set_seed"]),
         ("hooks", ["AlignDevicesHook", "add_hook_to_module"]),
         ("launch", ["LaunchHandle", "LaunchError"]),
+        (
+            "interactive",
+            ["start_ranks", "Ranks", "RankError", "RanksMagic", "load_ipython_extension", "CellDisplay"],
+        ),
         ("widgets", ["MemoryEstimator", "DeviceMapExplorer", "OffloadMonitor", "LaunchPanel"]),
     ],
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -196,6 +197,11 @@ def test_panel_shows_live_bars_of_the_main_process_and_usage_numbers():
     progress, label = box.children
     assert (progress.value, progress.max, progress.bar_style) == (1000.0, 1000.0, "success")
     assert "[rank 0] epoch: 100%" in label.value and "1000/1000" in label.value
+    # Beside the graphical bar, tqdm's line less its text bar: counts, elapsed<remaining, rate.
+    live = next(text for value, _, text in seen_running if 0 < value < 1000)
+    assert re.search(r"\[rank 0\] epoch: +\d+% \d+/1000 \[\d\d:\d\d&lt;\d\d:\d\d, +[\d.]+it/s\]", live), live
+    assert not any("|" in text or "\u2588" in text for _, _, text in seen_running), seen_running
+    assert "|" not in label.value and "\u2588" not in label.value, label.value
     assert [b.rank for b in panel.bars()] == [0]
     # The rank tab: the prints and one final bar line, not a line per redraw.
     assert panel.lines(1) == ["at 0", "at 250", "at 500", "at 750", panel.lines(1)[-1]]
@@ -261,13 +267,33 @@ def test_stacks_button_shows_every_rank_side_by_side():
     _wait_for(lambda: len(panel.merged_lines()) == 2)
     # both workers installed their stacks handler
     _wait_for(lambda: all(s.answered for s in handle.stacks().values()))
+    # handle.stacks(): each frame is followed by its source line, as in a traceback.
+    for stack in handle.stacks().values():
+        lines = stack.text.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.endswith(" in _forever"))
+        assert lines[at + 1] == "    _time.sleep(0.05)", stack.text
+        assert "_time.sleep(0.05)" not in stack.dump  # faulthandler's own dump has no source
     panel._w_stacks_button.click()
     assert sorted(panel.stacks) == [0, 1]
     assert all("in _forever at test_widgets_launch.py" in s.summary() for s in panel.stacks.values())
     view = panel._w_stacks.value
     assert view.count("<td") == 2 and "rank 0" in view and "rank 1" in view and "_forever" in view
+    # The panel's stacks show the source lines too: the loop's line once per rank.
+    assert view.count("    _time.sleep(0.05)") == 2, view
     assert handle.status()[0].state == "running"  # taking the stacks stopped nothing
     panel.stop()
     assert handle.wait(20)
     _wait_for(lambda: panel._w_stacks_button.disabled)
     panel.close()
+
+
+def test_metric_chart_of_a_single_step_has_whole_step_ticks(monkeypatch):
+    from notebook_accel.widgets import _metrics_chart
+
+    figures = []
+    monkeypatch.setattr(_metrics_chart, "_to_png", lambda fig, **_margins: figures.append(fig) or b"png")
+    assert _metrics_chart.metrics_png({"loss": ([3], [1.0]), "lr": ([0, 1, 2], [0.1, 0.1, 0.1])}) == b"png"
+    one, three = figures[0].axes
+    assert one.get_xlim() == (2.0, 4.0)  # not 2.955..3.045 with ticks at fractions of a step
+    assert [t for t in one.get_xticks() if 2 <= t <= 4] == [2.0, 3.0, 4.0]
+    assert three.get_xlim()[0] < 0 < 2 < three.get_xlim()[1]

@@ -174,10 +174,13 @@ def _badge(text: str, style: str = "") -> str:
     )
 
 
-def _table(headers: list[str], rows: list[list[str]], escape: bool = True) -> str:
+def _table(headers: list[str], rows: list[list[str]], escape: bool = True, wrap_headers: bool = True) -> str:
     """Return an HTML table; cells are escaped unless ``escape`` is False (pre-rendered HTML)."""
     esc = html.escape if escape else (lambda s: s)
-    head = "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(h)}</th>" for h in headers)
+    nowrap = "" if wrap_headers else ";white-space:nowrap"
+    head = "".join(
+        f"<th style='text-align:left;padding:2px 8px{nowrap}'>{html.escape(h)}</th>" for h in headers
+    )
     body = "".join(
         "<tr>" + "".join(f"<td style='padding:2px 8px'>{esc(str(c))}</td>" for c in row) + "</tr>"
         for row in rows

@@ -43,5 +43,7 @@ def metrics_png(series: dict[str, tuple[list[float], list[float]]], width: float
         ax.tick_params(labelsize=7)
         ax.grid(True, alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+        if len(set(steps)) == 1:  # one step logged so far: a unit either side, not ticks of +-0.045
+            ax.set_xlim(steps[0] - 1, steps[0] + 1)
     # Room below each row for its "step" label, and between charts for the value ticks.
     return _to_png(fig, left=0.07, bottom=0.2 / rows, wspace=0.3, hspace=0.8)

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import html
+import re
 from typing import Any
 
 __all__: list[str] = []
 
 
+# tqdm's default line is "{desc}: {percentage}%|{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}]".
+_TEXT_BAR = re.compile(r"%\|[^|]*\| ?")
+
+
+def bar_text(bar: Any) -> str:
+    """Return tqdm's line of ``bar`` without its text bar (``|█████     |``): desc, percentage, counts, times, rate."""
+    return _TEXT_BAR.sub("% ", bar.text, count=1)
+
+
 def bar_label(bar: Any) -> str:
-    """Return the HTML label beside a bar: rank, and tqdm's own line (counts, elapsed, rate)."""
-    return f"<span style='font-family:monospace;white-space:pre'>[rank {bar.rank}] {html.escape(bar.text)}</span>"
+    """Return the HTML label beside a graphical bar: rank, and tqdm's line less its text bar."""
+    return f"<span style='font-family:monospace;white-space:pre'>[rank {bar.rank}] {html.escape(bar_text(bar))}</span>"
 
 
 class _BarRows:

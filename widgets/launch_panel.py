@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import html
+import sys
 import threading
 import time
 from typing import Any
@@ -21,9 +22,17 @@ _STATE_STYLE = {
     "succeeded": "success",
     "failed": "danger",
     "stopped": "warning",
+    "idle": "success",  # interactive ranks, between cells
+    "dead": "danger",
+    "broken": "danger",
 }
 _SHOWN_LINES = 500  # lines rendered per tab: the browser redraws the whole text on each update
 _KEPT_BARS = 3  # finished bars (leave=True) still shown per rank, newest last, as tqdm.notebook keeps them
+# An interactive rank's cell in its status row: one line, cut with an ellipsis past about 30 characters.
+_CELL_STYLE = (
+    "display:inline-block;max-width:22em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap;"
+    "vertical-align:middle"
+)
 _CHART_SECONDS = 1.0  # the metric chart is redrawn at most this often (matplotlib takes ~0.1 s a chart)
 
 
@@ -51,20 +60,36 @@ class LaunchPanel(_Panel):
     second. The status rows show each rank's CPU %, resident and peak memory (and CUDA memory
     when a rank uses CUDA), as ``handle.status()`` reports them.
 
+    Given interactive ranks (``LaunchPanel(ranks)`` for ``ranks = start_ranks(...)``, or
+    ``LaunchPanel(ranks.handle, ranks=ranks)``; ``start_ranks(..., panel=True)`` shows one), the panel
+    shows the ranks between cells too: each rank's state from ``ranks.status()`` (idle, running,
+    failed: its last command raised, dead) and the ``cell`` it runs (or ran last); the overall state
+    is idle, running, broken (``ranks.restart()`` recovers) or stopped; Stop calls ``ranks.stop()``.
+    A panel of ranks' handle built without ``ranks=`` finds them when they are the current ranks
+    (``notebook_accel.interactive.current()``).
+
     With a handle that restarts (``notebook_launcher(..., max_restarts=k)``), the header shows
     ``attempt_text()`` ("attempt 2/3") and the panel lists ``restart_lines()``, one per earlier try
     that failed (its root cause, exit code and time); lines of a later try are shown as
     ``[rank N, attempt A]``.
     """
 
-    def __init__(self, handle: Any, max_lines: int = 10_000, interval: float = 0.2) -> None:
+    def __init__(
+        self, handle: Any, max_lines: int = 10_000, interval: float = 0.2, *, ranks: Any = None
+    ) -> None:
+        if ranks is None and _is_ranks(handle):
+            ranks, handle = handle, handle.handle
+        if ranks is not None:
+            handle = _handle_of_ranks(ranks, handle)
         for attr in ("status", "subscribe", "add_done_callback", "stop", "done", "error"):
             if not hasattr(handle, attr):
                 raise TypeError(
-                    f"LaunchPanel needs a LaunchHandle (notebook_launcher(..., block=False)); "
-                    f"{type(handle).__name__} has no {attr!r}"
+                    f"LaunchPanel needs a LaunchHandle (notebook_launcher(..., block=False)) or interactive "
+                    f"ranks (start_ranks(...)); {type(handle).__name__} has no {attr!r}"
                 )
         self.handle = handle
+        self._ranks = ranks
+        self._last_cells: dict[int, str] = {}
         self.max_lines = max_lines
         self._lock = threading.Lock()
         self.ranks = [s.rank for s in handle.status()]
@@ -132,8 +157,25 @@ class LaunchPanel(_Panel):
         self.refresh()
 
     @property
+    def ranks_object(self) -> Any:
+        """Return the interactive ranks this panel shows (``start_ranks``), or None for a launch."""
+        if self._ranks is None:
+            self._ranks = _current_ranks_of(self.handle)
+        return self._ranks
+
+    def _rank_states(self) -> dict[int, Any] | None:
+        """Return ``{rank: RankState}`` of the interactive ranks while they run on this panel's handle, else None."""
+        ranks = self.ranks_object
+        if ranks is None or ranks.handle is not self.handle or self.handle.done:
+            return None
+        return {s.rank: s for s in ranks.status()}
+
+    @property
     def state(self) -> str:
-        """Return the launch's overall state: "running", "succeeded", "failed" or "stopped"."""
+        """Return the overall state: "running", "succeeded", "failed" or "stopped" (interactive ranks: "idle", "running", "broken" or "stopped")."""
+        ranks = self.ranks_object
+        if ranks is not None:
+            return self._ranks_state(ranks)
         if not self.handle.done:
             return "running"
         states = {s.state for s in self.handle.status()}
@@ -141,19 +183,48 @@ class LaunchPanel(_Panel):
             return "failed" if "failed" in states or "stopped" not in states else "stopped"
         return "stopped" if "stopped" in states else "succeeded"
 
+    def _ranks_state(self, ranks: Any) -> str:
+        if ranks.handle is not self.handle:
+            return "stopped"  # restarted: new ranks run on a new handle
+        if self.handle.done:
+            # Decided from the handle alone (``ranks.broken`` also reads True while stop() waits for
+            # the ranks to end): ranks whose loops returned were stopped; an error (a rank died, or
+            # was killed in a collective) or a hang report means the group broke.
+            failed = any(s.state == "failed" for s in self.handle.status())
+            broke = self.handle.error is not None or failed or bool(self.hang_text())
+            return "broken" if broke else "stopped"
+        if ranks.broken:
+            return "broken"
+        states = self._rank_states() or {}
+        return "running" if any(s.state == "running" for s in states.values()) else "idle"
+
     def rows(self) -> list[dict[str, Any]]:
         """Return a status row per rank: rank, pid, state, elapsed (s), cpu_percent, rss, peak_rss, cuda_*, last_line.
 
         Memory figures are bytes; CPU % and memory are None where the handle does not report them.
+        For interactive ranks, ``state`` is the rank's (idle, running, failed, dead) and ``cell`` the
+        short text of the cell it runs, or ran last ("" before the first; None for a launch), shown in
+        place of the elapsed time.
         """
         now = time.time()
+        ranks = self._rank_states()
+        interactive = self.ranks_object is not None
         out = []
         for s in self.handle.status():
+            mine = ranks.get(s.rank) if ranks is not None else None
+            if mine is not None and mine.cell:
+                self._last_cells[s.rank] = mine.cell  # still shown once the ranks stopped
+            state = s.state
+            if mine is not None:
+                state = mine.state
+            elif interactive and self.handle.done:
+                state = "stopped" if s.state in ("succeeded", "stopped") else s.state
             out.append(
                 {
                     "rank": s.rank,
                     "pid": s.pid,
-                    "state": s.state,
+                    "state": state,
+                    "cell": self._last_cells.get(s.rank, "") if interactive else None,
                     "elapsed": (s.ended_at or now) - s.started_at,
                     "cpu_percent": getattr(s, "cpu_percent", None),
                     "rss": getattr(s, "rss", None),
@@ -262,8 +333,12 @@ class LaunchPanel(_Panel):
         )
 
     def stop(self) -> None:
-        """Stop every worker of the launch (``handle.stop()``; safe to call twice)."""
-        self.handle.stop()
+        """Stop every worker of the launch (``handle.stop()``; interactive ranks: ``ranks.stop()``; safe to call twice)."""
+        ranks = self.ranks_object
+        if ranks is not None and ranks.handle is self.handle:
+            ranks.stop()
+        else:
+            self.handle.stop()
         self._throttle()
 
     def close(self) -> None:
@@ -282,16 +357,19 @@ class LaunchPanel(_Panel):
         return any(r["cuda_allocated"] is not None for r in rows)
 
     def _headers(self, rows: list[dict[str, Any]]) -> list[str]:
+        headers = list(self._HEADERS)
+        if any(r["cell"] is not None for r in rows):
+            headers[3] = "cell"  # interactive ranks: the cell, in place of the ranks' age
         if self._uses_cuda(rows):
-            return [*self._HEADERS[:-1], "CUDA allocated / reserved", self._HEADERS[-1]]
-        return self._HEADERS
+            headers.insert(-1, "CUDA allocated / reserved")
+        return headers
 
     def _row_cells(self, row: dict[str, Any], cuda: bool = False) -> list[str]:
         cells = [
             str(row["rank"]),
             str(row["pid"]),
             row["state"],
-            f"{row['elapsed']:.1f} s",
+            f"{row['elapsed']:.1f} s" if row["cell"] is None else row["cell"],
             "-" if row["cpu_percent"] is None else f"{row['cpu_percent']:.0f}",
             _fmt_bytes(row["rss"]),
             _fmt_bytes(row["peak_rss"]),
@@ -305,10 +383,18 @@ class LaunchPanel(_Panel):
         cuda = self._uses_cuda(rows)
         cells_of_rows = []
         for row in rows:
-            cells = [html.escape(c) for c in self._row_cells(row, cuda)]
+            # Figures never wrap (a squeezed table read "243.11 / MiB" on two lines); the last line may.
+            texts = self._row_cells(row, cuda)
+            cells = [f"<span style='white-space:nowrap'>{html.escape(c)}</span>" for c in texts[:-1]]
+            cells.append(html.escape(texts[-1]))
             cells[2] = _badge(row["state"], _STATE_STYLE.get(row["state"], ""))
+            if row["cell"] is not None:  # the cell's first line, cut to the column (all of it on hover)
+                cells[3] = (
+                    f"<code style='{_CELL_STYLE}' title='{html.escape(row['cell'], quote=True)}'>"
+                    f"{html.escape(row['cell'])}</code>"
+                )
             cells_of_rows.append(cells)
-        return _table(self._headers(rows), cells_of_rows, escape=False)
+        return _table(self._headers(rows), cells_of_rows, escape=False, wrap_headers=False)
 
     def _bars_html(self) -> str:
         bars = self.bars()
@@ -335,7 +421,8 @@ class LaunchPanel(_Panel):
         state = self.state
         attempt = html.escape(self.attempt_text())
         return (
-            f"<b>LaunchPanel</b> {self.handle.num_processes if hasattr(self.handle, 'num_processes') else len(self.ranks)}"
+            f"<b>{'Interactive ranks' if self.ranks_object is not None else 'LaunchPanel'}</b> "
+            f"{self.handle.num_processes if hasattr(self.handle, 'num_processes') else len(self.ranks)}"
             f" process(es) {_badge(state, _STATE_STYLE.get(state, ''))} {attempt}<br>"
             + self._restarts_html()
             + self._status_html()
@@ -404,7 +491,11 @@ class LaunchPanel(_Panel):
         self._w_stacks_button.disabled = done
         # Once the launch ended the Stop button is greyed out and says how it ended.
         self._w_stop.button_style = "" if done else "danger"
-        self._w_stop.tooltip = f"launch {state}" if done else "stop every worker"
+        ranks = self.ranks_object is not None
+        what = "ranks" if ranks else "launch"
+        self._w_stop.tooltip = (
+            f"{what} {state}" if done else ("stop the ranks" if ranks else "stop every worker")
+        )
 
     def _show_final_controls(self) -> None:
         if self._widget is None:
@@ -450,3 +541,30 @@ def _line_prefix(line: Any) -> str:
     bang = "!" if line.stream == "stderr" else ""
     attempt = getattr(line, "attempt", 1)
     return f"[rank {line.rank}{bang}] " if attempt == 1 else f"[rank {line.rank}{bang}, attempt {attempt}] "
+
+
+def _is_ranks(obj: Any) -> bool:
+    """Return True for interactive ranks (``start_ranks``): a ``handle`` and ``status()``, but not a handle itself."""
+    return hasattr(obj, "handle") and hasattr(obj, "status") and not hasattr(obj, "subscribe")
+
+
+def _handle_of_ranks(ranks: Any, handle: Any) -> Any:
+    """Return the launch handle of ``ranks`` (the one given, which must be theirs)."""
+    if not _is_ranks(ranks):
+        raise TypeError(f"ranks= takes interactive ranks (start_ranks(...)); got {type(ranks).__name__}")
+    if ranks.handle is None:
+        raise ValueError(f"{ranks!r} were never started: start them with start_ranks(...) first")
+    if handle is not None and handle is not ranks.handle:
+        raise ValueError(
+            "ranks= are not the ranks of this handle; pass ranks.handle, or just LaunchPanel(ranks)"
+        )
+    return ranks.handle
+
+
+def _current_ranks_of(handle: Any) -> Any:
+    """Return the current interactive ranks when ``handle`` is theirs (their panel=True panel), else None."""
+    session = sys.modules.get("notebook_accel.interactive.session")  # never imported: no ranks exist
+    if session is None:
+        return None
+    ranks = session.current()
+    return ranks if ranks is not None and ranks.handle is handle else None

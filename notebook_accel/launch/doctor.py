@@ -19,6 +19,7 @@ faulthandler dump (measured: about 2 ms of one thread on a loaded 2-core machine
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import re
@@ -76,14 +77,22 @@ class ThreadStack:
     frames: tuple[Frame, ...]
 
     def render(self) -> str:
-        """Return the thread as faulthandler prints it, without the launcher's frames below the worker."""
+        """Return the thread as faulthandler prints it, each frame followed by its source line as in a traceback.
+
+        The launcher's frames below the worker's main function are left out.
+        """
         frames = self.frames
         for i, frame in enumerate(frames):
             if frame.function == "worker_main" and frame.filename.endswith("worker.py"):
                 frames = frames[: i + 1]
                 break
-        head = f"{'Current thread' if self.current else 'Thread'} {self.ident} (most recent call first):"
-        return "\n".join([head, *(f'  File "{f.filename}", line {f.lineno} in {f.function}' for f in frames)])
+        lines = [f"{'Current thread' if self.current else 'Thread'} {self.ident} (most recent call first):"]
+        for f in frames:
+            lines.append(f'  File "{f.filename}", line {f.lineno} in {f.function}')
+            source = f.source
+            if source:
+                lines.append(f"    {source}")
+        return "\n".join(lines)
 
     @property
     def runs_the_function(self) -> bool:
@@ -93,16 +102,26 @@ class ThreadStack:
 
 @dataclass(frozen=True)
 class RankStack:
-    """Every thread's stack of one rank at ``time`` (``answered`` False: no dump came back in time)."""
+    """Every thread's stack of one rank at ``time`` (``answered`` False: no dump came back in time).
+
+    ``text`` is what to read: every thread, each frame with its source line. ``dump`` is faulthandler's
+    raw dump (file, line and function only).
+    """
 
     rank: int
     pid: int | None
     threads: tuple[ThreadStack, ...]
-    text: str
+    dump: str
     time: float = field(default_factory=time.time)
     answered: bool = True
     io: int | None = None
     """Bytes the rank had read and written through system calls (``/proc/<pid>/io``), just after the dump."""
+
+    @functools.cached_property
+    def text(self) -> str:
+        """Return every thread's stack, the main one first, each frame followed by its source line."""
+        ordered = sorted(self.threads, key=lambda t: not t.runs_the_function)
+        return "\n\n".join(thread.render() for thread in ordered)
 
     @property
     def main(self) -> ThreadStack | None:
@@ -258,10 +277,7 @@ def describe_stacks(stacks: dict[int, RankStack]) -> str:
     lines += [f"  rank {rank}: {stack.summary()}" for rank, stack in sorted(stacks.items())]
     for rank, stack in sorted(stacks.items()):
         if stack.threads:
-            lines += ["", f"Stacks of rank {rank} (pid {stack.pid}):"]
-            # The thread running the function first; helper threads after it.
-            ordered = sorted(stack.threads, key=lambda t: not t.runs_the_function)
-            lines += [thread.render() for thread in ordered]
+            lines += ["", f"Stacks of rank {rank} (pid {stack.pid}):", stack.text]
     return "\n".join(lines)
 
 
@@ -316,7 +332,7 @@ class HangWatch:
         before, _ = self._io.get(rank, (None, 0))
         if before is None or stack.io is None:
             return False
-        return stack.io - before - len(stack.text.encode()) > 0
+        return stack.io - before - len(stack.dump.encode()) > 0
 
     def observe(self, now: float, stacks: dict[int, RankStack], last_activity: dict[int, float]) -> list[int]:
         """Record one sample; return the ranks that sat in a collective for ``timeout`` while another did not."""
@@ -338,7 +354,7 @@ class HangWatch:
                 since[rank] = previous
             else:
                 since[rank] = (name, max(last_activity.get(rank, now), floor))
-        self._io = {rank: (s.io, len(s.text.encode())) for rank, s in stacks.items()}
+        self._io = {rank: (s.io, len(s.dump.encode())) for rank, s in stacks.items()}
         self._since, self._last_sample = since, now
         sitting = sorted(rank for rank, (_, t) in since.items() if now - t >= self.timeout)
         if not sitting:

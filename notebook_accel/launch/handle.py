@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import atexit
 import collections
+import fcntl
 import gc
 import logging
 import os
 import selectors
 import signal
+import struct
+import termios
 import threading
 import time
 import weakref
@@ -144,6 +147,7 @@ class LaunchHandle(Completion):
         self._usage = UsageSampler()
         self._collector = StackCollector()
         self._hang = HangWatch(hang_timeout)
+        self._hang_active = True
         self._on_hang = on_hang
         self._stop_stacks: dict[int, RankStack] | None = None
         self.hang_report: str | None = None
@@ -246,6 +250,17 @@ class LaunchHandle(Completion):
         """Return the output lines so far, of one ``rank`` or of all."""
         with self._lock:
             return [line for line in self._history if rank is None or line.rank == rank]
+
+    def output_drained(self, rank: int) -> bool:
+        """Return True when every byte ``rank`` wrote to its pipes so far was handled (lines at the sinks).
+
+        That is its stdout and stderr, and its events (a closed progress bar's last line); a last
+        line without its newline stays pending. The interactive ranks print a command's last lines
+        before its result with it.
+        """
+        with self._lock:
+            r = self._ranks[rank - self._ranks[0].rank]
+            return not any(_unread_bytes(fd) for fd in r.fds)
 
     def __repr__(self) -> str:
         states = collections.Counter(s.state for s in self.status())
@@ -480,8 +495,21 @@ class LaunchHandle(Completion):
         targets = self._stack_targets()
         return self._collector.collect(targets) if targets else {}
 
+    def watch_for_hangs(self, active: bool) -> None:
+        """Turn the hang watch on or off (on by default); turned back on, it starts afresh.
+
+        The interactive ranks keep it on while a command runs only: ranks waiting for the next
+        command are not signalled for their stacks every few seconds.
+        """
+        with self._lock:
+            if active and not self._hang_active:
+                reported = self._hang.reported
+                self._hang = HangWatch(self._hang.timeout)
+                self._hang.reported = reported
+            self._hang_active = active
+
     def _watch_for_hang(self, now: float) -> None:
-        if self._stop_started is not None:
+        if self._stop_started is not None or not self._hang_active:
             return
         live = {r.rank: r.last_activity for r in self._ranks if not r.exited}
         if len(live) < 2 or not self._hang.due(now, live):
@@ -507,6 +535,10 @@ class LaunchHandle(Completion):
             self._begin_stop(f"stopped on a {message}", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], 1.0)
 
     def _read(self, sel: selectors.BaseSelector, rank: _Rank, fd: int, kind: str) -> None:
+        with self._lock:  # output_drained() sees each read either not begun or handed to the sinks
+            self._read_locked(sel, rank, fd, kind)
+
+    def _read_locked(self, sel: selectors.BaseSelector, rank: _Rank, fd: int, kind: str) -> None:
         try:
             data = os.read(fd, 1 << 16)
         except BlockingIOError:
@@ -666,6 +698,14 @@ class LaunchHandle(Completion):
                 stacks=where,
             )
         return None
+
+
+def _unread_bytes(fd: int) -> int:
+    """Return how many bytes wait unread in the pipe ``fd`` (0 where that cannot be asked)."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
 
 
 @atexit.register

@@ -1,0 +1,250 @@
+"""Interactive ranks in a real kernel: time from start to the first cell result, and an empty cell's cost.
+
+    .venv/bin/python benchmarks/bench_interactive.py
+    .venv/bin/python benchmarks/bench_interactive.py --nbdistributed-python /work/wt/venv-nbd/bin/python
+
+Each variant runs in its own ipykernel (started through jupyter_client, history off), 2 CPU ranks:
+
+- ``%ranks`` magic: ``%ranks start 2`` then a ``%%ranks`` cell returning ``rank``; empty ``%%ranks`` cells.
+- Python API: ``start_ranks(2)`` then ``ranks.run("rank")``; ``ranks.run("pass")``.
+- nbdistributed (where its venv is given): ``%dist_init -n 2`` then ``%%distributed`` cells. Its first
+  cells can time out while its workers settle; "start -> first result" runs the cell until one returns
+  the ranks' values, which is what a user waits for.
+
+"start -> first result" is timed inside the kernel (``time.perf_counter`` around the calls), median of
+``--cycles`` start/stop cycles. "empty cell" is the median of ``-n`` empty cells timed inside the kernel
+(the magic's or the API's own cost); "round trip" times the same empty cell from the client, execute
+request to the kernel going idle, interleaved with a plain ``pass`` cell of the same kernel (Jupyter's own
+floor, "pass cell").
+nbdistributed is never installed in the project's venv: give the python of a separate venv, e.g.
+``python3 -m venv /work/wt/venv-nbd && /work/wt/venv-nbd/bin/pip install torch nbdistributed ipykernel``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+# Timed inside the kernel; each snippet prints one "JSON ..." line. {n}: empty cells, {k}: cycles.
+_SETUP = "import json, statistics, time\nip = get_ipython()\n"
+
+_MAGIC = {
+    "load": "%load_ext notebook_accel",
+    "start": """
+        t0 = time.perf_counter()
+        ip.run_line_magic("ranks", "start 2")
+        shown = ip.run_cell_magic("ranks", "", "rank")
+        first = time.perf_counter() - t0
+        assert shown.values == [0, 1], shown
+        times = []
+        for _ in range({n} + 1):
+            t0 = time.perf_counter()
+            ip.run_cell_magic("ranks", "", "pass")
+            times.append(time.perf_counter() - t0)
+        print("JSON", json.dumps({{"first": first, "empty": times[1:]}}))
+        """,
+    "empty_cell": "%%ranks\npass",
+    "stop": "%ranks stop",
+}
+
+_API = {
+    "load": "from notebook_accel.interactive import start_ranks",
+    "start": """
+        t0 = time.perf_counter()
+        ranks = start_ranks(2)
+        values = ranks.run("rank")
+        first = time.perf_counter() - t0
+        assert values == [0, 1], values
+        times = []
+        for _ in range({n} + 1):
+            t0 = time.perf_counter()
+            ranks.run("pass")
+            times.append(time.perf_counter() - t0)
+        print("JSON", json.dumps({{"first": first, "empty": times[1:]}}))
+        """,
+    "empty_cell": "_ = ranks.run('pass')",
+    "stop": "ranks.stop()",
+}
+
+# nbdistributed switches every later cell to its workers (a cell starting with % stays in the kernel),
+# so the timing cells begin with %dist_mode --disable.
+_NBD = {
+    "load": "%load_ext nbdistributed",
+    "start": """
+        %dist_mode --disable
+        from IPython.utils.capture import capture_output
+        def _first_values():
+            for _ in range(20):
+                with capture_output() as cap:
+                    ip.run_cell_magic("distributed", "", "rank")
+                if "Rank 0" in cap.stdout and "Rank 1" in cap.stdout and "Error" not in cap.stdout:
+                    return
+            raise RuntimeError("no cell returned the ranks' values: " + cap.stdout[-500:])
+        t0 = time.perf_counter()
+        with capture_output():
+            ip.run_line_magic("dist_init", "-n 2")
+        ip.run_line_magic("dist_mode", "--disable")
+        _first_values()
+        first = time.perf_counter() - t0
+        times = []
+        for _ in range({n} + 1):
+            t0 = time.perf_counter()
+            with capture_output():
+                ip.run_cell_magic("distributed", "", "pass")
+            times.append(time.perf_counter() - t0)
+        print("JSON", json.dumps({{"first": first, "empty": times[1:]}}))
+        """,
+    "empty_cell": "%%distributed\npass",
+    "stop": "%dist_shutdown",
+}
+
+
+class _Kernel:
+    """An ipykernel of ``python`` (its venv's bin first on PATH, as when that venv is active)."""
+
+    def __init__(self, python: str) -> None:
+        import jupyter_client
+        from jupyter_client.kernelspec import KernelSpecManager
+
+        self._specs = tempfile.TemporaryDirectory()
+        spec_dir = Path(self._specs.name) / "bench"
+        spec_dir.mkdir()
+        argv = [
+            python,
+            "-m",
+            "ipykernel_launcher",
+            "-f",
+            "{connection_file}",
+            "--HistoryManager.enabled=False",
+        ]
+        (spec_dir / "kernel.json").write_text(
+            json.dumps({"argv": argv, "display_name": "bench", "language": "python"})
+        )
+        self.km = jupyter_client.KernelManager(
+            kernel_name="bench", kernel_spec_manager=KernelSpecManager(kernel_dirs=[self._specs.name])
+        )
+        path = os.path.dirname(python) + os.pathsep + os.environ.get("PATH", "")
+        self.km.start_kernel(env={**os.environ, "PATH": path})
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+
+    def cell(self, code: str, timeout: float = 300) -> str:
+        """Run ``code``; return its stdout (RuntimeError with the traceback if the cell failed)."""
+        out: list[str] = []
+        errors: list[str] = []
+
+        def hook(msg: dict) -> None:
+            if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout":
+                out.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                errors.append("\n".join(msg["content"]["traceback"]))
+
+        reply = self.kc.execute_interactive(textwrap.dedent(code), timeout=timeout, output_hook=hook)
+        if reply["content"]["status"] != "ok":
+            raise RuntimeError(f"cell failed:\n{code}\n{''.join(errors)}")
+        return "".join(out)
+
+    def round_trips(self, code: str, n: int) -> tuple[list[float], list[float]]:
+        """Return client-side seconds of ``n`` runs of ``code`` and of a plain ``pass`` cell, interleaved.
+
+        Interleaved so that load from other programs on the machine hits both alike; one warm-up each.
+        """
+        times: list[float] = []
+        floor: list[float] = []
+        for _ in range(n + 1):
+            for source, into in ((code, times), ("pass", floor)):
+                start = time.perf_counter()
+                self.cell(source)
+                into.append(time.perf_counter() - start)
+        return times[1:], floor[1:]
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+        self._specs.cleanup()
+
+
+def measure(python: str, variant: dict, n: int, cycles: int) -> dict:
+    """Return the figures of one variant: first-result times, in-kernel and client empty cells."""
+    kernel = _Kernel(python)
+    try:
+        kernel.cell(_SETUP)
+        kernel.cell(variant["load"])
+        firsts, empties, trips, floor = [], [], [], []
+        for cycle in range(cycles):
+            out = kernel.cell(variant["start"].format(n=n))
+            line = [ln for ln in out.splitlines() if ln.startswith("JSON ")]
+            if not line:
+                raise RuntimeError(f"no timing line in:\n{out[-2000:]}")
+            figures = json.loads(line[-1][5:])
+            firsts.append(figures["first"])
+            empties += figures["empty"]
+            if cycle == 0:
+                trips, floor = kernel.round_trips(variant["empty_cell"], n)
+            kernel.cell(variant["stop"])
+        return {"first": firsts, "empty": empties, "trip": trips, "floor": floor}
+    finally:
+        kernel.close()
+
+
+def _ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1e3:9.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=100, help="empty cells per variant (default 100)")
+    parser.add_argument("--cycles", type=int, default=5, help="start/stop cycles per variant (default 5)")
+    parser.add_argument("--nbdistributed-python", default=None, help="python of a venv with nbdistributed")
+    args = parser.parse_args()
+    rows: list[tuple[str, dict | str]] = [
+        ("notebook_accel %ranks magic", measure(sys.executable, _MAGIC, args.n, args.cycles)),
+        ("notebook_accel Python API", measure(sys.executable, _API, args.n, args.cycles)),
+    ]
+    nbd = args.nbdistributed_python
+    if nbd is None:
+        rows.append(("nbdistributed", "skipped: no --nbdistributed-python given"))
+    elif not Path(nbd).exists():
+        rows.append(("nbdistributed", f"skipped: {nbd} does not exist"))
+    else:
+        # Its cells cost ~0.1 s each: fewer of them, same statistics.
+        try:
+            rows.append(("nbdistributed", measure(nbd, _NBD, min(args.n, 30), min(args.cycles, 3))))
+        except RuntimeError as err:
+            rows.append(("nbdistributed", f"failed: {str(err).strip().splitlines()[-1]}"))
+    print(f"2 CPU ranks, {os.cpu_count()} CPU cores; medians; in-kernel times unless said")
+    print(
+        f"{'variant':30} {'start->first s':>14} {'empty cell ms':>13} {'round trip ms':>13} {'pass cell ms':>12}"
+    )
+    for name, res in rows:
+        if isinstance(res, str):
+            print(f"{name:30} {res}")
+            continue
+        first = statistics.median(res["first"])
+        print(
+            f"{name:30} {first:14.3f} {_ms(res['empty']):>13} {_ms(res['trip']):>13} {_ms(res['floor']):>12}"
+        )
+    figures = {name: res for name, res in rows if not isinstance(res, str)}
+    ours, theirs = figures.get("notebook_accel %ranks magic"), figures.get("nbdistributed")
+    if ours and theirs:
+        ratios = {
+            k: statistics.median(theirs[k]) / statistics.median(ours[k]) for k in ("first", "empty", "trip")
+        }
+        print(
+            f"nbdistributed / %ranks magic: start->first x{ratios['first']:.1f}, empty cell x{ratios['empty']:.0f}, "
+            f"round trip x{ratios['trip']:.1f}"
+        )
+    print("start->first: start 2 ranks and get a cell's value back; empty cell: `pass` on both ranks")
+    print("round trip: the empty cell from the client (execute -> idle); pass cell: a plain cell, the floor")
+
+
+if __name__ == "__main__":
+    main()

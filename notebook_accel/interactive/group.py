@@ -1,0 +1,439 @@
+"""The kernel's end of one persistent group: the launch handle, a socket per rank, and one exchange at a time.
+
+``Group.exchange`` sends a command to some ranks and waits for their replies in the calling thread,
+printing the ranks' lines meanwhile (in a kernel: into the running cell). While it waits it watches
+for what would otherwise hang the cell: a rank that died (the launcher stops the others), ranks
+sitting in a collective for a rank that already failed, the launcher's hang report, and the Stop
+button (SIGINT to the busy ranks; ranks that do not stop within a few seconds break the group).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import pickle
+import select
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..launch.cell_bars import CellBars, kernel_display
+from ..launch.doctor import RankStack, describe_stacks
+from ..launch.errors import RankFailure, order_failures
+from ..launch.events import FrameDecoder
+from ..launch.handle import LaunchHandle
+from ..launch.output import OutputLine, PrintSink
+from .errors import RankError
+from .rank_loop import send_frame
+
+__all__ = ["CellSink", "Group"]
+
+logger = logging.getLogger(__name__)
+
+_POLL_SECONDS = 0.05
+_INTERRUPT_SECONDS = 3.0  # after SIGINT, how long busy ranks get to stop before the group is given up
+_FAILED_GRACE = 1.0  # after a rank failed, how long the others run before their stacks are looked at
+_SAMPLE_SECONDS = 0.5
+_DRAIN_SECONDS = 1.0
+_DEATH_SECONDS = 5.0
+_LAST_LINES = 15
+_GLOO_NOTE = (
+    "gloo cannot abort a collective without losing the ranks, so the group was stopped and every rank's "
+    "namespace is lost; ranks.restart() (%ranks restart) forks new ranks from the kernel"
+)
+
+
+@dataclass(frozen=True)
+class IdleRankStack(RankStack):
+    """The stacks of a rank that waits for its next command (says so, instead of where in the loop)."""
+
+    def summary(self) -> str:
+        return "idle, waiting for a command"
+
+
+def mark_idle(stacks: dict[int, RankStack]) -> dict[int, RankStack]:
+    """Return ``stacks`` with the ranks waiting for a command (in the rank loop's read) marked idle."""
+    out: dict[int, RankStack] = {}
+    for rank, stack in stacks.items():
+        main = stack.main
+        innermost = main.frames[0] if main is not None and main.frames else None
+        waiting = (
+            innermost is not None
+            and innermost.function == "_recv_exactly"
+            and innermost.filename.endswith(os.path.join("interactive", "rank_loop.py"))
+        )
+        out[rank] = (
+            IdleRankStack(**{f.name: getattr(stack, f.name) for f in fields(stack)}) if waiting else stack
+        )
+    return out
+
+
+class CellSink:
+    """Where the group's lines go: queued for the thread of the running command, else printed at once."""
+
+    def __init__(self, printing: bool, prefix_template: str | None, num_processes: int) -> None:
+        self._lock = threading.Lock()
+        self._queue: collections.deque[OutputLine] | None = None
+        self.printing = printing
+        self._template, self._n = prefix_template, num_processes
+
+    def printer(self) -> PrintSink:
+        """Return a PrintSink bound to the calling thread's streams now (a kernel's: the running cell)."""
+        return PrintSink(prefix_template=self._template, num_processes=self._n)
+
+    def __call__(self, line: OutputLine) -> None:
+        with self._lock:
+            if self._queue is not None:
+                self._queue.append(line)
+                return
+        if self.printing:
+            self.printer().write(line)
+
+    def announce(self, text: str) -> None:
+        """Show the launcher's own messages (the plan), as notebook_launcher does."""
+        if self.printing:
+            self.printer().announce(text)
+
+    def begin(self) -> None:
+        """Queue the lines from now on, for ``flush`` by the calling thread."""
+        with self._lock:
+            self._queue = collections.deque()
+
+    def flush(self, printer: PrintSink) -> None:
+        """Print the queued lines from the calling thread."""
+        while True:
+            with self._lock:
+                if not self._queue:
+                    return
+                line = self._queue.popleft()
+            printer.write(line)
+
+    def end(self, printer: PrintSink) -> None:
+        """Print what is queued, then print later lines at once again."""
+        self.flush(printer)
+        with self._lock:
+            rest, self._queue = list(self._queue or ()), None
+        for line in rest:
+            printer.write(line)
+
+
+class _CommandBars:
+    """The handle as ``CellBars`` sees it during one command: its bar events, passed on by ``pump()``.
+
+    Each command draws the ranks' live progress bars in its own cell (the running one), as a
+    blocking ``notebook_launcher`` does; nothing is drawn outside a kernel or with a panel. The
+    events are handed to ``CellBars`` from the calling thread: a kernel sends what a thread
+    displays to the cell that started the thread, and the supervising one was started by an
+    earlier cell.
+    """
+
+    def __init__(self, handle: LaunchHandle, display: Callable[..., Any]) -> None:
+        self._handle = handle
+        self._events: collections.deque[tuple[str, int, Any]] = collections.deque()
+        self._callbacks: list[Callable[[str, int, Any], None]] = []
+        self._done: list[Callable[[Any], None]] = []
+        self._unsubscribe = handle.subscribe_events(self._queue)
+        self.view = CellBars(self, display)
+
+    def _queue(self, kind: str, rank: int, item: Any) -> None:
+        if kind == "bar":
+            self._events.append((kind, rank, item))
+
+    def subscribe_events(self, callback: Callable[[str, int, Any], None]) -> Callable[[], None]:
+        self._callbacks.append(callback)
+        return lambda: self._callbacks.remove(callback)
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        self._done.append(fn)
+
+    def bars(self, rank: int | None = None, live_only: bool = False) -> list:
+        return self._handle.bars(rank, live_only)
+
+    def pump(self) -> None:
+        """Hand the bar events received so far to the view (from the calling thread)."""
+        while self._events:
+            event = self._events.popleft()
+            for callback in self._callbacks:
+                try:
+                    callback(*event)
+                except Exception:
+                    logger.exception("drawing the command's bars failed")
+
+    def close(self) -> None:
+        """Stop following the bars and draw them one last time."""
+        self._unsubscribe()
+        self.pump()
+        for fn in self._done:
+            try:
+                fn(self)
+            except Exception:
+                logger.exception("the last drawing of the command's bars failed")
+
+
+def _command_bars(handle: LaunchHandle, printing: bool) -> _CommandBars | None:
+    display = kernel_display() if printing else None
+    return _CommandBars(handle, display) if display is not None else None
+
+
+class _Conn:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.decoder = FrameDecoder()
+        self.closed = False
+
+    def read(self) -> list[tuple]:
+        """Return the messages completed by what can be read now (marks ``closed`` at EOF)."""
+        try:
+            data = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return []
+        except OSError:
+            data = b""
+        if not data:
+            self.closed = True
+            return []
+        return self.decoder.feed(data)
+
+
+def failure_of(rank: int, pid: int | None, reply: tuple, when: float) -> RankFailure:
+    """Return the RankFailure an ``("err", seq, type, message, traceback)`` reply describes."""
+    _, _, exc_type, message, tb = reply
+    return RankFailure(rank, pid, exc_type, message, tb, None, None, when)
+
+
+class _Wait:
+    """One exchange's bookkeeping: who still owes a reply, what came back, when the first error did."""
+
+    def __init__(self, seq: int, targets: list[int]) -> None:
+        self.seq = seq
+        self.pending = set(targets)
+        self.replies: dict[int, tuple] = {}
+        self.times: dict[int, float] = {}
+        self.first_error: float | None = None
+        self.samples: list[dict[int, str | None]] = []
+        self.next_sample = 0.0
+        self.bars: _CommandBars | None = None
+
+
+class Group:
+    """A started launch whose ranks serve commands over one socket each."""
+
+    def __init__(self, handle: LaunchHandle, conns: dict[int, socket.socket], sink: CellSink) -> None:
+        self.handle = handle
+        self.sink = sink
+        self._conns = {rank: _Conn(sock) for rank, sock in conns.items()}
+        self.broken = False
+        self.hang_report: str | None = None
+        self._unsubscribe = handle.subscribe_events(self._on_event)
+        handle.watch_for_hangs(False)  # on while a command runs
+        self._seq = 0
+
+    def _on_event(self, kind: str, rank: int, item: Any) -> None:
+        if kind == "hang":
+            self.hang_report = item
+
+    @property
+    def alive(self) -> bool:
+        """Return True while every rank is up and the group can take commands."""
+        return not self.broken and not self.handle.done and not any(c.closed for c in self._conns.values())
+
+    def pid(self, rank: int) -> int | None:
+        """Return rank ``rank``'s pid."""
+        return self.handle.pids[rank]
+
+    # ------------------------------------------------------------------ one exchange
+
+    def exchange(
+        self, targets: list[int], command: tuple, on_reply: Callable[[int, tuple], None] | None = None
+    ) -> dict[int, tuple]:
+        """Return each target's reply to ``command`` (``(kind, *parts)``, sent as ``(kind, seq, *parts)``).
+
+        Raises RankError when the group broke meanwhile, KeyboardInterrupt after ^C (every busy
+        rank interrupted, or the group stopped if one would not stop).
+        """
+        self._seq += 1
+        body = pickle.dumps((command[0], self._seq, *command[1:]), protocol=pickle.HIGHEST_PROTOCOL)
+        wait = _Wait(self._seq, targets)
+        printer = self.sink.printer()
+        bars = wait.bars = _command_bars(self.handle, self.sink.printing)
+        self.sink.begin()
+        self.handle.watch_for_hangs(True)
+        try:
+            try:
+                for rank in targets:
+                    try:
+                        send_frame(self._conns[rank].sock, body)
+                    except OSError:
+                        self._conns[rank].closed = True
+                while wait.pending:
+                    self._step(wait, printer, on_reply)
+            except KeyboardInterrupt:
+                self._interrupt(wait, printer, on_reply)
+            self._drain(targets, printer)
+        finally:
+            self.handle.watch_for_hangs(False)
+            if bars is not None:
+                bars.close()
+            self.sink.end(printer)
+        return wait.replies
+
+    def _poll(self, wait: _Wait, timeout: float, on_reply: Callable | None) -> None:
+        socks = {self._conns[r].sock: r for r in wait.pending if not self._conns[r].closed}
+        ready = select.select(list(socks), [], [], timeout)[0] if socks else time.sleep(timeout) or []
+        for sock in ready:
+            rank = socks[sock]
+            for message in self._conns[rank].read():
+                if message[1] != wait.seq:
+                    continue  # a late reply to an exchange given up on
+                now = time.monotonic()
+                wait.replies[rank], wait.times[rank] = message, now
+                wait.pending.discard(rank)
+                if message[0] == "err" and wait.first_error is None:
+                    wait.first_error = now
+                if on_reply is not None:
+                    on_reply(rank, message)
+
+    def _step(self, wait: _Wait, printer: PrintSink, on_reply: Callable | None) -> None:
+        self._poll(wait, _POLL_SECONDS, on_reply)
+        self.sink.flush(printer)
+        if wait.bars is not None:
+            wait.bars.pump()
+        if not wait.pending:
+            return
+        if self.handle.done or any(self._conns[r].closed for r in wait.pending):
+            raise self._death(wait, printer)
+        if self.hang_report is not None:
+            raise self._give_up(wait, self.hang_report, self._take_stacks())
+        if wait.first_error is not None and time.monotonic() - wait.first_error >= _FAILED_GRACE:
+            self._watch_waiters(wait)
+
+    def _watch_waiters(self, wait: _Wait) -> None:
+        """Give the group up once the ranks still busy sit in a collective twice in a row, a rank having failed."""
+        now = time.monotonic()
+        if now < wait.next_sample:
+            return
+        wait.next_sample = now + _SAMPLE_SECONDS
+        stacks = self._take_stacks()
+        sample = {r: (stacks[r].collective() if r in stacks else None) for r in wait.pending}
+        wait.samples.append(sample)
+        stuck = all(name is not None for name in sample.values())
+        if stuck and len(wait.samples) >= 2 and wait.samples[-2] == sample:
+            failed = sorted(r for r, reply in wait.replies.items() if reply[0] == "err")
+            where = ", ".join(f"rank {r} in {name}" for r, name in sorted(sample.items()))
+            reason = (
+                f"the group is broken: {where} waits for rank(s) {failed}, which raised and will not join; "
+                + _GLOO_NOTE
+            )
+            raise self._give_up(wait, reason, stacks)
+
+    def _take_stacks(self) -> dict[int, RankStack]:
+        try:
+            return mark_idle(self.handle.stacks())
+        except Exception:  # the stacks are a help for the error, never a reason to hang
+            logger.exception("could not take the ranks' stacks")
+            return {}
+
+    def _give_up(self, wait: _Wait, reason: str, stacks: dict[int, RankStack]) -> RankError:
+        """Stop the whole group (it cannot go on) and return the error saying why."""
+        self.broken = True
+        self.stop(graceful=False)
+        failures = [
+            failure_of(r, self.pid(r), rep, wait.times[r])
+            for r, rep in wait.replies.items()
+            if rep[0] == "err"
+        ]
+        return RankError(
+            order_failures(failures), reason, describe_stacks(stacks) if stacks else None, broken=True
+        )
+
+    def _death(self, wait: _Wait, printer: PrintSink) -> RankError:
+        """Return the error of a group one of whose ranks died (the launcher stops the others)."""
+        self.broken = True
+        if not self.handle.wait(_DEATH_SECONDS):
+            self.stop(graceful=False)
+        self.sink.flush(printer)
+        launch_error = self.handle.error
+        failures = list(launch_error.failures) if launch_error is not None else []
+        for failure in failures:
+            # Its last lines on stdout (what it was doing), then what the launcher kept (a fatal-error dump).
+            streams = ("stdout", "stderr") if not failure.traceback else ("stdout",)
+            lines = [line.text for line in self.handle.lines(failure.rank) if line.stream in streams]
+            shown = "\n".join(lines[-_LAST_LINES:]) if lines else "(no output)"
+            failure.traceback = (
+                f"Last output lines of rank {failure.rank}:\n{shown}\n\n{failure.traceback}".rstrip()
+            )
+        dead = sorted(f.rank for f in failures) or sorted(r for r, c in self._conns.items() if c.closed)
+        failures += [
+            failure_of(r, self.pid(r), rep, wait.times[r])
+            for r, rep in wait.replies.items()
+            if rep[0] == "err"
+        ]
+        reason = (
+            f"rank(s) {dead} died, and the launcher stopped the others with them: the group is broken and every "
+            "rank's namespace is lost; ranks.restart() (%ranks restart) forks new ranks from the kernel"
+        )
+        return RankError(order_failures(failures), reason, broken=True)
+
+    def _interrupt(self, wait: _Wait, printer: PrintSink, on_reply: Callable | None) -> None:
+        """Interrupt the busy ranks (SIGINT), wait a little for them, then raise KeyboardInterrupt."""
+        busy = sorted(wait.pending)
+        for rank in busy:
+            pid = self.pid(rank)
+            if pid is not None:
+                try:
+                    os.kill(pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + _INTERRUPT_SECONDS
+        try:
+            while wait.pending and time.monotonic() < deadline and self.alive:
+                self._poll(wait, _POLL_SECONDS, on_reply)
+                self.sink.flush(printer)
+        except KeyboardInterrupt:
+            pass  # a second ^C: give the group up at once
+        if not wait.pending and self.alive:
+            self._drain(busy, printer)
+            raise KeyboardInterrupt(
+                f"interrupted rank(s) {busy}; the ranks are alive and their namespaces intact"
+            )
+        stuck = sorted(wait.pending)
+        stacks = self._take_stacks() if self.alive else {}
+        self.broken = True
+        self.stop(graceful=False)
+        where = describe_stacks(stacks) if stacks else ""
+        raise KeyboardInterrupt(
+            f"rank(s) {stuck} did not stop within {_INTERRUPT_SECONDS:g} s of the interrupt, so the group was "
+            "stopped and every rank's namespace is lost (a rank inside a C call, such as a gloo collective, "
+            "cannot be interrupted); ranks.restart() (%ranks restart) forks new ranks from the kernel"
+            + (f"\n\n{where}" if where else "")
+        )
+
+    def _drain(self, ranks: list[int], printer: PrintSink) -> None:
+        """Print every line the ranks wrote before replying (they flushed their streams first)."""
+        deadline = time.monotonic() + _DRAIN_SECONDS
+        for rank in ranks:
+            while not self.handle.output_drained(rank) and time.monotonic() < deadline:
+                time.sleep(0.001)
+        self.sink.flush(printer)
+
+    # ------------------------------------------------------------------ the end
+
+    def stop(self, graceful: bool = True, timeout: float = 3.0) -> None:
+        """End the ranks (closing their sockets ends their loops; signals after ``timeout``); idempotent."""
+        for conn in self._conns.values():
+            if not conn.closed or conn.sock.fileno() >= 0:
+                conn.closed = True
+                conn.sock.close()
+        if not graceful:
+            self.handle.kill()
+        if not self.handle.wait(timeout if graceful else 1.0):
+            self.handle.stop(grace=0.5)
+            if not self.handle.wait(timeout):
+                self.handle.kill()
+                self.handle.wait(timeout)
+        self._unsubscribe()

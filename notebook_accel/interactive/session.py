@@ -1,0 +1,550 @@
+"""``start_ranks`` and ``Ranks``: a process group kept alive between cells, fed code and functions.
+
+The ranks are the launcher's workers (same plan, environment, output, status and doctor as
+``notebook_launcher``), forked from the kernel so they start with its imports, functions and
+variables, each running ``rank_loop.rank_main``: it forms the process group, then serves commands
+over a Unix socket until ``stop()``. One ``Ranks`` is the "current" one (``current()``), the one
+the ``%ranks`` magics drive.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import pickle
+import select
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..launch.doctor import RankStack
+from ..launch.handle import LaunchHandle
+from ..launch.plan import START_METHODS
+from ..launch.request import LaunchRequest
+from ..launchers import start_persistent_group
+from .errors import NoRanksError, RankError
+from .group import CellSink, Group, failure_of, mark_idle
+from .rank_loop import rank_main, recv_frame, remember_source, split_code, without_globals
+
+__all__ = ["CellResult", "RankState", "Ranks", "current", "require_current", "start_ranks"]
+
+logger = logging.getLogger(__name__)
+
+# Options of notebook_launcher a persistent group takes too (through **more).
+_MORE = ("mixed_precision", "use_port", "master_addr", "log_dir", "log_line_prefix_template", "progress_bars")
+_READY_SECONDS = 120.0  # forming the group: the first import of torch.distributed on a loaded machine is slow
+_cells = itertools.count(1)
+_current: Ranks | None = None
+_current_lock = threading.RLock()
+_LIVE: weakref.WeakSet[Ranks] = weakref.WeakSet()
+
+
+@dataclass
+class CellResult:
+    """What one rank gave back for a piece of code."""
+
+    rank: int
+    value: Any = None
+    """The last expression's value (None without one, or when it could not be pickled back)."""
+    text: str | None = None
+    """``repr`` of the value (None when there is no last expression or it is None)."""
+    html: str | None = None
+    """``value._repr_html_()`` where the value has one."""
+    ok: bool = True
+    """False when the code raised on this rank (``error`` holds its traceback)."""
+    error: str | None = None
+    unpicklable: str | None = None
+    """Why the value could not be sent back (its type and pickle's complaint), if it could not."""
+
+
+@dataclass
+class RankState:
+    """Where one rank stands between (or during) commands."""
+
+    rank: int
+    pid: int | None
+    state: str
+    """``"idle"``, ``"running"`` (a command), ``"failed"`` (its last command raised; alive) or ``"dead"``."""
+    cell: str = ""
+    """Short text of the command running (or last run) on this rank."""
+    cpu_percent: float | None = None
+    rss: int | None = None
+    last_line: str = ""
+
+
+def current() -> Ranks | None:
+    """Return the running ``Ranks`` started last (None when none runs)."""
+    ranks = _current
+    return ranks if ranks is not None and not ranks._stopped else None
+
+
+def require_current() -> Ranks:
+    """Return ``current()``; raise NoRanksError saying how to start ranks when there are none."""
+    ranks = current()
+    if ranks is None:
+        raise NoRanksError(
+            "no ranks are running: start them with ranks = notebook_accel.start_ranks(2) (or %ranks start 2)"
+        )
+    return ranks
+
+
+def start_ranks(
+    num_processes: int | None = 2,
+    *,
+    start_method: str = "fork",
+    panel: bool = False,
+    hang_timeout: float = 60,
+    **more: Any,
+) -> Ranks:
+    """Return ``num_processes`` ranks forked from this process into one process group, waiting for commands.
+
+    Args:
+        num_processes: ranks on this machine (None: one per CUDA device, or 1 on a CPU).
+        start_method: "fork" (the ranks start with this process's imports, functions and
+            variables), "spawn" or "forkserver" (fresh interpreters: push what they need).
+        panel: show the launch panel (status, CPU, memory, stacks, output per rank).
+        hang_timeout: seconds a rank may sit in a collective while another is elsewhere before the
+            command is given up (math.inf: never).
+        **more: ``mixed_precision``, ``use_port``, ``master_addr``, ``log_dir``,
+            ``log_line_prefix_template`` and ``progress_bars``, as for ``notebook_launcher``.
+
+    Raises:
+        RuntimeError: ranks started earlier are still running (stop them first).
+        ValueError / TypeError: a bad option.
+    """
+    global _current
+    unknown = sorted(set(more) - set(_MORE))
+    if unknown:
+        raise TypeError(
+            f"start_ranks() got unknown option(s) {unknown}; it takes num_processes, start_method, panel, "
+            f"hang_timeout and {', '.join(_MORE)}"
+        )
+    with _current_lock:
+        running = current()
+        if running is not None and running.alive:
+            raise RuntimeError(
+                f"{running.num_processes} ranks are already running (started by an earlier start_ranks); call "
+                "ranks.stop() (or %ranks stop) first, or ranks.restart() (%ranks restart) for fresh ones"
+            )
+        if running is not None:
+            running.stop()  # broken: nothing left to lose
+        ranks = Ranks(
+            num_processes, start_method=start_method, panel=panel, hang_timeout=hang_timeout, **more
+        )
+        ranks._start()
+        _current = ranks
+    return ranks
+
+
+class Ranks:
+    """A persistent process group: run code or functions on its ranks, push and pull values, stop it."""
+
+    def __init__(
+        self,
+        num_processes: int | None = 2,
+        *,
+        start_method: str = "fork",
+        panel: bool = False,
+        hang_timeout: float = 60,
+        **more: Any,
+    ) -> None:
+        self._options = dict(more, num_processes=num_processes, start_method=start_method, panel=panel)
+        self._options["hang_timeout"] = hang_timeout
+        if start_method not in START_METHODS:
+            raise ValueError(
+                f"start_method={start_method!r} is not supported; choose one of {', '.join(START_METHODS)} "
+                "(fork: the ranks start with the kernel's names)"
+            )
+        # Every option checked now, before anything starts (the function and its args are replaced later).
+        LaunchRequest(function=_placeholder, args=("", None), **self._options)
+        self._group: Group | None = None
+        self._stopped = True
+        self._lock = threading.Lock()
+        self._books: dict[int, dict[str, Any]] = {}
+        self._num_processes = num_processes
+        self._known: frozenset[str] = frozenset()
+
+    # ------------------------------------------------------------------ starting and stopping
+
+    def _start(self) -> None:
+        folder = tempfile.mkdtemp(prefix="notebook_accel-ranks-")
+        address = os.path.join(folder, "ranks.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(address)
+            listener.listen(64)
+            sink = CellSink(
+                not self._options["panel"],
+                self._options.get("log_line_prefix_template"),
+                self._num_processes or 1,
+            )
+            request = LaunchRequest(
+                function=rank_main,
+                args=(address, listener.fileno()),
+                block=False,
+                sinks=[sink],
+                **self._options,
+            )
+            handle = start_persistent_group(request)
+            sink._n = handle.num_processes
+            try:
+                conns = _accept(listener, handle, sink)
+            except BaseException:
+                handle.kill()
+                handle.wait(5)
+                raise
+        finally:
+            listener.close()
+            shutil.rmtree(folder, ignore_errors=True)
+        self._group = Group(handle, conns, sink)
+        self._num_processes = handle.num_processes
+        self._books = {r: {"busy": False, "failed": False, "cell": ""} for r in range(handle.num_processes)}
+        self._stopped = False
+        main = sys.modules.get("__main__")
+        forked = self._options["start_method"] == "fork" and main is not None
+        # Names every rank has for sure (a function using them need not bring them): the fork copied them.
+        self._known = frozenset(vars(main)) if forked else frozenset()
+        _LIVE.add(self)
+
+    def stop(self) -> None:
+        """End the ranks (idempotent); they also end with the kernel."""
+        global _current
+        if self._group is not None:
+            self._group.stop()
+        self._stopped = True
+        _LIVE.discard(self)
+        with _current_lock:
+            if _current is self:
+                _current = None
+
+    def restart(self) -> list[int]:
+        """Stop the ranks and fork new ones from the kernel; return the ranks whose namespaces were lost."""
+        lost = list(range(self.num_processes)) if self._group is not None else []
+        if self._group is not None:
+            self._group.stop()
+        self._stopped = True  # until the new ranks are up (a failed start leaves this stopped)
+        self._start()
+        global _current
+        with _current_lock:
+            _current = self
+        if lost:
+            logger.warning(
+                "restarted %d ranks; the namespaces of ranks %s were lost (define their variables again)",
+                self.num_processes,
+                lost,
+            )
+        return lost
+
+    def __enter__(self) -> Ranks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stopped else "broken" if self.broken else "alive"
+        return f"<Ranks {self.num_processes} rank(s), {state}>"
+
+    # ------------------------------------------------------------------ facts
+
+    @property
+    def num_processes(self) -> int:
+        """Return the number of ranks."""
+        return self._num_processes or 1
+
+    @property
+    def handle(self) -> LaunchHandle | None:
+        """Return the launch handle of the ranks (status, lines, stacks, events; for the panel)."""
+        return self._group.handle if self._group is not None else None
+
+    @property
+    def broken(self) -> bool:
+        """Return True when the group could not go on (a rank died or hung): ``restart()`` recovers."""
+        group = self._group
+        return group is not None and not self._stopped and (group.broken or not group.alive)
+
+    @property
+    def alive(self) -> bool:
+        """Return True while the ranks run and take commands."""
+        return self._group is not None and not self._stopped and self._group.alive
+
+    def status(self) -> list[RankState]:
+        """Return each rank's state: idle, running (which cell), failed (last command raised) or dead."""
+        if self._group is None:
+            return []
+        out = []
+        alive = self.alive
+        for s in self._group.handle.status():
+            book = self._books.get(s.rank, {})
+            if not alive or s.state not in ("starting", "running"):
+                state = "dead"
+            elif book.get("busy"):
+                state = "running"
+            else:
+                state = "failed" if book.get("failed") else "idle"
+            out.append(
+                RankState(s.rank, s.pid, state, book.get("cell", ""), s.cpu_percent, s.rss, s.last_line)
+            )
+        return out
+
+    def stacks(self) -> dict[int, RankStack]:
+        """Return every live rank's current Python stacks (as ``LaunchHandle.stacks()``)."""
+        if self._group is None or self._stopped:
+            return {}
+        return mark_idle(self._group.handle.stacks())
+
+    # ------------------------------------------------------------------ commands
+
+    def _targets(self, on: int | Iterable[int] | None) -> list[int]:
+        n = self.num_processes
+        if on is None:
+            return list(range(n))
+        items = [on] if isinstance(on, int) else on
+        try:
+            ranks = sorted(set(items))
+        except TypeError:
+            raise TypeError(f"on={on!r} must be a rank, a list of ranks or None (every rank)") from None
+        if not ranks:
+            raise ValueError(f"on={on!r} names no rank; give ranks in 0..{n - 1}, or None for every rank")
+        for r in ranks:
+            if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < n:
+                raise ValueError(f"on={on!r}: rank {r!r} does not exist; this group has ranks 0..{n - 1}")
+        return ranks
+
+    def _usable(self) -> Group:
+        if self._stopped or self._group is None:
+            raise NoRanksError(
+                "these ranks were stopped; start new ones with notebook_accel.start_ranks(...) (or %ranks start)"
+            )
+        if not self.alive:
+            raise RuntimeError(
+                "the ranks' group is broken (a rank died or hung; see the error that said so): call "
+                "ranks.restart() (or %ranks restart) to fork new ranks from the kernel"
+            )
+        return self._group
+
+    def _command(self, on: Any, command: tuple, cell: str) -> tuple[list[int], dict[int, tuple]]:
+        """Return (targets, replies) of ``command`` run on the ranks ``on`` names; raise if one failed."""
+        targets = self._targets(on)
+        group = self._usable()
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError("another command is running on these ranks (from another thread); wait for it")
+        try:
+            for r in targets:
+                self._books[r].update(busy=True, cell=cell)
+
+            def on_reply(rank: int, reply: tuple) -> None:
+                self._books[rank].update(busy=False, failed=reply[0] == "err")
+
+            try:
+                replies = group.exchange(targets, command, on_reply)
+            finally:
+                for r in targets:
+                    self._books[r]["busy"] = False
+        finally:
+            self._lock.release()
+        self._raise_failures(targets, replies)
+        return targets, replies
+
+    def _raise_failures(self, targets: list[int], replies: dict[int, tuple]) -> None:
+        failed = [r for r in targets if replies[r][0] != "ok"]
+        if not failed:
+            return
+        now = time.monotonic()
+        failures = [failure_of(r, self._group.pid(r), replies[r], now) for r in failed]
+        results = [
+            CellResult(r, ok=False, error=replies[r][4]) if r in failed else _cell_result(r, replies[r][2])
+            for r in targets
+        ]
+        raise RankError(
+            failures,
+            f"raised on rank(s) {failed}; the ranks are alive and their namespaces intact",
+            results=results,
+        )
+
+    def execute(self, code: str, on: int | Iterable[int] | None = None) -> list[CellResult]:
+        """Return one CellResult per targeted rank (rank order) after running ``code`` there.
+
+        ``code`` is compiled here first (a SyntaxError is raised before any rank runs it); the
+        value of its last expression comes back, as in IPython. Raises RankError when it raised
+        on some rank (``.results`` holds every rank's CellResult).
+        """
+        if not isinstance(code, str):
+            raise TypeError(
+                f"code must be a string of Python; got {type(code).__name__} (ranks.run() takes functions)"
+            )
+        filename = f"<rank cell {next(_cells)}>"
+        split_code(code, filename)  # a SyntaxError stops here, before any rank sees the code
+        remember_source(code, filename)  # stacks taken here show the cell's lines
+        targets, replies = self._command(on, ("exec", code, filename), _short(code))
+        return [_cell_result(r, replies[r][2]) for r in targets]
+
+    def run(
+        self, code_or_fn: str | Callable, *args: Any, on: int | Iterable[int] | None = None, **kwargs: Any
+    ) -> list:
+        """Return one value per targeted rank (rank order): of the code's last expression, or of ``fn(*args, **kwargs)``.
+
+        A function from the kernel runs in each rank's namespace (its global names are the
+        rank's; names a rank lacks come from the kernel). Raises RankError when it raised on
+        some rank; the ranks stay alive unless the error says the group is broken.
+        """
+        if isinstance(code_or_fn, str):
+            if args or kwargs:
+                raise TypeError(
+                    "ranks.run(code) takes no arguments; pass a function to call it with arguments"
+                )
+            results = self.execute(code_or_fn, on)
+        elif callable(code_or_fn):
+            function = without_globals(code_or_fn, self._known)
+            blob = _dumps(
+                (function, args, kwargs), "the function and its arguments", "pass picklable arguments"
+            )
+            targets, replies = self._command(
+                on, ("call", blob), _short(getattr(code_or_fn, "__qualname__", "call"))
+            )
+            results = [_cell_result(r, replies[r][2]) for r in targets]
+        else:
+            raise TypeError(
+                f"ranks.run() takes a string of code or a callable; got {type(code_or_fn).__name__}"
+            )
+        for result in results:
+            if result.unpicklable is not None:
+                raise TypeError(
+                    f"the value rank {result.rank} computed ({result.unpicklable}) cannot be pickled back to the "
+                    "kernel (the code did run); assign it to a name and return a picklable part of it (a tensor, "
+                    "a state_dict(), plain numbers)"
+                )
+        return [result.value for result in results]
+
+    def push(self, name: str, value: Any, on: int | Iterable[int] | None = None) -> None:
+        """Set ``name`` to ``value`` (sent from the kernel) in the namespace of every targeted rank."""
+        self.push_many({name: value}, on=on)
+
+    def push_many(self, mapping: dict[str, Any] | None = None, /, *, on: Any = None, **values: Any) -> None:
+        """Set every name of ``mapping`` / ``values`` in the namespaces of the targeted ranks."""
+        values = {**(mapping or {}), **values}
+        if not values:
+            raise ValueError("push_many() got no values; pass name=value pairs")
+        for name in values:
+            if not isinstance(name, str) or not name.isidentifier():
+                raise ValueError(
+                    f"{name!r} is not a Python name; push values under names like 'model' or 'lr'"
+                )
+        for name, value in values.items():
+            _dumps(value, f"{name} (a {type(value).__module__}.{type(value).__qualname__})", _PUSH_FIX)
+        blob = _dumps(values, "the values", _PUSH_FIX)
+        self._command(on, ("push", blob), f"push {', '.join(values)}")
+        if on is None:
+            self._known |= frozenset(values)
+
+    def pull(self, name: str, on: int | Iterable[int] | None = None) -> list:
+        """Return the value of ``name`` on each targeted rank (rank order)."""
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"{name!r} is not a Python name; pull a variable of the ranks by its name")
+        targets, replies = self._command(on, ("pull", name), f"pull {name}")
+        results = [_cell_result(r, replies[r][2]) for r in targets]
+        for result in results:
+            if result.unpicklable is not None:
+                raise TypeError(
+                    f"{name} on rank {result.rank} is {result.unpicklable}, and cannot be pickled back to the "
+                    "kernel; pull a picklable part of it instead (a tensor, a state_dict(), plain lists or "
+                    "numbers): assign one to a name on the ranks first"
+                )
+        return [result.value for result in results]
+
+
+_PUSH_FIX = (
+    "push plain data instead (tensors, lists, numbers, a state_dict()), or build the object on the ranks"
+)
+
+
+def _placeholder(address: str, listener_fd: int | None) -> None:
+    """Stands for ``rank_main`` while the options are checked."""
+
+
+def _short(code: str, limit: int = 60) -> str:
+    lines = [line.strip() for line in code.strip().splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    if len(lines) > 1:
+        text += " …"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _dumps(value: Any, what: str, fix: str) -> bytes:
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise TypeError(
+            f"{what} cannot be pickled to send to the ranks ({type(exc).__name__}: {exc}); {fix}"
+        ) from exc
+
+
+def _cell_result(rank: int, payload: dict[str, Any]) -> CellResult:
+    result = CellResult(rank, text=payload.get("text"), html=payload.get("html"))
+    if payload.get("unpicklable"):
+        result.unpicklable = f"a {payload.get('type')}: {payload['unpicklable']}"
+    elif payload.get("value") is not None:
+        try:
+            result.value = pickle.loads(payload["value"])
+        except Exception as exc:
+            result.unpicklable = f"unpickling it here failed: {type(exc).__name__}: {exc}"
+    return result
+
+
+def _accept(listener: socket.socket, handle: LaunchHandle, sink: CellSink) -> dict[int, socket.socket]:
+    """Return each rank's connected socket, once every rank has formed the group and said ready."""
+    n = handle.num_processes
+    conns: dict[int, socket.socket] = {}
+    waiting: list[socket.socket] = []
+    printer = sink.printer()
+    deadline = time.monotonic() + _READY_SECONDS
+    try:
+        while len(conns) < n:
+            if handle.done:
+                error = handle.error
+                raise RuntimeError(f"the ranks ended before they were ready: {error or 'no error reported'}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the ranks were not ready within {_READY_SECONDS:g} s; see their output above"
+                )
+            ready = select.select([listener, *waiting], [], [], 0.05)[0]
+            for sock in ready:
+                if sock is listener:
+                    waiting.append(listener.accept()[0])
+                    continue
+                waiting.remove(sock)
+                message = recv_frame(sock)
+                if message is None or message[0] != "ready":
+                    sock.close()
+                    continue
+                _, rank, _pid, problem = message
+                conns[rank] = sock
+                if problem:
+                    raise RuntimeError(f"rank {rank} could not join the process group: {problem}")
+            sink.flush(printer) if sink._queue is not None else None
+    except BaseException:
+        for sock in (*conns.values(), *waiting):
+            sock.close()
+        raise
+    return conns
+
+
+@atexit.register
+def _stop_live_ranks() -> None:
+    # The kernel is shutting down: end the ranks (they would also end with it, a moment later).
+    for ranks in list(_LIVE):
+        try:
+            ranks.stop()
+        except Exception:
+            logger.debug("stopping ranks at exit failed", exc_info=True)

@@ -1,0 +1,185 @@
+"""Interactive ranks from a real ipykernel: cell functions on the ranks, collectives, Stop, failures, Accelerator."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.test_launcher_kernel import Kernel
+
+pytestmark = pytest.mark.timeout(180)
+
+ENSURE = """
+import time, torch, notebook_accel
+from notebook_accel import interactive
+ranks = interactive.current() or notebook_accel.start_ranks(2)
+if not ranks.alive:
+    ranks.restart()
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = Kernel()
+    status, _, err, _ = k.run("def helper(x):\n    return x + 100\nkernel_value = 'from the kernel'")
+    assert status == "ok", err
+    yield k
+    k.run("interactive.current() and interactive.current().stop()")
+    k.close()
+
+
+def _ok(kernel: Kernel, code: str, timeout: float = 60) -> str:
+    status, out, err, _ = kernel.run(code, timeout=timeout)
+    assert status == "ok", err
+    return out
+
+
+def test_cell_functions_and_all_reduce_on_the_ranks(kernel: Kernel) -> None:
+    out = _ok(kernel, ENSURE)
+    assert "Launching 2 process(es) | backend gloo" in out
+    out = _ok(kernel, "print(ranks.run('helper(rank), kernel_value'))")
+    assert "[(100, 'from the kernel'), (101, 'from the kernel')]" in out
+    out = _ok(
+        kernel,
+        "print(ranks.run('import torch.distributed as dist\\nt = torch.ones(1) * (rank + 1)\\n"
+        'dist.all_reduce(t)\\nprint("reduced", t.item())\\nt.item()\'))',
+    )
+    # the ranks' lines land in the running cell, before the result
+    assert out.index("[rank 0] reduced 3.0") < out.index("[3.0, 3.0]")
+    assert "[rank 1] reduced 3.0" in out
+    # IPython's display() on a rank prints the value's text in the cell (not into the kernel's sockets)
+    out = _ok(kernel, "ranks.run('from IPython.display import display\\ndisplay(\"shown\", rank)')")
+    assert "[rank 0] 'shown'" in out and "[rank 1] 1" in out
+
+
+def test_stop_button_interrupts_every_rank_and_the_next_cell_works(kernel: Kernel) -> None:
+    _ok(kernel, ENSURE + "\nranks.run('kept = rank * 2')")
+    started = time.monotonic()
+    status, out, err, ename = kernel.run(
+        "ranks.run('print(\"sleeping\", flush=True)\\ntime.sleep(60)')",
+        interrupt_after="sleeping",
+        timeout=60,
+    )
+    assert status == "error" and ename == "KeyboardInterrupt", (status, out, err)
+    assert time.monotonic() - started < 5 + 3  # < 5 s after the interrupt (the ranks printed first)
+    assert "namespaces intact" in err
+    out = _ok(kernel, "print(ranks.run('kept'), ranks.alive)")
+    assert "[0, 2] True" in out
+
+
+def test_error_on_rank_1_while_rank_0_waits_in_all_reduce(kernel: Kernel) -> None:
+    _ok(kernel, ENSURE)
+    started = time.monotonic()
+    status, out, err, ename = kernel.run(
+        'ranks.run(\'import torch.distributed as dist\\nif rank == 1:\\n    raise KeyError("rank one broke")\\n'
+        "dist.all_reduce(torch.ones(1))')",
+        timeout=90,
+    )
+    assert status == "error" and ename == "RankError", (status, out, err)
+    assert time.monotonic() - started < 60 + 5
+    assert "Traceback of rank 1" in err and "KeyError: 'rank one broke'" in err
+    assert "rank 0 in all_reduce" in err and "Stacks of rank 0" in err
+    status, out, err, _ = kernel.run(
+        "print(ranks.broken)\nprint(ranks.restart())\nprint(ranks.run('rank'), ranks.broken)"
+    )
+    assert status == "ok", err
+    assert out.startswith("True\n") and out.endswith("[0, 1]\n[0, 1] False\n")
+    assert "the namespaces of ranks [0, 1] were lost" in err
+
+
+def test_accelerator_steps_cell_by_cell_keep_the_ranks_in_sync(kernel: Kernel) -> None:
+    _ok(kernel, ENSURE)
+    out = _ok(
+        kernel,
+        "print(ranks.run('from notebook_accel import Accelerator\\nacc = Accelerator()\\n"
+        "(acc.num_processes, acc.process_index)'))",
+    )
+    assert "[(2, 0), (2, 1)]" in out
+    _ok(
+        kernel,
+        "ranks.run('torch.manual_seed(rank)\\nmodel = torch.nn.Linear(4, 1)\\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\\nmodel, opt = acc.prepare(model, opt)\\n"
+        "start = acc.unwrap_model(model).weight.detach().clone()')",
+    )
+    step = (
+        "x = torch.randn(8, 4) + rank\\nloss = model(x).pow(2).mean()\\nacc.backward(loss)\\n"
+        "opt.step()\\nopt.zero_grad()\\nloss.item()"
+    )
+    for _ in range(3):  # one cell per step
+        _ok(kernel, f"print(ranks.run('{step}'))")
+    out = _ok(
+        kernel,
+        "w = ranks.run('acc.unwrap_model(model).weight.detach()')\n"
+        "moved = ranks.run('(acc.unwrap_model(model).weight - start).abs().max().item()')\n"
+        "print('EQUAL', torch.equal(w[0], w[1]), 'MOVED', min(moved) > 0)",
+    )
+    assert "EQUAL True MOVED True" in out
+    out = _ok(
+        kernel, "import psutil\nranks.stop()\nprint(interactive.current(), psutil.Process().children())"
+    )
+    assert "None []" in out
+
+
+def _run_collecting_displays(kernel: Kernel, code: str, timeout: float = 60) -> tuple[str, list[str]]:
+    """Return (stdout and stderr, the text/plain of every display and display update) of one cell."""
+    msg_id = kernel.kc.execute(code)
+    out: list[str] = []
+    shown: list[str] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = kernel.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            out.append(content["text"])
+        elif kind in ("display_data", "update_display_data"):
+            shown.append(content["data"].get("text/plain", ""))
+        elif kind == "error":
+            raise AssertionError("\n".join(content["traceback"]))
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+    reply = kernel.kc.get_shell_msg(timeout=timeout)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kernel.kc.get_shell_msg(timeout=timeout)
+    return "".join(out), shown
+
+
+def test_a_commands_progress_bars_are_drawn_live_in_its_cell(kernel: Kernel) -> None:
+    _ok(kernel, ENSURE)
+    out, shown = _run_collecting_displays(
+        kernel,
+        "ranks.run('from tqdm.auto import tqdm\\nfor i in tqdm(range(40), desc=\"steps\"):\\n    time.sleep(0.05)')",
+    )
+    live = [text for text in shown if "[rank 0] steps:" in text]
+    assert live, (out, shown)  # the open bar, redrawn in place while the command ran
+    assert "[rank 0] steps: 100%" in out  # the closed bar's last line, with the rank's other lines (stderr)
+
+
+def test_the_ranks_end_with_the_kernel() -> None:
+    import psutil
+
+    k = Kernel()
+    try:
+        out = _ok(
+            k,
+            "import notebook_accel\nranks = notebook_accel.start_ranks(2)\nprint('PIDS', ranks.handle.pids)",
+        )
+        pids = eval(out.split("PIDS", 1)[1].strip())
+        assert all(psutil.pid_exists(pid) for pid in pids)
+    finally:
+        k.close()  # the kernel is killed: no clean-up code of it runs
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_running(pid) for pid in pids):
+        time.sleep(0.1)
+    assert not any(_running(pid) for pid in pids)
+
+
+def _running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
