@@ -14,6 +14,12 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
+# package -> its lazy table (name -> module), as each facade registered it; read by the tests that check
+# every entry against its module's __all__ and by the API reference.
+TABLES: dict[str, Mapping[str, str]] = {}
+# face -> the modules whose __all__ it serves (forward()).
+FORWARDS: dict[str, tuple[str, ...]] = {}
+
 
 class ReferencedModule(types.ModuleType):
     """A module subclass that pickles, as a plain module does, by reference to its name.
@@ -52,6 +58,7 @@ def attach(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], Any]
     with a dot) that defines it.
     """
 
+    TABLES[package] = table
     shadowed = frozenset(n for n, m in table.items() if m in (f".{n}", f"{package}.{n}"))
     module = sys.modules.get(package)
     if shadowed and module is not None and type(module) is types.ModuleType:
@@ -75,34 +82,36 @@ def attach(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], Any]
     return __getattr__, __dir__
 
 
-def forward(package: str, target: str) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """Return ``(__getattr__, __dir__)`` for a face that serves every public name of one module.
+def forward(package: str, *targets: str) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """Return ``(__getattr__, __dir__)`` for a face that serves every public name of ``targets``.
 
     ``package`` (an Accelerate path such as ``notebook_accel.utils.deepspeed``) then offers the names in
-    ``target``'s ``__all__``; ``target`` is imported the first time a name is looked up, so the face
-    itself imports nothing and writes no name down a second time.
+    each target's ``__all__`` (the first target that lists a name serves it); a target is imported the
+    first time a name is looked up there, so the face imports nothing at import and writes no name down.
+    Targets may be relative to ``package``'s parent package (``".kwargs"``).
     """
+    FORWARDS[package] = targets
+    parent = package.rpartition(".")[0]
 
-    def _public() -> tuple[Any, list[str]]:
-        module = importlib.import_module(target)
+    def _public(module_name: str) -> tuple[Any, list[str]]:
+        module = importlib.import_module(module_name, parent)
         return module, list(getattr(module, "__all__", ()))
 
     def __getattr__(name: str) -> Any:
         if name.startswith("__") and name != "__all__":
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        module, public = _public()
         if name == "__all__":
-            return public
-        if name not in public:
-            raise AttributeError(
-                f"module {package!r} has no attribute {name!r} (its names live in {target!r})"
-            )
-        value = getattr(module, name)
-        sys.modules[package].__dict__[name] = value
-        return value
+            return sorted({n for target in targets for n in _public(target)[1]})
+        for target in targets:
+            module, public = _public(target)
+            if name in public:
+                value = getattr(module, name)
+                sys.modules[package].__dict__[name] = value
+                return value
+        raise AttributeError(f"module {package!r} has no attribute {name!r} (its names live in {targets})")
 
     def __dir__() -> list[str]:
-        return sorted(set(_public()[1]) | set(sys.modules[package].__dict__))
+        return sorted(set(__getattr__("__all__")) | set(sys.modules[package].__dict__))
 
     return __getattr__, __dir__
 

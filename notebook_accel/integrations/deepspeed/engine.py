@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...optimizer import AcceleratedOptimizer
-from ...scheduler import AcceleratedScheduler
+from ..engine_stepped import EngineSteppedOptimizer, EngineSteppedScheduler
 
 __all__ = ["DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper"]
 
@@ -44,20 +43,12 @@ class DeepSpeedEngineWrapper:
         return norm.item() if hasattr(norm, "item") else norm
 
 
-class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
+class DeepSpeedOptimizerWrapper(EngineSteppedOptimizer):
     """The optimizer view under DeepSpeed: stepping and zeroing belong to the engine, so those calls do nothing."""
 
     def __init__(self, optimizer) -> None:
         super().__init__(optimizer, device_placement=False, scaler=None)
         self.__has_overflow__ = hasattr(self.optimizer, "overflow")
-
-    def zero_grad(self, set_to_none=None) -> None:
-        """Return None: ``engine.step()`` already zeroed the gradients."""
-        return None
-
-    def step(self) -> None:
-        """Return None: ``engine.step()`` (called by ``DeepSpeedEngineWrapper.backward``) stepped the optimizer."""
-        return None
 
     @property
     def step_was_skipped(self) -> bool:
@@ -65,12 +56,8 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
         return bool(self.optimizer.overflow) if self.__has_overflow__ else False
 
 
-class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
+class DeepSpeedSchedulerWrapper(EngineSteppedScheduler):
     """The scheduler view under DeepSpeed: the engine steps the scheduler, so ``step()`` does nothing."""
 
     def __init__(self, scheduler, optimizers) -> None:
         super().__init__(scheduler, optimizers)
-
-    def step(self) -> None:
-        """Return None: ``engine.step()`` already stepped the learning-rate scheduler."""
-        return None

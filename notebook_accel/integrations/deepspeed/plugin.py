@@ -21,7 +21,7 @@ from ...utils._validation import env as _env
 from ...utils._validation import positive_int as _positive_int
 from ...utils.enums import MIXED_PRECISION_CHOICES
 from ...utils.environment import parse_flag_from_env
-from ..fsdp.plugin import get_module_class_from_name
+from ...utils.other import get_module_class_from_name
 
 __all__ = ["DeepSpeedPlugin"]
 

@@ -27,6 +27,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from ...utils.other import get_module_children_bottom_up
+
 __all__ = [
     "fsdp2_apply_ac",
     "fsdp2_canonicalize_names",
@@ -44,22 +46,6 @@ logger = logging.getLogger(__name__)
 
 # Prefixes that wrappers insert into parameter names; the user's model never has them.
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
-
-
-def get_module_children_bottom_up(model: torch.nn.Module, return_fqns: bool = False) -> list[Any]:
-    """Return every module of ``model``, children before their parents and ``model`` last (post-order).
-
-    With ``return_fqns`` each entry is a ``(qualified name, module)`` pair (``""`` for ``model``).
-    """
-    order: list[tuple[str, torch.nn.Module]] = []
-
-    def visit(prefix: str, module: torch.nn.Module) -> None:
-        for name, child in module.named_children():
-            visit(f"{prefix}.{name}" if prefix else name, child)
-        order.append((prefix, module))
-
-    visit("", model)
-    return order if return_fqns else [module for _, module in order]
 
 
 def ensure_weights_retied(param_init_fn: Any, model: torch.nn.Module, device: Any) -> Any:
@@ -134,6 +120,15 @@ def fsdp2_apply_ac(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
     """Return ``model`` with activation checkpointing on the layers its auto-wrap policy selects."""
     plugin = accelerator.state.fsdp_plugin
     selects = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    return checkpoint_activations(model, plugin, selects)
+
+
+def checkpoint_activations(model: torch.nn.Module, plugin: Any, selects: Callable | None) -> torch.nn.Module:
+    """Return ``model`` with the layers ``selects`` picks wrapped for activation checkpointing (FSDP 1 or 2).
+
+    The plugin's ``activation_checkpointing_offload`` keeps the saved activations on the CPU instead of
+    recomputing them; without a layer selection (no transformer-based wrap policy) there is nothing to wrap.
+    """
     if selects is None:
         raise ValueError(
             "FullyShardedDataParallelPlugin: activation_checkpointing needs to know the layers to recompute; "

@@ -24,6 +24,7 @@ from ..._lazy import LazyModule
 from ...utils._validation import choice as _choice
 from ...utils._validation import env as _env
 from ...utils.environment import parse_flag_from_env, str_to_bool
+from ...utils.other import get_module_class_from_name
 
 __all__ = ["FullyShardedDataParallelPlugin", "get_module_class_from_name"]
 
@@ -67,14 +68,6 @@ def _enum_by_name(name: str, value: Any, choices: tuple, enum_cls: Any) -> Any:
 def _flag(value: Any, var: str, default: bool) -> bool:
     """Return ``value`` when set, else the boolean environment variable ``var`` (or ``default``)."""
     return parse_flag_from_env(var, default) if value is None else bool(value)
-
-
-def get_module_class_from_name(module: torch.nn.Module, name: str) -> type | None:
-    """Return the class called ``name`` among ``module`` and its submodules, or None."""
-    for sub in module.modules():
-        if sub.__class__.__name__ == name:
-            return sub.__class__
-    return None
 
 
 @dataclass

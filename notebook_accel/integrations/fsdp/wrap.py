@@ -9,22 +9,20 @@ gradient norm is computed over all shards (``clip_grad_norm``).
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed import fsdp
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-    CheckpointImpl,
-    apply_activation_checkpointing,
-    checkpoint_wrapper,
-    offload_wrapper,
-)
 from torch.distributed.tensor import DTensor
 
-from .fsdp2 import fsdp2_canonicalize_names, fsdp2_prepare_auto_wrap_policy, fsdp2_prepare_model
+from .fsdp2 import (
+    checkpoint_activations,
+    fsdp2_canonicalize_names,
+    fsdp2_prepare_auto_wrap_policy,
+    fsdp2_prepare_model,
+)
 
 __all__ = ["clip_grad_norm", "prepare_fsdp", "remap_optimizer_params"]
 
@@ -63,16 +61,7 @@ def _wrap_fsdp1(model: torch.nn.Module, state: Any, plugin: Any) -> torch.nn.Mod
         kwargs["sync_module_states"] = False
     wrapped = fsdp.FullyShardedDataParallel(model, **kwargs)
     if plugin.activation_checkpointing:
-        if selects is None:
-            raise ValueError(
-                "FullyShardedDataParallelPlugin: activation_checkpointing needs the layers to recompute; set "
-                "auto_wrap_policy='transformer_based_wrap' with transformer_cls_names_to_wrap"
-            )
-        if plugin.activation_checkpointing_offload:
-            wrapper = offload_wrapper
-        else:
-            wrapper = functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
-        apply_activation_checkpointing(wrapped, checkpoint_wrapper_fn=wrapper, check_fn=selects)
+        checkpoint_activations(wrapped, plugin, selects)
     return wrapped
 
 

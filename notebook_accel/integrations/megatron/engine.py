@@ -19,9 +19,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ...data_loader import prepare_data_loader as _shard_data_loader
-from ...optimizer import AcceleratedOptimizer
-from ...scheduler import AcceleratedScheduler
 from ...state import AcceleratorState, GradientState
+from ..engine_stepped import EngineSteppedOptimizer, EngineSteppedScheduler
 from .lm import MegatronLMDummyDataLoader, megatron_only, megatron_plugin_of, require_megatron
 from .train_steps import BertTrainStep, GPTTrainStep, T5TrainStep
 
@@ -40,7 +39,7 @@ logger = logging.getLogger(__name__)
 _TRAIN_STEPS = {"gpt": GPTTrainStep, "bert": BertTrainStep, "t5": T5TrainStep}
 
 
-class MegatronLMOptimizerWrapper(AcceleratedOptimizer):
+class MegatronLMOptimizerWrapper(EngineSteppedOptimizer):
     """Wrap Megatron's optimizer: ``MegatronEngine.train_step`` steps it, so ``step`` and ``zero_grad`` do nothing."""
 
     def __init__(self, optimizer) -> None:
@@ -54,29 +53,21 @@ class MegatronLMOptimizerWrapper(AcceleratedOptimizer):
         self._is_overflow = False
         self._accelerate_step_called = False
 
-    def zero_grad(self, set_to_none=None) -> None:
-        """Return None: the engine zeroes Megatron's gradient buffers itself."""
-        return None
-
-    def step(self) -> None:
-        """Return None: the engine already ran the optimizer step inside ``train_step``."""
-        return None
-
     @property
     def step_was_skipped(self) -> bool:
         """Whether Megatron skipped the last step (gradient overflow)."""
         return bool(getattr(self.optimizer, "skipped_iter", False))
 
 
-class MegatronLMSchedulerWrapper(AcceleratedScheduler):
+class MegatronLMSchedulerWrapper(EngineSteppedScheduler):
     """Wrap Megatron's scheduler: ``MegatronEngine.train_step`` steps it, so ``step`` does nothing."""
 
     def __init__(self, scheduler, optimizers) -> None:
         super().__init__(scheduler, optimizers)
 
     def step(self, *args, **kwargs) -> None:
-        """Return None: the engine already advanced the schedule inside ``train_step``."""
-        return None
+        """Return None (Megatron's schedulers take arguments; the engine stepped it already)."""
+        return super().step()
 
 
 class MegatronEngine(nn.Module):
