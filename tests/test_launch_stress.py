@@ -211,3 +211,102 @@ def test_restarting_handle_history_is_bounded_in_bytes(monkeypatch):
     )
     assert handle.result() == [12]
     assert handle.history_bytes <= (4 << 20) and handle.dropped_lines >= 8
+
+
+# ------------------------------------------------------------------------ refused before any fork
+
+
+async def _async_train(x):
+    return x
+
+
+def _generator_train(x):
+    yield x
+
+
+async def _async_generator_train(x):
+    yield x
+
+
+@pytest.mark.parametrize(
+    ("function", "match"),
+    [
+        (_async_train, r"_async_train is an async def function.*asyncio\.run\(_async_train\(\*args\)\)"),
+        (_generator_train, r"_generator_train is a generator function.*list\(_generator_train\(\*args\)\)"),
+        (_async_generator_train, r"_async_generator_train is an async generator function.*async for"),
+    ],
+)
+def test_coroutine_and_generator_functions_are_refused_before_forking(monkeypatch, function, match):
+    from notebook_accel.launch import procs
+
+    def no_fork(*_args):
+        raise AssertionError("forked")
+
+    monkeypatch.setattr(procs, "start_worker", no_fork)
+    monkeypatch.setattr("notebook_accel.launch.handle.start_worker", no_fork)
+    with pytest.raises(TypeError, match=match):
+        notebook_launcher(function, (1,), num_processes=2)
+
+
+def test_far_more_processes_than_cores_needs_the_opt_in(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    with pytest.raises(
+        ValueError, match=r"num_processes=129 is more than 64 .* \(2 core\(s\)\).*allow_oversubscribe=True"
+    ):
+        notebook_launcher(_print_many_lines, (0, 1), num_processes=129)
+    with pytest.raises(TypeError, match=r"allow_oversubscribe='yes' must be True or False"):
+        notebook_launcher(_print_many_lines, (0, 1), num_processes=2, allow_oversubscribe="yes")
+    from notebook_accel.launch.request import LaunchRequest
+
+    # 128 is still allowed, and so is more with the opt-in (checked only: nothing is started)
+    assert LaunchRequest(function=_print_many_lines, args=(0, 1), num_processes=128).num_processes == 128
+    request = LaunchRequest(
+        function=_print_many_lines, args=(0, 1), num_processes=129, allow_oversubscribe=True
+    )
+    assert request.num_processes == 129
+
+
+# ------------------------------------------------------------------------------------- failed forks
+
+
+def test_a_failed_fork_names_the_rank_and_stops_the_ones_started(monkeypatch):
+    from notebook_accel.launch import procs
+
+    real_fork, forked = os.fork, []
+
+    def fork_once() -> int:
+        if forked:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        pid = real_fork()
+        if pid:
+            forked.append(pid)
+        return pid
+
+    monkeypatch.setattr(procs.os, "fork", fork_once)
+    with pytest.raises(
+        BlockingIOError, match=r"could not start rank 1 of 2 \(fork: .*\).*ulimit -u"
+    ) as caught:
+        notebook_launcher(_print_many_lines, (1, 10), num_processes=2, sinks=[])
+    assert caught.value.errno == 11
+    monkeypatch.undo()
+    [pid] = forked
+    with pytest.raises(ChildProcessError):  # rank 0 was started, then killed and reaped
+        os.waitpid(pid, os.WNOHANG)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_a_failed_spawn_for_lack_of_memory_names_the_rank(monkeypatch):
+    import subprocess
+
+    from notebook_accel.launch import procs
+
+    def no_memory(*_args, **_kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(subprocess, "Popen", no_memory)
+    with pytest.raises(
+        OSError, match=r"could not start rank 0 of 2 \(spawn: Cannot allocate memory\).*free memory"
+    ):
+        notebook_launcher(_print_many_lines, (1, 10), num_processes=2, sinks=[], start_method="spawn")
+    assert procs.subprocess.Popen is no_memory  # the spawn path did go through it
