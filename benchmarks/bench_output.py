@@ -8,7 +8,12 @@ a worker's pipe. "launch": ``notebook_launcher(..., num_processes=2)`` where ran
 of N MB (rank 0 prints nothing), wall time of the whole launch minus a launch of the same function
 printing nothing ("floor", measured interleaved). The figure of merit is linearity: time(50 MB) /
 time(8 MB) is 6.25 for a cost linear in the bytes (it was about the square of that, 39, when every
-read re-split all the pending text). Medians over the rounds.
+read re-split all the pending text). The splitter alone also pays the kernel for fresh memory:
+glibc hands out blocks over 32 MB straight from mmap each time, so a 50 MB line's text faults in
+every page anew (``splitter_page_faults_median``; 4 KiB each) while an 8 MB one reuses warm heap;
+that constant, not the scan, is what makes its 50/8 ratio exceed 6.25 on a machine with slow page
+faults. Times are the best of the rounds (the run least disturbed by
+other programs on a shared machine; the medians are printed too).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -38,14 +44,16 @@ def _print_line(size: int) -> int:
     return size
 
 
-def _splitter_seconds(size: int) -> float:
+def _splitter_seconds(size: int, faults: list[int]) -> float:
     data = b"x" * (size - 1) + b"\n"
     got: list[int] = []
     splitter = LineSplitter(0, "stdout", lambda line: got.append(len(line.text)))
+    faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     start = time.perf_counter()
     for pos in range(0, len(data), _READ):
         splitter.feed(data[pos : pos + _READ])
     elapsed = time.perf_counter() - start
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before)
     assert got == [size - 1], got
     return elapsed
 
@@ -79,33 +87,36 @@ def main() -> None:
     launch: dict[float, list[float]] = {mb: [] for mb in sizes}
     floors: list[float] = []
     whole: dict[float, list[bool]] = {mb: [] for mb in sizes}
+    faults: dict[float, list[int]] = {mb: [] for mb in sizes}
     load_before = os.getloadavg()
     started = time.perf_counter()
     for _ in range(args.rounds):
         for mb, size in sizes.items():
-            split[mb].append(_splitter_seconds(size))
+            split[mb].append(_splitter_seconds(size, faults[mb]))
             if not args.no_launch:
                 floors.append(_launch_seconds(0, []))
                 launch[mb].append(_launch_seconds(size, whole[mb]))
-    split_med = {mb: statistics.median(v) for mb, v in split.items()}
-    floor = statistics.median(floors) if floors else 0.0
-    launch_med = {mb: statistics.median(v) - floor for mb, v in launch.items() if v}
+    split_best = {mb: min(v) for mb, v in split.items()}
+    floor = min(floors) if floors else 0.0
+    launch_best = {mb: min(v) - floor for mb, v in launch.items() if v}
     small, big = min(sizes), max(sizes)
     result = {
         "sizes_mb": list(sizes),
         "rounds": args.rounds,
-        "splitter_s": {mb: round(s, 4) for mb, s in split_med.items()},
-        "splitter_mb_per_s": {mb: _mb_per_s(mb, s) for mb, s in split_med.items()},
-        f"splitter_ratio_{big:g}mb_over_{small:g}mb": round(split_med[big] / split_med[small], 2),
+        "splitter_s": {mb: round(s, 4) for mb, s in split_best.items()},
+        "splitter_median_s": {mb: round(statistics.median(v), 4) for mb, v in split.items()},
+        "splitter_mb_per_s": {mb: _mb_per_s(mb, s) for mb, s in split_best.items()},
+        f"splitter_ratio_{big:g}mb_over_{small:g}mb": round(split_best[big] / split_best[small], 2),
         "linear_ratio": round(big / small, 2),
+        "splitter_page_faults_median": {mb: int(statistics.median(v)) for mb, v in faults.items()},
     }
-    if launch_med:
+    if launch_best:
         result |= {
             "launch_floor_s": round(floor, 3),
-            "launch_s_minus_floor": {mb: round(s, 3) for mb, s in launch_med.items()},
-            "launch_total_s": {mb: round(statistics.median(v), 3) for mb, v in launch.items()},
-            "launch_mb_per_s": {mb: _mb_per_s(mb, s) for mb, s in launch_med.items()},
-            f"launch_ratio_{big:g}mb_over_{small:g}mb": round(launch_med[big] / launch_med[small], 2),
+            "launch_s_minus_floor": {mb: round(s, 3) for mb, s in launch_best.items()},
+            "launch_total_median_s": {mb: round(statistics.median(v), 3) for mb, v in launch.items()},
+            "launch_mb_per_s": {mb: _mb_per_s(mb, s) for mb, s in launch_best.items()},
+            f"launch_ratio_{big:g}mb_over_{small:g}mb": round(launch_best[big] / launch_best[small], 2),
             "launch_lines_arrived_whole": {mb: all(v) for mb, v in whole.items()},
         }
     result |= {
