@@ -476,10 +476,8 @@ class LaunchHandle(Completion):
                             "TimeoutError",
                             f"still running after timeout={self._timeout} s (last line: {r.status.last_line!r})",
                             "",
-                            None,
-                            None,
-                            now,
-                        )  # fmt: skip
+                            time=now,
+                        )
                     )
             self._begin_stop(
                 f"timed out after {self._timeout} s",
@@ -580,9 +578,7 @@ class LaunchHandle(Completion):
             rank.value = message[1]
         elif message[0] == "err" and not self._user_stopped:
             _, exc_type, text, tb = message
-            self._fail(
-                RankFailure(rank.rank, rank.status.pid, exc_type, text, tb, None, None, time.monotonic())
-            )
+            self._fail(RankFailure(rank.rank, rank.status.pid, exc_type, text, tb, time=time.monotonic()))
 
     def _on_exit(self, rank: _Rank) -> None:
         rank.proc.kill_leftovers()  # before reaping, while the group id is still certainly ours
@@ -616,7 +612,13 @@ class LaunchHandle(Completion):
                 tail = death_notes(list(rank.stderr_tail))
                 shown = f"Last stderr lines of rank {rank.rank}:\n{tail}" if tail else ""
                 failure = RankFailure(
-                    rank.rank, rank.status.pid, "Signal", f"killed by {name}{hint}", shown, code, name
+                    rank.rank,
+                    rank.status.pid,
+                    "Signal",
+                    f"killed by {name}{hint}",
+                    shown,
+                    exitcode=code,
+                    signal=name,
                 )
             else:
                 failure = RankFailure(
@@ -625,7 +627,7 @@ class LaunchHandle(Completion):
                     "ExitCode",
                     f"exited with code {code} before returning a result",
                     "",
-                    code,
+                    exitcode=code,
                 )
             failure.time = time.monotonic()
             self._fail(failure)

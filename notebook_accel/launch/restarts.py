@@ -79,7 +79,14 @@ def _record(handle: LaunchHandle, started_at: float) -> Attempt:
     # A rank that raised has a failure without an exit code; its process's code is in its status.
     exitcode = root.exitcode if root.exitcode is not None else statuses[root.rank].exitcode
     return Attempt(
-        handle.attempt, state, started_at, time.time(), root.rank, exitcode, root.headline(), error
+        handle.attempt,
+        state,
+        started_at,
+        time.time(),
+        rank=root.rank,
+        exitcode=exitcode,
+        failure=root.headline(),
+        error=error,
     )
 
 
