@@ -134,13 +134,13 @@ def notebook_launcher(
     progress_bars: str = "auto",
     hang_timeout: float | None = None,
     on_hang: str = "report",
+    allow_oversubscribe: bool = False,
 ) -> list[Any] | LaunchHandle | RestartingHandle:
     """Return each rank's return value (a list indexed by rank) after running ``function(*args)`` on every process.
 
     Args:
         function: what every process runs; defined anywhere, a notebook cell included.
-        args: positional arguments passed to ``function`` in every process (checked against its
-            signature before anything starts).
+        args: positional arguments of ``function`` in every process (checked against its signature first).
         num_processes: processes on this machine (None: one per CUDA device, or 1 on a CPU). 1 runs
             in the calling process unless an option needs a worker (``timeout``, ``log_dir``,
             ``sinks``, ``panel``, ``max_restarts``, ``block=False``): then in one worker.
@@ -149,9 +149,8 @@ def notebook_launcher(
         master_addr: address of the rank-0 node.
         node_rank, num_nodes: this machine's rank and the number of machines; ``num_nodes > 1``
             runs through torch.distributed.elastic (see ``notebook_accel.launch.elastic``).
-        rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id: elastic rendezvous settings of
-            ``num_nodes > 1`` (as in torchrun); set on a single node they raise ValueError
-            (``rdzv_id`` names the run's log folder there).
+        rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id: elastic rendezvous settings of ``num_nodes > 1``
+            (as in torchrun); set on a single node they raise ValueError (``rdzv_id`` names the log folder).
         max_restarts, monitor_interval: after a rank fails, restart the group up to ``max_restarts``
             times, ``monitor_interval`` s later (a stop, ^C or the timeout never restarts); each restart
             is announced; the handle is a ``RestartingHandle`` (``attempt``, ``restarts``, ``attempts``).
@@ -171,6 +170,7 @@ def notebook_launcher(
         hang_timeout: seconds a rank may sit in a collective while another rank is elsewhere before
             a suspected hang is reported with every rank's stack (None: 60 s; math.inf: off).
         on_hang: "report" (show it once, keep running) or "stop" (stop, raise with the stacks).
+        allow_oversubscribe: accept ``num_processes`` above 64 per CPU core (else refused as a likely typo).
 
     Raises:
         LaunchError: a rank raised or died; the root cause's rank, pid, type and traceback first.
@@ -182,21 +182,17 @@ def notebook_launcher(
         function=function, args=args, num_processes=num_processes, mixed_precision=mixed_precision,
         use_port=use_port, master_addr=master_addr, node_rank=node_rank, num_nodes=num_nodes,
         rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf, rdzv_id=rdzv_id,
-        max_restarts=max_restarts, monitor_interval=monitor_interval,
-        log_line_prefix_template=log_line_prefix_template, block=block, panel=panel,
-        start_method=start_method, log_dir=log_dir, sinks=sinks, timeout=timeout,
-        progress_bars=progress_bars, hang_timeout=hang_timeout, on_hang=on_hang,
+        max_restarts=max_restarts, monitor_interval=monitor_interval, block=block, panel=panel,
+        log_line_prefix_template=log_line_prefix_template, start_method=start_method, log_dir=log_dir,
+        sinks=sinks, timeout=timeout, progress_bars=progress_bars, hang_timeout=hang_timeout,
+        on_hang=on_hang, allow_oversubscribe=allow_oversubscribe,
     )  # fmt: skip
     return _launch(request)
 
 
 def _launch(request: LaunchRequest) -> list[Any] | LaunchHandle | RestartingHandle:
     """Return the values (or the handle) of the launch ``request`` describes, on the path it needs."""
-    plan = resolve_plan(
-        request.num_processes, request.mixed_precision, request.use_port, request.master_addr,
-        request.node_rank, request.num_nodes, request.rdzv_backend, request.start_method,
-        force_cpu=request.force_cpu,
-    )  # fmt: skip
+    plan = resolve_plan(request)
     if plan.backend == "xla":
         request.refuse_on(
             "a TPU launch (torch_xla runs to the end)", ("block", "sinks", "timeout", "panel", "log_dir")
@@ -236,11 +232,7 @@ def start_persistent_group(request: LaunchRequest) -> LaunchHandle:
     sinks, log files, hang watch and panel as ``notebook_launcher(..., block=False)``, supervised by
     the handle's own thread; no bars are drawn in the calling cell (each command shows its own).
     """
-    plan = resolve_plan(
-        request.num_processes, request.mixed_precision, request.use_port, request.master_addr,
-        request.node_rank, request.num_nodes, request.rdzv_backend, request.start_method,
-        force_cpu=request.force_cpu,
-    )  # fmt: skip
+    plan = resolve_plan(request)
     if plan.backend == "xla" or plan.num_nodes > 1:
         raise ValueError(
             f"a persistent group runs on one machine with gloo or nccl; this launch would use {plan.backend} "

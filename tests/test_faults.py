@@ -85,7 +85,7 @@ def test_bad_launch_options_are_refused_before_anything_starts(kwargs, error, ma
 
 def test_a_thousand_processes_on_a_small_machine_warn_first(caplog):
     with caplog.at_level(logging.WARNING), pytest.raises(TypeError, match="cannot be called"):
-        notebook_launcher(_one, args=(), num_processes=1000)
+        notebook_launcher(_one, args=(), num_processes=1000, allow_oversubscribe=True)
     assert "num_processes=1000 on a machine with" in caplog.text
 
 

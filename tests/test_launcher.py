@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from notebook_accel.launch import LaunchError, LaunchHandle, OutputLine
+from notebook_accel.launch.request import LaunchRequest
 from notebook_accel.launchers import debug_launcher, notebook_launcher
 from tests.launcher_helpers import Snapshot
 
@@ -555,7 +556,7 @@ def test_plan_from_the_machine(monkeypatch, gpus, platform_env, num_processes, e
     monkeypatch.setattr(plan_mod, "_cuda_device_count", lambda: gpus)
     for key, value in platform_env.items():
         monkeypatch.setenv(key, value)
-    plan = plan_mod.resolve_plan(num_processes)
+    plan = plan_mod.resolve_plan(LaunchRequest(function=print, num_processes=num_processes))
     assert (
         plan.num_processes,
         plan.backend,
@@ -569,20 +570,21 @@ def test_plan_from_the_machine(monkeypatch, gpus, platform_env, num_processes, e
     assert ("ACCELERATE_USE_CPU" in plan.env) == (gpus == 0)
     with pytest.raises(ValueError, match=r"num_processes=8 is more than the 4 visible CUDA device"):
         monkeypatch.setattr(plan_mod, "_cuda_device_count", lambda: 4)
-        plan_mod.resolve_plan(8)
+        plan_mod.resolve_plan(LaunchRequest(function=print, num_processes=8))
 
 
 def test_plan_reads_debug_mode_as_a_flag(monkeypatch):
     from notebook_accel.launch import plan as plan_mod
 
+    on_cpu = LaunchRequest(function=print, num_processes=2, force_cpu=True)
     monkeypatch.setenv("ACCELERATE_DEBUG_MODE", "yes")
-    assert plan_mod.resolve_plan(2, force_cpu=True).debug is True
+    assert plan_mod.resolve_plan(on_cpu).debug is True
     monkeypatch.setenv("ACCELERATE_DEBUG_MODE", "off")
-    assert plan_mod.resolve_plan(2, force_cpu=True).debug is False
+    assert plan_mod.resolve_plan(on_cpu).debug is False
     # The workers would reject it too (PartialState reads the same flag): fail before forking.
     monkeypatch.setenv("ACCELERATE_DEBUG_MODE", "maybe")
     with pytest.raises(ValueError, match=r"ACCELERATE_DEBUG_MODE='maybe' is not a flag"):
-        plan_mod.resolve_plan(2, force_cpu=True)
+        plan_mod.resolve_plan(on_cpu)
 
 
 @pytest.mark.parametrize("how", ["exit", "sigkill"])

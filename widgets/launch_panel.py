@@ -277,6 +277,11 @@ class LaunchPanel(_Panel):
         text = f"attempt {self.handle.attempt}/{max_restarts + 1}"
         return text + (", restarting" if getattr(self.handle, "restarting", False) else "")
 
+    def dropped_text(self) -> str:
+        """Return a note when the launch dropped its oldest output lines to bound its memory, else ""."""
+        dropped = getattr(self.handle, "dropped_lines", 0)
+        return f"{dropped} older output line(s) dropped (log_dir= keeps them all)" if dropped else ""
+
     def restart_lines(self) -> list[str]:
         """Return one line per earlier try that did not succeed: its number, time, root cause and exit code."""
         return [a.line() for a in getattr(self.handle, "attempts", []) if a.state != "succeeded"]
@@ -394,7 +399,9 @@ class LaunchPanel(_Panel):
                     f"{html.escape(row['cell'])}</code>"
                 )
             cells_of_rows.append(cells)
-        return _table(self._headers(rows), cells_of_rows, escape=False, wrap_headers=False)
+        dropped = self.dropped_text()
+        note = f"<div><i>{html.escape(dropped)}</i></div>" if dropped else ""
+        return _table(self._headers(rows), cells_of_rows, escape=False, wrap_headers=False) + note
 
     def _bars_html(self) -> str:
         bars = self.bars()
@@ -441,7 +448,8 @@ class LaunchPanel(_Panel):
         table = _text_table(self._headers(rows), [self._row_cells(r, cuda) for r in rows])
         attempt = f", {self.attempt_text()}" if self.attempt_text() else ""
         restarts = "".join(f"\n{line}" for line in self.restart_lines())
-        return f"LaunchPanel({self.state}{attempt}){restarts}\n{table}{bars}"
+        dropped = f"\n{self.dropped_text()}" if self.dropped_text() else ""
+        return f"LaunchPanel({self.state}{attempt}){restarts}{dropped}\n{table}{bars}"
 
     def _build_widget(self) -> Any:
         w = _import_ipywidgets()

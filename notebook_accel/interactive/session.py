@@ -28,8 +28,7 @@ from typing import Any
 
 from ..launch.doctor import RankStack
 from ..launch.handle import LaunchHandle
-from ..launch.plan import START_METHODS
-from ..launch.request import LaunchRequest
+from ..launch.request import START_METHODS, LaunchRequest
 from ..launchers import start_persistent_group
 from .errors import NoRanksError, RankError
 from .group import CellSink, Group, failure_of, mark_idle

@@ -95,9 +95,9 @@ def _failure_of(rank: int, failure, log_base: str = "") -> RankFailure:
         exc_type,
         message,
         tb,
-        code,
-        sig,
-        float(getattr(failure, "timestamp", 0)),
+        exitcode=code,
+        signal=sig,
+        time=float(getattr(failure, "timestamp", 0)),
     )
 
 

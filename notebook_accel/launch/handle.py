@@ -30,7 +30,7 @@ from .completion import Completion
 from .doctor import HangWatch, RankStack, StackCollector, describe_stacks, hang_message
 from .errors import LaunchError, RankFailure, death_notes, order_failures, signal_name
 from .events import BarState, EventHub, FrameDecoder
-from .output import LineSplitter, OutputLine
+from .output import LineSplitter, OutputHistory, OutputLine
 from .plan import LaunchPlan, threads_per_worker
 from .procs import WorkerProcess, start_worker
 from .usage import UsageSampler, apply_usage
@@ -41,7 +41,6 @@ __all__ = ["LaunchHandle", "RankStatus"]
 logger = logging.getLogger(__name__)
 
 _LIVE: weakref.WeakSet[LaunchHandle] = weakref.WeakSet()  # running launches, stopped at interpreter exit
-_HISTORY = 200_000  # lines kept for late subscribers and .lines()
 _DRAIN_SECONDS = 2.0  # after the last exit, how long pipes held by stray descendants may stay open
 _STDERR_TAIL = 300  # stderr lines kept per rank (room for a faulthandler dump of every thread)
 
@@ -125,7 +124,7 @@ class LaunchHandle(Completion):
         self._timeout = timeout
         self._on_finish = on_finish
         self._lock = threading.RLock()
-        self._history: collections.deque[OutputLine] = collections.deque(maxlen=_HISTORY)
+        self._history = OutputHistory()  # bounded in lines and bytes (output.HISTORY_*)
         self._subscribers: list[Callable[[OutputLine], None]] = []
         self._done_callbacks: list[Callable[[LaunchHandle], None]] = []
         self._done = threading.Event()
@@ -184,7 +183,12 @@ class LaunchHandle(Completion):
             return {}
         with self._lock:  # only to read who is alive: output keeps flowing while the stacks are taken
             targets = self._stack_targets()
-        return self._collector.collect(targets) if targets else {}
+        try:
+            return self._collector.collect(targets) if targets else {}
+        except FileNotFoundError:
+            if os.path.isdir(self._collector.directory):
+                raise
+            return {}  # the launch ended meanwhile and removed its stacks files: no rank is live
 
     def stop(self, grace: float = 1.0) -> None:
         """Stop every worker: SIGINT now, SIGTERM after ``grace`` s, then SIGKILL. Idempotent."""
@@ -201,7 +205,7 @@ class LaunchHandle(Completion):
     def subscribe(self, callback: Callable[[OutputLine], None]) -> Callable[[], None]:
         """Send ``callback`` every line so far, then each new one; return the unsubscribe function."""
         with self._lock:
-            for line in list(self._history):
+            for line in self._history.snapshot():
                 callback(line)
             self._subscribers.append(callback)
 
@@ -249,7 +253,22 @@ class LaunchHandle(Completion):
     def lines(self, rank: int | None = None) -> list[OutputLine]:
         """Return the output lines so far, of one ``rank`` or of all."""
         with self._lock:
-            return [line for line in self._history if rank is None or line.rank == rank]
+            return self._history.snapshot(rank)
+
+    @property
+    def dropped_lines(self) -> int:
+        """Return how many of the oldest output lines ``lines()`` no longer holds (the history is bounded)."""
+        return self._history.dropped_lines
+
+    @property
+    def dropped_bytes(self) -> int:
+        """Return the memory the dropped lines' text took; ``history_bytes``: what the kept lines take."""
+        return self._history.dropped_bytes
+
+    @property
+    def history_bytes(self) -> int:
+        """Return the memory the kept lines' text takes (at most ``output.HISTORY_BYTES`` plus the newest line)."""
+        return self._history.bytes
 
     def output_drained(self, rank: int) -> bool:
         """Return True when every byte ``rank`` wrote to its pipes so far was handled (lines at the sinks).
@@ -472,10 +491,8 @@ class LaunchHandle(Completion):
                             "TimeoutError",
                             f"still running after timeout={self._timeout} s (last line: {r.status.last_line!r})",
                             "",
-                            None,
-                            None,
-                            now,
-                        )  # fmt: skip
+                            time=now,
+                        )
                     )
             self._begin_stop(
                 f"timed out after {self._timeout} s",
@@ -593,9 +610,7 @@ class LaunchHandle(Completion):
             rank.value = message[1]
         elif message[0] == "err" and not self._user_stopped:
             _, exc_type, text, tb = message
-            self._fail(
-                RankFailure(rank.rank, rank.status.pid, exc_type, text, tb, None, None, time.monotonic())
-            )
+            self._fail(RankFailure(rank.rank, rank.status.pid, exc_type, text, tb, time=time.monotonic()))
 
     def _on_exit(self, rank: _Rank) -> None:
         rank.proc.kill_leftovers()  # before reaping, while the group id is still certainly ours
@@ -629,7 +644,13 @@ class LaunchHandle(Completion):
                 tail = death_notes(list(rank.stderr_tail))
                 shown = f"Last stderr lines of rank {rank.rank}:\n{tail}" if tail else ""
                 failure = RankFailure(
-                    rank.rank, rank.status.pid, "Signal", f"killed by {name}{hint}", shown, code, name
+                    rank.rank,
+                    rank.status.pid,
+                    "Signal",
+                    f"killed by {name}{hint}",
+                    shown,
+                    exitcode=code,
+                    signal=name,
                 )
             else:
                 failure = RankFailure(
@@ -638,7 +659,7 @@ class LaunchHandle(Completion):
                     "ExitCode",
                     f"exited with code {code} before returning a result",
                     "",
-                    code,
+                    exitcode=code,
                 )
             failure.time = time.monotonic()
             self._fail(failure)

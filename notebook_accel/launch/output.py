@@ -9,6 +9,7 @@ and ``stderr.log`` like torch elastic.
 from __future__ import annotations
 
 import codecs
+import collections
 import logging
 import re
 import string
@@ -19,7 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-__all__ = ["LineSplitter", "LogDirSink", "OutputLine", "PrintSink", "format_prefix"]
+__all__ = [
+    "HISTORY_BYTES",
+    "HISTORY_LINES",
+    "LineSplitter",
+    "LogDirSink",
+    "OutputHistory",
+    "OutputLine",
+    "PrintSink",
+    "format_prefix",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -41,33 +51,106 @@ class OutputLine:
 
 
 class LineSplitter:
-    """Cut decoded bytes of one stream into lines; ``\\r`` (progress bars) also ends a line."""
+    """Cut decoded bytes of one stream into lines; ``\\r`` (progress bars) also ends a line.
+
+    Only the newly read text is searched for line ends; the unfinished line is kept as a list of
+    pieces joined once it ends, so a line of any length costs time linear in its bytes.
+    """
 
     def __init__(self, rank: int, stream: str, emit: Callable[[OutputLine], None]) -> None:
         self.rank, self.stream, self._emit = rank, stream, emit
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._pending = ""
+        self._pieces: list[str] = []  # the unfinished line, never holding a line end
+        self._held_cr = False  # the last read ended in \r: the next may start with the \n of a \r\n
 
     def feed(self, data: bytes) -> None:
-        """Emit every complete line in ``data`` (plus what was pending)."""
-        text = (self._pending + self._decoder.decode(data)).replace("\r\n", "\n")
-        # A final \r stays pending: the next chunk may start with the \n of a \r\n.
-        held = "\r" if text.endswith("\r") else ""
-        parts = _LINE_END.split(text[: len(text) - len(held)])
+        """Emit every line that ``data`` completes."""
+        text = self._decoder.decode(data)
+        if self._held_cr:
+            text = "\r" + text
+        # One-character membership tests are memchr-fast; the regex runs only on text with line ends.
+        self._held_cr = False
+        if "\r" in text:
+            text = text.replace("\r\n", "\n")
+            self._held_cr = text.endswith("\r")
+            if self._held_cr:
+                text = text[:-1]
+        if "\n" not in text and "\r" not in text:
+            if text:
+                self._pieces.append(text)
+            return
+        parts = _LINE_END.split(text)
         now = time.time()
-        # parts = [line, separator, line, separator, ..., rest]
+        # parts = [line, separator, line, separator, ..., rest]; the first line began in earlier reads
+        if self._pieces:
+            self._pieces.append(parts[0])
+            parts[0] = "".join(self._pieces)
+            self._pieces = []
         for i in range(0, len(parts) - 1, 2):
             piece = parts[i]
             if piece or parts[i + 1] == "\n":  # an empty \r-ended piece is a redraw, not a line
                 self._emit(OutputLine(self.rank, self.stream, piece, now))
-        self._pending = parts[-1] + held
+        if parts[-1]:
+            self._pieces.append(parts[-1])
 
     def close(self) -> None:
         """Emit what is left without a final newline."""
-        rest = (self._pending + self._decoder.decode(b"", final=True)).rstrip("\r")
-        self._pending = ""
+        held = "\r" if self._held_cr else ""
+        rest = ("".join(self._pieces) + held + self._decoder.decode(b"", final=True)).rstrip("\r")
+        self._pieces, self._held_cr = [], False
         if rest:
             self._emit(OutputLine(self.rank, self.stream, rest, time.time()))
+
+
+HISTORY_LINES = 200_000
+"""Output lines a launch keeps for late subscribers and ``lines()`` (the oldest go first)."""
+HISTORY_BYTES = 64 << 20
+"""Memory the kept lines' text may take (64 MiB): a few very long lines cannot fill the caller's memory."""
+
+
+class OutputHistory:
+    """The newest output lines of a launch, bounded in number and in memory; counts what it dropped.
+
+    A line's size is the memory its text takes (``sys.getsizeof``). The newest line is always kept,
+    even alone over the byte bound, so ``lines()`` never loses the last thing a rank said.
+    """
+
+    def __init__(self, max_lines: int | None = None, max_bytes: int | None = None) -> None:
+        self.max_lines = HISTORY_LINES if max_lines is None else max_lines
+        self.max_bytes = HISTORY_BYTES if max_bytes is None else max_bytes
+        self._lines: collections.deque[tuple[OutputLine, int]] = collections.deque()
+        self.bytes = 0
+        """Memory taken by the kept lines' text."""
+        self.dropped_lines = 0
+        self.dropped_bytes = 0
+
+    def append(self, line: OutputLine) -> None:
+        """Keep ``line``, dropping the oldest lines while over either bound."""
+        size = sys.getsizeof(line.text)
+        self._lines.append((line, size))
+        self.bytes += size
+        while len(self._lines) > 1 and (len(self._lines) > self.max_lines or self.bytes > self.max_bytes):
+            _, old = self._lines.popleft()
+            self.bytes -= old
+            self.dropped_lines += 1
+            self.dropped_bytes += old
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    def snapshot(self, rank: int | None = None) -> list[OutputLine]:
+        """Return the kept lines, oldest first (of one ``rank`` or of all)."""
+        return [line for line, _ in self._lines if rank is None or line.rank == rank]
+
+    def dropped_text(self) -> str:
+        """Return a note on the lines dropped to stay within the bounds ("" when none were)."""
+        if not self.dropped_lines:
+            return ""
+        return (
+            f"{self.dropped_lines} older line(s) ({self.dropped_bytes / 2**20:.1f} MiB) dropped: the launch keeps "
+            f"the newest {self.max_lines} lines and {self.max_bytes / 2**20:.0f} MiB of output "
+            "(log_dir=... keeps everything on disk)"
+        )
 
 
 def format_prefix(

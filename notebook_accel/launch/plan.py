@@ -11,12 +11,16 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..utils._accelerate_alias import alias_worker_env
-from ..utils.enums import MIXED_PRECISION_CHOICES
+from ..utils.enums import MIXED_PRECISION_CHOICES, PrecisionType
 from ..utils.environment import detect_platform, parse_flag_from_env
 from ..utils.imports import cuda_device_count
-from .ports import check_master_addr, parse_port
+from .request import START_METHODS
+
+if TYPE_CHECKING:
+    from .request import LaunchRequest
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +34,6 @@ __all__ = [
     "resolve_plan",
     "threads_per_worker",
 ]
-
-START_METHODS = ("fork", "spawn", "forkserver")
-RDZV_BACKENDS = ("static", "c10d")
 
 # Modules whose import (or first use) is known to initialise CUDA in the importing process, which
 # makes a later fork unusable for CUDA. Named in the error so the user knows which cell did it.
@@ -124,7 +125,7 @@ class LaunchPlan:
     start_method: str
     master_addr: str
     master_port: int
-    mixed_precision: str
+    mixed_precision: PrecisionType
     platform: str
     """``"local"``, ``"colab"`` or ``"kaggle"``."""
     num_nodes: int = 1
@@ -148,7 +149,11 @@ class LaunchPlan:
         return (
             f"Launching {self.num_processes} process(es){nodes} | backend {self.backend} | device {self.device_type} "
             f"| {where} | {self.master_addr}:{self.master_port}"
-            + (f" | mixed precision {self.mixed_precision}" if self.mixed_precision != "no" else "")
+            + (
+                f" | mixed precision {self.mixed_precision.value}"
+                if self.mixed_precision != PrecisionType.NO
+                else ""
+            )
             + (" | debug dry run" if self.debug else "")
         )
 
@@ -168,59 +173,39 @@ class LaunchPlan:
         }
 
 
-def _validate(
-    mixed_precision: str, start_method: str, num_nodes: int, node_rank: int, rdzv_backend: str
-) -> None:
-    if mixed_precision not in MIXED_PRECISION_CHOICES:
-        raise ValueError(
-            f"mixed_precision={mixed_precision!r} is not supported; choose one of {', '.join(MIXED_PRECISION_CHOICES)}"
-        )
-    if start_method not in START_METHODS:
-        raise ValueError(
-            f"start_method={start_method!r} is not supported; choose one of {', '.join(START_METHODS)}"
-        )
-    if not isinstance(num_nodes, int) or num_nodes < 1:
-        raise ValueError(f"num_nodes={num_nodes!r} must be a positive integer")
-    if not isinstance(node_rank, int) or not 0 <= node_rank < num_nodes:
-        raise ValueError(f"node_rank={node_rank!r} must be an integer in [0, num_nodes={num_nodes})")
-    if rdzv_backend not in RDZV_BACKENDS:
-        raise ValueError(
-            f"rdzv_backend={rdzv_backend!r} is not supported; choose one of {', '.join(RDZV_BACKENDS)}"
-        )
+def resolve_plan(request: LaunchRequest) -> LaunchPlan:
+    """Return the ``LaunchPlan`` for ``request`` (checked already) on this machine.
 
-
-def resolve_plan(
-    num_processes: int | None,
-    mixed_precision: str = "no",
-    use_port: str | int = "29500",
-    master_addr: str = "127.0.0.1",
-    node_rank: int = 0,
-    num_nodes: int = 1,
-    rdzv_backend: str = "static",
-    start_method: str = "fork",
-    force_cpu: bool = False,
-) -> LaunchPlan:
-    """Return the ``LaunchPlan`` for these flags on this machine; raise on bad flags."""
-    mixed_precision = str(mixed_precision).lower()
-    _validate(mixed_precision, start_method, num_nodes, node_rank, rdzv_backend)
-    if num_processes is not None and (not isinstance(num_processes, int) or num_processes < 1):
-        raise ValueError(f"num_processes={num_processes!r} must be a positive integer or None")
-    platform = detect_platform()
-    debug = parse_flag_from_env("ACCELERATE_DEBUG_MODE")
-    env = {"ACCELERATE_MIXED_PRECISION": mixed_precision, "ACCELERATE_FORK_LAUNCHED": "1"}
-    if debug:
+    Only what depends on the machine is decided (and can fail) here: the platform, the devices, the
+    debug flag, whether CUDA was initialised before a fork.
+    """
+    num_nodes = request.num_nodes
+    common = {
+        "start_method": request.start_method,
+        "master_addr": request.master_addr,
+        "master_port": request.master_port,
+        "mixed_precision": request.mixed_precision,
+        "platform": detect_platform(),
+        "num_nodes": num_nodes,
+        "node_rank": request.node_rank,
+        "debug": parse_flag_from_env("ACCELERATE_DEBUG_MODE"),
+    }
+    env = {"ACCELERATE_MIXED_PRECISION": request.mixed_precision.value, "ACCELERATE_FORK_LAUNCHED": "1"}
+    if common["debug"]:
         env["ACCELERATE_DEBUG_MODE"] = "1"
-
-    if not force_cpu and platform in ("colab", "kaggle") and _tpu_present():
-        n = num_processes or 8
+    asked = request.num_processes
+    if not request.force_cpu and common["platform"] in ("colab", "kaggle") and _tpu_present():
         return LaunchPlan(
-            n, "xla", "tpu", "XLA", start_method, master_addr, parse_port(use_port), mixed_precision, platform,
-            num_nodes, node_rank, debug, None, False, env,
-        )  # fmt: skip
-
-    gpus = 0 if force_cpu else _cuda_device_count()
+            num_processes=asked or 8,
+            backend="xla",
+            device_type="tpu",
+            distributed_type="XLA",
+            env=env,
+            **common,
+        )
+    gpus = 0 if request.force_cpu else _cuda_device_count()
     if gpus > 0:
-        n = num_processes if num_processes is not None else gpus
+        n = asked if asked is not None else gpus
         if num_nodes == 1 and n > gpus:
             raise ValueError(
                 f"num_processes={n} is more than the {gpus} visible CUDA device(s); use at most {gpus}, "
@@ -228,19 +213,18 @@ def resolve_plan(
             )
         backend, device, dist_type = "nccl", "cuda", "MULTI_GPU"
     else:
-        n = num_processes if num_processes is not None else 1
+        n = asked if asked is not None else 1
         backend, device, dist_type = "gloo", "cpu", "MULTI_CPU"
         env["ACCELERATE_USE_CPU"] = "1"
     in_process = n == 1 and num_nodes == 1
-    if in_process:
-        dist_type = "NO"
     if not in_process:
-        check_cuda_not_initialised(start_method)
-    # Single node: the launcher binds the port itself (ports.host_store) right before forking.
-    # Multi-node: every node must agree on the port, so no silent fallback there.
-    port = parse_port(use_port)
-    check_master_addr(master_addr)
+        check_cuda_not_initialised(request.start_method)
     return LaunchPlan(
-        n, backend, device, dist_type, start_method, master_addr, port, mixed_precision, platform,
-        num_nodes, node_rank, debug, None, in_process, env,
-    )  # fmt: skip
+        num_processes=n,
+        backend=backend,
+        device_type=device,
+        distributed_type="NO" if in_process else dist_type,
+        in_process=in_process,
+        env=env,
+        **common,
+    )

@@ -246,4 +246,16 @@ def _forkserver(spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerP
 def start_worker(method: str, spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerProcess:
     """Return the started worker for ``spec`` (``method``: fork, spawn or forkserver)."""
     starter = {"fork": _fork, "spawn": _spawn, "forkserver": _forkserver}[method]
-    return starter(spec, out_w, err_w, res_w)
+    try:
+        return starter(spec, out_w, err_w, res_w)
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.ENOMEM):
+            raise
+        world = spec.env.get("WORLD_SIZE", "?")
+        # The same exception type and errno, so code that handles BlockingIOError or ENOMEM still does.
+        raise type(exc)(
+            exc.errno,
+            f"could not start rank {spec.rank} of {world} ({method}: {exc.strerror}): this machine's limit on "
+            "processes (ulimit -u, or a container's pids limit) or its free memory is used up. Launch fewer "
+            "processes, free memory, or raise the limit (ulimit -u)",
+        ) from exc

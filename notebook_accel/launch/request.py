@@ -14,19 +14,31 @@ import logging
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..utils.enums import MIXED_PRECISION_CHOICES, PrecisionType
 from .output import OutputLine, format_prefix
-from .plan import RDZV_BACKENDS
-from .ports import DEFAULT_PORT, parse_port
+from .ports import DEFAULT_PORT, check_master_addr, parse_port
 
-__all__ = ["DEFAULT_HANG_TIMEOUT", "HANG_ACTIONS", "PROGRESS_BARS", "LaunchRequest"]
+__all__ = [
+    "DEFAULT_HANG_TIMEOUT",
+    "HANG_ACTIONS",
+    "MAX_PROCESSES_PER_CORE",
+    "PROGRESS_BARS",
+    "RDZV_BACKENDS",
+    "START_METHODS",
+    "LaunchRequest",
+]
 
 logger = logging.getLogger(__name__)
 
+START_METHODS = ("fork", "spawn", "forkserver")
+RDZV_BACKENDS = ("static", "c10d")
 PROGRESS_BARS = ("auto", "main", "all", "text")
 HANG_ACTIONS = ("report", "stop")
+MAX_PROCESSES_PER_CORE = 64
+"""Above this many processes per CPU core a launch needs ``allow_oversubscribe=True`` (likely a typo)."""
 DEFAULT_HANG_TIMEOUT = 60.0
 """Seconds a rank may sit in a collective while another rank is elsewhere before a hang is reported.
 
@@ -50,6 +62,27 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _check_runs_when_called(function: Callable) -> None:
+    """Raise TypeError for an ``async def`` or generator function: calling one runs none of its body."""
+    name = getattr(function, "__qualname__", None) or repr(function)
+    if inspect.isasyncgenfunction(function):
+        raise TypeError(
+            f"{name} is an async generator function: calling it runs none of its body. Launch a plain function "
+            "that consumes it, e.g. one that returns asyncio.run(...) of a coroutine collecting it with async for"
+        )
+    if inspect.iscoroutinefunction(function):
+        raise TypeError(
+            f"{name} is an async def function: each worker would only get a coroutine back, never run it. "
+            f"Launch a plain function that runs it, e.g. def main(*args): return asyncio.run({name}(*args))"
+        )
+    if inspect.isgeneratorfunction(function):
+        raise TypeError(
+            f"{name} is a generator function: calling it runs none of its body, and the generator cannot be "
+            f"sent back from a worker. Launch a plain function that consumes it, e.g. "
+            f"def main(*args): return list({name}(*args))"
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class LaunchRequest:
     """What the caller asked for, checked (``__post_init__`` raises on a bad option) and frozen."""
@@ -57,7 +90,8 @@ class LaunchRequest:
     function: Callable
     args: tuple = ()
     num_processes: int | None = None
-    mixed_precision: str = "no"
+    mixed_precision: str | PrecisionType = PrecisionType.NO
+    """Given as a string or a PrecisionType; a PrecisionType once checked."""
     use_port: str | int = DEFAULT_PORT
     master_addr: str = "127.0.0.1"
     node_rank: int = 0
@@ -81,6 +115,10 @@ class LaunchRequest:
     on_hang: str = "report"
     force_cpu: bool = False
     """debug_launcher: gloo on the CPU even where CUDA devices exist."""
+    allow_oversubscribe: bool = False
+    """Accept more than ``MAX_PROCESSES_PER_CORE`` processes per CPU core."""
+    master_port: int = field(init=False, default=0)
+    """``use_port`` as a number (set by the checks)."""
 
     def __post_init__(self) -> None:
         self._check_counts()
@@ -103,6 +141,7 @@ class LaunchRequest:
         if not isinstance(self.args, (tuple, list)):
             raise TypeError(f"args must be a tuple of positional arguments; got {type(self.args).__name__}")
         object.__setattr__(self, "args", tuple(self.args))
+        _check_runs_when_called(self.function)
         try:
             signature = inspect.signature(self.function)
         except (TypeError, ValueError):
@@ -128,8 +167,15 @@ class LaunchRequest:
             )
         if not _is_int(self.max_restarts) or self.max_restarts < 0:
             raise ValueError(f"max_restarts={self.max_restarts!r} must be an integer >= 0")
-        parse_port(self.use_port)
+        object.__setattr__(self, "master_port", parse_port(self.use_port))
         cores = os.cpu_count() or 1
+        if n is not None and n > MAX_PROCESSES_PER_CORE * cores and self.allow_oversubscribe is not True:
+            raise ValueError(
+                f"num_processes={n} is more than {MAX_PROCESSES_PER_CORE} processes per CPU core on this machine "
+                f"({cores} core(s)): each one holds its own interpreter and copy of torch, and a fork this many "
+                f"times over likely hits a process or memory limit. Use at most {MAX_PROCESSES_PER_CORE * cores}, "
+                "or pass allow_oversubscribe=True to notebook_launcher if you mean it"
+            )
         if n is not None and n > 4 * cores:
             logger.warning(
                 "num_processes=%d on a machine with %d CPU core(s): every process gets a fraction of a core, "
@@ -154,6 +200,17 @@ class LaunchRequest:
             )
 
     def _check_choices(self) -> None:
+        if self.start_method not in START_METHODS:
+            raise ValueError(
+                f"start_method={self.start_method!r} is not supported; choose one of {', '.join(START_METHODS)}"
+            )
+        precision = str(getattr(self.mixed_precision, "value", self.mixed_precision)).lower()
+        if precision not in MIXED_PRECISION_CHOICES:
+            raise ValueError(
+                f"mixed_precision={self.mixed_precision!r} is not supported; choose one of "
+                f"{', '.join(MIXED_PRECISION_CHOICES)}"
+            )
+        object.__setattr__(self, "mixed_precision", PrecisionType(precision))
         if self.progress_bars not in PROGRESS_BARS:
             raise ValueError(
                 f"progress_bars={self.progress_bars!r} is not one of {list(PROGRESS_BARS)}: 'main' shows the main "
@@ -164,11 +221,14 @@ class LaunchRequest:
                 f"on_hang={self.on_hang!r} is not one of {list(HANG_ACTIONS)}: 'report' shows a suspected hang "
                 "and keeps running, 'stop' stops the launch and raises with every rank's stack"
             )
-        for name in ("block", "panel", "force_cpu"):
+        for name in ("block", "panel", "force_cpu", "allow_oversubscribe"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
 
     def _check_elastic(self) -> None:
+        if not isinstance(self.master_addr, str):
+            raise TypeError(f"master_addr={self.master_addr!r} must be a host name or IP address string")
+        check_master_addr(self.master_addr)
         if self.rdzv_conf is not None and not isinstance(self.rdzv_conf, Mapping):
             raise TypeError(f"rdzv_conf={self.rdzv_conf!r} must be a dict of rendezvous settings or None")
         if not isinstance(self.rdzv_endpoint, str):

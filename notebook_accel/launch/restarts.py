@@ -27,14 +27,12 @@ from .doctor import RankStack
 from .errors import LaunchError
 from .events import BarState
 from .handle import LaunchHandle, RankStatus
-from .output import OutputLine
+from .output import OutputHistory, OutputLine
 from .plan import LaunchPlan
 
 __all__ = ["Attempt", "RestartingHandle"]
 
 logger = logging.getLogger(__name__)
-
-_HISTORY = 200_000  # lines kept over all attempts, as a LaunchHandle keeps for one
 
 
 @dataclass(frozen=True)
@@ -81,7 +79,14 @@ def _record(handle: LaunchHandle, started_at: float) -> Attempt:
     # A rank that raised has a failure without an exit code; its process's code is in its status.
     exitcode = root.exitcode if root.exitcode is not None else statuses[root.rank].exitcode
     return Attempt(
-        handle.attempt, state, started_at, time.time(), root.rank, exitcode, root.headline(), error
+        handle.attempt,
+        state,
+        started_at,
+        time.time(),
+        rank=root.rank,
+        exitcode=exitcode,
+        failure=root.headline(),
+        error=error,
     )
 
 
@@ -117,7 +122,7 @@ class RestartingHandle(Completion):
         self._lock = threading.RLock()
         self._wake = threading.Event()  # set by stop()/kill(): ends the wait before a restart at once
         self._done = threading.Event()
-        self._history: collections.deque[OutputLine] = collections.deque(maxlen=_HISTORY)
+        self._history = OutputHistory()  # bounded in lines and bytes (output.HISTORY_*)
         self._subscribers: list[Callable[[OutputLine], None]] = []
         self._event_subscribers: list[Callable[[str, int, Any], None]] = []
         self._done_callbacks: list[Callable[[RestartingHandle], None]] = []
@@ -234,7 +239,7 @@ class RestartingHandle(Completion):
     def subscribe(self, callback: Callable[[OutputLine], None]) -> Callable[[], None]:
         """Send ``callback`` every line so far (every try), then each new one; return the unsubscribe function."""
         with self._lock:
-            for line in list(self._history):
+            for line in self._history.snapshot():
                 callback(line)
             self._subscribers.append(callback)
         return lambda: self._remove(self._subscribers, callback)
@@ -248,7 +253,22 @@ class RestartingHandle(Completion):
     def lines(self, rank: int | None = None) -> list[OutputLine]:
         """Return the output lines of every try so far, of one ``rank`` or of all."""
         with self._lock:
-            return [line for line in self._history if rank is None or line.rank == rank]
+            return self._history.snapshot(rank)
+
+    @property
+    def dropped_lines(self) -> int:
+        """Return how many of the oldest output lines ``lines()`` no longer holds (the history is bounded)."""
+        return self._history.dropped_lines
+
+    @property
+    def dropped_bytes(self) -> int:
+        """Return the memory the dropped lines' text took; ``history_bytes``: what the kept lines take."""
+        return self._history.dropped_bytes
+
+    @property
+    def history_bytes(self) -> int:
+        """Return the memory the kept lines' text takes (at most ``output.HISTORY_BYTES`` plus the newest line)."""
+        return self._history.bytes
 
     # ------------------------------------------------------------------ supervision
 

@@ -97,12 +97,21 @@ def _redirect(out_fd: int, err_fd: int) -> None:
     os.dup2(err_fd, 2)
     os.close(out_fd)
     os.close(err_fd)
-    # Line-buffered text streams over the new fds: each print() reaches the parent at once.
-    sys.stdout = sys.__stdout__ = io.TextIOWrapper(
-        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
-    )
-    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
-        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
+    sys.stdout = sys.__stdout__ = _text_stream(1)
+    sys.stderr = sys.__stderr__ = _text_stream(2)
+
+
+def _text_stream(fd: int) -> io.TextIOWrapper:
+    """Return a line-buffered text stream over ``fd``: each print() reaches the parent at once, whole.
+
+    The BufferedWriter between the text layer and the raw file is what keeps every byte: a write
+    to a full pipe that a signal interrupts (``STACKS_SIGNAL`` from the hang watch or ``stacks()``)
+    returns having written only part, and a TextIOWrapper straight over the raw file drops the
+    rest without a word; BufferedWriter writes again until all of it is out.
+    """
+    raw = io.FileIO(fd, "w", closefd=False)
+    return io.TextIOWrapper(
+        io.BufferedWriter(raw), encoding="utf-8", errors="backslashreplace", line_buffering=True
     )
 
 
