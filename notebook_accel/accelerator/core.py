@@ -29,6 +29,7 @@ from ..utils import operations as _ops
 from ..utils.compilation import is_compiled_module
 from ..utils.enums import DistributedType, PrecisionType
 from ..utils.memory import release_memory
+from ..utils.modeling import get_state_dict_offloaded_model, has_offloaded_params
 from ..utils.other import extract_model_from_parallel, save
 from . import fsdp as _fsdp
 from . import mesh as _mesh
@@ -383,8 +384,12 @@ class Accelerator(_TrackingMixin, _TrainingMixin, _mesh.ParallelismMixin):
         """Return ``model`` on the device, under autocast, wrapped for DDP/FSDP and compiled as configured."""
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"prepare_model expects a torch.nn.Module, got {type(model).__name__}")
+        if _reuse_prepared(self._models, model):
+            return model
         if device_placement is None:
             device_placement = self.device_placement and self.distributed_type != DistributedType.FSDP
+        if _quantized_placement(model):
+            device_placement = False  # bitsandbytes placed it; its weights cannot be moved
         self._models.append(model)
         if device_placement and not self.verify_device_map(model):
             model = model.to(self.device)
@@ -398,23 +403,25 @@ class Accelerator(_TrackingMixin, _TrainingMixin, _mesh.ParallelismMixin):
         if dynamo is not None and str(dynamo.backend.value).upper() != "NO" and not is_compiled_module(model):
             model = _model.compile_model(model, dynamo)
         self._models[-1] = model
-        return model
+        return _mark_prepared(model)
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
     ) -> Any:
         """Return ``optimizer`` wrapped to follow accumulation and fp16 scaling."""
         if isinstance(optimizer, AcceleratedOptimizer):
+            _reuse_prepared(self._optimizers, _mark_prepared(optimizer))
             return optimizer
         if device_placement is None:
             device_placement = self.device_placement
         wrapped = AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
         self._optimizers.append(wrapped)
-        return wrapped
+        return _mark_prepared(wrapped)
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """Return ``scheduler`` wrapped to step with the prepared optimizer it drives."""
         if isinstance(scheduler, AcceleratedScheduler):
+            _reuse_prepared(self._schedulers, _mark_prepared(scheduler))
             return scheduler
         target = getattr(scheduler, "optimizer", None)
         optimizers = [
@@ -427,7 +434,7 @@ class Accelerator(_TrackingMixin, _TrainingMixin, _mesh.ParallelismMixin):
             split_batches=self.split_batches,
         )
         self._schedulers.append(wrapped)
-        return wrapped
+        return _mark_prepared(wrapped)
 
     def prepare_data_loader(
         self,
@@ -436,6 +443,8 @@ class Accelerator(_TrackingMixin, _TrainingMixin, _mesh.ParallelismMixin):
         slice_fn_for_dispatch: Any = None,
     ) -> Any:
         """Return ``data_loader`` sharded for this process (see :func:`notebook_accel.data_loader.prepare_data_loader`)."""
+        if _reuse_prepared(self._dataloaders, data_loader):
+            return data_loader
         if device_placement is None:
             device_placement = self.device_placement
         cfg = self.dataloader_config
@@ -460,7 +469,7 @@ class Accelerator(_TrackingMixin, _TrainingMixin, _mesh.ParallelismMixin):
             torch_device_mesh=self.torch_device_mesh,
         )
         self._dataloaders.append(prepared)
-        return prepared
+        return _mark_prepared(prepared)
 
     def _prepare_deepspeed(self, *args: Any) -> Any:
         model = next((a for a in args if isinstance(a, torch.nn.Module)), None)
@@ -703,7 +712,12 @@ class Accelerator(_TrackingMixin, _TrainingMixin, _mesh.ParallelismMixin):
         save_directory = Path(save_directory)
         if save_directory.is_file():
             raise ValueError(f"save_model needs a directory, but {str(save_directory)!r} is a file")
-        state_dict = self.get_state_dict(model)  # every process takes part (FSDP gathers)
+        inner = self.unwrap_model(model)
+        if self.distributed_type != DistributedType.FSDP and any(map(has_offloaded_params, inner.modules())):
+            # cpu_offload / disk_offload left meta tensors in the model: read the real weights back.
+            state_dict = get_state_dict_offloaded_model(inner)
+        else:
+            state_dict = self.get_state_dict(model)  # every process takes part (FSDP gathers)
         self._checkpointer.save_model(state_dict, save_directory, max_shard_size, safe_serialization)
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
@@ -787,8 +801,50 @@ def _only_tensors(data: Any) -> bool:
 
 
 def _is_scheduler(obj: Any) -> bool:
-    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+    return isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, AcceleratedScheduler)) or (
         type(obj).__name__.endswith(("LR", "Scheduler"))
         and hasattr(obj, "step")
         and hasattr(obj, "optimizer")
     )
+
+
+# What Accelerate 1.15 stamps on everything prepare() gives back; libraries read it to tell a
+# prepared object from a raw one, and prepare() passes such an object through unchanged.
+PREPARED_FLAG = "_is_accelerate_prepared"
+
+
+def _mark_prepared(obj: Any) -> Any:
+    """Return ``obj`` flagged as prepared (when it takes attributes)."""
+    try:
+        setattr(obj, PREPARED_FLAG, True)
+    except (AttributeError, TypeError):
+        pass
+    return obj
+
+
+def _reuse_prepared(registry: list[Any], obj: Any) -> bool:
+    """Return whether ``obj`` was prepared already; such an object joins ``registry`` once, by identity."""
+    if not getattr(obj, PREPARED_FLAG, False):
+        return False
+    if not any(known is obj for known in registry):
+        registry.append(obj)
+    return True
+
+
+def _quantized_placement(model: torch.nn.Module) -> bool:
+    """Return whether ``model`` is a bitsandbytes 8/4-bit model already placed by its ``hf_device_map``.
+
+    Raises ValueError when that map offloads part of it to the CPU or disk, which cannot be trained.
+    """
+    quantized = getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)
+    device_map = getattr(model, "hf_device_map", None)
+    if not quantized or not isinstance(device_map, dict):
+        return False
+    offloaded = sorted({str(d) for d in device_map.values() if str(d) in ("cpu", "disk")})
+    if offloaded:
+        raise ValueError(
+            "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU or disk "
+            f"offload: its hf_device_map puts modules on {' and '.join(offloaded)}. Load it with a "
+            "device_map on accelerators only (e.g. device_map={'': 0}), or without load_in_8bit/4bit."
+        )
+    return True
