@@ -421,8 +421,7 @@ class Accelerator(_TrackingMixin, _TrainingMixin, _mesh.ParallelismMixin):
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """Return ``scheduler`` wrapped to step with the prepared optimizer it drives."""
         if isinstance(scheduler, AcceleratedScheduler):
-            _reuse_prepared(self._schedulers, _mark_prepared(scheduler))
-            return scheduler
+            return scheduler  # as 1.15: returned as it is, not registered again here
         target = getattr(scheduler, "optimizer", None)
         optimizers = [
             opt for opt in self._optimizers if opt.optimizer is target or opt is target
@@ -801,7 +800,7 @@ def _only_tensors(data: Any) -> bool:
 
 
 def _is_scheduler(obj: Any) -> bool:
-    return isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, AcceleratedScheduler)) or (
+    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
         type(obj).__name__.endswith(("LR", "Scheduler"))
         and hasattr(obj, "step")
         and hasattr(obj, "optimizer")
