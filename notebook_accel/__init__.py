@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from ._lazy import attach
 
-__version__ = "0.1.0"
+# The Accelerate API level implemented here: what scripts that gate on ``accelerate.__version__``
+# (diffusers' training examples register their save/load-state hooks only from 0.16.0 on) must read,
+# under ``install_as_accelerate()`` and under ``import notebook_accel as accelerate`` alike. This
+# distribution's own release is ``__notebook_accel_version__`` (``importlib.metadata.version("notebook-accel")``).
+__version__ = "1.15.0"
+__notebook_accel_version__ = "0.1.0"
 
 _TABLE: dict[str, str] = {
     # state
@@ -59,5 +64,5 @@ _TABLE: dict[str, str] = {
     "load_ipython_extension": ".interactive.magics",
 }
 
-__all__ = sorted(_TABLE) + ["__version__"]
+__all__ = sorted(_TABLE) + ["__notebook_accel_version__", "__version__"]
 __getattr__, __dir__ = attach(__name__, _TABLE)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler
 
+from tests.goldens_dropin_cases import DROPIN_CASES
 from tests.goldens_loader_cases import LOADER_CASES
 
 __all__ = ["CASES", "run_cases"]
@@ -756,6 +757,7 @@ def _reset(A: Any) -> None:
 
 # The programs that build the prepared dataloader classes directly live in their own file.
 CASES.update(LOADER_CASES)
+CASES.update(DROPIN_CASES)
 
 
 def run_cases(

@@ -163,7 +163,7 @@ class Checkpointer:
         optimizers = self._optimizer_states()
         with _ckpt.atomic_directory(target, self.state, writer) as tmp:
             for hook in prepared.save_hooks.values():
-                hook(prepared.models, weights, str(tmp))
+                hook(list(prepared.models), weights, str(tmp))
             _ckpt.save_accelerator_state(
                 tmp,
                 weights,
@@ -225,13 +225,16 @@ class Checkpointer:
         """
         source = self._load_source(input_dir)
         prepared = self.prepared
-        if self.state.distributed_type == DistributedType.FSDP:
-            models: list[Any] = [_FullModelState(m) for m in prepared.models]
-        else:
-            models = [unwrap(m) for m in prepared.models]
-        optimizers = self._optimizer_states()
+        # Hooks get a list of their own: a model they pop (diffusers' hooks load their models
+        # themselves and pop them) is not loaded again here, and stays prepared.
+        remaining = list(prepared.models)
         for hook in prepared.load_hooks.values():
-            hook(prepared.models, str(source))
+            hook(remaining, str(source))
+        if self.state.distributed_type == DistributedType.FSDP:
+            models: list[Any] = [_FullModelState(m) for m in remaining]
+        else:
+            models = [unwrap(m) for m in remaining]
+        optimizers = self._optimizer_states()
         override = _ckpt.load_accelerator_state(
             source,
             models,

@@ -35,6 +35,7 @@ from . import wrapping as _model
 from .checkpoint import Checkpointer, PreparedObjects
 from .flags import SPLIT_BATCHES_UNSET, AcceleratorFlags, resolve_flags
 from .precision import Precision
+from .prepared import _mark_prepared, _quantized_placement, _reuse_prepared
 from .process import _ProcessMixin
 from .saving import _SavingMixin
 from .tracking import _TrackingMixin
@@ -236,8 +237,12 @@ class Accelerator(_ProcessMixin, _SavingMixin, _TrackingMixin, _TrainingMixin, _
         """Return ``model`` on the device, under autocast, wrapped for DDP/FSDP and compiled as configured."""
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"prepare_model expects a torch.nn.Module, got {type(model).__name__}")
+        if _reuse_prepared(self._models, model):
+            return model
         if device_placement is None:
             device_placement = self.device_placement and self.distributed_type != DistributedType.FSDP
+        if _quantized_placement(model):
+            device_placement = False  # bitsandbytes placed it; its weights cannot be moved
         self._models.append(model)
         if device_placement and not self.verify_device_map(model):
             model = model.to(self.device)
@@ -251,24 +256,25 @@ class Accelerator(_ProcessMixin, _SavingMixin, _TrackingMixin, _TrainingMixin, _
         if dynamo is not None and str(dynamo.backend.value).upper() != "NO" and not is_compiled_module(model):
             model = _model.compile_model(model, dynamo)
         self._models[-1] = model
-        return model
+        return _mark_prepared(model)
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
     ) -> Any:
         """Return ``optimizer`` wrapped to follow accumulation and fp16 scaling."""
         if isinstance(optimizer, AcceleratedOptimizer):
+            _reuse_prepared(self._optimizers, _mark_prepared(optimizer))
             return optimizer
         if device_placement is None:
             device_placement = self.device_placement
         wrapped = AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
         self._optimizers.append(wrapped)
-        return wrapped
+        return _mark_prepared(wrapped)
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """Return ``scheduler`` wrapped to step with the prepared optimizer it drives."""
         if isinstance(scheduler, AcceleratedScheduler):
-            return scheduler
+            return scheduler  # as 1.15: returned as it is, not registered again here
         target = getattr(scheduler, "optimizer", None)
         optimizers = [
             opt for opt in self._optimizers if opt.optimizer is target or opt is target
@@ -280,7 +286,7 @@ class Accelerator(_ProcessMixin, _SavingMixin, _TrackingMixin, _TrainingMixin, _
             split_batches=self.split_batches,
         )
         self._schedulers.append(wrapped)
-        return wrapped
+        return _mark_prepared(wrapped)
 
     def prepare_data_loader(
         self,
@@ -289,6 +295,8 @@ class Accelerator(_ProcessMixin, _SavingMixin, _TrackingMixin, _TrainingMixin, _
         slice_fn_for_dispatch: Any = None,
     ) -> Any:
         """Return ``data_loader`` sharded for this process (see :func:`notebook_accel.data_loader.prepare_data_loader`)."""
+        if _reuse_prepared(self._dataloaders, data_loader):
+            return data_loader
         if device_placement is None:
             device_placement = self.device_placement
         cfg = self.dataloader_config
@@ -313,7 +321,7 @@ class Accelerator(_ProcessMixin, _SavingMixin, _TrackingMixin, _TrainingMixin, _
             torch_device_mesh=self.torch_device_mesh,
         )
         self._dataloaders.append(prepared)
-        return prepared
+        return _mark_prepared(prepared)
 
     def _prepare_deepspeed(self, *args: Any) -> Any:
         model = next((a for a in args if isinstance(a, torch.nn.Module)), None)

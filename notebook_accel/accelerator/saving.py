@@ -16,6 +16,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..data_loader import skip_first_batches
 from ..utils.enums import DistributedType
+from ..utils.modeling import get_state_dict_offloaded_model, has_offloaded_params
 from ..utils.other import save
 from .checkpoint import _full_options
 
@@ -42,7 +43,12 @@ class _SavingMixin:
         save_directory = Path(save_directory)
         if save_directory.is_file():
             raise ValueError(f"save_model needs a directory, but {str(save_directory)!r} is a file")
-        state_dict = self.get_state_dict(model)  # every process takes part (FSDP gathers)
+        inner = self.unwrap_model(model)
+        if self.distributed_type != DistributedType.FSDP and any(map(has_offloaded_params, inner.modules())):
+            # cpu_offload / disk_offload left meta tensors in the model: read the real weights back.
+            state_dict = get_state_dict_offloaded_model(inner)
+        else:
+            state_dict = self.get_state_dict(model)  # every process takes part (FSDP gathers)
         self._checkpointer.save_model(state_dict, save_directory, max_shard_size, safe_serialization)
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:

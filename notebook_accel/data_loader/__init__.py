@@ -50,6 +50,7 @@ from .samplers import (
     IterableDatasetShard,
     SeedableRandomSampler,
     SkipBatchSampler,
+    _check_fixed_batch_size,
     _own_epoch_counter,
     _shard_batch_sampler,
     _usable_rng_types,
@@ -285,6 +286,10 @@ def prepare_data_loader(
     if dispatch_batches is None:
         # A stream is read once, on process 0, unless asked otherwise (Accelerate's default).
         dispatch_batches = bool(put_on_device and is_iterable)
+    if split_batches and dataloader.batch_size is None:
+        _check_fixed_batch_size(
+            getattr(dataloader.batch_sampler, "batch_size", None), "DataLoader's batch sampler"
+        )
     _check_options(dataloader.batch_size, num_processes, split_batches, dispatch_batches, put_on_device)
     if dispatch_batches:
         return _dispatching_loader(
@@ -420,6 +425,8 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             "_non_blocking": dataloader._non_blocking,
             "torch_device_mesh": dataloader.torch_device_mesh,
             "iteration": dataloader.iteration,
+            # A resumed loader stays resumable (Accelerate 1.15 drops the stateful loader here).
+            "use_stateful_dataloader": dataloader.use_stateful_dataloader,
         }
         if isinstance(dataloader.dataset, IterableDataset):
             new = DataLoaderShard(

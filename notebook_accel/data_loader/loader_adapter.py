@@ -123,6 +123,14 @@ class DataLoaderAdapter(DataLoader):
         if use_stateful_dataloader:
             self.base_dataloader = make_stateful_loader(dataset, batch_sampler=batch_sampler, **kwargs)
 
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        # isinstance(loader, StatefulDataLoader) is how users and libraries (as with Accelerate 1.15)
+        # tell a resumable loader: with the stateful loader this object answers as one too, while
+        # type(self) and isinstance(self, DataLoaderShard) stay what they are.
+        inner = self.__dict__.get("base_dataloader", self)
+        return type(self) if inner is self else type(inner)
+
     def __iter__(self):
         if self.base_dataloader is self:
             return super().__iter__()

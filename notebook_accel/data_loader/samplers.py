@@ -55,6 +55,16 @@ class SeedableRandomSampler(RandomSampler):
         self.initial_seed = int(state["initial_seed"])
 
 
+def _check_fixed_batch_size(batch_size: Any, source: str) -> None:
+    """Raise ValueError unless ``batch_size`` is a natural number (split_batches cuts fixed-size batches)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(
+            f"split_batches=True needs a fixed batch size to split, but the {source} has batch_size="
+            f"{batch_size!r}: give the DataLoader (or its batch sampler) a batch_size, or use "
+            "split_batches=False"
+        )
+
+
 class BatchSamplerShard(BatchSampler):
     """Yield process ``process_index``'s share of the batches of ``batch_sampler``.
 
@@ -79,6 +89,8 @@ class BatchSamplerShard(BatchSampler):
                 "need 0 <= process_index < num_processes"
             )
         batch_size = getattr(batch_sampler, "batch_size", None)
+        if split_batches:
+            _check_fixed_batch_size(batch_size, type(batch_sampler).__name__)
         if split_batches and batch_size is not None and batch_size % num_processes != 0:
             raise ValueError(
                 f"split_batches=True needs a batch size that is a round multiple of num_processes, got "
@@ -129,7 +141,9 @@ class BatchSamplerShard(BatchSampler):
                     f"split_batches=True needs batches whose length is a multiple of num_processes={n}, "
                     f"got a batch of {len(batch)}"
                 )
-            chunk = math.ceil(len(batch) / n)
+            # Each process owns a fixed slice of a full batch: a short last batch (even_batches=False)
+            # fills the first slices and leaves later processes short or empty, as in Accelerate 1.15.
+            chunk = size // n if self.batch_size is not None else len(batch) // n
             mine = batch[i * chunk : (i + 1) * chunk]
             if mine:
                 yield mine

@@ -13,6 +13,7 @@ see exactly the samples of the uninterrupted one here:
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,8 @@ import torch
 __all__ = ["LoaderPosition", "make_stateful_loader"]
 
 logger = logging.getLogger(__name__)
+
+_END = object()
 
 
 def make_stateful_loader(dataset: Any, **kwargs: Any) -> Any:
@@ -44,20 +47,40 @@ class LoaderPosition:
         self._served: dict[str, Any] | None = None  # position after the last batch handed out
         self._epoch_generator: torch.Tensor | None = None
         self._pending: dict[str, Any] | None = None
+        self._epoch_global_rng: torch.Tensor | None = None
 
     def start(self, generator: torch.Generator | None) -> Iterator[Any]:
         """Return the epoch's iterator, resumed from a loaded position if one is pending."""
         pending, self._pending = self._pending, None
+        global_rng = None
         if pending is not None:
             if "generator" in pending and isinstance(generator, torch.Generator):
                 generator.set_state(pending["generator"])
+            global_rng = pending.get("global_rng")
             self.inner.load_state_dict(pending["loader"])
         self._epoch_generator = generator.get_state() if isinstance(generator, torch.Generator) else None
+        # Without a generator of its own a shuffling sampler draws the epoch's order from the global
+        # RNG when its first batch is read: keep that state so a resumed run draws the same order.
+        self._epoch_global_rng = None
+        if self._epoch_generator is None:
+            self._epoch_global_rng = global_rng if global_rng is not None else torch.get_rng_state()
         self._served = None
         # Creating an iterator draws a worker base seed from the global RNG: draw it from a fork so
         # the global stream is the same in a resumed run.
+        # Resumed: the order (and the skip to the saved position) comes from the global RNG as it
+        # was when the interrupted epoch began; the global stream itself stays as load_state set it.
+        # The sampler draws while worker processes are primed (in iter()), else at the first batch.
+        workers = getattr(self.inner, "num_workers", 0)
         with torch.random.fork_rng(devices=[]):
-            return iter(self.inner)
+            if global_rng is not None and workers > 0:
+                torch.set_rng_state(global_rng)
+            iterator = iter(self.inner)
+            if global_rng is None:
+                return iterator
+            if workers == 0:
+                torch.set_rng_state(global_rng)
+            first = next(iterator, _END)
+        return iter(()) if first is _END else itertools.chain([first], iterator)
 
     def served(self) -> None:
         """Return nothing; record the position right after the batch about to be handed out."""
@@ -67,6 +90,7 @@ class LoaderPosition:
         """Return nothing; the epoch ran to its end (the next one starts from scratch)."""
         self._served = None
         self._epoch_generator = None
+        self._epoch_global_rng = None
 
     def state_dict(self, iteration: int) -> dict[str, Any]:
         """Return the position to save: the inner loader's state, the epoch and its starting generator."""
@@ -75,15 +99,27 @@ class LoaderPosition:
             state["loader"] = self._served
             if self._epoch_generator is not None:
                 state["generator"] = self._epoch_generator
+            if self._epoch_global_rng is not None:
+                state["global_rng"] = self._epoch_global_rng
         else:
             state["loader"] = self.inner.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Return nothing; the next ``start`` resumes from ``state`` (what ``state_dict`` gave)."""
+        if isinstance(state, dict) and "loader" not in state and _is_torchdata_state(state):
+            # A StatefulDataLoader's own state_dict() (torchdata's, or a checkpoint Accelerate 1.15
+            # wrote): resume there, with the shuffling generator as it is now.
+            state = {"loader": state}
         if not isinstance(state, dict) or "loader" not in state:
             raise ValueError(
                 "load_state_dict expects what a stateful prepared dataloader's state_dict() returned "
-                f"(a dict with 'loader'), got {type(state).__name__}"
+                f"(a dict with 'loader') or a StatefulDataLoader's state_dict(), got {type(state).__name__}"
+                + (f" with keys {sorted(state)[:6]}" if isinstance(state, dict) else "")
             )
         self._pending = state
+
+
+def _is_torchdata_state(state: dict) -> bool:
+    """Return whether ``state`` looks like a ``StatefulDataLoader.state_dict()`` (single- or multi-worker)."""
+    return "_iterator_finished" in state or "_snapshot" in state or "_num_yielded" in state

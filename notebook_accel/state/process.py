@@ -165,10 +165,12 @@ class _ProcessControl:
 
     def __getattr__(self, name: str) -> Any:
         # Only called when normal lookup fails: say why when the shared state was reset under us.
+        # The text starts as Accelerate 1.15's does: libraries match on it.
+        cls = type(self).__name__
         if not name.startswith("__") and not type(self)._shared_state:
             raise AttributeError(
-                f"{type(self).__name__} has no attribute {name!r}: its shared state was reset; "
-                f"create {type(self).__name__}() again"
+                f"`{cls}` object has no attribute `{name}`. This happens if `{cls}._reset_state()` was "
+                f"called and an `Accelerator` or `PartialState` was not reinitialized: create {cls}() again"
             )
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 

@@ -77,6 +77,20 @@ def _default_device(cpu: bool) -> torch.device:
     return torch.device("cpu")
 
 
+def _env_device() -> torch.device | None:
+    """Return the device ``ACCELERATE_TORCH_DEVICE`` pins (index kept as given), or None when unset."""
+    raw = os.environ.get("ACCELERATE_TORCH_DEVICE", "")
+    if raw == "":
+        return None
+    try:
+        return torch.device(raw)
+    except RuntimeError as err:
+        raise ValueError(
+            f"ACCELERATE_TORCH_DEVICE={raw!r} is not a torch device ({err}): use e.g. 'cpu', 'cuda:1' "
+            "or 'mps', or unset it"
+        ) from None
+
+
 def _multi_device(cpu: bool, backend: str | None, local_rank: int) -> torch.device:
     """Return the device of rank ``local_rank`` on this node for a multi-process run."""
     wants_cpu = cpu or (backend is not None and "nccl" not in backend)
@@ -139,7 +153,7 @@ def _adopt_group(flags: dict[str, Any]) -> ProcessWorld:
     backend = str(dist.get_backend())
     rank, world_size = dist.get_rank(), dist.get_world_size()
     local_rank = _local_rank(rank)
-    device = _multi_device(flags["use_cpu"], backend, local_rank)
+    device = _env_device() or _multi_device(flags["use_cpu"], backend, local_rank)
     logger.debug("adopting the initialised %s process group (rank %d of %d)", backend, rank, world_size)
     return _multi_world(flags, device, backend, rank, world_size, local_rank)
 
@@ -186,7 +200,7 @@ def resolve_world(cpu: bool = False, init_kwargs: Mapping[str, Any] | None = Non
             num_processes=1,
             process_index=0,
             local_process_index=0,
-            device=_default_device(flags["use_cpu"]),
+            device=_env_device() or _default_device(flags["use_cpu"]),
             backend=None,
             **flags,
         )

@@ -40,7 +40,7 @@ __all__ = [
 
 ALIAS = "accelerate"
 TARGET = "notebook_accel"
-ACCELERATE_COMPAT_VERSION = "1.15.0"
+ACCELERATE_COMPAT_VERSION = "1.15.0"  # == notebook_accel.__version__ (a test holds them equal)
 """The version ``importlib.metadata.version("accelerate")`` reports once installed.
 
 Clients gate code paths on it (transformers checks ``accelerate >= 1.1.0``, and newer keyword
@@ -86,7 +86,7 @@ class _AliasDistribution(importlib.metadata.Distribution):
 
     def read_text(self, filename: str) -> str | None:
         if filename == "METADATA":
-            ours = sys.modules[TARGET].__version__
+            ours = sys.modules[TARGET].__notebook_accel_version__
             return (
                 "Metadata-Version: 2.1\n"
                 f"Name: {ALIAS}\n"

@@ -72,6 +72,8 @@ def honor_type(obj: Any, generator: Iterable) -> Any:
     try:
         return type(obj)(items)
     except TypeError:
+        if not isinstance(obj, (list, tuple)):
+            raise  # not a container: its constructor's own TypeError, as Accelerate 1.15 gives
         # A list/tuple subclass whose constructor takes the items as separate arguments.
         return type(obj)(*items)
 
@@ -129,9 +131,11 @@ def recursively_apply(
         if test_type(node):
             return func(node, *args, **kwargs)
         if error_on_other_type:
+            # The text starts as Accelerate 1.15's does: callers match on it.
             raise TypeError(
-                f"{getattr(func, '__name__', func)} got a {type(node).__name__}: it takes nested "
-                f"lists/tuples/dicts whose leaves pass {getattr(test_type, '__name__', test_type)}"
+                f"Unsupported types ({type(node)}) passed to `{getattr(func, '__name__', func)}`. Only "
+                "nested list/tuple/dicts of objects that are valid for "
+                f"`{getattr(test_type, '__name__', test_type)}` should be passed."
             )
         return node
 
@@ -230,7 +234,7 @@ def concatenate(data: list | tuple, dim: int = 0) -> Any:
     if isinstance(first, Mapping):
         return _rebuild_mapping(first, {k: concatenate([d[k] for d in data], dim=dim) for k in first})
     if not isinstance(first, torch.Tensor):
-        raise TypeError(f"concatenate can only concatenate tensors, got {type(first).__name__}")
+        raise TypeError(f"Can only concatenate tensors but got {type(first)}")  # 1.15's text
     return torch.cat(list(data), dim=dim)
 
 

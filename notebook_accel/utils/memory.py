@@ -50,6 +50,9 @@ _OOM_MESSAGES = (
     "MLU out of memory.",
     "MPS backend out of memory",
     "HIP out of memory.",
+    "CPU out of memory.",
+    "SDAA out of memory.",
+    "MUSA out of memory.",
 )
 
 

@@ -16,7 +16,7 @@ import contextlib
 import functools
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -103,7 +103,10 @@ __all__ += [
 # Accelerate serves the state classes here too; this module reads the state (rank, world size).
 __all__ += ["AcceleratorState", "PartialState"]
 
-_REDUCTIONS = ("mean", "sum", "none")
+# Each reduction and the collective it runs ("mean" sums, then divides). "max" is Accelerate 1.15's;
+# "min" is a real minimum here (1.15 sums for it, as for any other string it does not know).
+_REDUCTIONS = {"mean": "sum", "sum": "sum", "none": None, "max": "max", "min": "min"}
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 # torch >= 2.13 renamed all_gather_into_tensor; both gather equal-sized tensors into one buffer.
 _all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -341,7 +344,8 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """Return the tensors of ``tensor`` (nested lists/tuples/dicts) reduced over all processes.
 
     ``reduction`` is "mean" (integer and bool tensors give a float mean), "sum" (bool tensors give
-    int64 counts) or "none" (no reduction: the input is returned). ``scale`` multiplies the result on XLA only, as documented by Accelerate. The
+    int64 counts), "max", "min" (element-wise over processes) or "none" (no reduction: the input is
+    returned). ``scale`` multiplies the result on XLA only, as documented by Accelerate. The
     input is never modified; with one process it is returned as it is.
     """
     if reduction not in _REDUCTIONS:
@@ -352,6 +356,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     if world["debug"]:
         _verify("reduce", tensor, world)
     n = world["num_processes"]
+    kind = _REDUCTIONS[reduction]
     if isinstance(tensor, torch.Tensor) and not _is_xla(world):
         tensor = tensor.detach()
         buffer = (
@@ -359,7 +364,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
             if tensor.dtype == torch.bool
             else tensor.clone(memory_format=torch.contiguous_format)
         )
-        dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
+        dist.all_reduce(buffer, op=_REDUCE_OPS[kind])
         return _mean(buffer, n) if reduction == "mean" else buffer
     # Booleans are summed as counts (int64): the sum of True over processes, or its mean.
     tensors = [t.long() if t.dtype == torch.bool else t.detach() for t in _leaves(tensor, "reduce")]
@@ -367,7 +372,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
         import torch_xla.core.xla_model as xm
 
         summed = [t.clone() for t in tensors]
-        xm.all_reduce("sum", summed, scale=scale)
+        xm.all_reduce(kind, summed, scale=scale)
         return _refill(tensor, [_mean(t, n) if reduction == "mean" else t for t in summed])
     out: list[Any] = [None] * len(tensors)
     for idx in _groups(tensors).values():
@@ -375,7 +380,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
             buffer = tensors[idx[0]].clone(memory_format=torch.contiguous_format)
         else:
             buffer = torch.cat([tensors[i].reshape(-1) for i in idx])
-        dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
+        dist.all_reduce(buffer, op=_REDUCE_OPS[kind])
         if reduction == "mean":
             buffer = _mean(buffer, n)
         if len(idx) == 1:
@@ -408,6 +413,8 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     """
     world = _world()
     if _is_single(world):
+        if _has_nested(tensor):
+            _warn_nested()  # as with several processes, so a script sees it on its first run
         return tensor
     tensors = [tensor] if isinstance(tensor, torch.Tensor) else _leaves(tensor, "pad_across_processes")
     if any(t.is_nested for t in tensors):
@@ -446,17 +453,31 @@ def _pad_without_nested(
     tensor: Any, tensors: list[torch.Tensor], dim: int, pad_index: int, pad_first: bool
 ) -> Any:
     """Return ``tensor`` padded with its nested tensors left out (each warned about)."""
-    warnings.warn(
-        "pad_across_processes cannot pad nested tensors (their sizes differ per row); they are returned "
-        "unpadded. Pad them yourself (torch.nested.to_padded_tensor) before gathering if you need equal sizes.",
-        CannotPadNestedTensorWarning,
-        stacklevel=3,
-    )
+    _warn_nested()
     # Every process still pads its regular tensors in one collective; nested ones are placeholders.
     regular = [t[0] if t.is_nested else t for t in tensors]
     padded = pad_across_processes(regular, dim=dim, pad_index=pad_index, pad_first=pad_first)
     out = [t if t.is_nested else p for t, p in zip(tensors, padded)]
     return out[0] if isinstance(tensor, torch.Tensor) else _refill(tensor, out)
+
+
+def _has_nested(data: Any) -> bool:
+    if isinstance(data, torch.Tensor):
+        return data.is_nested
+    if isinstance(data, (list, tuple)):
+        return any(map(_has_nested, data))
+    if isinstance(data, Mapping):
+        return any(map(_has_nested, data.values()))
+    return False
+
+
+def _warn_nested() -> None:
+    warnings.warn(
+        "pad_across_processes cannot pad nested tensors (their sizes differ per row); they are returned "
+        "unpadded. Pad them yourself (torch.nested.to_padded_tensor) before gathering if you need equal sizes.",
+        CannotPadNestedTensorWarning,
+        stacklevel=4,
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -231,13 +231,18 @@ class ParallelismConfig:
     def build_device_mesh(self, device_type: str) -> Any:
         """Return the ``DeviceMesh`` of this layout on ``device_type`` (with the joint ``dp``, ``dp_shard_cp``, ``dp_cp`` dims).
 
-        Needs an initialised process group of exactly ``total_size`` ranks.
+        As in Accelerate 1.15: None when every size is 1 (nothing to split, whatever the world);
+        otherwise the default process group is initialised from the torchrun environment if it is not
+        yet, and must hold exactly ``total_size`` ranks.
         """
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
-        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        if world != self.total_size:
+        if self.total_size == 1:
+            self.device_mesh = None
+            return None
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
+        if world is not None and world != self.total_size:
             raise ValueError(
                 f"{_OWNER}: the sizes multiply to {self.total_size} ({self._sizes_text()}) but there are {world} "
                 "processes; make dp_replicate_size * dp_shard_size * cp_size * sp_size * tp_size equal the number "

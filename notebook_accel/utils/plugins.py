@@ -122,16 +122,31 @@ class TorchDynamoPlugin:
             "dynamic": self.dynamic,
             "options": self.options,
             "disable": self.disable,
+            "use_regional_compilation": self.use_regional_compilation,
         }
 
     def to_kwargs(self) -> dict[str, Any]:
-        """Return the keyword arguments for ``torch.compile(model, **kwargs)``."""
-        kwargs = self.to_dict()
-        if kwargs["options"] is not None:
-            kwargs.pop("mode")
-        else:
-            kwargs.pop("options")
-        return kwargs
+        """Return the ``torch.compile`` keyword arguments that differ from its defaults (as Accelerate 1.15).
+
+        A field left at its default is omitted (``torch.compile`` applies the same value), so mode
+        and options are never both passed; ``use_regional_compilation`` is ours to act on, not torch's.
+        """
+        return {
+            name: value
+            for name, value in self.to_dict().items()
+            if name in _COMPILE_DEFAULTS and value != _COMPILE_DEFAULTS[name]
+        }
+
+
+# torch.compile's defaults, as TorchDynamoPlugin spells them ("no" is the unset backend).
+_COMPILE_DEFAULTS: dict[str, Any] = {
+    "backend": "no",
+    "mode": "default",
+    "fullgraph": False,
+    "dynamic": None,
+    "options": None,
+    "disable": False,
+}
 
 
 # =============================================================================================
