@@ -265,6 +265,7 @@ def load_accelerator_state(
     scaler: Any = None,
     map_location: Any = None,
     load_kwargs: dict | None = None,
+    *,
     custom_objects: list[Any] | None = None,
     **load_model_func_kwargs: Any,
 ) -> dict[str, Any]:
