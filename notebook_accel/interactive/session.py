@@ -228,6 +228,12 @@ class Ranks:
 
     def restart(self) -> list[int]:
         """Stop the ranks and fork new ones from the kernel; return the ranks whose namespaces were lost."""
+        running = current()
+        if running is not None and running is not self and running.alive:
+            raise RuntimeError(
+                "other ranks are running (the current ones, from a later start_ranks); stop them first "
+                "(ranks.stop() or %ranks stop), then restart these"
+            )
         lost = list(range(self.num_processes)) if self._group is not None else []
         if self._group is not None:
             self._group.stop()
