@@ -249,6 +249,24 @@ def test_commands_after_stop_say_how_to_start(ranks: Ranks) -> None:
         notebook_accel.interactive.require_current()
 
 
+def test_a_start_that_fails_leaves_nothing_running() -> None:
+    import socket
+
+    current_ranks = current()
+    if current_ranks is not None:
+        current_ranks.stop()
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    before = fd_count()
+    try:
+        with pytest.raises(RuntimeError, match=str(taken.getsockname()[1])):
+            start_ranks(2, use_port=taken.getsockname()[1])
+    finally:
+        taken.close()
+    assert current() is None and live_children() == [] and fd_count() <= before - 1
+
+
 def _interrupt_main_thread_after(seconds: float) -> threading.Timer:
     timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()

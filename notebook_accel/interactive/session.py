@@ -515,6 +515,7 @@ def _accept(listener: socket.socket, handle: LaunchHandle, sink: CellSink) -> di
     waiting: list[socket.socket] = []
     printer = sink.printer()
     deadline = time.monotonic() + _READY_SECONDS
+    sink.begin()  # what the ranks print while they start: by this thread, into the calling cell
     try:
         while len(conns) < n:
             if handle.done:
@@ -538,11 +539,13 @@ def _accept(listener: socket.socket, handle: LaunchHandle, sink: CellSink) -> di
                 conns[rank] = sock
                 if problem:
                     raise RuntimeError(f"rank {rank} could not join the process group: {problem}")
-            sink.flush(printer) if sink._queue is not None else None
+            sink.flush(printer)
     except BaseException:
         for sock in (*conns.values(), *waiting):
             sock.close()
         raise
+    finally:
+        sink.end(printer)
     return conns
 
 
