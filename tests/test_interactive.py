@@ -394,6 +394,14 @@ def test_a_rank_that_dies_is_reported_with_its_last_output(ranks: Ranks, code: s
     assert "last words" in str(error)
     assert [s.state for s in ranks.status()] == ["dead", "dead"]
     ranks.restart()
+    # a rank dying between commands: the next command says so
+    os.kill(ranks.handle.pids[0], signal.SIGKILL)
+    assert ranks.handle.wait(10)
+    with pytest.raises(
+        RuntimeError, match=r"broken \(rank 0 \(pid \d+\) Signal: killed by SIGKILL.*restart\(\)"
+    ):
+        ranks.run("rank")
+    ranks.restart()
     assert ranks.run("rank") == [0, 1]
 
 

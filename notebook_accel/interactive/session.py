@@ -332,9 +332,16 @@ class Ranks:
                 "these ranks were stopped; start new ones with notebook_accel.start_ranks(...) (or %ranks start)"
             )
         if not self.alive:
+            handle = self._group.handle
+            error = handle.error if handle.done else None
+            why = (
+                error.failures[0].headline()
+                if error is not None and error.failures
+                else "a rank died or hung"
+            )
             raise RuntimeError(
-                "the ranks' group is broken (a rank died or hung; see the error that said so): call "
-                "ranks.restart() (or %ranks restart) to fork new ranks from the kernel"
+                f"the ranks' group is broken ({why}): call ranks.restart() (or %ranks restart) to fork new "
+                "ranks from the kernel"
             )
         return self._group
 
