@@ -249,6 +249,24 @@ def test_commands_after_stop_say_how_to_start(ranks: Ranks) -> None:
         notebook_accel.interactive.require_current()
 
 
+def test_a_start_that_fails_leaves_nothing_running() -> None:
+    import socket
+
+    current_ranks = current()
+    if current_ranks is not None:
+        current_ranks.stop()
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    before = fd_count()
+    try:
+        with pytest.raises(RuntimeError, match=str(taken.getsockname()[1])):
+            start_ranks(2, use_port=taken.getsockname()[1])
+    finally:
+        taken.close()
+    assert current() is None and live_children() == [] and fd_count() <= before - 1
+
+
 def _interrupt_main_thread_after(seconds: float) -> threading.Timer:
     timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
@@ -305,31 +323,59 @@ def ranks_hang_timeout(ranks: Ranks) -> float:
     return ranks._options["hang_timeout"]
 
 
-def test_the_hang_watch_ends_a_collective_that_only_some_ranks_entered() -> None:
+def test_ranks_busy_in_collectives_among_themselves_are_not_taken_for_stuck() -> None:
     current_ranks = current()
     if current_ranks is not None:
         current_ranks.stop()
+    code = (
+        "import time, torch, torch.distributed as dist\n"
+        "pair = dist.new_group([0, 1])\n"
+        "if rank == 2:\n"
+        "    raise ValueError('rank 2 fails alone')\n"
+        "end, going = time.monotonic() + 3, torch.ones(1)\n"
+        "while going.item():  # the pair agrees on when to stop\n"
+        "    going = torch.tensor([float(time.monotonic() < end)])\n"
+        "    dist.all_reduce(going, op=dist.ReduceOp.MIN, group=pair)\n"
+    )
+    with start_ranks(3) as ranks:
+        with pytest.raises(RankError, match="rank 2 fails alone") as info:
+            ranks.run(code)
+        assert not info.value.broken and ranks.alive  # barriers that complete move bytes: not a wait
+        assert ranks.run("rank") == [0, 1, 2]
+
+
+def test_a_collective_that_only_some_ranks_entered_breaks_the_group(ranks: Ranks) -> None:
+    started = time.monotonic()
+    with pytest.raises(
+        RankError, match=r"rank 0 in barrier waits for rank\(s\) \[1\], which do not run"
+    ) as info:
+        ranks.run("import torch, torch.distributed as dist\ndist.barrier()", on=[0])
+    assert time.monotonic() - started < ranks_hang_timeout(ranks)
+    assert info.value.broken and "Stacks of rank 0" in str(info.value)
+    ranks.restart()
+    code = (
+        "import time, torch.distributed as dist\nif rank == 1:\n    time.sleep(1)\nelse:\n    dist.barrier()"
+    )
+    with pytest.raises(RankError, match=r"rank 0 in barrier waits for rank\(s\) \[1\], which finished"):
+        ranks.run(code)
+    assert ranks.restart() == [0, 1]
+
+
+def test_the_hang_watch_gives_up_a_collective_waited_in_longer_than_hang_timeout() -> None:
+    current_ranks = current()
+    if current_ranks is not None:
+        current_ranks.stop()
+    code = "import time, torch.distributed as dist\nif rank == 1:\n    time.sleep(30)\ndist.barrier()"
     with start_ranks(2, hang_timeout=2) as ranks:
         started = time.monotonic()
-        with pytest.raises(RankError, match="suspected hang") as info:
-            ranks.run("import torch, torch.distributed as dist\ndist.barrier()", on=[0])
+        with pytest.raises(
+            RankError, match=r"suspected hang: rank\(s\) \[0\] have waited in a collective"
+        ) as info:
+            ranks.run(code)  # no rank is idle: only the launcher's hang watch can tell
         assert time.monotonic() - started < 2 + 5 + 10  # hang_timeout + sampling + a loaded machine
-        assert info.value.broken and "Stacks of rank 0" in str(info.value)
+        assert info.value.broken and "Stacks of rank 1" in str(info.value)
         assert ranks.restart() == [0, 1]
         assert ranks.run("rank") == [0, 1]
-
-
-def test_idle_ranks_are_not_sampled_by_the_hang_watch() -> None:
-    current_ranks = current()
-    if current_ranks is not None:
-        current_ranks.stop()
-    with start_ranks(2, hang_timeout=1) as ranks:  # sampling after 1 s of silence while a command runs
-        collector = ranks.handle._collector
-        ranks.run("import time\ntime.sleep(2.5)")
-        sampled = os.path.getsize(collector.path(0))
-        assert sampled > 0  # the hang watch looked while the command ran
-        time.sleep(3)
-        assert os.path.getsize(collector.path(0)) == sampled  # and not while the ranks were idle
 
 
 @pytest.mark.parametrize(
@@ -347,6 +393,14 @@ def test_a_rank_that_dies_is_reported_with_its_last_output(ranks: Ranks, code: s
     assert error.failures[0].rank == 1
     assert "last words" in str(error)
     assert [s.state for s in ranks.status()] == ["dead", "dead"]
+    ranks.restart()
+    # a rank dying between commands: the next command says so
+    os.kill(ranks.handle.pids[0], signal.SIGKILL)
+    assert ranks.handle.wait(10)
+    with pytest.raises(
+        RuntimeError, match=r"broken \(rank 0 \(pid \d+\) Signal: killed by SIGKILL.*restart\(\)"
+    ):
+        ranks.run("rank")
     ranks.restart()
     assert ranks.run("rank") == [0, 1]
 

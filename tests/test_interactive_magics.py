@@ -470,3 +470,32 @@ def test_a_rank_raising_while_the_other_waits_in_all_reduce_ends_the_cell_and_re
         assert kernel.ok("%%ranks\nrank").out == "[rank 0] 0\n[rank 1] 1"
     finally:
         kernel.ok("%ranks stop")
+
+
+@pytest.mark.timeout(300)
+def test_an_accelerator_trained_cell_by_cell_keeps_equal_weights_on_both_ranks(ranks) -> None:
+    ranks.ok("import torch\ntorch.manual_seed(0)\nnet = torch.nn.Linear(4, 1)")
+    ranks.ok("%ranks restart")  # fork again, now with the kernel's `net`
+    prepared = ranks.ok(
+        """
+        %%ranks
+        from notebook_accel import Accelerator
+        accelerator = Accelerator()
+        model, optimizer = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        data = torch.Generator().manual_seed(rank)
+        def step():
+            x = torch.randn(8, 4, generator=data)
+            loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            return loss.item()
+        accelerator.num_processes, accelerator.process_index
+        """
+    )
+    assert prepared.out == "[rank 0] (2, 0)\n[rank 1] (2, 1)"
+    losses = [ranks.ok("%%ranks\nstep()").out for _ in range(3)]
+    assert all(out.startswith("[rank 0] ") and "\n[rank 1] " in out for out in losses)  # own batches
+    ranks.ok("%%ranks\nw = accelerator.unwrap_model(model).weight.detach().clone()")
+    ranks.ok("%ranks pull w")
+    assert ranks.ok("torch.equal(w[0], w[1]), torch.equal(w[0], net.weight)").out == "(True, False)"

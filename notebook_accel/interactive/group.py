@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.05
 _INTERRUPT_SECONDS = 3.0  # after SIGINT, how long busy ranks get to stop before the group is given up
-_FAILED_GRACE = 1.0  # after a rank failed, how long the others run before their stacks are looked at
+_IDLE_GRACE = 1.0  # after a rank went idle, how long the others run before their stacks are looked at
 _SAMPLE_SECONDS = 0.5
 _DRAIN_SECONDS = 1.0
 _DEATH_SECONDS = 5.0
@@ -180,6 +180,36 @@ def _command_bars(handle: LaunchHandle, printing: bool) -> _CommandBars | None:
     return _CommandBars(handle, display) if display is not None else None
 
 
+def _idle_ranks(wait: _Wait, world: int) -> str:
+    """Return who the busy ranks wait for, and why those will not join: ``rank(s) [1], which raised``."""
+    groups = {
+        "which raised": sorted(r for r, reply in wait.replies.items() if reply[0] == "err"),
+        "which finished the command": sorted(r for r, reply in wait.replies.items() if reply[0] != "err"),
+        "which do not run this command": sorted(set(range(world)) - set(wait.replies) - wait.pending),
+    }
+    return "; ".join(f"rank(s) {ranks}, {why}" for why, ranks in groups.items() if ranks)
+
+
+def _position(stack: RankStack | None) -> tuple[str | None, int | None, int]:
+    """Return (the collective a rank waits in, its I/O byte count, the size of the dump that told)."""
+    if stack is None:
+        return None, None, 0
+    return stack.collective(), stack.io, len(stack.text.encode())
+
+
+def _waited(before: tuple | None, now: tuple) -> bool:
+    """Return True when a rank sat in the same collective at both samples, moving no byte in between.
+
+    A collective that completes moves bytes (gloo's sockets): the same one seen twice with bytes
+    moved is a new call (a loop of collectives among the other ranks), not a wait.
+    """
+    if before is None or now[0] is None or before[0] != now[0]:
+        return False
+    if before[1] is None or now[1] is None:
+        return True
+    return now[1] - before[1] - now[2] <= 0
+
+
 class _Conn:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -214,7 +244,8 @@ class _Wait:
         self.pending = set(targets)
         self.replies: dict[int, tuple] = {}
         self.times: dict[int, float] = {}
-        self.first_error: float | None = None
+        self.first_idle: float | None = None
+        """When some rank of the group first had nothing to do (replied, or not asked): now or never."""
         self.samples: list[dict[int, str | None]] = []
         self.next_sample = 0.0
         self.bars: _CommandBars | None = None
@@ -259,6 +290,8 @@ class Group:
         self._seq += 1
         body = pickle.dumps((command[0], self._seq, *command[1:]), protocol=pickle.HIGHEST_PROTOCOL)
         wait = _Wait(self._seq, targets)
+        if len(targets) < len(self._conns):
+            wait.first_idle = time.monotonic()  # the ranks not asked wait for their next command
         printer = self.sink.printer()
         bars = wait.bars = _command_bars(self.handle, self.sink.printing)
         self.sink.begin()
@@ -293,8 +326,8 @@ class Group:
                 now = time.monotonic()
                 wait.replies[rank], wait.times[rank] = message, now
                 wait.pending.discard(rank)
-                if message[0] == "err" and wait.first_error is None:
-                    wait.first_error = now
+                if wait.first_idle is None:
+                    wait.first_idle = now
                 if on_reply is not None:
                     on_reply(rank, message)
 
@@ -309,25 +342,26 @@ class Group:
             raise self._death(wait, printer)
         if self.hang_report is not None:
             raise self._give_up(wait, self.hang_report, self._take_stacks())
-        if wait.first_error is not None and time.monotonic() - wait.first_error >= _FAILED_GRACE:
+        if wait.first_idle is not None and time.monotonic() - wait.first_idle >= _IDLE_GRACE:
             self._watch_waiters(wait)
 
     def _watch_waiters(self, wait: _Wait) -> None:
-        """Give the group up once the ranks still busy sit in a collective twice in a row, a rank having failed."""
+        """Give the group up once the ranks still busy sit in a collective twice in a row while another rank is idle.
+
+        An idle rank (it raised, finished, or was not asked) joins no collective, and ranks that
+        all wait in collectives moving no byte wait for one that will not come.
+        """
         now = time.monotonic()
         if now < wait.next_sample:
             return
         wait.next_sample = now + _SAMPLE_SECONDS
         stacks = self._take_stacks()
-        sample = {r: (stacks[r].collective() if r in stacks else None) for r in wait.pending}
+        sample = {r: _position(stacks.get(r)) for r in wait.pending}
         wait.samples.append(sample)
-        stuck = all(name is not None for name in sample.values())
-        if stuck and len(wait.samples) >= 2 and wait.samples[-2] == sample:
-            failed = sorted(r for r, reply in wait.replies.items() if reply[0] == "err")
-            where = ", ".join(f"rank {r} in {name}" for r, name in sorted(sample.items()))
+        if len(wait.samples) >= 2 and all(_waited(wait.samples[-2].get(r), now) for r, now in sample.items()):
+            where = ", ".join(f"rank {r} in {name}" for r, (name, _, _) in sorted(sample.items()))
             reason = (
-                f"the group is broken: {where} waits for rank(s) {failed}, which raised and will not join; "
-                + _GLOO_NOTE
+                f"the group is broken: {where} waits for {_idle_ranks(wait, len(self._conns))}; " + _GLOO_NOTE
             )
             raise self._give_up(wait, reason, stacks)
 

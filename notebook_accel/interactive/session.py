@@ -227,6 +227,12 @@ class Ranks:
 
     def restart(self) -> list[int]:
         """Stop the ranks and fork new ones from the kernel; return the ranks whose namespaces were lost."""
+        running = current()
+        if running is not None and running is not self and running.alive:
+            raise RuntimeError(
+                "other ranks are running (the current ones, from a later start_ranks); stop them first "
+                "(ranks.stop() or %ranks stop), then restart these"
+            )
         lost = list(range(self.num_processes)) if self._group is not None else []
         if self._group is not None:
             self._group.stop()
@@ -325,9 +331,16 @@ class Ranks:
                 "these ranks were stopped; start new ones with notebook_accel.start_ranks(...) (or %ranks start)"
             )
         if not self.alive:
+            handle = self._group.handle
+            error = handle.error if handle.done else None
+            why = (
+                error.failures[0].headline()
+                if error is not None and error.failures
+                else "a rank died or hung"
+            )
             raise RuntimeError(
-                "the ranks' group is broken (a rank died or hung; see the error that said so): call "
-                "ranks.restart() (or %ranks restart) to fork new ranks from the kernel"
+                f"the ranks' group is broken ({why}): call ranks.restart() (or %ranks restart) to fork new "
+                "ranks from the kernel"
             )
         return self._group
 
@@ -508,6 +521,7 @@ def _accept(listener: socket.socket, handle: LaunchHandle, sink: CellSink) -> di
     waiting: list[socket.socket] = []
     printer = sink.printer()
     deadline = time.monotonic() + _READY_SECONDS
+    sink.begin()  # what the ranks print while they start: by this thread, into the calling cell
     try:
         while len(conns) < n:
             if handle.done:
@@ -531,11 +545,13 @@ def _accept(listener: socket.socket, handle: LaunchHandle, sink: CellSink) -> di
                 conns[rank] = sock
                 if problem:
                     raise RuntimeError(f"rank {rank} could not join the process group: {problem}")
-            sink.flush(printer) if sink._queue is not None else None
+            sink.flush(printer)
     except BaseException:
         for sock in (*conns.values(), *waiting):
             sock.close()
         raise
+    finally:
+        sink.end(printer)
     return conns
 
 
