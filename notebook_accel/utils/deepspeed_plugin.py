@@ -75,6 +75,48 @@ def _load_ds_config(source: Any) -> dict:
     )
 
 
+def _config_leaves(config: dict, prefix: str) -> list[tuple[str, dict, str]]:
+    """Return (dotted key, the dict holding it, its key there) for every non-dict value under ``config``."""
+    leaves: list[tuple[str, dict, str]] = []
+    pending = [(prefix, config)]
+    while pending:
+        path, node = pending.pop()
+        for key, value in node.items():
+            if isinstance(value, dict):
+                pending.append((f"{path}{key}.", value))
+            else:
+                leaves.append((path + key, node, key))
+    return leaves
+
+
+def _reconcile(
+    node: dict, leaf: str, dotted: str, given: dict[str, Any], must_match: bool
+) -> tuple[str, str] | None:
+    """Put the given value in place of an ``"auto"`` one; say what stays wrong (``("auto" | "differs", text)``)."""
+    current = node.get(leaf)
+    if current == "auto":
+        if dotted not in given:
+            return "auto", f"- `{dotted}` is 'auto' in the DeepSpeed config and no value was given for it"
+        node[leaf] = given[dotted]
+        return None
+    if must_match and current is not None and dotted in given and given[dotted] != current:
+        return "differs", f"- ds {dotted}={current} vs arg {dotted}={given[dotted]}"
+    return None
+
+
+def _config_error(unfilled: list[str], disagreeing: list[str]) -> str:
+    lines = [
+        "DeepSpeedPlugin: the DeepSpeed config does not fit the arguments given:",
+        *unfilled,
+        *disagreeing,
+    ]
+    if unfilled:
+        lines.append("give each 'auto' value in the config, or pass it to the plugin / Accelerator")
+    if disagreeing:
+        lines.append("make the values that disagree equal, or set them to 'auto' in the config")
+    return "\n".join(lines)
+
+
 @dataclass
 class DeepSpeedPlugin:
     """Configure DeepSpeed: either a full DeepSpeed config (``hf_ds_config``) or the common fields.
@@ -253,23 +295,17 @@ class DeepSpeedPlugin:
         self, ds_key_long: str, mismatches: list[str] | None = None, must_match: bool = True, **kwargs
     ) -> None:
         """Fill an ``"auto"`` config value from ``kwargs``; with ``must_match`` record values that disagree."""
-        mismatches = [] if mismatches is None else mismatches
         node, leaf = self._find_config_node(ds_key_long)
         if node is None:
             return
-        if node.get(leaf) == "auto":
-            if ds_key_long not in kwargs:
-                raise ValueError(
-                    f"DeepSpeedPlugin: `{ds_key_long}` is 'auto' in the DeepSpeed config but no value was "
-                    "given for it; set it in the config or pass it to the plugin/Accelerator"
-                )
-            node[leaf] = kwargs[ds_key_long]
+        problem = _reconcile(node, leaf, ds_key_long, kwargs, must_match)
+        if problem is None:
             return
-        if not must_match:
-            return
-        value = node.get(leaf)
-        if value is not None and ds_key_long in kwargs and value != kwargs[ds_key_long]:
-            mismatches.append(f"- ds {ds_key_long}={value} vs arg {ds_key_long}={kwargs[ds_key_long]}")
+        kind, text = problem
+        if kind == "auto":
+            raise ValueError(_config_error([text], []))
+        if mismatches is not None:
+            mismatches.append(text)
 
     def deepspeed_config_process(
         self,
@@ -280,25 +316,16 @@ class DeepSpeedPlugin:
         **kwargs,
     ) -> None:
         """Fill the config's ``"auto"`` values from ``kwargs`` (dotted keys); raise on mismatching values."""
-        mismatches = [] if mismatches is None else mismatches
-        config = self.deepspeed_config if config is None else config
-        for key, value in config.items():
-            if isinstance(value, dict):
-                self.deepspeed_config_process(
-                    prefix=f"{prefix}{key}.",
-                    mismatches=mismatches,
-                    config=value,
-                    must_match=must_match,
-                    **kwargs,
-                )
-            else:
-                self.fill_match(prefix + key, mismatches, must_match=must_match, **kwargs)
-        if mismatches and prefix == "":
-            raise ValueError(
-                "DeepSpeedPlugin: these DeepSpeed config values disagree with the arguments given:\n"
-                + "\n".join(mismatches)
-                + "\nset them to 'auto' in the config or make them equal"
-            )
+        unfilled: list[str] = []
+        disagreeing = [] if mismatches is None else mismatches
+        root = self.deepspeed_config if config is None else config
+        for dotted, node, leaf in _config_leaves(root, prefix):
+            problem = _reconcile(node, leaf, dotted, kwargs, must_match)
+            if problem is not None:
+                (unfilled if problem[0] == "auto" else disagreeing).append(problem[1])
+        # A caller that hands in its own prefix collects the disagreements and reports them itself.
+        if unfilled or (disagreeing and not prefix):
+            raise ValueError(_config_error(unfilled, disagreeing if not prefix else []))
 
     def set_mixed_precision(self, mixed_precision: str) -> None:
         """Enable "fp16" / "bf16" (or neither for "no") in the DeepSpeed config, refusing a contradiction."""
