@@ -627,13 +627,9 @@ class Accelerator(_TrackingMixin, _TrainingMixin, _mesh.ParallelismMixin):
 
     def check_trigger(self) -> bool:
         """Return whether any process called ``set_trigger`` since the last check (and reset it)."""
-        if self.flag_tensor is None:
-            self.flag_tensor = torch.tensor(0, device=self.device)
-        flag = _ops.reduce(self.flag_tensor, reduction="sum")
-        if flag.item() >= 1:
-            self.flag_tensor = torch.tensor(0, device=self.device)
-            return True
-        return False
+        raised = self.flag_tensor if self.flag_tensor is not None else torch.tensor(0, device=self.device)
+        self.flag_tensor = torch.tensor(0, device=self.device)  # every process takes its flag down
+        return bool(_ops.reduce(raised, reduction="sum").item() > 0)
 
     # ------------------------------------------------------------------ collectives
     def gather(self, tensor: Any) -> Any:
