@@ -362,6 +362,29 @@ def test_deepspeed_engine_required_only_when_used() -> None:
         pass
 
 
+def test_fsdp_state_dict_type_brings_its_gather_configs_and_keeps_given_ones() -> None:
+    from torch.distributed import fsdp
+
+    full = FullyShardedDataParallelPlugin(state_dict_type="FULL_STATE_DICT")
+    assert (full.state_dict_config.offload_to_cpu, full.state_dict_config.rank0_only) == (True, True)
+    assert isinstance(full.optim_state_dict_config, fsdp.FullOptimStateDictConfig)
+    assert (full.optim_state_dict_config.offload_to_cpu, full.optim_state_dict_config.rank0_only) == (
+        True,
+        True,
+    )
+    sharded = FullyShardedDataParallelPlugin(fsdp_version=2)
+    assert sharded.state_dict_type is fsdp.StateDictType.SHARDED_STATE_DICT
+    assert isinstance(sharded.optim_state_dict_config, fsdp.ShardedOptimStateDictConfig)
+    assert sharded.state_dict_config.offload_to_cpu and sharded.optim_state_dict_config.offload_to_cpu
+    mine = fsdp.FullStateDictConfig(offload_to_cpu=False, rank0_only=False)
+    given = FullyShardedDataParallelPlugin(state_dict_config=mine)
+    assert given.state_dict_config is mine and isinstance(
+        given.optim_state_dict_config, fsdp.FullOptimStateDictConfig
+    )
+    local = FullyShardedDataParallelPlugin(state_dict_type="LOCAL_STATE_DICT")
+    assert local.state_dict_config is None and local.optim_state_dict_config is None
+
+
 def test_fsdp_plugin_maps_names_and_ints_to_torch_enums() -> None:
     from torch.distributed import fsdp
 
