@@ -259,6 +259,19 @@ class _SafetensorsFile:
         return view
 
 
+def _read_folder_index(folder: str) -> dict:
+    """Return the parsed ``index.json`` of the offload folder ``folder``."""
+    path = os.path.join(folder, INDEX_NAME)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"the offload folder {folder!r} has no {INDEX_NAME}: write the weights there first "
+            "(offload_state_dict) or pass the index yourself (`offload_index` / `index`)"
+        ) from None
+
+
 class OffloadedWeightsLoader(Mapping):
     """A lazy, read-only mapping from weight name to tensor over CPU tensors and files on disk.
 
@@ -276,25 +289,19 @@ class OffloadedWeightsLoader(Mapping):
         index: Mapping | None = None,
         device: Any = None,
     ) -> None:
-        if state_dict is None and save_folder is None and index is None:
+        if all(source is None for source in (state_dict, save_folder, index)):
             raise ValueError(
-                "OffloadedWeightsLoader needs at least one of `state_dict`, `save_folder` or `index`."
+                "OffloadedWeightsLoader has nothing to read: give it `state_dict` (tensors in memory), "
+                "`save_folder` (an offload folder with its index.json) and/or `index`"
             )
-        self.state_dict = {} if state_dict is None else state_dict
-        self.save_folder = None if save_folder is None else os.fspath(save_folder)
-        if index is None and self.save_folder is not None:
-            path = os.path.join(self.save_folder, INDEX_NAME)
-            if not os.path.isfile(path):
-                raise FileNotFoundError(
-                    f"No offload index {path!r}: offload the weights there first (offload_state_dict) "
-                    "or pass `offload_index`."
-                )
-            with open(path, encoding="utf-8") as f:
-                index = json.load(f)
-        self.index = {} if index is None else _check_index(index, repr(self.save_folder or "the index"))
-        self.all_keys = list(self.state_dict)
-        self.all_keys.extend(key for key in self.index if key not in self.state_dict)
         self.device = device
+        self.save_folder = None if save_folder is None else os.fspath(save_folder)
+        if index is None:
+            index = {} if self.save_folder is None else _read_folder_index(self.save_folder)
+        self.index = _check_index(index, repr(self.save_folder or "the index"))
+        self.state_dict = {} if state_dict is None else state_dict
+        # In-memory names first, then the ones only on disk (dicts keep the first position of a key).
+        self.all_keys = list({**dict.fromkeys(self.state_dict), **dict.fromkeys(self.index)})
         self._files: dict[str, _SafetensorsFile] = {}
         self._mapped: dict[str, torch.Tensor] = {}
 
