@@ -305,15 +305,16 @@ def is_npu_available(check_device: bool = False) -> bool:
     """Return whether ``torch_npu`` is installed and, with ``check_device``, an NPU is present."""
     if not is_package_available("torch_npu"):
         return False
-    import torch_npu  # noqa: F401  (registers torch.npu)
-
-    if check_device:
-        try:
-            torch.npu.device_count()
-            return torch.npu.is_available()
-        except RuntimeError:
-            return False
-    return hasattr(torch, "npu") and torch.npu.is_available()
+    importlib.import_module("torch_npu")  # importing it is what adds torch.npu
+    backend = getattr(torch, "npu", None)
+    if backend is None:
+        return False
+    if not check_device:
+        return bool(backend.is_available())
+    try:  # counting devices starts the NPU runtime, which raises when the driver finds none
+        return backend.device_count() > 0 and bool(backend.is_available())
+    except RuntimeError:
+        return False
 
 
 def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
