@@ -102,7 +102,10 @@ def test_recursively_apply_args_test_type_and_errors():
     def double(t):
         return t * 2
 
-    with pytest.raises(TypeError, match=r"double got a str: it takes nested lists/tuples/dicts whose leaves pass is_torch_tensor"):
+    with pytest.raises(
+        TypeError,
+        match=r"double got a str: it takes nested lists/tuples/dicts whose leaves pass is_torch_tensor",
+    ):
         recursively_apply(double, [torch.ones(1), "text"], error_on_other_type=True)
 
 
@@ -172,7 +175,12 @@ def test_slice_tensors_and_concatenate():
     [
         ([], ValueError, "empty list"),
         (torch.ones(2), TypeError, "list or tuple of structures, got Tensor"),
-        ([{"a": 1}, {"a": 2}], TypeError, "can only concatenate tensors, got int"),
+        (
+            [{"a": 1}, {"a": 2}],
+            TypeError,
+            r"can only concatenate tensors \(in lists, tuples and dicts\), got int",
+        ),
+        ([[torch.ones(1)], [torch.ones(1), torch.ones(1)]], ValueError, r"different lengths \[1, 2\]"),
     ],
 )
 def test_concatenate_errors(data, error, match):

@@ -221,32 +221,39 @@ def slice_tensors(
 def concatenate(data: list | tuple, dim: int = 0) -> Any:
     """Return one structure whose tensors are those of the structures in ``data`` concatenated along ``dim``."""
     if not isinstance(data, (list, tuple)):
-        raise TypeError(f"concatenate expects a list or tuple of structures, got {type(data).__name__}")
-    if len(data) == 0:
-        raise ValueError("concatenate got an empty list: there is nothing to concatenate")
-    first = data[0]
-    if isinstance(first, (list, tuple)):
-        return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
-    if isinstance(first, Mapping):
-        return _rebuild_mapping(first, {k: concatenate([d[k] for d in data], dim=dim) for k in first})
-    if not isinstance(first, torch.Tensor):
-        raise TypeError(f"concatenate can only concatenate tensors, got {type(first).__name__}")
-    return torch.cat(list(data), dim=dim)
+        raise TypeError(f"concatenate takes a list or tuple of structures, got {type(data).__name__}")
+    if not data:
+        raise ValueError("concatenate got an empty list: give it at least one structure")
+    template = data[0]  # every structure is assumed to have this one's shape
+    if isinstance(template, torch.Tensor):
+        return torch.cat(list(data), dim=dim)
+    if isinstance(template, Mapping):
+        merged = {key: concatenate([part[key] for part in data], dim=dim) for key in template}
+        return _rebuild_mapping(template, merged)
+    if not isinstance(template, (list, tuple)):
+        raise TypeError(
+            f"concatenate can only concatenate tensors (in lists, tuples and dicts), got {type(template).__name__}"
+        )
+    sizes = sorted({len(part) for part in data})
+    if len(sizes) > 1:
+        raise ValueError(
+            f"concatenate: the sequences to join have different lengths {sizes}; give them one length"
+        )
+    return honor_type(template, (concatenate(list(column), dim=dim) for column in zip(*data)))
 
 
 def find_batch_size(data: Any) -> int:
     """Return the size of the first dimension of the first tensor found in ``data``."""
-    if isinstance(data, (list, tuple, Mapping)) and len(data) == 0:
-        raise ValueError(f"Cannot find the batch size of an empty {type(data).__name__}")
-    if isinstance(data, (list, tuple)):
-        return find_batch_size(data[0])
-    if isinstance(data, Mapping):
-        return find_batch_size(next(iter(data.values())))
-    if not isinstance(data, torch.Tensor):
-        raise TypeError(f"Can only find the batch size of tensors, got {type(data).__name__}")
-    if data.ndim == 0:
-        raise ValueError("Cannot find the batch size of a 0-dim tensor: it has no batch dimension")
-    return data.shape[0]
+    node = data
+    while not isinstance(node, torch.Tensor):  # descend through the first item of each container
+        if not isinstance(node, (list, tuple, Mapping)):
+            raise TypeError(f"find_batch_size looks for tensors, got {type(node).__name__}")
+        if not node:
+            raise ValueError(f"find_batch_size found an empty {type(node).__name__}: it holds no tensor")
+        node = next(iter(node.values())) if isinstance(node, Mapping) else node[0]
+    if node.dim() == 0:
+        raise ValueError("find_batch_size found a 0-dim tensor first: a scalar has no batch dimension")
+    return node.shape[0]
 
 
 def ignorant_find_batch_size(data: Any) -> int | None:
