@@ -81,26 +81,40 @@ def convert_model(
         setattr(model, name, new.to(child.weight.device))
 
 
+class _FP8Forward:
+    """A module's forward run under TE's ``fp8_autocast`` while the module trains (always, with ``in_eval``).
+
+    Called as ``forward(module, *args, **kwargs)``; it carries the wrapped forward's name and docstring
+    and is picklable when that forward and the recipe are.
+    """
+
+    def __init__(self, model_forward: Callable, fp8_recipe: Any, in_eval: bool) -> None:
+        functools.update_wrapper(self, model_forward)
+        self.fp8_recipe = fp8_recipe
+        self.in_eval = in_eval
+
+    def __call__(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        active = module.training or self.in_eval
+        with _te().fp8_autocast(enabled=active, fp8_recipe=self.fp8_recipe):
+            return self.__wrapped__(*args, **kwargs)
+
+
 def contextual_fp8_autocast(
     model_forward: Callable, fp8_recipe: Any, use_during_eval: bool = False
 ) -> Callable:
     """Return ``model_forward`` run under TE's ``fp8_autocast`` while training (and in eval with ``use_during_eval``)."""
-    te = _te()
-
-    @functools.wraps(model_forward)
-    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        enabled = use_during_eval or self.training
-        with te.fp8_autocast(enabled=enabled, fp8_recipe=fp8_recipe):
-            return model_forward(*args, **kwargs)
-
-    forward.__wrapped__ = model_forward
-    return forward
+    _te()  # fail here, at wrapping time, when TransformerEngine is missing
+    return _FP8Forward(model_forward, fp8_recipe, use_during_eval)
 
 
 def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: Any) -> nn.Module:
     """Return ``model`` with its forward wrapped by ``contextual_fp8_autocast`` for ``fp8_recipe_handler``'s recipe."""
-    recipe = fp8_recipe_handler.to_te_recipe() if fp8_recipe_handler is not None else None
-    use_during_eval = bool(getattr(fp8_recipe_handler, "use_autocast_during_eval", False))
-    wrapped = contextual_fp8_autocast(model.forward, recipe, use_during_eval)
-    model.forward = functools.partial(wrapped, model)
+    handler = fp8_recipe_handler
+    # No handler: TE picks its default recipe, and evaluation runs without FP8.
+    fp8_forward = contextual_fp8_autocast(
+        model.forward,
+        fp8_recipe=None if handler is None else handler.to_te_recipe(),
+        use_during_eval=bool(getattr(handler, "use_autocast_during_eval", False)),
+    )
+    model.forward = functools.partial(fp8_forward, model)
     return model
