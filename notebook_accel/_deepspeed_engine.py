@@ -49,7 +49,6 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
 
     def __init__(self, optimizer) -> None:
         super().__init__(optimizer, device_placement=False, scaler=None)
-        self.__has_overflow__ = hasattr(self.optimizer, "overflow")
 
     def zero_grad(self, set_to_none=None) -> None:
         """Return None: ``engine.step()`` already zeroed the gradients."""
@@ -62,7 +61,8 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
     @property
     def step_was_skipped(self) -> bool:
         """Return whether the last step was skipped because of an fp16 overflow."""
-        return bool(self.optimizer.overflow) if self.__has_overflow__ else False
+        # DeepSpeed's fp16 optimizers raise their ``overflow`` flag when they skip a step; others have none.
+        return bool(getattr(self.optimizer, "overflow", False))
 
 
 class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
