@@ -29,6 +29,10 @@ __all__ = ["AcceleratorState", "PartialState"]
 logger = logging.getLogger(__name__)
 
 
+def _go_on() -> None:
+    """The turn of a process that has nobody to wait for."""
+
+
 class _ProcessControl:
     """Process-control helpers shared by ``PartialState`` and ``AcceleratorState``.
 
@@ -93,11 +97,11 @@ class _ProcessControl:
 
     @contextlib.contextmanager
     def _goes_first(self, is_first: bool) -> Iterator[None]:
-        if not is_first:
-            self.wait_for_everyone()
+        # One barrier: the first processes meet it after their block, the others before theirs.
+        before, after = (_go_on, self.wait_for_everyone) if is_first else (self.wait_for_everyone, _go_on)
+        before()
         yield
-        if is_first:
-            self.wait_for_everyone()
+        after()
 
     @contextlib.contextmanager
     def main_process_first(self) -> Iterator[None]:
