@@ -24,6 +24,8 @@ __all__ = ["AlignDevicesHook", "CpuOffload", "LayerwiseCastingHook", "UserCpuOff
 
 _META = torch.device("meta")
 _CPU = torch.device("cpu")
+# The settings AlignDevicesHook's repr shows, in order (skip_keys follows, quoted).
+_REPR_FIELDS = ("execution_device", "offload", "io_same_device", "offload_buffers", "place_submodules")
 
 
 def _exec_label(device: torch.device | None) -> str:
@@ -212,11 +214,8 @@ class AlignDevicesHook(ModelHook):
         self._execution_device = value
 
     def __repr__(self) -> str:
-        return (
-            f"AlignDevicesHook(execution_device={self.execution_device}, offload={self.offload}, "
-            f"io_same_device={self.io_same_device}, offload_buffers={self.offload_buffers}, "
-            f"place_submodules={self.place_submodules}, skip_keys={self.skip_keys!r})"
-        )
+        shown = [f"{name}={getattr(self, name)}" for name in _REPR_FIELDS]
+        return f"AlignDevicesHook({', '.join(shown)}, skip_keys={self.skip_keys!r})"
 
     # -- hook protocol -------------------------------------------------------------------------
     def init_hook(self, module: nn.Module) -> nn.Module:
