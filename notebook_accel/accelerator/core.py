@@ -369,13 +369,13 @@ class Accelerator(_TrackingMixin, _TrainingMixin, _mesh.ParallelismMixin):
         return result[0] if len(result) == 1 else tuple(result)
 
     def _prepare_one(self, obj: Any, device_placement: bool | None) -> Any:
-        if isinstance(obj, torch.utils.data.DataLoader):
-            return self.prepare_data_loader(obj, device_placement=device_placement)
-        if isinstance(obj, torch.nn.Module):
-            return self.prepare_model(obj, device_placement=device_placement)
-        if isinstance(obj, torch.optim.Optimizer):
-            return self.prepare_optimizer(obj, device_placement=device_placement)
-        return obj
+        preparers = (
+            (torch.utils.data.DataLoader, self.prepare_data_loader),
+            (torch.nn.Module, self.prepare_model),
+            (torch.optim.Optimizer, self.prepare_optimizer),
+        )
+        prepare = next((method for kind, method in preparers if isinstance(obj, kind)), None)
+        return obj if prepare is None else prepare(obj, device_placement=device_placement)
 
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
