@@ -225,14 +225,16 @@ def save(
 
 def merge_dicts(source: Mapping, destination: dict) -> dict:
     """Return ``destination`` after recursively merging ``source`` into it (nested dicts merged, others replaced)."""
-    for key, value in source.items():
-        if isinstance(value, Mapping):
-            node = destination.setdefault(key, {})
-            if not isinstance(node, dict):
-                node = destination[key] = {}
-            merge_dicts(value, node)
-        else:
-            destination[key] = value
+    pending = [(source, destination)]  # (what to merge, where) pairs, one per nested level
+    while pending:
+        incoming, target = pending.pop()
+        for key, value in incoming.items():
+            if not isinstance(value, Mapping):
+                target[key] = value
+                continue
+            if not isinstance(target.get(key), dict):  # a plain value (or nothing) gives way to a dict
+                target[key] = {}
+            pending.append((value, target[key]))
     return destination
 
 
