@@ -605,30 +605,41 @@ def verify_operation(function: Callable) -> Callable:
     """
 
     @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        world = _world()
-        if world.get("debug") and not _is_single(world):
-            data = args[0] if args else next(iter(kwargs.values()), None)
-            _verify(function.__name__, data, world)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        _check_inputs_agree(function.__name__, args, kwargs)
         return function(*args, **kwargs)
 
-    return wrapper
+    return checked
+
+
+def _check_inputs_agree(name: str, args: tuple, kwargs: dict) -> None:
+    """In debug mode with several processes, compare the collective's first argument across them."""
+    world = _world()
+    if not world.get("debug") or _is_single(world):
+        return
+    first = args[0] if args else next(iter(kwargs.values()), None)
+    _verify(name, first, world)
 
 
 def chained_operation(function: Callable) -> Callable:
     """Return ``function`` with a DistributedOperationException re-raised naming ``function`` (the cause chained)."""
 
     @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return function(*args, **kwargs)
-        except DistributedOperationException as error:
-            raise DistributedOperationException(
-                f"Error found while calling `{function.__module__}.{function.__qualname__}`; the cause above "
-                "lists each process's input: make them match."
-            ) from error
+    def named(*args: Any, **kwargs: Any) -> Any:
+        return _call_naming_failure(function, args, kwargs)
 
-    return wrapper
+    return named
+
+
+def _call_naming_failure(function: Callable, args: tuple, kwargs: dict) -> Any:
+    try:
+        return function(*args, **kwargs)
+    except DistributedOperationException as cause:
+        where = f"{function.__module__}.{function.__qualname__}"
+        raise DistributedOperationException(
+            f"`{where}` failed because the processes passed it mismatched inputs (each one's is listed in the "
+            "cause above): make them match"
+        ) from cause
 
 
 def GatheredParameters(
