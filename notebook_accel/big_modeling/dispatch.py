@@ -20,7 +20,7 @@ from torch import nn
 
 from ..hooks import attach_align_device_hook_on_blocks
 from ..utils.checkpoints import load_checkpoint_in_model
-from ..utils.device_map import DEVICE_MAP_STRATEGIES, resolve_device_map
+from ..utils.device_map import DEVICE_MAP_STRATEGIES, check_strategy, resolve_device_map
 from ..utils.devices import DISK, OFFLOAD_KEYS, Device, device_key, torch_device
 from ..utils.offload import OffloadedWeightsLoader, extract_submodules_state_dict, offload_state_dict
 from ..utils.placement import DevicePlacement, require_offload_folder
@@ -225,10 +225,7 @@ def _placement_for_load(
     if device_map is None:
         return None
     if isinstance(device_map, str):
-        if device_map not in DEVICE_MAP_STRATEGIES:
-            raise ValueError(
-                f"device_map={device_map!r} is not supported: use a dict or one of {list(DEVICE_MAP_STRATEGIES)}."
-            )
+        check_strategy(device_map, alternatives="a dict of module name -> device")
         device_map = resolve_device_map(
             model,
             device_map,

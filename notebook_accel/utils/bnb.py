@@ -19,7 +19,7 @@ from .._lazy import attach
 from . import imports
 from .checkpoints import load_checkpoint_in_model as load_checkpoint_in_model  # Accelerate's bnb has it
 from .configs import BnbQuantizationConfig
-from .device_map import DEVICE_MAP_STRATEGIES, infer_auto_device_map, resolve_device_map
+from .device_map import check_strategy, infer_auto_device_map, resolve_device_map
 from .device_memory import get_balanced_memory
 from .devices import OFFLOAD_KEYS, device_key
 from .enums import CustomDtype
@@ -250,10 +250,7 @@ def get_quantized_model_device_map(
         return {"": torch.cuda.current_device()}
     if isinstance(device_map, dict):
         return device_map
-    if device_map not in DEVICE_MAP_STRATEGIES:
-        raise ValueError(
-            f"device_map={device_map!r} is not valid here; use a dict or one of {list(DEVICE_MAP_STRATEGIES)}"
-        )
+    check_strategy(device_map, alternatives="a dict of module name -> device")
     special_dtypes = _planning_dtypes(model, config)
     planned = resolve_device_map(
         model, device_map, max_memory=max_memory, no_split_module_classes=no_split_module_classes,
