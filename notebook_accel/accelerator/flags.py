@@ -13,7 +13,7 @@ from typing import Any
 
 from ..utils import kwargs as kw
 from ..utils.configs import DataLoaderConfiguration, ProjectConfiguration
-from ..utils.enums import check_mixed_precision
+from ..utils.enums import PrecisionType, check_mixed_precision
 from ..utils.environment import parse_flag_from_env
 from ..utils.plugins import (
     DeepSpeedPlugin,
@@ -49,8 +49,9 @@ class AcceleratorFlags:
     dataloader_config: DataLoaderConfiguration
     handlers: Mapping[str, Any]
     """The kwargs handlers by slot: "ddp", "scaler", "init", "autocast", "fp8", "profile"."""
-    mixed_precision: str | None
-    """The checked mode, or None to take the process state's (``ACCELERATE_MIXED_PRECISION``)."""
+    mixed_precision: PrecisionType | None
+    """The checked mode (a PrecisionType: below here nothing checks it again), or None to take the
+    process state's (``ACCELERATE_MIXED_PRECISION``)."""
     cpu: bool
     device_placement: bool
     deepspeed_plugin: Any
@@ -103,7 +104,9 @@ def resolve_flags(
         project_config=project_configuration(project_dir, project_config),
         dataloader_config=dataloader_configuration(dataloader_config, split_batches),
         handlers=sort_kwargs_handlers(kwargs_handlers),
-        mixed_precision=None if mixed_precision is None else check_mixed_precision(mixed_precision),
+        mixed_precision=None
+        if mixed_precision is None
+        else PrecisionType(check_mixed_precision(mixed_precision)),
         cpu=cpu,
         device_placement=device_placement,
         deepspeed_plugin=resolve_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins),

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..utils.enums import DistributedType, check_mixed_precision
+from ..utils.enums import DistributedType, PrecisionType, check_mixed_precision
 from ..utils.environment import parse_flag_from_env
 from ..utils.imports import is_ipex_available
 from ..utils.plugins import TorchDynamoPlugin
@@ -289,7 +289,9 @@ class AcceleratorState(_ProcessControl):
         **kwargs: Any,
     ) -> None:
         self.__dict__ = self._shared_state
-        if mixed_precision is not None:
+        if isinstance(mixed_precision, PrecisionType):  # checked already (the Accelerator's resolve_flags)
+            mixed_precision = mixed_precision.value
+        elif mixed_precision is not None:
             mixed_precision = check_mixed_precision(mixed_precision)
         if self.initialized:
             if mixed_precision is not None and mixed_precision != self._mixed_precision:
