@@ -24,6 +24,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.distributed.tensor import DTensor
 
+from ..utils._protocols import AcceleratorLike
 from ..utils.fsdp2 import fsdp2_canonicalize_names, fsdp2_prepare_auto_wrap_policy, fsdp2_prepare_model
 
 __all__ = ["clip_grad_norm", "prepare_fsdp", "remap_optimizer_params"]
@@ -31,7 +32,7 @@ __all__ = ["clip_grad_norm", "prepare_fsdp", "remap_optimizer_params"]
 logger = logging.getLogger(__name__)
 
 
-def prepare_fsdp(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+def prepare_fsdp(accelerator: AcceleratorLike, model: torch.nn.Module) -> torch.nn.Module:
     """Return ``model`` sharded with the FSDP version the Accelerator's plugin names."""
     plugin = accelerator.state.fsdp_plugin
     if plugin.fsdp_version == 2:

@@ -7,11 +7,12 @@ FP8 engines): their plugins are validated here and a missing engine is named wit
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from ..utils import imports
+from ..utils._protocols import AcceleratorLike
 from ..utils.enums import DistributedType
 from ..utils.fp8_recipes import TERecipeKwargs
 from . import fsdp as _fsdp
@@ -32,7 +33,22 @@ _DATA_PARALLEL_TYPES = (
 )
 
 
-def wrap_for_distributed_type(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+class _WrappingAccelerator(AcceleratorLike, Protocol):
+    """The Accelerator as ``wrap_for_distributed_type`` reads it (the engine helpers' view and three more)."""
+
+    @property
+    def ddp_handler(self) -> Any:
+        """The ``DistributedDataParallelKwargs`` given, or None."""
+
+    @property
+    def native_amp(self) -> bool:
+        """Whether the mode runs under torch.autocast (fp16 / bf16)."""
+
+    def data_parallel_world(self) -> tuple[int, int]:
+        """The (size, rank) of this process's data-parallel group."""
+
+
+def wrap_for_distributed_type(accelerator: _WrappingAccelerator, model: torch.nn.Module) -> torch.nn.Module:
     """Return ``model`` in the wrapper its Accelerator's distributed type trains with (unchanged if none).
 
     The one place the wrapper is chosen: DistributedDataParallel for the data-parallel types

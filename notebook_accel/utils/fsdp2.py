@@ -27,6 +27,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from ._protocols import AcceleratorLike
+
 __all__ = [
     "fsdp2_apply_ac",
     "fsdp2_canonicalize_names",
@@ -130,7 +132,7 @@ def get_parameters_from_modules(
     return params
 
 
-def fsdp2_apply_ac(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+def fsdp2_apply_ac(accelerator: AcceleratorLike, model: torch.nn.Module) -> torch.nn.Module:
     """Return ``model`` with activation checkpointing on the layers its auto-wrap policy selects."""
     plugin = accelerator.state.fsdp_plugin
     selects = fsdp2_prepare_auto_wrap_policy(plugin, model)
@@ -178,7 +180,10 @@ def get_fsdp2_grad_scaler(**kwargs: Any) -> torch.amp.GradScaler:
 
 
 def fsdp2_load_full_state_dict(
-    accelerator: Any, model: torch.nn.Module, full_sd: dict[str, torch.Tensor], cpu_offload: bool = False
+    accelerator: AcceleratorLike,
+    model: torch.nn.Module,
+    full_sd: dict[str, torch.Tensor],
+    cpu_offload: bool = False,
 ) -> Any:
     """Return torch's load result after putting rank 0's full ``full_sd`` into the sharded ``model`` (broadcast)."""
     options = StateDictOptions(
@@ -187,7 +192,7 @@ def fsdp2_load_full_state_dict(
     return set_model_state_dict(model, full_sd if dist.get_rank() == 0 else {}, options=options)
 
 
-def _fsdp_mesh(accelerator: Any) -> Any:
+def _fsdp_mesh(accelerator: AcceleratorLike) -> Any:
     mesh = getattr(accelerator, "torch_device_mesh", None)
     config = getattr(accelerator, "parallelism_config", None)
     if mesh is not None and config is not None:
@@ -199,7 +204,7 @@ def _fsdp_mesh(accelerator: Any) -> Any:
     return init_device_mesh(accelerator.device.type, (dist.get_world_size(),), mesh_dim_names=("dp_shard",))
 
 
-def fsdp2_prepare_model(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+def fsdp2_prepare_model(accelerator: AcceleratorLike, model: torch.nn.Module) -> torch.nn.Module:
     """Return ``model`` sharded with ``fully_shard`` as the Accelerator's FSDP2 plugin says (same object, sharded).
 
     Layers the auto-wrap policy selects are sharded first (each gathers its weights only while it runs),

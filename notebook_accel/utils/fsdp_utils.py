@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from .._lazy import attach
+from ._protocols import AcceleratorLike
 from .allocation import get_non_persistent_buffers
 from .atomic_files import atomic_write
 from .compilation import is_compiled_module
@@ -177,7 +178,7 @@ def _load_model_state(model: Any, plugin: Any, state: dict, full: bool, use_dcp:
 
 def save_fsdp_model(
     fsdp_plugin: Any,
-    accelerator: Any,
+    accelerator: AcceleratorLike,
     model: torch.nn.Module,
     output_dir: str,
     model_index: int = 0,
@@ -207,7 +208,7 @@ def save_fsdp_model(
 
 def load_fsdp_model(
     fsdp_plugin: Any,
-    accelerator: Any,
+    accelerator: AcceleratorLike,
     model: torch.nn.Module,
     input_dir: str,
     model_index: int = 0,
@@ -236,7 +237,7 @@ def load_fsdp_model(
 
 def save_fsdp_optimizer(
     fsdp_plugin: Any,
-    accelerator: Any,
+    accelerator: AcceleratorLike,
     optimizer: torch.optim.Optimizer,
     model: torch.nn.Module,
     output_dir: str,
@@ -261,7 +262,7 @@ def save_fsdp_optimizer(
 
 def load_fsdp_optimizer(
     fsdp_plugin: Any,
-    accelerator: Any,
+    accelerator: AcceleratorLike,
     optimizer: torch.optim.Optimizer,
     model: torch.nn.Module,
     input_dir: str,

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ._protocols import AcceleratorLike
 from .megatron_lm import avg_losses_across_data_parallel_group
 
 __all__ = ["AbstractTrainStep", "BertTrainStep", "GPTTrainStep", "T5TrainStep"]
@@ -25,7 +26,7 @@ __all__ = ["AbstractTrainStep", "BertTrainStep", "GPTTrainStep", "T5TrainStep"]
 _IGNORE = -100  # the label transformers uses for positions without a target
 
 
-def _custom(accelerator: Any, name: str) -> Callable | None:
+def _custom(accelerator: AcceleratorLike, name: str) -> Callable | None:
     plugin = getattr(getattr(accelerator, "state", None), "megatron_lm_plugin", None)
     return getattr(plugin, name, None)
 
@@ -82,7 +83,7 @@ class AbstractTrainStep(ABC):  # noqa: B024 - Accelerate's base is instantiable;
         """Return the plugin's ``custom_loss_function``; raise TypeError when there is none."""
         return self._plugin_function(accelerator, "custom_loss_function", "get_loss_func")
 
-    def _plugin_function(self, accelerator: Any, field: str, method: str) -> Callable:
+    def _plugin_function(self, accelerator: AcceleratorLike, field: str, method: str) -> Callable:
         function = _custom(accelerator, field)
         if function is None:
             raise TypeError(
