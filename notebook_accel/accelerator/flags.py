@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..utils import kwargs as kw
 from ..utils.configs import DataLoaderConfiguration, ProjectConfiguration
@@ -21,6 +21,13 @@ from ..utils.plugins import (
     GradientAccumulationPlugin,
     TorchDynamoPlugin,
 )
+
+if TYPE_CHECKING:
+    from ..utils.enums import DynamoBackend, RNGType
+    from ..utils.kwargs import KwargsHandler
+    from ..utils.megatron_plugin import MegatronLMPlugin
+    from ..utils.parallelism import ParallelismConfig
+    from ..utils.plugins import TorchTensorParallelPlugin
 
 __all__ = ["AcceleratorFlags", "resolve_flags"]
 
@@ -54,11 +61,11 @@ class AcceleratorFlags:
     process state's (``ACCELERATE_MIXED_PRECISION``)."""
     cpu: bool
     device_placement: bool
-    deepspeed_plugin: Any
+    deepspeed_plugin: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None
     fsdp_plugin: FullyShardedDataParallelPlugin | None
-    torch_tp_plugin: Any
-    megatron_lm_plugin: Any
-    parallelism_config: Any
+    torch_tp_plugin: TorchTensorParallelPlugin | None
+    megatron_lm_plugin: MegatronLMPlugin | None
+    parallelism_config: ParallelismConfig | None
     dynamo_plugin: TorchDynamoPlugin | None
     accumulation_plugin: GradientAccumulationPlugin
     rng_types: tuple[str, ...]
@@ -78,26 +85,26 @@ class AcceleratorFlags:
 def resolve_flags(
     *,
     device_placement: bool,
-    split_batches: Any,
-    mixed_precision: Any,
-    gradient_accumulation_steps: Any,
+    split_batches: bool | _FromDataLoaderConfig,
+    mixed_precision: PrecisionType | str | None,
+    gradient_accumulation_steps: int,
     cpu: bool,
-    dataloader_config: Any,
-    deepspeed_plugin: Any,
-    fsdp_plugin: Any,
-    torch_tp_plugin: Any,
-    megatron_lm_plugin: Any,
-    rng_types: Any,
+    dataloader_config: DataLoaderConfiguration | None,
+    deepspeed_plugin: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None,
+    fsdp_plugin: FullyShardedDataParallelPlugin | None,
+    torch_tp_plugin: TorchTensorParallelPlugin | None,
+    megatron_lm_plugin: MegatronLMPlugin | None,
+    rng_types: list[str | RNGType] | None,
     log_with: Any,
-    project_dir: Any,
-    project_config: Any,
-    gradient_accumulation_plugin: Any,
+    project_dir: str | os.PathLike | None,
+    project_config: ProjectConfiguration | None,
+    gradient_accumulation_plugin: GradientAccumulationPlugin | None,
     step_scheduler_with_optimizer: bool,
-    kwargs_handlers: Any,
-    dynamo_backend: Any,
-    dynamo_plugin: Any,
-    deepspeed_plugins: Any,
-    parallelism_config: Any,
+    kwargs_handlers: list[KwargsHandler] | None,
+    dynamo_backend: DynamoBackend | str | None,
+    dynamo_plugin: TorchDynamoPlugin | None,
+    deepspeed_plugins: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None,
+    parallelism_config: ParallelismConfig | None,
 ) -> AcceleratorFlags:
     """Return the Accelerator's arguments checked and resolved into one frozen :class:`AcceleratorFlags`."""
     return AcceleratorFlags(
@@ -124,7 +131,9 @@ def resolve_flags(
     )
 
 
-def project_configuration(project_dir: Any, project_config: Any) -> Any:
+def project_configuration(
+    project_dir: str | os.PathLike | None, project_config: ProjectConfiguration | None
+) -> ProjectConfiguration:
     """Return the ProjectConfiguration, with ``project_dir`` applied when given."""
     if project_config is None:
         project_config = ProjectConfiguration(
@@ -137,7 +146,9 @@ def project_configuration(project_dir: Any, project_config: Any) -> Any:
     return project_config
 
 
-def dataloader_configuration(dataloader_config: Any, split_batches: Any) -> Any:
+def dataloader_configuration(
+    dataloader_config: DataLoaderConfiguration | None, split_batches: bool | _FromDataLoaderConfig
+) -> DataLoaderConfiguration:
     """Return the DataLoaderConfiguration, honouring the ``split_batches`` shortcut."""
     given = split_batches is not SPLIT_BATCHES_UNSET
     if dataloader_config is None:
@@ -191,7 +202,10 @@ def sort_kwargs_handlers(kwargs_handlers: list[Any] | None) -> dict[str, Any]:
     return out
 
 
-def resolve_deepspeed_plugin(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:
+def resolve_deepspeed_plugin(
+    deepspeed_plugin: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None,
+    deepspeed_plugins: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None,
+) -> DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None:
     """Return the DeepSpeed plugin(s) from the argument(s) or ``ACCELERATE_USE_DEEPSPEED``."""
     if deepspeed_plugin is not None and deepspeed_plugins is not None:
         raise ValueError("pass deepspeed_plugin or deepspeed_plugins, not both")
@@ -203,7 +217,9 @@ def resolve_deepspeed_plugin(deepspeed_plugin: Any, deepspeed_plugins: Any) -> A
     return plugin
 
 
-def resolve_fsdp_plugin(fsdp_plugin: Any) -> Any:
+def resolve_fsdp_plugin(
+    fsdp_plugin: FullyShardedDataParallelPlugin | None,
+) -> FullyShardedDataParallelPlugin | None:
     """Return the FSDP plugin from the argument or ``ACCELERATE_USE_FSDP``."""
     if fsdp_plugin is None and parse_flag_from_env("ACCELERATE_USE_FSDP"):
         fsdp_plugin = FullyShardedDataParallelPlugin()
@@ -214,7 +230,9 @@ def resolve_fsdp_plugin(fsdp_plugin: Any) -> Any:
     return fsdp_plugin
 
 
-def resolve_dynamo_plugin(dynamo_backend: Any, plugin: Any) -> Any:
+def resolve_dynamo_plugin(
+    dynamo_backend: DynamoBackend | str | None, plugin: TorchDynamoPlugin | None
+) -> TorchDynamoPlugin | None:
     """Return the TorchDynamoPlugin for ``dynamo_backend`` or ``plugin`` (None: from the environment)."""
     if dynamo_backend is not None and plugin is not None:
         raise ValueError("pass dynamo_backend or dynamo_plugin, not both")
@@ -225,13 +243,13 @@ def resolve_dynamo_plugin(dynamo_backend: Any, plugin: Any) -> Any:
     return plugin
 
 
-def check_accumulation_steps(steps: Any) -> None:
+def check_accumulation_steps(steps: object) -> None:
     """Raise ValueError unless ``steps`` is an int >= 1 (a valid ``gradient_accumulation_steps``)."""
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ValueError(f"gradient_accumulation_steps must be an int >= 1, got {steps!r}")
 
 
-def accumulation_plugin(plugin: Any, steps: int) -> Any:
+def accumulation_plugin(plugin: GradientAccumulationPlugin | None, steps: int) -> GradientAccumulationPlugin:
     """Return the GradientAccumulationPlugin from the plugin or ``gradient_accumulation_steps``."""
     if plugin is not None:
         if steps != 1:

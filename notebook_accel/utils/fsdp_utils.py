@@ -50,7 +50,7 @@ from .fsdp2 import (
     get_module_children_bottom_up,
     get_parameters_from_modules,
 )
-from .fsdp_plugin import get_module_class_from_name
+from .fsdp_plugin import FullyShardedDataParallelPlugin, get_module_class_from_name
 from .other import is_peft_model, save
 from .versions import is_torch_version
 
@@ -104,7 +104,7 @@ def disable_fsdp_ram_efficient_loading() -> None:
     os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "False"
 
 
-def _is_full(plugin: Any) -> bool:
+def _is_full(plugin: FullyShardedDataParallelPlugin) -> bool:
     kind = plugin.state_dict_type
     if kind == fsdp.StateDictType.LOCAL_STATE_DICT:
         raise ValueError(
@@ -143,7 +143,7 @@ def _check_folder(path: str) -> None:
         raise FileNotFoundError(f"FSDP checkpoint: no folder {path!r}; was it saved with SHARDED_STATE_DICT?")
 
 
-def _fsdp1_context(model: Any, plugin: Any) -> Any:
+def _fsdp1_context(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin) -> Any:
     """Return FSDP1's ``state_dict_type`` context for ``model`` (the ``use_dcp=False`` path)."""
     if not isinstance(model, fsdp.FullyShardedDataParallel):
         raise ValueError(
@@ -155,13 +155,15 @@ def _fsdp1_context(model: Any, plugin: Any) -> Any:
     )
 
 
-def _offload(model: Any, full: bool) -> bool:
+def _offload(model: torch.nn.Module, full: bool) -> bool:
     # Gathering to CPU memory only where the weights live elsewhere: torch's CPU-offload copy of a
     # full state dict fails on parameters that are already CPU tensors (FSDP on CPU processes).
     return full and any(p.device.type != "cpu" for p in model.parameters())
 
 
-def _model_state(model: Any, plugin: Any, full: bool, use_dcp: bool) -> dict:
+def _model_state(
+    model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin, full: bool, use_dcp: bool
+) -> dict:
     if use_dcp:
         options = StateDictOptions(full_state_dict=full, cpu_offload=_offload(model, full))
         return get_model_state_dict(model, options=options)
@@ -169,7 +171,9 @@ def _model_state(model: Any, plugin: Any, full: bool, use_dcp: bool) -> dict:
         return model.state_dict()
 
 
-def _load_model_state(model: Any, plugin: Any, state: dict, full: bool, use_dcp: bool) -> Any:
+def _load_model_state(
+    model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin, state: dict, full: bool, use_dcp: bool
+) -> Any:
     if use_dcp:
         return set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=full, strict=True))
     with _fsdp1_context(model, plugin):
@@ -177,7 +181,7 @@ def _load_model_state(model: Any, plugin: Any, state: dict, full: bool, use_dcp:
 
 
 def save_fsdp_model(
-    fsdp_plugin: Any,
+    fsdp_plugin: FullyShardedDataParallelPlugin,
     accelerator: AcceleratorLike,
     model: torch.nn.Module,
     output_dir: str,
@@ -207,7 +211,7 @@ def save_fsdp_model(
 
 
 def load_fsdp_model(
-    fsdp_plugin: Any,
+    fsdp_plugin: FullyShardedDataParallelPlugin,
     accelerator: AcceleratorLike,
     model: torch.nn.Module,
     input_dir: str,
@@ -236,7 +240,7 @@ def load_fsdp_model(
 
 
 def save_fsdp_optimizer(
-    fsdp_plugin: Any,
+    fsdp_plugin: FullyShardedDataParallelPlugin,
     accelerator: AcceleratorLike,
     optimizer: torch.optim.Optimizer,
     model: torch.nn.Module,
@@ -261,7 +265,7 @@ def save_fsdp_optimizer(
 
 
 def load_fsdp_optimizer(
-    fsdp_plugin: Any,
+    fsdp_plugin: FullyShardedDataParallelPlugin,
     accelerator: AcceleratorLike,
     optimizer: torch.optim.Optimizer,
     model: torch.nn.Module,
@@ -290,7 +294,13 @@ def load_fsdp_optimizer(
         )
 
 
-def _optimizer_state(model: Any, optimizer: Any, plugin: Any, full: bool, use_dcp: bool) -> dict:
+def _optimizer_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    plugin: FullyShardedDataParallelPlugin,
+    full: bool,
+    use_dcp: bool,
+) -> dict:
     if use_dcp:
         options = StateDictOptions(full_state_dict=full, cpu_offload=_offload(model, full))
         return get_optimizer_state_dict(model, optimizer, options=options)
