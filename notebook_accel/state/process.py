@@ -271,6 +271,17 @@ class AcceleratorState(_ProcessControl):
 
     ``mixed_precision`` comes from the argument, else ``ACCELERATE_MIXED_PRECISION``, else "no".
     A DeepSpeed / FSDP / Megatron-LM plugin sets ``distributed_type`` to DEEPSPEED / FSDP / MEGATRON_LM.
+
+    Args:
+        mixed_precision: "no", "fp16", "bf16" or "fp8" (default ``ACCELERATE_MIXED_PRECISION``, else "no").
+        cpu: Run on the CPU even where an accelerator is visible.
+        dynamo_plugin: The ``TorchDynamoPlugin`` in use, if any.
+        deepspeed_plugin: The ``DeepSpeedPlugin`` (or dict of them) in use, if any.
+        fsdp_plugin: The ``FullyShardedDataParallelPlugin`` in use, if any.
+        torch_tp_plugin: The ``TorchTensorParallelPlugin`` in use, if any.
+        megatron_lm_plugin: The ``MegatronLMPlugin`` in use, if any.
+        parallelism_config: The ``ParallelismConfig`` in use, if any.
+        **kwargs: Passed to ``PartialState`` (e.g. process-group options).
     """
 
     _shared_state: dict[str, Any] = {}

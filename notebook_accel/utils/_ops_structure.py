@@ -121,6 +121,14 @@ def recursively_apply(
 
     Lists, tuples, namedtuples and mappings are rebuilt with their own types; other leaves are kept
     as they are, or rejected with TypeError when ``error_on_other_type``.
+
+    Args:
+        func: Applied to every leaf that passes ``test_type``.
+        data: A leaf, or nested lists/tuples/namedtuples/mappings of leaves.
+        *args: Extra positional arguments of ``func``.
+        test_type: Which leaves ``func`` applies to (default: tensors).
+        error_on_other_type: Raise TypeError on a leaf that fails ``test_type`` instead of keeping it.
+        **kwargs: Extra keyword arguments of ``func``.
     """
 
     def visit(node: Any) -> Any:
@@ -144,6 +152,12 @@ def send_to_device(tensor: Any, device: Any, non_blocking: bool = False, skip_ke
     Objects with a ``.to`` method (e.g. a tokenizer's BatchEncoding) are moved with it; values under
     ``skip_keys`` (a key or a list of keys of a mapping) stay where they are. Tensors already on
     ``device`` are returned as they are (no copy).
+
+    Args:
+        tensor: A tensor, an object with ``.to`` or nested lists/tuples/dicts of them.
+        device: Where to move them.
+        non_blocking: Copy asynchronously where the devices allow it.
+        skip_keys: Mapping keys (one or a list) whose values stay where they are.
     """
     skip = {skip_keys} if isinstance(skip_keys, str) else set(skip_keys or ())
 
@@ -210,6 +224,12 @@ def slice_tensors(
     """Return ``data`` with every tensor indexed by ``tensor_slice`` (e.g. ``slice(0, 4)``).
 
     ``process_index`` and ``num_processes`` are accepted for compatibility and not used.
+
+    Args:
+        data: A tensor or nested lists/tuples/dicts of tensors.
+        tensor_slice: The index applied to each tensor (a slice, an int, ...).
+        process_index: Not used; kept for Accelerate's signature.
+        num_processes: Not used; kept for Accelerate's signature.
     """
 
     def _slice(tensor: torch.Tensor) -> torch.Tensor:
@@ -309,6 +329,12 @@ def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int
 
     The size along ``dim`` grows from ``batch_size`` to the next multiple of ``num_processes`` (at least
     ``num_processes``): ``[3, 4, 4]`` for 4 processes becomes ``[4, 4, 4]``.
+
+    Args:
+        tensor: A tensor or nested lists/tuples/dicts of tensors.
+        batch_size: The current size along ``dim``.
+        num_processes: How many processes will split the result.
+        dim: The dimension to pad (default 0).
     """
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"pad_input_tensors: num_processes must be a positive int, got {num_processes!r}")

@@ -132,7 +132,9 @@ class DeepSpeedPlugin:
     hf_ds_config: Any = None
     """DeepSpeed config: a dict, a path to a JSON file, or a base64-encoded JSON string."""
     gradient_accumulation_steps: int = None
+    """Micro-batches per optimizer step (``ACCELERATE_GRADIENT_ACCUMULATION_STEPS``, else 1)."""
     gradient_clipping: float = None
+    """Gradient norm DeepSpeed clips to (``ACCELERATE_GRADIENT_CLIPPING``; none by default)."""
     zero_stage: int = None
     """ZeRO stage: 0, 1, 2 or 3."""
     is_train_batch_min: str = True
@@ -142,7 +144,9 @@ class DeepSpeedPlugin:
     offload_param_device: bool = None
     """Where parameters go: "none", "cpu" or "nvme" (ZeRO 3 only)."""
     offload_optimizer_nvme_path: str = None
+    """Folder of the optimizer state when ``offload_optimizer_device`` is "nvme"."""
     offload_param_nvme_path: str = None
+    """Folder of the parameters when ``offload_param_device`` is "nvme"."""
     zero3_init_flag: bool = None
     """Build the model directly partitioned (``deepspeed.zero.Init``); ZeRO 3 only."""
     zero3_save_16bit_model: bool = None

@@ -179,6 +179,18 @@ def infer_auto_device_map(
     GPUs never exceed their budget; when offloading, the main device keeps room for the largest offloaded
     layer; tied parameters land on one device; ``no_split_module_classes`` are never split. Only shapes and
     dtypes are read, so meta models work. :func:`plan_device_map` returns the same map with its numbers.
+
+    Args:
+        model: The model to place (a meta model works).
+        max_memory: Device -> budget in bytes or text like "10GiB" (default: what is available).
+        no_split_module_classes: Module classes kept whole on one device.
+        dtype: Count floating tensors at this element size.
+        special_dtypes: Tensor name -> dtype, overriding ``dtype`` for those tensors.
+        verbose: Log each placement decision.
+        clean_result: Merge children that share their parent's device into the parent's entry.
+        offload_buffers: Count the buffers of offloaded modules as offloaded too.
+        fallback_allocation: When the next module does not fit on a still empty device, place there first the
+            first later module (in model order) that does, instead of moving on to the next device.
     """
     return plan_device_map(
         model, max_memory, no_split_module_classes, dtype, special_dtypes, verbose, clean_result, offload_buffers,

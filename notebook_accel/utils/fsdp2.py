@@ -70,6 +70,11 @@ def ensure_weights_retied(param_init_fn: Any, model: torch.nn.Module, device: An
     Materialising a module created on the meta device (``to_empty`` + init) gives each parameter its own
     storage, which silently unties shared weights (e.g. input and output embeddings); the wrapper points
     every alias back at the first owner.
+
+    Args:
+        param_init_fn: The function that materialises a module's parameters.
+        model: The model whose tied weights must stay tied.
+        device: The device the weights are materialised on.
     """
     owners: dict[int, tuple[torch.nn.Module, str]] = {}
     aliases: dict[torch.nn.Module, list[tuple[str, torch.nn.Module, str]]] = {}
@@ -185,7 +190,14 @@ def fsdp2_load_full_state_dict(
     full_sd: dict[str, torch.Tensor],
     cpu_offload: bool = False,
 ) -> Any:
-    """Return torch's load result after putting rank 0's full ``full_sd`` into the sharded ``model`` (broadcast)."""
+    """Return torch's load result after putting rank 0's full ``full_sd`` into the sharded ``model`` (broadcast).
+
+    Args:
+        accelerator: The Accelerator (any object with its ``state`` and ``device``).
+        model: The FSDP2-sharded model.
+        full_sd: The full state dict; only rank 0's is read.
+        cpu_offload: The model's shards live on the CPU.
+    """
     options = StateDictOptions(
         full_state_dict=True, broadcast_from_rank0=True, cpu_offload=cpu_offload, strict=True
     )

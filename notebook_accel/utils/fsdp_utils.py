@@ -192,6 +192,15 @@ def save_fsdp_model(
     """Return the path written: ``model``'s full state dict (one file, rank 0) or its shards (a folder, all ranks).
 
     Call on every rank. ``adapter_only`` keeps only PEFT adapter weights (names containing ``lora_``).
+
+    Args:
+        fsdp_plugin: The FSDP plugin: its state-dict type says which form to write.
+        accelerator: The Accelerator (any object with its ``state`` and ``device``).
+        model: The sharded model to save.
+        output_dir: The folder to write to.
+        model_index: Which of the prepared models (0 for the first); it names the files.
+        adapter_only: Save only PEFT adapter weights.
+        use_dcp: Write a sharded checkpoint with torch.distributed.checkpoint.
     """
     full = _is_full(fsdp_plugin)
     os.makedirs(output_dir, exist_ok=True)
@@ -219,7 +228,17 @@ def load_fsdp_model(
     adapter_only: bool = False,
     use_dcp: bool = True,
 ) -> Any:
-    """Return torch's load result after loading what ``save_fsdp_model`` wrote into ``model`` (every rank)."""
+    """Return torch's load result after loading what ``save_fsdp_model`` wrote into ``model`` (every rank).
+
+    Args:
+        fsdp_plugin: The FSDP plugin: its state-dict type says which form to read.
+        accelerator: The Accelerator (any object with its ``state`` and ``device``).
+        model: The sharded model to fill.
+        input_dir: The folder ``save_fsdp_model`` wrote to.
+        model_index: Which of the prepared models (0 for the first).
+        adapter_only: Read only PEFT adapter weights.
+        use_dcp: Read a sharded checkpoint with torch.distributed.checkpoint.
+    """
     full = _is_full(fsdp_plugin)
     _barrier()
     if full:
@@ -248,7 +267,17 @@ def save_fsdp_optimizer(
     optimizer_index: int = 0,
     use_dcp: bool = True,
 ) -> str:
-    """Return the path written: the optimizer state of sharded ``model`` (full: one file; sharded: a folder)."""
+    """Return the path written: the optimizer state of sharded ``model`` (full: one file; sharded: a folder).
+
+    Args:
+        fsdp_plugin: The FSDP plugin: its state-dict type says which form to write.
+        accelerator: The Accelerator (any object with its ``state`` and ``device``).
+        optimizer: The optimizer of the sharded model.
+        model: The sharded model.
+        output_dir: The folder to write to.
+        optimizer_index: Which of the prepared optimizers (0 for the first); it names the files.
+        use_dcp: Write a sharded checkpoint with torch.distributed.checkpoint.
+    """
     full = _is_full(fsdp_plugin)
     optimizer = getattr(optimizer, "optimizer", optimizer)  # an AcceleratedOptimizer holds torch's
     os.makedirs(output_dir, exist_ok=True)
@@ -274,7 +303,18 @@ def load_fsdp_optimizer(
     adapter_only: bool = False,
     use_dcp: bool = True,
 ) -> None:
-    """Return nothing; load what ``save_fsdp_optimizer`` wrote into ``optimizer`` (every rank)."""
+    """Return nothing; load what ``save_fsdp_optimizer`` wrote into ``optimizer`` (every rank).
+
+    Args:
+        fsdp_plugin: The FSDP plugin: its state-dict type says which form to read.
+        accelerator: The Accelerator (any object with its ``state`` and ``device``).
+        optimizer: The optimizer of the sharded model.
+        model: The sharded model.
+        input_dir: The folder ``save_fsdp_optimizer`` wrote to.
+        optimizer_index: Which of the prepared optimizers (0 for the first).
+        adapter_only: The model holds only PEFT adapter weights.
+        use_dcp: Read a sharded checkpoint with torch.distributed.checkpoint.
+    """
     full = _is_full(fsdp_plugin)
     optimizer = getattr(optimizer, "optimizer", optimizer)
     _barrier()
@@ -318,6 +358,12 @@ def merge_fsdp_weights(
 
     Runs in a single process (no process group needed). Writes ``model.safetensors`` (or
     ``pytorch_model.bin`` when ``safe_serialization=False``) inside ``output_path``.
+
+    Args:
+        checkpoint_dir: The folder of a sharded FSDP checkpoint.
+        output_path: The folder to write the full weights to.
+        safe_serialization: Write safetensors (default) rather than a torch pickle.
+        remove_checkpoint_dir: Delete the sharded folder afterwards.
     """
     if not os.path.isdir(checkpoint_dir) or not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
         raise FileNotFoundError(

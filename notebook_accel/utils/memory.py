@@ -129,6 +129,12 @@ def find_executable_batch_size(
         def train(batch_size, model, optimizer): ...
 
         train(model, optimizer)
+
+    Args:
+        function: The function to retry; its first parameter is ``batch_size``.
+        starting_batch_size: The first batch size tried (default 128).
+        reduce_batch_size_fn: Returns the next batch size after an out-of-memory error (default: 90% of the
+            last).
     """
     if function is None:
         return functools.partial(

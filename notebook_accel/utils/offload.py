@@ -120,6 +120,12 @@ def offload_weight(
     """Return ``index`` updated with ``weight_name`` after writing ``weight`` to ``<offload_folder>/<weight_name>.dat``.
 
     The file holds the raw bytes (memory-mappable); the index entry records dtype and shape.
+
+    Args:
+        weight: The tensor to write.
+        weight_name: Its name; the file is ``<weight_name>.dat``.
+        offload_folder: Where to write.
+        index: The index to add the entry to (default: a new one).
     """
     if not isinstance(weight, torch.Tensor):
         raise TypeError(
@@ -227,7 +233,13 @@ def offload_state_dict(save_dir: str | os.PathLike, state_dict: dict[str, torch.
 
 
 def load_offloaded_weights(model: nn.Module, index: dict, offload_folder: str | os.PathLike) -> None:
-    """Load the weights listed in ``index`` from ``offload_folder`` into ``model`` (on the CPU); return nothing."""
+    """Load the weights listed in ``index`` from ``offload_folder`` into ``model`` (on the CPU); return nothing.
+
+    Args:
+        model: The model to fill.
+        index: Weight name -> dtype and shape, as ``offload_weight`` records them.
+        offload_folder: The folder of the ``.dat`` files.
+    """
     if not index:
         return
     loader = OffloadedWeightsLoader(save_folder=offload_folder, index=index)
@@ -280,6 +292,12 @@ class OffloadedWeightsLoader(Mapping):
     the offload folder, or tensors inside a safetensors checkpoint). Mapped files are cached and
     stay mapped, so repeated reads cost nothing and page tables stay warm. ``device`` moves what
     is returned (default: leave it on the CPU).
+
+    Args:
+        state_dict: Tensors held in memory, served first.
+        save_folder: An offload folder: its ``index.json`` and ``.dat`` files.
+        index: Weight name -> entry (dtype and shape, or a safetensors file), instead of the folder's index.
+        device: Where returned tensors are moved (default: they stay on the CPU).
     """
 
     def __init__(

@@ -422,6 +422,11 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     ``reduction`` is "mean" (integer and bool tensors give a float mean), "sum" (bool tensors give
     int64 counts) or "none" (no reduction: the input is returned). ``scale`` multiplies the result on XLA only, as documented by Accelerate. The
     input is never modified; with one process it is returned as it is.
+
+    Args:
+        tensor: A tensor or nested lists/tuples/dicts of tensors.
+        reduction: "mean" (default), "sum" or "none".
+        scale: A factor applied to the result on XLA only.
     """
     if reduction not in _REDUCTIONS:
         raise ValueError(f"Unknown reduction {reduction!r}: use one of {', '.join(map(repr, _REDUCTIONS))}")
@@ -484,6 +489,12 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     Padding uses the value ``pad_index``, at the end (or the start with ``pad_first=True``). One
     collective exchanges the sizes of every tensor; tensors already of the largest size, and tensors
     with fewer than ``dim + 1`` dimensions, are returned as they are.
+
+    Args:
+        tensor: A tensor or nested lists/tuples/dicts of tensors.
+        dim: The dimension to pad (default 0).
+        pad_index: The value padding is filled with (default 0).
+        pad_first: Pad at the start instead of the end.
     """
     world = _world()
     if _is_single(world):
@@ -649,6 +660,12 @@ def GatheredParameters(
 
     Under ZeRO stage 3 each process holds a shard of ``params``; inside the context they are whole
     (and ``modifier_rank``'s changes are broadcast on exit). Without ZeRO-3 they are whole already.
+
+    Args:
+        params: The (sharded) parameters to gather.
+        modifier_rank: The rank whose changes inside the context are kept and broadcast.
+        fwd_module: A module whose forward may use the gathered parameters.
+        enabled: Gather at all (default True).
     """
     zero3 = (
         parse_flag_from_env("ACCELERATE_USE_DEEPSPEED")

@@ -130,6 +130,12 @@ def extract_model_from_parallel(
     model stays compiled (its inner module unwrapped); otherwise the plain module is returned. With
     ``recursive`` the submodules are unwrapped too (a DDP- or compile-wrapped child is replaced, in its
     parent, by the module inside).
+
+    Args:
+        model: The wrapped model.
+        keep_fp32_wrapper: Keep the mixed-precision forward the Accelerator installed.
+        keep_torch_compile: Keep a compiled model compiled (only its inner module is unwrapped).
+        recursive: Unwrap wrapped submodules too.
     """
     if recursive:
         _unwrap_children(model, keep_torch_compile)
@@ -192,6 +198,12 @@ def save(
     With ``save_on_each_node`` the local main process of every node saves. With ``safe_serialization``
     ``obj`` must be a state dict (str -> tensor) and is written with safetensors. A path is written
     atomically (temporary file, then rename), so a crash never leaves a half-written file.
+
+    Args:
+        obj: What to save (a state dict with ``safe_serialization``).
+        f: A path or a writable binary file.
+        save_on_each_node: Save from each node's local main process, not only the main one.
+        safe_serialization: Write safetensors instead of a torch pickle.
     """
     if safe_serialization:
         if not isinstance(obj, Mapping) or not all(
@@ -356,6 +368,11 @@ def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
 
     Only tensors, plain containers and the numpy types in ``TORCH_SAFE_GLOBALS`` are unpickled;
     ``kwargs`` go to ``torch.load``.
+
+    Args:
+        f: A path or a readable binary file.
+        map_location: Where tensors are loaded, as ``torch.load`` takes it.
+        **kwargs: Further ``torch.load`` arguments.
     """
     kwargs.setdefault("weights_only", True)
     if not kwargs["weights_only"] or not TORCH_SAFE_GLOBALS:

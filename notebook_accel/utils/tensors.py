@@ -62,6 +62,17 @@ def set_module_tensor_to_device(
     ``non_blocking`` makes the copy asynchronous where the devices allow it; ``clear_cache`` (default)
     empties the accelerator's cache after a tensor moved to or from an accelerator, so the memory the
     old copy held is returned at once.
+
+    Args:
+        module: The module holding the tensor.
+        tensor_name: Its dotted name (``"layers.0.weight"``).
+        device: Where it goes.
+        value: A new value (default: the tensor's own, moved).
+        dtype: Cast a floating value to this dtype.
+        fp16_statistics: The scales of an 8-bit bitsandbytes weight.
+        tied_params_map: Data pointer -> device -> tensor, to reuse a tied copy already on ``device``.
+        non_blocking: Copy asynchronously where the devices allow it.
+        clear_cache: Empty the accelerator's cache after the move (default True).
     """
     owner, leaf = _resolve(module, tensor_name)
     target = torch_device(device)

@@ -53,6 +53,12 @@ def convert_model(
     """Swap, in place and recursively, ``nn.Linear`` / ``nn.LayerNorm`` for TE's (or back, ``to_transformer_engine=False``).
 
     Weights are copied; TE's layers need in/out features divisible by 16 for FP8.
+
+    Args:
+        model: The model to convert in place.
+        to_transformer_engine: Towards TransformerEngine's layers (default) or back to torch's.
+        _convert_linear: Convert the linear layers.
+        _convert_ln: Convert the layer norms.
     """
     te = _te()
     for name, child in model.named_children():
@@ -102,7 +108,13 @@ class _FP8Forward:
 def contextual_fp8_autocast(
     model_forward: Callable, fp8_recipe: Any, use_during_eval: bool = False
 ) -> Callable:
-    """Return ``model_forward`` run under TE's ``fp8_autocast`` while training (and in eval with ``use_during_eval``)."""
+    """Return ``model_forward`` run under TE's ``fp8_autocast`` while training (and in eval with ``use_during_eval``).
+
+    Args:
+        model_forward: The forward to wrap.
+        fp8_recipe: The TransformerEngine recipe (None: TransformerEngine's default).
+        use_during_eval: Run under fp8 autocast in eval mode too.
+    """
     _te()  # fail here, at wrapping time, when TransformerEngine is missing
     return _FP8Forward(model_forward, fp8_recipe, use_during_eval)
 
