@@ -157,7 +157,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.__dict__.update(state)
 
 
-def move_to_device(state: Any, device: Any) -> Any:
+def move_to_device(state: Any, device: int | str | torch.device) -> Any:
     """Return ``state`` (an optimizer state: nested lists/tuples/dicts) with every tensor on ``device``."""
     return send_to_device(state, device)
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..utils.devices import device_label, torch_device
+from ..utils.devices import Device, device_label, torch_device
 from ..utils.offload import weights_source
 from . import events
 from .base import ModelHook, remove_hook_from_module
@@ -448,7 +448,7 @@ class CpuOffload(ModelHook):
     """
 
     def __init__(
-        self, execution_device: Any = None, prev_module_hook: UserCpuOffloadHook | None = None
+        self, execution_device: Device | None = None, prev_module_hook: UserCpuOffloadHook | None = None
     ) -> None:
         self.prev_module_hook = prev_module_hook
         if execution_device is None:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..utils.devices import device_label
+from ..utils.devices import Device, device_label
 from ..utils.tensors import set_module_tensor_to_device
 from .align import AlignDevicesHook
 from .base import SequentialHook
@@ -50,7 +50,7 @@ def has_offloaded_params(module: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def align_module_device(module: nn.Module, execution_device: Any = None) -> Iterator[None]:
+def align_module_device(module: nn.Module, execution_device: Device | None = None) -> Iterator[None]:
     """Yield with ``module``'s own parameters on its execution device (or ``execution_device``).
 
     For an offloaded module the weights are loaded for the duration of the block and released
@@ -123,7 +123,9 @@ def get_state_dict_from_offload(
     for sub_name, sub in module.named_modules():
         sub_prefix = prefix + (f"{sub_name}." if sub_name else "")
         aligned = (
-            align_module_device(sub, device_to_put_offload) if has_offloaded_params(sub) else contextlib.nullcontext()
+            align_module_device(sub, device_to_put_offload)
+            if has_offloaded_params(sub)
+            else contextlib.nullcontext()
         )
         with aligned:
             for key, tensor in _own_tensors(sub):

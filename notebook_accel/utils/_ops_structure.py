@@ -47,17 +47,17 @@ class TensorInformation:
     dtype: torch.dtype
 
 
-def is_torch_tensor(tensor: Any) -> bool:
+def is_torch_tensor(tensor: object) -> bool:
     """Return whether ``tensor`` is a ``torch.Tensor``."""
     return isinstance(tensor, torch.Tensor)
 
 
-def is_tensor_information(tensor_info: Any) -> bool:
+def is_tensor_information(tensor_info: object) -> bool:
     """Return whether ``tensor_info`` is a :class:`TensorInformation`."""
     return isinstance(tensor_info, TensorInformation)
 
 
-def is_namedtuple(data: Any) -> bool:
+def is_namedtuple(data: object) -> bool:
     """Return whether ``data`` is an instance of a ``collections.namedtuple`` / ``typing.NamedTuple`` class."""
     return isinstance(data, tuple) and hasattr(data, "_fields") and hasattr(data, "_asdict")
 
@@ -94,7 +94,7 @@ def _rebuild_mapping(original: Mapping, items: dict) -> Any:
         return items
 
 
-def _is_container(data: Any) -> bool:
+def _is_container(data: object) -> bool:
     return isinstance(data, (list, tuple, Mapping))
 
 
@@ -146,7 +146,12 @@ def recursively_apply(
     return visit(data)
 
 
-def send_to_device(tensor: Any, device: Any, non_blocking: bool = False, skip_keys: Any = None) -> Any:
+def send_to_device(
+    tensor: Any,
+    device: int | str | torch.device,
+    non_blocking: bool = False,
+    skip_keys: str | list[str] | None = None,
+) -> Any:
     """Return ``tensor`` (nested lists/tuples/dicts of tensors) with every tensor moved to ``device``.
 
     Objects with a ``.to`` method (e.g. a tokenizer's BatchEncoding) are moved with it; values under
@@ -189,7 +194,7 @@ def _fp32(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.float()
 
 
-def _is_half(tensor: Any) -> bool:
+def _is_half(tensor: object) -> bool:
     return isinstance(tensor, torch.Tensor) and tensor.dtype in (torch.float16, torch.bfloat16)
 
 
@@ -302,7 +307,7 @@ def initialize_tensors(data_structure: Any) -> Any:
     return recursively_apply(_empty, data_structure, test_type=is_tensor_information)
 
 
-def is_torch_xpu_tensor(tensor: Any) -> bool:
+def is_torch_xpu_tensor(tensor: object) -> bool:
     """Return whether ``tensor`` is a tensor on an Intel XPU."""
     return isinstance(tensor, torch.Tensor) and tensor.device.type == "xpu"
 

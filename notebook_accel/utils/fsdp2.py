@@ -64,7 +64,9 @@ def get_module_children_bottom_up(model: torch.nn.Module, return_fqns: bool = Fa
     return order if return_fqns else [module for _, module in order]
 
 
-def ensure_weights_retied(param_init_fn: Any, model: torch.nn.Module, device: Any) -> Any:
+def ensure_weights_retied(
+    param_init_fn: Callable[[torch.nn.Module], None], model: torch.nn.Module, device: torch.device
+) -> Callable[[torch.nn.Module], None]:
     """Return ``param_init_fn`` wrapped so that weights tied in ``model`` are tied again after it runs.
 
     Materialising a module created on the meta device (``to_empty`` + init) gives each parameter its own
@@ -123,7 +125,7 @@ def fsdp2_prepare_auto_wrap_policy(
 
 
 def get_parameters_from_modules(
-    modules: Iterable[torch.nn.Module] | str | None, model: torch.nn.Module, device: Any
+    modules: Iterable[torch.nn.Module] | str | None, model: torch.nn.Module, device: torch.device
 ) -> set[torch.nn.Parameter]:
     """Return the parameters of ``modules`` (or of the modules of ``model`` whose name fullmatches the regex)."""
     if modules is None:

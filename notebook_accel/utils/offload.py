@@ -305,7 +305,7 @@ class OffloadedWeightsLoader(Mapping):
         state_dict: dict[str, torch.Tensor] | None = None,
         save_folder: str | os.PathLike | None = None,
         index: Mapping | None = None,
-        device: Any = None,
+        device: int | str | torch.device | None = None,
     ) -> None:
         if all(source is None for source in (state_dict, save_folder, index)):
             raise ValueError(
