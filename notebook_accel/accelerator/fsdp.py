@@ -24,8 +24,10 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.distributed.tensor import DTensor
 
+from ..state import AcceleratorState
 from ..utils._protocols import AcceleratorLike
 from ..utils.fsdp2 import fsdp2_canonicalize_names, fsdp2_prepare_auto_wrap_policy, fsdp2_prepare_model
+from ..utils.fsdp_plugin import FullyShardedDataParallelPlugin
 
 __all__ = ["clip_grad_norm", "prepare_fsdp", "remap_optimizer_params"]
 
@@ -40,7 +42,9 @@ def prepare_fsdp(accelerator: AcceleratorLike, model: torch.nn.Module) -> torch.
     return _wrap_fsdp1(model, accelerator.state, plugin)
 
 
-def _wrap_fsdp1(model: torch.nn.Module, state: Any, plugin: Any) -> torch.nn.Module:
+def _wrap_fsdp1(
+    model: torch.nn.Module, state: AcceleratorState, plugin: FullyShardedDataParallelPlugin
+) -> torch.nn.Module:
     if isinstance(model, fsdp.FullyShardedDataParallel):
         return model
     selects = fsdp2_prepare_auto_wrap_policy(plugin, model) if plugin.activation_checkpointing else None

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ..state import AcceleratorState
 from ..utils import imports
 from ..utils._protocols import AcceleratorLike
 from ..utils.enums import DistributedType
@@ -69,7 +70,7 @@ def wrap_for_distributed_type(accelerator: _WrappingAccelerator, model: torch.nn
     return model
 
 
-def wrap_ddp(model: torch.nn.Module, state: Any, ddp_handler: Any) -> torch.nn.Module:
+def wrap_ddp(model: torch.nn.Module, state: AcceleratorState, ddp_handler: Any) -> torch.nn.Module:
     """Return ``model`` in DistributedDataParallel (a model without trainable parameters unchanged)."""
     if not any(p.requires_grad for p in model.parameters()):
         return model
@@ -104,7 +105,9 @@ def _compile_regions(model: torch.nn.Module, kwargs: dict[str, Any]) -> torch.nn
     return torch.compile(model, **kwargs)
 
 
-def check_engines(state: Any, megatron_lm_plugin: Any, mixed_precision: str, fp8_handler: Any) -> None:
+def check_engines(
+    state: AcceleratorState, megatron_lm_plugin: Any, mixed_precision: str, fp8_handler: Any
+) -> None:
     """Raise ImportError naming the engine a plugin or precision needs when it is not installed."""
     if state.distributed_type == DistributedType.DEEPSPEED and not imports.is_deepspeed_available():
         raise ImportError("Accelerator(deepspeed_plugin=...) requires `deepspeed`: pip install deepspeed")
