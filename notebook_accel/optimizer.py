@@ -68,7 +68,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return self.optimizer.state
 
     @state.setter
-    def state(self, state: Any) -> None:
+    def state(self, state: dict) -> None:
         self.optimizer.state = state
 
     @property

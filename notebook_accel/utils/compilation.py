@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 
-def is_compiled_module(module: Any) -> bool:
+def is_compiled_module(module: object) -> bool:
     """Return whether ``module`` is the wrapper ``torch.compile`` returns (an ``OptimizedModule``)."""
     # Only when dynamo is loaded: a module cannot have been compiled otherwise, and importing it is slow.
     dynamo = sys.modules.get("torch._dynamo.eval_frame")

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import imports
 from ._validation import choice as _choice
@@ -22,6 +22,9 @@ from ._validation import positive_int as _positive_int
 from .enums import MIXED_PRECISION_CHOICES
 from .environment import parse_flag_from_env
 from .fsdp_plugin import get_module_class_from_name
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DeepSpeedPlugin"]
 
@@ -45,7 +48,7 @@ _DS_MAPPING = {
 }
 
 
-def _load_ds_config(source: Any) -> dict:
+def _load_ds_config(source: object) -> dict:
     """Return the DeepSpeed config dict from a dict, a JSON file path or a base64-encoded JSON string."""
     if isinstance(source, dict):
         return json.loads(json.dumps(source))  # deep copy; also rejects non-JSON values early
@@ -414,7 +417,7 @@ class DeepSpeedPlugin:
             del config["train_batch_size"]
         self.dschf = HfDeepSpeedConfig(config)
 
-    def set_moe_leaf_modules(self, model: Any) -> None:
+    def set_moe_leaf_modules(self, model: torch.nn.Module) -> None:
         """Return None; mark ``model``'s ``transformer_moe_cls_names`` classes as ZeRO-3 leaf modules (no-op if unset).
 
         DeepSpeed then gathers each MoE block's parameters as a whole instead of hooking its experts one by

@@ -10,11 +10,14 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .._lazy import attach
 from ._validation import choice
 from .enums import DDPCommunicationHookType
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "AutocastKwargs",
@@ -132,7 +135,7 @@ class DistributedDataParallelKwargs(KwargsHandler):
                 f"DistributedDataParallelKwargs: bucket_cap_mb must be > 0, got {self.bucket_cap_mb!r}"
             )
 
-    def register_comm_hook(self, model: Any) -> None:
+    def register_comm_hook(self, model: torch.nn.Module) -> None:
         """Install the configured communication hook on ``model`` (a DDP instance); no-op for "no"."""
         if self.comm_hook == "no":
             return

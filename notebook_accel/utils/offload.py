@@ -68,7 +68,7 @@ def _inside(folder: str | os.PathLike, relative: str, what: str) -> str:
     return target
 
 
-def _check_index(index: Any, where: str) -> dict:
+def _check_index(index: object, where: str) -> dict:
     """Return ``index`` after checking it maps names to ``{"dtype": str, "shape": [int, ...]}`` entries."""
     if not isinstance(index, Mapping):
         raise TypeError(

@@ -250,7 +250,7 @@ def merge_dicts(source: Mapping, destination: dict) -> dict:
     return destination
 
 
-def get_pretty_name(obj: Any) -> str:
+def get_pretty_name(obj: object) -> str:
     """Return a readable name for ``obj``: its own name for functions and classes, else its class's."""
     # Instances (a model, a partial) have no name of their own: the class names them.
     for candidate in (obj, type(obj)):
@@ -260,7 +260,7 @@ def get_pretty_name(obj: Any) -> str:
     return str(obj)
 
 
-def is_peft_model(model: Any) -> bool:
+def is_peft_model(model: object) -> bool:
     """Return whether ``model`` is a peft ``PeftModel`` (False when peft is not installed)."""
     if not is_peft_available():
         return False

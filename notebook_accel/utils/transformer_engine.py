@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -16,6 +16,9 @@ from torch import nn
 from .imports import is_hpu_available
 from .operations import GatheredParameters
 from .package_checks import is_transformer_engine_available
+
+if TYPE_CHECKING:
+    from .fp8_recipes import TERecipeKwargs
 
 __all__ = [
     "GatheredParameters",
@@ -119,7 +122,7 @@ def contextual_fp8_autocast(
     return _FP8Forward(model_forward, fp8_recipe, use_during_eval)
 
 
-def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: Any) -> nn.Module:
+def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: TERecipeKwargs | None) -> nn.Module:
     """Return ``model`` with its forward wrapped by ``contextual_fp8_autocast`` for ``fp8_recipe_handler``'s recipe."""
     handler = fp8_recipe_handler
     # No handler: TE picks its default recipe, and evaluation runs without FP8.
