@@ -315,6 +315,16 @@ def prepare_pippy(
     passes (same batch size, same keyword names); ``num_chunks`` (default: the number of processes)
     micro-batches are cut from it. Call the prepared model with the same inputs on every process;
     the output lives on the last process (None elsewhere) unless ``gather_output=True``.
+
+    Args:
+        model: The model to cut into one pipeline stage per process.
+        split_points: "auto" or None (stages balanced by size), or the names of the submodules that start
+            stages 2..n.
+        no_split_module_classes: Module classes an automatic split never cuts through.
+        example_args: Positional inputs of one batch, shaped like every later call's.
+        example_kwargs: Keyword inputs of that batch.
+        num_chunks: Micro-batches cut from each batch (default: the number of processes).
+        gather_output: Send the output to every process (default: only the last holds it).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"prepare_pippy needs a torch.nn.Module, got {type(model).__name__}")

@@ -435,6 +435,11 @@ def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2)
 
     Meant for tests of distributed code on a machine without accelerators: the workers use gloo on
     the CPU (ACCELERATE_USE_CPU=1) even where CUDA devices exist.
+
+    Args:
+        function: The function each process runs (picklable: defined at module level).
+        args: The positional arguments it receives.
+        num_processes: How many CPU processes to start (default 2).
     """
     return _launch(LaunchRequest(function=function, args=args, num_processes=num_processes, force_cpu=True))
 

@@ -9,12 +9,33 @@ processes (CPU or GPU), not DeepSpeed, FSDP or model parallelism.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from ._lazy import attach
 from .utils.enums import DistributedType
+
+
+class _SyncingAccelerator(Protocol):
+    """What LocalSGD uses of the Accelerator: its distributed type and four collective-minded verbs."""
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """How the run is distributed."""
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """A context in which backward passes do not synchronise the gradients of ``model``."""
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Run the backward pass of ``loss``."""
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point."""
+
+    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+        """Return ``tensor`` reduced across the processes."""
+
 
 __all__ = ["DistributedType", "LocalSGD"]
 # The Accelerator sits above this module (it is only driven here); Accelerate serves the name here too.
@@ -55,7 +76,11 @@ class LocalSGD:
     """
 
     def __init__(
-        self, accelerator: Any, model: torch.nn.Module, local_sgd_steps: int, enabled: bool = True
+        self,
+        accelerator: _SyncingAccelerator,
+        model: torch.nn.Module,
+        local_sgd_steps: int,
+        enabled: bool = True,
     ) -> None:
         if isinstance(local_sgd_steps, bool) or not isinstance(local_sgd_steps, int) or local_sgd_steps < 1:
             raise ValueError(f"LocalSGD: local_sgd_steps must be a positive int, got {local_sgd_steps!r}")

@@ -68,7 +68,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return self.optimizer.state
 
     @state.setter
-    def state(self, state: Any) -> None:
+    def state(self, state: dict) -> None:
         self.optimizer.state = state
 
     @property
@@ -157,7 +157,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.__dict__.update(state)
 
 
-def move_to_device(state: Any, device: Any) -> Any:
+def move_to_device(state: Any, device: int | str | torch.device) -> Any:
     """Return ``state`` (an optimizer state: nested lists/tuples/dicts) with every tensor on ``device``."""
     return send_to_device(state, device)
 
@@ -169,9 +169,17 @@ def patch_optimizer_step(accelerated_optimizer: AcceleratedOptimizer, method: Ca
     ``accelerated_optimizer._accelerate_step_called`` tells whether the step really happened.
     """
 
-    @functools.wraps(method)
-    def patched_step(*args: Any, **kwargs: Any) -> Any:
-        accelerated_optimizer._accelerate_step_called = True
-        return method(*args, **kwargs)
+    return _MarkingStep(accelerated_optimizer, method)
 
-    return patched_step
+
+class _MarkingStep:
+    """A step callable that marks its owner as stepped, then runs the real step (named and documented as it)."""
+
+    def __init__(self, owner: AcceleratedOptimizer, step: Callable) -> None:
+        self._owner = owner
+        self._step = step
+        functools.update_wrapper(self, step)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._owner._accelerate_step_called = True
+        return self._step(*args, **kwargs)

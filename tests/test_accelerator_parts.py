@@ -13,7 +13,7 @@ from notebook_accel.accelerator.precision import Precision
 from notebook_accel.scheduler import AcceleratedScheduler
 from notebook_accel.state import AcceleratorState, GradientState
 from notebook_accel.utils import AutocastKwargs, GradientAccumulationPlugin, GradScalerKwargs
-from notebook_accel.utils.enums import DistributedType
+from notebook_accel.utils.enums import DistributedType, PrecisionType
 
 
 def _flags(**overrides):
@@ -52,7 +52,7 @@ def test_flags_are_resolved_once_and_frozen(monkeypatch) -> None:
     flags = _flags(
         mixed_precision="BF16", split_batches=True, rng_types=["torch"], kwargs_handlers=[GradScalerKwargs()]
     )
-    assert flags.mixed_precision == "bf16"
+    assert flags.mixed_precision is PrecisionType.BF16  # typed once here; the state takes it unchecked
     assert flags.dataloader_config.split_batches is True
     assert flags.rng_types == ("torch",)
     assert flags.accumulation_plugin.num_steps == 3  # the environment is read here, once
@@ -63,6 +63,14 @@ def test_flags_are_resolved_once_and_frozen(monkeypatch) -> None:
         flags.mixed_precision = "fp16"
     # Not given, split_batches leaves the dataloader configuration alone.
     assert _flags().dataloader_config.split_batches is False and _flags().mixed_precision is None
+
+
+def test_the_state_takes_the_typed_precision_as_a_plain_mode() -> None:
+    from notebook_accel import Accelerator
+
+    accelerator = Accelerator(cpu=True, mixed_precision="BF16")
+    assert type(accelerator.state.mixed_precision) is str and accelerator.mixed_precision == "bf16"
+    assert accelerator.precision.mode == "bf16" and type(accelerator.precision.mode) is str
 
 
 def test_flags_reject_bad_values() -> None:

@@ -413,7 +413,10 @@ def test_load_checkpoint_and_dispatch_options(net: Net, ids, checkpoint, tmp_pat
 def test_load_checkpoint_and_dispatch_errors(net: Net, checkpoint) -> None:
     with init_empty_weights():
         model = Net()
-    with pytest.raises(ValueError, match="device_map='fastest' is not supported.*'auto'"):
+    with pytest.raises(
+        ValueError,
+        match=r"device_map='fastest' is not a device-map strategy.*'auto'.*, or a dict of module name -> device",
+    ):
         load_checkpoint_and_dispatch(model, checkpoint, device_map="fastest")
     with pytest.raises(TypeError, match="device_map must be a dict"):
         load_checkpoint_and_dispatch(model, checkpoint, device_map=["cpu"])

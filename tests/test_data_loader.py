@@ -107,7 +107,7 @@ def test_iterable_dataset_shard() -> None:
         for i in range(2)
     ]
     assert split == [[0, 1, 4, 5], [2, 3, 6, 7]]
-    with pytest.raises(ValueError, match="batch_size=3 for num_processes=2"):
+    with pytest.raises(ValueError, match="batch_size=3 must be a multiple of num_processes=2"):
         IterableDatasetShard(_Stream(8), 3, num_processes=2, split_batches=True)
 
 

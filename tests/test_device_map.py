@@ -286,13 +286,11 @@ def test_resolve_device_map_strategies() -> None:
     assert set(balanced.values()) == {0, 1}
     low0 = resolve_device_map(model, "balanced_low_0", max_memory=budget, no_split_module_classes=["Block"])
     assert 1 in low0.values()
-    assert resolve_device_map(model, "cpu") == {"": "cpu"}
-    assert resolve_device_map(model, torch.device("cuda", 1)) == {"": 1}
-    assert resolve_device_map(model, None) is None
-    with pytest.raises(ValueError, match="not understood.*'auto', 'balanced'"):
-        resolve_device_map(model, "fastest")
-    with pytest.raises(ValueError, match="Closest names"):
-        resolve_device_map(model, {"embedd": 0})
+    for not_a_strategy in ("fastest", "cpu", None):
+        with pytest.raises(
+            ValueError, match=r"device_map=.* is not a device-map strategy: choose one of \['auto'"
+        ):
+            resolve_device_map(model, not_a_strategy)
 
 
 def test_nested_module_lists_on_meta_are_fully_covered() -> None:
@@ -367,5 +365,19 @@ def test_strategy_memory_is_the_one_meaning_of_each_strategy() -> None:
         strategy_memory(model, "balanced_low_0", dict(roomy))[0] == 0
     )  # GPU 1 holds it all: GPU 0 stays empty
     assert strategy_memory(model, "sequential", dict(roomy)) == roomy
-    with pytest.raises(ValueError, match="Unknown device-map strategy 'fastest': choose one of \\['auto'"):
+    with pytest.raises(
+        ValueError, match="strategy='fastest' is not a device-map strategy: choose one of \\['auto'"
+    ):
         strategy_memory(model, "fastest")
+
+
+def test_check_strategy_is_the_one_strategy_check() -> None:
+    from notebook_accel.utils.device_planning.device_map import DEVICE_MAP_STRATEGIES, check_strategy
+
+    assert [check_strategy(s) for s in DEVICE_MAP_STRATEGIES] == list(DEVICE_MAP_STRATEGIES)
+    with pytest.raises(
+        ValueError, match=r"^device_map=3 is not a device-map strategy: choose one of \['auto', "
+    ):
+        check_strategy(3)
+    with pytest.raises(ValueError, match=r"plan='Auto' is not a .*'sequential'\], or a dict$"):
+        check_strategy("Auto", name="plan", alternatives="a dict")

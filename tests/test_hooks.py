@@ -390,3 +390,11 @@ def test_replacing_keeps_the_old_hook_attached_state_and_appending_reinits_it() 
     assert lin._hf_hook.hooks == (second, third)
     lin(torch.randn(1, 2))
     assert second.calls[-2:] == ["pre", "post"] and third.calls[-2:] == ["pre", "post"]
+
+
+def test_align_devices_hook_repr_lists_its_settings() -> None:
+    hook = AlignDevicesHook(execution_device="cpu", io_same_device=True, skip_keys=["cache"])
+    assert repr(hook) == (
+        "AlignDevicesHook(execution_device=cpu, offload=False, io_same_device=True, offload_buffers=False, "
+        "place_submodules=False, skip_keys=['cache'])"
+    )

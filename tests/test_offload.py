@@ -125,9 +125,11 @@ def test_loader_state_dict_dat_and_safetensors(tmp_path) -> None:
 
 
 def test_loader_errors(tmp_path) -> None:
-    with pytest.raises(ValueError, match="at least one of `state_dict`, `save_folder` or `index`"):
+    with pytest.raises(ValueError, match="nothing to read: give it `state_dict`.*`save_folder`.*`index`"):
         OffloadedWeightsLoader()
-    with pytest.raises(FileNotFoundError, match="No offload index .* pass `offload_index`"):
+    with pytest.raises(
+        FileNotFoundError, match=r"offload folder '.*' has no index.json: .* pass the index yourself"
+    ):
         OffloadedWeightsLoader(save_folder=tmp_path)
     loader = OffloadedWeightsLoader(index={"w": {"dtype": "float32", "shape": [1]}})
     with pytest.raises(ValueError, match="no `save_folder`"):
@@ -181,7 +183,9 @@ def test_relative_safetensors_file_inside_the_folder_first_then_the_working_dire
     (tmp_path / "cwd").mkdir()
     (tmp_path / "off" / "cwd").mkdir(parents=True)
     save_file({"w": torch.ones(2)}, tmp_path / "cwd" / "a.safetensors")
-    index = {"w": {"safetensors_file": "cwd/a.safetensors", "weight_name": "w", "dtype": "float32", "shape": [2]}}
+    index = {
+        "w": {"safetensors_file": "cwd/a.safetensors", "weight_name": "w", "dtype": "float32", "shape": [2]}
+    }
     loader = OffloadedWeightsLoader(save_folder=tmp_path / "off", index=index)
     assert torch.equal(loader["w"], torch.ones(2))
     save_file({"w": torch.zeros(2)}, tmp_path / "off" / "cwd" / "a.safetensors")
@@ -189,3 +193,12 @@ def test_relative_safetensors_file_inside_the_folder_first_then_the_working_dire
     missing = {"w": {**index["w"], "safetensors_file": "nowhere/a.safetensors"}}
     with pytest.raises(FileNotFoundError, match="nowhere/a.safetensors"):
         OffloadedWeightsLoader(save_folder=tmp_path / "off", index=missing)["w"]
+
+
+def test_loader_lists_memory_names_first_and_each_name_once() -> None:
+    entry = {"dtype": "float32", "shape": [1]}
+    loader = OffloadedWeightsLoader(
+        state_dict={"b": torch.ones(1), "a": torch.ones(1)}, index={"z": entry, "a": entry}
+    )
+    assert list(loader) == ["b", "a", "z"] and len(loader) == 3
+    assert loader.source("a") == "cpu" and loader.source("z") == "disk"

@@ -176,6 +176,7 @@ def test_slice_tensors_and_concatenate():
         ([], ValueError, "empty list"),
         (torch.ones(2), TypeError, "list or tuple of structures, got Tensor"),
         ([{"a": 1}, {"a": 2}], TypeError, r"^Can only concatenate tensors but got <class 'int'>"),
+        ([[torch.ones(1)], [torch.ones(1), torch.ones(1)]], ValueError, r"different lengths \[1, 2\]"),
     ],
 )
 def test_concatenate_errors(data, error, match):

@@ -151,7 +151,7 @@ def test_optimizer_helpers() -> None:
     wrapped._accelerate_step_called = False
     step = patch_optimizer_step(wrapped, wrapped.optimizer.step)
     model(torch.ones(1)).sum().backward()
-    step()
+    assert step(lambda: 3.0) == 3.0  # what the real step returns (SGD: the closure's loss)
     assert wrapped._accelerate_step_called and step.__name__ == "step"
 
 

@@ -159,8 +159,10 @@ def test_optimizer_and_scheduler_wrappers_leave_stepping_to_the_engine():
     wrapped.zero_grad()
     assert torch.equal(model.weight, before) and model.weight.grad is not None
     assert wrapped.step_was_skipped is False and wrapped.device_placement is False
-    optim.overflow = True
-    assert DeepSpeedOptimizerWrapper(optim).step_was_skipped is True
+    optim.overflow = True  # read at each question, not once when wrapped
+    assert wrapped.step_was_skipped is True and DeepSpeedOptimizerWrapper(optim).step_was_skipped is True
+    optim.overflow = False
+    assert wrapped.step_was_skipped is False
     sched = torch.optim.lr_scheduler.StepLR(optim, step_size=1, gamma=0.5)
     wrapped_sched = DeepSpeedSchedulerWrapper(sched, [wrapped])
     wrapped_sched.step()

@@ -137,6 +137,41 @@ def test_package_checks_are_truthful() -> None:
     assert utils.is_deepspeed_available() is (importlib.util.find_spec("deepspeed") is not None)
 
 
+def test_npu_probe_reads_the_backend_torch_npu_registers(monkeypatch, request) -> None:
+    import importlib.machinery
+    import sys
+    import types
+
+    from notebook_accel.utils.package_checks import is_package_available
+
+    fake = types.ModuleType("torch_npu")
+    fake.__spec__ = importlib.machinery.ModuleSpec("torch_npu", None)
+    monkeypatch.setitem(sys.modules, "torch_npu", fake)
+    is_package_available.cache_clear()  # the answers are cached; forget the real "not installed"
+    request.addfinalizer(is_package_available.cache_clear)
+
+    class _Npu:
+        count_fails, available = False, True
+
+        def device_count(self) -> int:
+            if self.count_fails:
+                raise RuntimeError("no NPU driver")
+            return 1
+
+        def is_available(self) -> bool:
+            return self.available
+
+    npu = _Npu()
+    monkeypatch.setattr(torch, "npu", npu, raising=False)
+    assert utils.is_npu_available() is True and utils.is_npu_available(check_device=True) is True
+    npu.count_fails = True  # the runtime cannot start: only the device check notices
+    assert utils.is_npu_available() is True and utils.is_npu_available(check_device=True) is False
+    npu.available = False
+    assert utils.is_npu_available() is False
+    monkeypatch.delattr(torch, "npu")  # torch_npu installed but registered nothing
+    assert utils.is_npu_available() is False and utils.is_npu_available(check_device=True) is False
+
+
 def test_device_checks_are_truthful() -> None:
     assert utils.is_cuda_available() is (torch.cuda.device_count() > 0)
     assert utils.is_mps_available() is torch.backends.mps.is_available()

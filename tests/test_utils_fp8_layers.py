@@ -50,3 +50,42 @@ def test_engines_are_named_when_missing() -> None:
         contextual_fp8_autocast(_model().forward, None)
     with pytest.raises(ImportError, match="transformer_engine"):
         apply_fp8_autowrap(_model(), TERecipeKwargs())
+
+
+def test_fp8_autowrap_runs_the_forward_under_te_autocast_while_training(monkeypatch) -> None:
+    import contextlib
+    from types import SimpleNamespace
+
+    import torch
+
+    from notebook_accel.utils import transformer_engine
+
+    seen = []
+
+    @contextlib.contextmanager
+    def fp8_autocast(enabled, fp8_recipe):
+        seen.append((enabled, fp8_recipe))
+        yield
+
+    monkeypatch.setattr(transformer_engine, "_te", lambda: SimpleNamespace(fp8_autocast=fp8_autocast))
+    recipe = object()
+    model = nn.Linear(2, 2)
+    original, x = model.forward, torch.ones(1, 2)
+    assert (
+        apply_fp8_autowrap(
+            model, SimpleNamespace(to_te_recipe=lambda: recipe, use_autocast_during_eval=False)
+        )
+        is model
+    )
+    assert torch.equal(model(x), original(x)) and seen == [(True, recipe)]
+    model.eval()
+    model(x)
+    assert seen[-1] == (False, recipe)  # evaluation runs without FP8 unless asked
+    in_eval = nn.Linear(2, 2).eval()
+    apply_fp8_autowrap(in_eval, SimpleNamespace(to_te_recipe=lambda: recipe, use_autocast_during_eval=True))
+    in_eval(x)
+    assert seen[-1] == (True, recipe)
+    apply_fp8_autowrap(nn.Linear(2, 2), None)(x)  # no handler: TE's default recipe, while training
+    assert seen[-1] == (True, None)
+    wrapped = contextual_fp8_autocast(original, recipe)
+    assert wrapped.__wrapped__ is original and wrapped.__name__ == "forward"

@@ -259,12 +259,51 @@ def test_deepspeed_config_process_fills_auto_and_reports_mismatches() -> None:
     assert plugin.deepspeed_config["train_micro_batch_size_per_gpu"] == 16
     assert plugin.get_value("zero_optimization.stage") == 2 and plugin.get_value("missing.key", 7) == 7
     with pytest.raises(
-        ValueError, match=r"(?s)disagree.*gradient_accumulation_steps=2 vs arg gradient_accumulation_steps=4"
+        ValueError,
+        match=r"(?s)does not fit.*gradient_accumulation_steps=2 vs arg gradient_accumulation_steps=4",
     ):
         plugin.deepspeed_config_process(gradient_accumulation_steps=4)
+    plugin.deepspeed_config_process(must_match=False, gradient_accumulation_steps=4)  # no check asked for
     fresh = DeepSpeedPlugin(hf_ds_config={"train_batch_size": "auto", "zero_optimization": {"stage": 1}})
     with pytest.raises(ValueError, match="`train_batch_size` is 'auto'"):
         fresh.deepspeed_config_process()
+
+
+def test_deepspeed_config_process_reports_every_problem_in_one_error() -> None:
+    config = {
+        "train_batch_size": "auto",
+        "gradient_accumulation_steps": 2,
+        "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"},
+        "scheduler": {"params": {"warmup_num_steps": "auto"}},
+    }
+    plugin = DeepSpeedPlugin(hf_ds_config=config)
+    with pytest.raises(ValueError) as caught:
+        plugin.deepspeed_config_process(
+            gradient_accumulation_steps=4,
+            **{"zero_optimization.stage": 3, "zero_optimization.reduce_bucket_size": 9},
+        )
+    lines = str(caught.value).splitlines()
+    assert "- `train_batch_size` is 'auto' in the DeepSpeed config and no value was given for it" in lines
+    assert "- `scheduler.params.warmup_num_steps` is 'auto' in the DeepSpeed config" in str(caught.value)
+    assert "- ds gradient_accumulation_steps=2 vs arg gradient_accumulation_steps=4" in lines
+    assert "- ds zero_optimization.stage=2 vs arg zero_optimization.stage=3" in lines
+    assert plugin.get_value("zero_optimization.reduce_bucket_size") == 9  # filled on the way
+    # fill_match: one key; disagreements go to the caller's list, a missing 'auto' value raises.
+    found: list[str] = []
+    plugin.fill_match("zero_optimization.stage", found, **{"zero_optimization.stage": 1})
+    assert found == ["- ds zero_optimization.stage=2 vs arg zero_optimization.stage=1"]
+    plugin.fill_match("no.such.key", found, **{"no.such.key": 1})
+    assert len(found) == 1
+    with pytest.raises(ValueError, match=r"`train_batch_size` is 'auto'.*\n.*pass it to the plugin"):
+        plugin.fill_match("train_batch_size")
+    # A caller with its own prefix and list collects the disagreements without an error.
+    nested: list[str] = []
+    plugin.deepspeed_config_process(
+        prefix="zero_optimization.", mismatches=nested, config=config["zero_optimization"],
+        **{"zero_optimization.stage": 3, "zero_optimization.reduce_bucket_size": 5},
+    )  # fmt: skip
+    assert nested == ["- ds zero_optimization.stage=2 vs arg zero_optimization.stage=3"]
+    assert plugin.get_value("scheduler.params.warmup_num_steps") == "auto"
 
 
 def test_deepspeed_mixed_precision() -> None:
@@ -320,6 +359,29 @@ def test_deepspeed_engine_required_only_when_used() -> None:
         plugin.zero3_init_context_manager(enable=True)
     with plugin.zero3_init_context_manager(enable=False):
         pass
+
+
+def test_fsdp_state_dict_type_brings_its_gather_configs_and_keeps_given_ones() -> None:
+    from torch.distributed import fsdp
+
+    full = FullyShardedDataParallelPlugin(state_dict_type="FULL_STATE_DICT")
+    assert (full.state_dict_config.offload_to_cpu, full.state_dict_config.rank0_only) == (True, True)
+    assert isinstance(full.optim_state_dict_config, fsdp.FullOptimStateDictConfig)
+    assert (full.optim_state_dict_config.offload_to_cpu, full.optim_state_dict_config.rank0_only) == (
+        True,
+        True,
+    )
+    sharded = FullyShardedDataParallelPlugin(fsdp_version=2)
+    assert sharded.state_dict_type is fsdp.StateDictType.SHARDED_STATE_DICT
+    assert isinstance(sharded.optim_state_dict_config, fsdp.ShardedOptimStateDictConfig)
+    assert sharded.state_dict_config.offload_to_cpu and sharded.optim_state_dict_config.offload_to_cpu
+    mine = fsdp.FullStateDictConfig(offload_to_cpu=False, rank0_only=False)
+    given = FullyShardedDataParallelPlugin(state_dict_config=mine)
+    assert given.state_dict_config is mine and isinstance(
+        given.optim_state_dict_config, fsdp.FullOptimStateDictConfig
+    )
+    local = FullyShardedDataParallelPlugin(state_dict_type="LOCAL_STATE_DICT")
+    assert local.state_dict_config is None and local.optim_state_dict_config is None
 
 
 def test_fsdp_plugin_maps_names_and_ints_to_torch_enums() -> None:

@@ -61,7 +61,9 @@ def test_single_process_copy_and_shape() -> None:
     t = torch.arange(6).view(2, 3)
     assert copy_tensor_to_devices(t) is t
     assert gather_tensor_shape(t).tolist() == [2, 3]
-    with pytest.raises(ValueError, match=r"copy_tensor_to_devices: a single process must pass a tensor, got None"):
+    with pytest.raises(
+        ValueError, match=r"copy_tensor_to_devices: a single process must pass a tensor, got None"
+    ):
         copy_tensor_to_devices(None)
 
 
@@ -108,7 +110,11 @@ def test_verify_and_chained_operation_name_the_failing_call() -> None:
     results = run_distributed(_verify_worker, nprocs=2, env={"ACCELERATE_DEBUG_MODE": "1"})
     for ok, message, cause in results:
         assert ok == [2.0, 2.0]
-        assert message is not None and "Error found while calling" in message and "total" in message
+        assert (
+            message is not None
+            and "failed because the processes passed it mismatched inputs" in message
+            and "total" in message
+        )
         assert "Process 0" in cause and "Process 1" in cause
 
 

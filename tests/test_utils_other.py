@@ -325,7 +325,7 @@ def test_meta_model_is_replaced_loaded_and_dispatched(tmp_path, monkeypatch) -> 
     config = BnbQuantizationConfig(load_in_8bit=True, skip_modules=["head"], keep_in_fp32_modules=["norm"])
     with pytest.raises(ValueError, match="weights_location must name the checkpoint"):
         load_and_quantize_model(model, config)
-    with pytest.raises(ValueError, match=r"device_map='everywhere' is not valid"):
+    with pytest.raises(ValueError, match=r"device_map='everywhere' is not a device-map strategy"):
         load_and_quantize_model(model, config, weights_location=tmp_path, device_map="everywhere")
     quantized = load_and_quantize_model(model, config, weights_location=tmp_path, device_map={"": "cpu"})
     assert isinstance(quantized.body[0], _FakeLinear8bitLt) and type(quantized.head) is nn.Linear

@@ -49,7 +49,9 @@ def test_clean_state_dict_drops_repeated_names_and_copies_views(caplog) -> None:
         out = clean_state_dict_for_safetensors(state)
     assert out is state and list(out) == ["embed", "half", "other"]
     assert "Removed head" in caplog.text
-    assert out["half"].tolist() == [0.0, 1.0] and out["half"].untyped_storage().data_ptr() != shared.data_ptr()
+    assert (
+        out["half"].tolist() == [0.0, 1.0] and out["half"].untyped_storage().data_ptr() != shared.data_ptr()
+    )
     from safetensors.torch import save
 
     save(out)  # accepted now: no two entries over one memory
@@ -143,4 +145,9 @@ def test_compile_regions_in_place_variants() -> None:
     expected = net(x)
     compilation.compile_regions_deepspeed(net, backend="eager")
     assert all(block._compiled_call_impl is not None for block in net.layers)
+    assert net.head._compiled_call_impl is not None  # the part without repeated blocks, whole
+    assert net._compiled_call_impl is None and net.layers._compiled_call_impl is None  # containers stay eager
     assert torch.allclose(net(x), expected)
+    plain = nn.Sequential(nn.Linear(4, 4), nn.ReLU())  # no repeated blocks: compiled whole, in place
+    compilation.compile_regions_fsdp2(plain, backend="eager")
+    assert plain._compiled_call_impl is not None and plain[0]._compiled_call_impl is None

@@ -97,6 +97,8 @@ def test_deepspeed_required_and_torchao_required_raise_with_the_way_out(monkeypa
 
     with pytest.raises(ImportError, match=r"quantize needs torchao: pip install torchao"):
         quantize()
+    monkeypatch.setattr(imports, "is_torchao_available", lambda: True)
+    assert quantize() == "done" and quantize.__name__ == "quantize"
 
     @imports.deepspeed_required
     def engine_step() -> str:

@@ -12,6 +12,7 @@ import torch
 
 from notebook_accel.utils.device_planning.device_map import (
     DEVICE_MAP_STRATEGIES,
+    check_strategy,
     plan_device_map,
     strategy_memory,
 )
@@ -129,9 +130,7 @@ class DeviceMapExplorer(_Panel):
         return dict(sorted(out.items(), key=lambda kv: _device_order(kv[0])))
 
     def _check_strategy(self, strategy: str) -> str:
-        if strategy not in STRATEGIES:
-            raise ValueError(f"Unknown strategy {strategy!r}: choose one of {list(STRATEGIES)}")
-        return strategy
+        return check_strategy(strategy, name="strategy")
 
     @staticmethod
     def _check_dtype(dtype: str | torch.dtype | None) -> str | None:

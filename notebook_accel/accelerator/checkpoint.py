@@ -148,7 +148,7 @@ class Checkpointer:
         output_dir: str | os.PathLike | None,
         weights: list[dict[str, torch.Tensor]],
         step: int,
-        scaler: Any,
+        scaler: torch.amp.GradScaler | None,
         safe_serialization: bool,
     ) -> str:
         """Write a checkpoint of ``weights`` (one state dict per model) and every prepared object; return its folder.
@@ -216,7 +216,7 @@ class Checkpointer:
         self,
         input_dir: str | os.PathLike | None,
         unwrap: Callable[[torch.nn.Module], torch.nn.Module],
-        scaler: Any,
+        scaler: torch.amp.GradScaler | None,
         **load_model_func_kwargs: Any,
     ) -> dict[str, Any]:
         """Restore every prepared object from a checkpoint; return the Accelerator attributes it saved (``step``).

@@ -52,17 +52,35 @@ logger = logging.getLogger(__name__)
 class Accelerator(_ProcessMixin, _SavingMixin, _TrackingMixin, _TrainingMixin, _mesh.ParallelismMixin):
     """Prepare a training loop for the current process world (single process, DDP, FSDP, mixed precision).
 
-    Parameters follow Accelerate's: ``device_placement`` (move models and batches to the device),
-    ``split_batches`` (shortcut for ``DataLoaderConfiguration(split_batches=...)``),
-    ``mixed_precision`` ("no", "fp16", "bf16", "fp8"; default ``ACCELERATE_MIXED_PRECISION``),
-    ``gradient_accumulation_steps``, ``cpu`` (ignore accelerators), ``dataloader_config``, the
-    ``deepspeed_plugin`` / ``fsdp_plugin`` / ``megatron_lm_plugin`` integrations, ``rng_types``
-    synchronised at each epoch start (default ``["generator"]``), ``log_with`` trackers,
-    ``project_dir`` / ``project_config`` for checkpoints and logs, ``gradient_accumulation_plugin``,
-    ``step_scheduler_with_optimizer``, ``kwargs_handlers`` (AutocastKwargs,
-    DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, FP8RecipeKwargs),
-    ``dynamo_backend`` / ``dynamo_plugin`` for ``torch.compile``, ``deepspeed_plugins`` (several
-    named DeepSpeed configurations) and ``parallelism_config``.
+    Args:
+        device_placement: Move prepared models and batches to the process's device (default True).
+        split_batches: Shortcut for ``DataLoaderConfiguration(split_batches=...)``: cut each batch across the
+            processes instead of giving each its own.
+        mixed_precision: "no", "fp16", "bf16" or "fp8" (a string or ``PrecisionType``); default
+            ``ACCELERATE_MIXED_PRECISION``, else "no".
+        gradient_accumulation_steps: Batches whose gradients add up before one optimizer step (default 1).
+        cpu: Run on the CPU even where an accelerator is visible.
+        dataloader_config: A ``DataLoaderConfiguration`` for prepared data loaders.
+        deepspeed_plugin: A ``DeepSpeedPlugin`` (or a dict of named ones) to train with DeepSpeed.
+        fsdp_plugin: A ``FullyShardedDataParallelPlugin`` to shard the model with FSDP.
+        torch_tp_plugin: A ``TorchTensorParallelPlugin`` for torch's tensor parallelism.
+        megatron_lm_plugin: A ``MegatronLMPlugin`` to train with Megatron-LM.
+        rng_types: Random generators synchronised at the start of each epoch (default ``["generator"]``).
+        log_with: Experiment trackers: names ("tensorboard", "wandb", "all"...), ``LoggerType`` values or
+            tracker objects.
+        project_dir: Folder for checkpoints and logs (sets ``project_config.project_dir``).
+        project_config: A ``ProjectConfiguration``: folders, checkpoint naming and how many checkpoints to
+            keep.
+        gradient_accumulation_plugin: A ``GradientAccumulationPlugin``, instead of
+            ``gradient_accumulation_steps``.
+        step_scheduler_with_optimizer: Step the learning-rate schedulers once per optimizer step and process
+            (default True).
+        kwargs_handlers: At most one each of AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs,
+            InitProcessGroupKwargs, an FP8 recipe and ProfileKwargs.
+        dynamo_backend: A ``torch.compile`` backend name; the prepared model is compiled with it.
+        dynamo_plugin: A ``TorchDynamoPlugin``, instead of ``dynamo_backend``.
+        deepspeed_plugins: Several named DeepSpeed configurations (a dict), one of them active at a time.
+        parallelism_config: A ``ParallelismConfig`` describing data, tensor and context parallel sizes.
     """
 
     def __init__(
@@ -223,13 +241,13 @@ class Accelerator(_ProcessMixin, _SavingMixin, _TrackingMixin, _TrainingMixin, _
         return result[0] if len(result) == 1 else tuple(result)
 
     def _prepare_one(self, obj: Any, device_placement: bool | None) -> Any:
-        if isinstance(obj, torch.utils.data.DataLoader):
-            return self.prepare_data_loader(obj, device_placement=device_placement)
-        if isinstance(obj, torch.nn.Module):
-            return self.prepare_model(obj, device_placement=device_placement)
-        if isinstance(obj, torch.optim.Optimizer):
-            return self.prepare_optimizer(obj, device_placement=device_placement)
-        return obj
+        preparers = (
+            (torch.utils.data.DataLoader, self.prepare_data_loader),
+            (torch.nn.Module, self.prepare_model),
+            (torch.optim.Optimizer, self.prepare_optimizer),
+        )
+        prepare = next((method for kind, method in preparers if isinstance(obj, kind)), None)
+        return obj if prepare is None else prepare(obj, device_placement=device_placement)
 
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
@@ -488,13 +506,9 @@ class Accelerator(_ProcessMixin, _SavingMixin, _TrackingMixin, _TrainingMixin, _
 
     def check_trigger(self) -> bool:
         """Return whether any process called ``set_trigger`` since the last check (and reset it)."""
-        if self.flag_tensor is None:
-            self.flag_tensor = torch.tensor(0, device=self.device)
-        flag = _ops.reduce(self.flag_tensor, reduction="sum")
-        if flag.item() >= 1:
-            self.flag_tensor = torch.tensor(0, device=self.device)
-            return True
-        return False
+        raised = self.flag_tensor if self.flag_tensor is not None else torch.tensor(0, device=self.device)
+        self.flag_tensor = torch.tensor(0, device=self.device)  # every process takes its flag down
+        return bool(_ops.reduce(raised, reduction="sum").item() > 0)
 
     # ------------------------------------------------------------------ collectives
     def gather(self, tensor: Any) -> Any:

@@ -14,12 +14,18 @@ from typing import TYPE_CHECKING, Any
 from .._lazy import LazyModule
 from ..utils import kwargs as kw
 from ..utils.configs import DataLoaderConfiguration, ProjectConfiguration
-from ..utils.enums import check_mixed_precision
+from ..utils.enums import PrecisionType, check_mixed_precision
 from ..utils.environment import parse_flag_from_env
 from ..utils.plugins import GradientAccumulationPlugin, TorchDynamoPlugin
 
 if TYPE_CHECKING:
+    from ..integrations.deepspeed.plugin import DeepSpeedPlugin
     from ..integrations.fsdp.plugin import FullyShardedDataParallelPlugin
+    from ..integrations.megatron.plugin import MegatronLMPlugin
+    from ..utils.enums import DynamoBackend, RNGType
+    from ..utils.kwargs import KwargsHandler
+    from ..utils.parallelism import ParallelismConfig
+    from ..utils.plugins import TorchTensorParallelPlugin
 
 __all__ = ["AcceleratorFlags", "resolve_flags"]
 
@@ -53,15 +59,16 @@ class AcceleratorFlags:
     dataloader_config: DataLoaderConfiguration
     handlers: Mapping[str, Any]
     """The kwargs handlers by slot: "ddp", "scaler", "init", "autocast", "fp8", "profile"."""
-    mixed_precision: str | None
-    """The checked mode, or None to take the process state's (``ACCELERATE_MIXED_PRECISION``)."""
+    mixed_precision: PrecisionType | None
+    """The checked mode (a PrecisionType: below here nothing checks it again), or None to take the
+    process state's (``ACCELERATE_MIXED_PRECISION``)."""
     cpu: bool
     device_placement: bool
-    deepspeed_plugin: Any
+    deepspeed_plugin: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None
     fsdp_plugin: FullyShardedDataParallelPlugin | None
-    torch_tp_plugin: Any
-    megatron_lm_plugin: Any
-    parallelism_config: Any
+    torch_tp_plugin: TorchTensorParallelPlugin | None
+    megatron_lm_plugin: MegatronLMPlugin | None
+    parallelism_config: ParallelismConfig | None
     dynamo_plugin: TorchDynamoPlugin | None
     accumulation_plugin: GradientAccumulationPlugin
     rng_types: tuple[str, ...]
@@ -81,33 +88,35 @@ class AcceleratorFlags:
 def resolve_flags(
     *,
     device_placement: bool,
-    split_batches: Any,
-    mixed_precision: Any,
-    gradient_accumulation_steps: Any,
+    split_batches: bool | _FromDataLoaderConfig,
+    mixed_precision: PrecisionType | str | None,
+    gradient_accumulation_steps: int,
     cpu: bool,
-    dataloader_config: Any,
-    deepspeed_plugin: Any,
-    fsdp_plugin: Any,
-    torch_tp_plugin: Any,
-    megatron_lm_plugin: Any,
-    rng_types: Any,
+    dataloader_config: DataLoaderConfiguration | None,
+    deepspeed_plugin: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None,
+    fsdp_plugin: FullyShardedDataParallelPlugin | None,
+    torch_tp_plugin: TorchTensorParallelPlugin | None,
+    megatron_lm_plugin: MegatronLMPlugin | None,
+    rng_types: list[str | RNGType] | None,
     log_with: Any,
-    project_dir: Any,
-    project_config: Any,
-    gradient_accumulation_plugin: Any,
+    project_dir: str | os.PathLike | None,
+    project_config: ProjectConfiguration | None,
+    gradient_accumulation_plugin: GradientAccumulationPlugin | None,
     step_scheduler_with_optimizer: bool,
-    kwargs_handlers: Any,
-    dynamo_backend: Any,
-    dynamo_plugin: Any,
-    deepspeed_plugins: Any,
-    parallelism_config: Any,
+    kwargs_handlers: list[KwargsHandler] | None,
+    dynamo_backend: DynamoBackend | str | None,
+    dynamo_plugin: TorchDynamoPlugin | None,
+    deepspeed_plugins: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None,
+    parallelism_config: ParallelismConfig | None,
 ) -> AcceleratorFlags:
     """Return the Accelerator's arguments checked and resolved into one frozen :class:`AcceleratorFlags`."""
     return AcceleratorFlags(
         project_config=project_configuration(project_dir, project_config),
         dataloader_config=dataloader_configuration(dataloader_config, split_batches),
         handlers=sort_kwargs_handlers(kwargs_handlers),
-        mixed_precision=None if mixed_precision is None else check_mixed_precision(mixed_precision),
+        mixed_precision=None
+        if mixed_precision is None
+        else PrecisionType(check_mixed_precision(mixed_precision)),
         cpu=cpu,
         device_placement=device_placement,
         deepspeed_plugin=resolve_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins),
@@ -125,7 +134,9 @@ def resolve_flags(
     )
 
 
-def project_configuration(project_dir: Any, project_config: Any) -> Any:
+def project_configuration(
+    project_dir: str | os.PathLike | None, project_config: ProjectConfiguration | None
+) -> ProjectConfiguration:
     """Return the ProjectConfiguration, with ``project_dir`` applied when given."""
     if project_config is None:
         project_config = ProjectConfiguration(
@@ -138,7 +149,9 @@ def project_configuration(project_dir: Any, project_config: Any) -> Any:
     return project_config
 
 
-def dataloader_configuration(dataloader_config: Any, split_batches: Any) -> Any:
+def dataloader_configuration(
+    dataloader_config: DataLoaderConfiguration | None, split_batches: bool | _FromDataLoaderConfig
+) -> DataLoaderConfiguration:
     """Return the DataLoaderConfiguration, honouring the ``split_batches`` shortcut."""
     given = split_batches is not SPLIT_BATCHES_UNSET
     if dataloader_config is None:
@@ -193,7 +206,10 @@ def sort_kwargs_handlers(kwargs_handlers: list[Any] | None) -> dict[str, Any]:
     return out
 
 
-def resolve_deepspeed_plugin(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:
+def resolve_deepspeed_plugin(
+    deepspeed_plugin: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None,
+    deepspeed_plugins: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None,
+) -> DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None:
     """Return the DeepSpeed plugin(s) from the argument(s) or ``ACCELERATE_USE_DEEPSPEED``."""
     if deepspeed_plugin is not None and deepspeed_plugins is not None:
         raise ValueError("pass deepspeed_plugin or deepspeed_plugins, not both")
@@ -205,7 +221,9 @@ def resolve_deepspeed_plugin(deepspeed_plugin: Any, deepspeed_plugins: Any) -> A
     return plugin
 
 
-def resolve_fsdp_plugin(fsdp_plugin: Any) -> Any:
+def resolve_fsdp_plugin(
+    fsdp_plugin: FullyShardedDataParallelPlugin | None,
+) -> FullyShardedDataParallelPlugin | None:
     """Return the FSDP plugin from the argument or ``ACCELERATE_USE_FSDP``."""
     if fsdp_plugin is None and parse_flag_from_env("ACCELERATE_USE_FSDP"):
         fsdp_plugin = _fsdp.FullyShardedDataParallelPlugin()
@@ -216,7 +234,9 @@ def resolve_fsdp_plugin(fsdp_plugin: Any) -> Any:
     return fsdp_plugin
 
 
-def resolve_dynamo_plugin(dynamo_backend: Any, plugin: Any) -> Any:
+def resolve_dynamo_plugin(
+    dynamo_backend: DynamoBackend | str | None, plugin: TorchDynamoPlugin | None
+) -> TorchDynamoPlugin | None:
     """Return the TorchDynamoPlugin for ``dynamo_backend`` or ``plugin`` (None: from the environment)."""
     if dynamo_backend is not None and plugin is not None:
         raise ValueError("pass dynamo_backend or dynamo_plugin, not both")
@@ -227,13 +247,13 @@ def resolve_dynamo_plugin(dynamo_backend: Any, plugin: Any) -> Any:
     return plugin
 
 
-def check_accumulation_steps(steps: Any) -> None:
+def check_accumulation_steps(steps: object) -> None:
     """Raise ValueError unless ``steps`` is an int >= 1 (a valid ``gradient_accumulation_steps``)."""
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ValueError(f"gradient_accumulation_steps must be an int >= 1, got {steps!r}")
 
 
-def accumulation_plugin(plugin: Any, steps: int) -> Any:
+def accumulation_plugin(plugin: GradientAccumulationPlugin | None, steps: int) -> GradientAccumulationPlugin:
     """Return the GradientAccumulationPlugin from the plugin or ``gradient_accumulation_steps``."""
     if plugin is not None:
         if steps != 1:

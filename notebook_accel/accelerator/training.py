@@ -41,6 +41,8 @@ _RECIPE_BACKENDS = (
     ("TERecipeKwargs", FP8BackendType.TE),
     ("MSAMPRecipeKwargs", FP8BackendType.MSAMP),
 )
+# The DDP switches no_sync turns off; trigger_sync_in_backward turns them on for one block.
+_SYNC_FLAGS = ("require_backward_grad_sync", "require_forward_param_sync")
 
 
 class _TrainingMixin:
@@ -99,18 +101,18 @@ class _TrainingMixin:
 
         Does nothing for a model that is not ``DistributedDataParallel`` (not launched distributed).
         """
-        if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            yield
-            return
-        saved = (model.require_backward_grad_sync, model.require_forward_param_sync)
-        model.require_backward_grad_sync = True
-        model.require_forward_param_sync = True
-        # Without this the reducer expects the unused-parameter search of the previous forward.
-        model.reducer.prepare_for_backward([])
+        forced = _SYNC_FLAGS if isinstance(model, torch.nn.parallel.DistributedDataParallel) else ()
+        before = {flag: getattr(model, flag) for flag in forced}
+        for flag in forced:
+            setattr(model, flag, True)
+        if forced:
+            # A forward under no_sync left the reducer without its unused-parameter search; start it afresh.
+            model.reducer.prepare_for_backward([])
         try:
             yield
         finally:
-            model.require_backward_grad_sync, model.require_forward_param_sync = saved
+            for flag, value in before.items():
+                setattr(model, flag, value)
 
     def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
         """Return nothing; run the fused backward-and-update of the prepared LOMO/AdaLomo optimizer.

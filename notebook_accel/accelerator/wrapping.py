@@ -7,12 +7,14 @@ FP8 engines): their plugins are validated here and a missing engine is named wit
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from .._lazy import LazyModule
+from ..state import AcceleratorState
 from ..utils import imports
+from ..utils._protocols import AcceleratorLike
 from ..utils.enums import DistributedType
 
 __all__: list[str] = []
@@ -35,7 +37,22 @@ _DATA_PARALLEL_TYPES = (
 )
 
 
-def wrap_for_distributed_type(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+class _WrappingAccelerator(AcceleratorLike, Protocol):
+    """The Accelerator as ``wrap_for_distributed_type`` reads it (the engine helpers' view and three more)."""
+
+    @property
+    def ddp_handler(self) -> Any:
+        """The ``DistributedDataParallelKwargs`` given, or None."""
+
+    @property
+    def native_amp(self) -> bool:
+        """Whether the mode runs under torch.autocast (fp16 / bf16)."""
+
+    def data_parallel_world(self) -> tuple[int, int]:
+        """The (size, rank) of this process's data-parallel group."""
+
+
+def wrap_for_distributed_type(accelerator: _WrappingAccelerator, model: torch.nn.Module) -> torch.nn.Module:
     """Return ``model`` in the wrapper its Accelerator's distributed type trains with (unchanged if none).
 
     The one place the wrapper is chosen: DistributedDataParallel for the data-parallel types
@@ -56,7 +73,7 @@ def wrap_for_distributed_type(accelerator: Any, model: torch.nn.Module) -> torch
     return model
 
 
-def wrap_ddp(model: torch.nn.Module, state: Any, ddp_handler: Any) -> torch.nn.Module:
+def wrap_ddp(model: torch.nn.Module, state: AcceleratorState, ddp_handler: Any) -> torch.nn.Module:
     """Return ``model`` in DistributedDataParallel (a model without trainable parameters unchanged)."""
     if not any(p.requires_grad for p in model.parameters()):
         return model
@@ -91,7 +108,9 @@ def _compile_regions(model: torch.nn.Module, kwargs: dict[str, Any]) -> torch.nn
     return torch.compile(model, **kwargs)
 
 
-def check_engines(state: Any, megatron_lm_plugin: Any, mixed_precision: str, fp8_handler: Any) -> None:
+def check_engines(
+    state: AcceleratorState, megatron_lm_plugin: Any, mixed_precision: str, fp8_handler: Any
+) -> None:
     """Raise ImportError naming the engine a plugin or precision needs when it is not installed."""
     if state.distributed_type == DistributedType.DEEPSPEED and not imports.is_deepspeed_available():
         raise ImportError("Accelerator(deepspeed_plugin=...) requires `deepspeed`: pip install deepspeed")

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..hooks import attach_align_device_hook_on_blocks
 from ..utils.checkpoint_io.checkpoints import load_checkpoint_in_model
-from ..utils.device_planning.device_map import DEVICE_MAP_STRATEGIES, resolve_device_map
+from ..utils.device_planning.device_map import DEVICE_MAP_STRATEGIES, check_strategy, resolve_device_map
 from ..utils.device_planning.devices import DISK, OFFLOAD_KEYS, Device, device_key, torch_device
 from ..utils.device_planning.placement import DevicePlacement, require_offload_folder
 from ..utils.device_planning.tied_params import find_tied_parameters
@@ -179,6 +179,20 @@ def dispatch_model(
     CPU and are loaded at their forward; "disk" modules are read from ``offload_dir`` /
     ``offload_index`` (written from the model's weights if the folder has no index yet).
     ``{"": "disk"}`` offloads the whole model to disk. Sets ``model.hf_device_map``.
+
+    Args:
+        model: The model to place; its modules must match the names of ``device_map``.
+        device_map: Module name -> device (an index, a device, "cpu" or "disk").
+        main_device: Where offloaded modules compute (default: the first GPU of the map, else the CPU).
+        state_dict: The weights of the "cpu" modules (default: taken from the model).
+        offload_dir: Folder of the "disk" weights (written there when it has no index yet).
+        offload_index: The index of weights already offloaded elsewhere, instead of ``offload_dir``'s.
+        offload_buffers: Offload the buffers of offloaded modules too.
+        skip_keys: Keys of a module's inputs or outputs not moved between devices.
+        preload_module_classes: Classes whose whole subtree is loaded at their own forward, not submodule by
+            submodule.
+        force_hooks: Install the hooks even when the whole model sits on one device.
+        prefetch: Load offloaded weights ahead of time: True (default), False, or how many modules ahead.
     """
     placement = _checked_placement(model, device_map)
     given = offload_dir if offload_dir is not None else offload_index
@@ -225,10 +239,7 @@ def _placement_for_load(
     if device_map is None:
         return None
     if isinstance(device_map, str):
-        if device_map not in DEVICE_MAP_STRATEGIES:
-            raise ValueError(
-                f"device_map={device_map!r} is not supported: use a dict or one of {list(DEVICE_MAP_STRATEGIES)}."
-            )
+        check_strategy(device_map, alternatives="a dict of module name -> device")
         device_map = resolve_device_map(
             model,
             device_map,
@@ -269,6 +280,26 @@ def load_checkpoint_and_dispatch(
     (computed from ``max_memory`` / ``no_split_module_classes`` / ``dtype``). Weights mapped to
     "disk" need ``offload_folder``; from a safetensors checkpoint they are read in place (no copy).
     The device map is checked once, then loading and dispatching share it.
+
+    Args:
+        model: The model to fill, usually built under ``init_empty_weights``.
+        checkpoint: A checkpoint file, a sharded checkpoint's index file or a folder holding one.
+        device_map: A dict of module name -> device, or a strategy ("auto", "balanced", "balanced_low_0",
+            "sequential").
+        max_memory: Device -> memory budget for a strategy (default: what is available).
+        no_split_module_classes: Module classes a strategy keeps on one device.
+        offload_folder: Folder of the weights mapped to "disk".
+        offload_buffers: Offload the buffers of offloaded modules too.
+        dtype: Cast floating weights to this dtype while loading.
+        offload_state_dict: Stage the CPU weights on disk while loading, to spare RAM.
+        skip_keys: Keys of a module's inputs or outputs not moved between devices.
+        preload_module_classes: Classes whose whole subtree is loaded at their own forward.
+        force_hooks: Install the hooks even when the whole model sits on one device.
+        strict: Raise when the checkpoint misses keys of the model or holds extra ones.
+        full_state_dict: With ``broadcast_from_rank0``, set the weights as one full state dict (False: as the
+            model's shards).
+        broadcast_from_rank0: Read the checkpoint on rank 0 only and broadcast it.
+        prefetch: Load offloaded weights ahead of time: True (default), False, or how many modules ahead.
     """
     placement = _placement_for_load(
         model, device_map, max_memory, no_split_module_classes, dtype, offload_buffers

@@ -86,6 +86,14 @@ def cpu_offload(
     """Return ``model`` with all its weights offloaded to one CPU state dict, loaded per module at its forward.
 
     ``execution_device`` defaults to the device of the model's first parameter.
+
+    Args:
+        model: The model to offload.
+        execution_device: Where each module computes (default: the device of the first parameter).
+        offload_buffers: Offload the buffers too (default: they stay on the execution device).
+        state_dict: The weights to serve (default: the model's own).
+        preload_module_classes: Classes whose whole subtree is loaded at their own forward.
+        prefetch: Load weights ahead of time: True (default), False, or how many modules ahead.
     """
     if state_dict is None:
         state_dict = {name: t.detach().to("cpu") for name, t in model.state_dict().items()}
@@ -103,6 +111,12 @@ def cpu_offload_with_hook(
 
     ``prev_module_hook`` (the hook of the previous model of a pipeline) is offloaded just before
     this model runs. The default device is MPS, else GPU 0, else the CPU.
+
+    Args:
+        model: The model to move in and out.
+        execution_device: Where it runs (default: MPS, else GPU 0, else the CPU).
+        prev_module_hook: The hook of the model that runs before this one; it is offloaded when this one
+            starts.
     """
     if prev_module_hook is not None and not isinstance(prev_module_hook, UserCpuOffloadHook):
         raise TypeError(
@@ -144,6 +158,14 @@ def disk_offload(
 
     Weights are written there unless the folder already holds an ``index.json`` (then they are
     read from it as they are). ``execution_device`` defaults to the first parameter's device.
+
+    Args:
+        model: The model to offload.
+        offload_dir: The folder of the memory-mapped weight files.
+        execution_device: Where each module computes (default: the device of the first parameter).
+        offload_buffers: Offload the buffers too.
+        preload_module_classes: Classes whose whole subtree is loaded at their own forward.
+        prefetch: Load weights ahead of time: True (default), False, or how many modules ahead.
     """
     if offload_dir is None:
         raise ValueError(

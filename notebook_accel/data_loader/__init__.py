@@ -12,6 +12,7 @@ dispatching loader lives in ``batch_dispatch``, the adapter and book-keeping the
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -233,9 +234,7 @@ class SkipDataLoader(DataLoaderAdapter, DataLoaderStateMixin):
     def __iter__(self) -> Iterator[Any]:
         self.begin()
         try:
-            for index, batch in enumerate(super().__iter__()):
-                if index >= self.skip_batches:
-                    yield batch
+            yield from itertools.islice(super().__iter__(), self.skip_batches, None)
         finally:
             self.end()
 

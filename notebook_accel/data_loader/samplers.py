@@ -227,18 +227,15 @@ class IterableDatasetShard(IterableDataset):
         process_index: int = 0,
         split_batches: bool = False,
     ) -> None:
-        if split_batches and batch_size > 1 and batch_size % num_processes != 0:
-            raise ValueError(
-                f"split_batches=True needs a batch size that is a round multiple of num_processes, got "
-                f"batch_size={batch_size} for num_processes={num_processes}"
-            )
         self.dataset = dataset
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.num_processes = num_processes
-        self.process_index = process_index
-        self.split_batches = split_batches
-        self.last_real_count = -1
+        self.batch_size, self.drop_last, self.split_batches = batch_size, drop_last, split_batches
+        self.num_processes, self.process_index = num_processes, process_index
+        self.last_real_count = -1  # known once the last buffer has been read
+        if split_batches and batch_size > 1 and batch_size % num_processes:
+            raise ValueError(
+                f"IterableDatasetShard: with split_batches=True each global batch is cut into num_processes "
+                f"equal slices, so batch_size={batch_size} must be a multiple of num_processes={num_processes}"
+            )
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..utils.device_planning.devices import device_label, torch_device
+from ..utils.device_planning.devices import Device, device_label, torch_device
 from ..utils.offload import weights_source
 from . import events
 from .base import ModelHook, remove_hook_from_module
@@ -24,6 +24,8 @@ __all__ = ["AlignDevicesHook", "CpuOffload", "LayerwiseCastingHook", "UserCpuOff
 
 _META = torch.device("meta")
 _CPU = torch.device("cpu")
+# The settings AlignDevicesHook's repr shows, in order (skip_keys follows, quoted).
+_REPR_FIELDS = ("execution_device", "offload", "io_same_device", "offload_buffers", "place_submodules")
 
 
 def _exec_label(device: torch.device | None) -> str:
@@ -212,11 +214,8 @@ class AlignDevicesHook(ModelHook):
         self._execution_device = value
 
     def __repr__(self) -> str:
-        return (
-            f"AlignDevicesHook(execution_device={self.execution_device}, offload={self.offload}, "
-            f"io_same_device={self.io_same_device}, offload_buffers={self.offload_buffers}, "
-            f"place_submodules={self.place_submodules}, skip_keys={self.skip_keys!r})"
-        )
+        shown = [f"{name}={getattr(self, name)}" for name in _REPR_FIELDS]
+        return f"AlignDevicesHook({', '.join(shown)}, skip_keys={self.skip_keys!r})"
 
     # -- hook protocol -------------------------------------------------------------------------
     def init_hook(self, module: nn.Module) -> nn.Module:
@@ -449,7 +448,7 @@ class CpuOffload(ModelHook):
     """
 
     def __init__(
-        self, execution_device: Any = None, prev_module_hook: UserCpuOffloadHook | None = None
+        self, execution_device: Device | None = None, prev_module_hook: UserCpuOffloadHook | None = None
     ) -> None:
         self.prev_module_hook = prev_module_hook
         if execution_device is None:

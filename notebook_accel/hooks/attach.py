@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..utils.device_planning.devices import Device
 from ..utils.offload import PrefixedDataset
 from .align import AlignDevicesHook, LayerwiseCastingHook
 from .base import add_hook_to_module
@@ -88,7 +89,7 @@ class _Attacher:
         """Return whether ``module`` loads its whole subtree's weights at once (a preload class)."""
         return type(module).__name__ in self.preload_module_classes
 
-    def execution_hooks(self, module: nn.Module, device: Any, stop_at_preload: bool = True) -> None:
+    def execution_hooks(self, module: nn.Module, device: Device, stop_at_preload: bool = True) -> None:
         """Hook every module under ``module`` holding weights and no hook yet to move its inputs to ``device``."""
         stop = self.preloads if stop_at_preload else None
         for _, current in _walk(module, stop=stop):
@@ -98,7 +99,7 @@ class _Attacher:
                 )
                 add_hook_to_module(current, hook)
 
-    def weight_hooks(self, module: nn.Module, name: str, device: Any, offload: bool) -> None:
+    def weight_hooks(self, module: nn.Module, name: str, device: Device, offload: bool) -> None:
         """Chain a hook placing (or offloading) its own weights onto every module under ``module`` that has some."""
         whole_subtree = self.preloads if offload else None
         for qualified, current in _walk(module, name, stop=whole_subtree):
@@ -123,7 +124,7 @@ class _Attacher:
             return None
         return PrefixedDataset(self.weights_map, f"{name}." if name else "")
 
-    def kept_block(self, block: nn.Module, name: str, device: Any, *, io_same_device: bool) -> None:
+    def kept_block(self, block: nn.Module, name: str, device: Device, *, io_same_device: bool) -> None:
         """Place the whole ``block`` on ``device`` with one hook; inner modules only move their inputs."""
         hook = AlignDevicesHook(
             execution_device=device,
@@ -138,7 +139,7 @@ class _Attacher:
         # Nothing inside a kept block is offloaded, so preload classes do not matter here.
         self.execution_hooks(block, device, stop_at_preload=False)
 
-    def offloaded_block(self, block: nn.Module, name: str, device: Any, *, io_same_device: bool) -> None:
+    def offloaded_block(self, block: nn.Module, name: str, device: Device, *, io_same_device: bool) -> None:
         """Offload ``block``'s weights module by module; the block itself moves inputs if it owns no weights."""
         self.weight_hooks(block, name, device, offload=True)
         if "_hf_hook" not in block.__dict__:
@@ -246,7 +247,7 @@ def attach_align_device_hook_on_blocks(
             add_hook_to_module(current, root)
 
 
-def _whole_module_kept(attacher: _Attacher, module: nn.Module, name: str, device: Any) -> None:
+def _whole_module_kept(attacher: _Attacher, module: nn.Module, name: str, device: Device) -> None:
     """One hook placing every weight of ``module`` on ``device``, inputs and outputs back where they came from."""
     hook = AlignDevicesHook(
         execution_device=device,

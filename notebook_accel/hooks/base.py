@@ -97,8 +97,15 @@ class SequentialHook(ModelHook):
         return f"SequentialHook({', '.join(map(repr, self.hooks))})"
 
 
+# A hook's pre_forward(module, *args, **kwargs) -> (args, kwargs) and post_forward(module, output) -> output.
+_PreForward = Callable[..., tuple[tuple, dict]]
+_PostForward = Callable[[nn.Module, Any], Any]
+
+
 # -- the four hooked forwards ---------------------------------------------------------------------
-def _forward_full(module: nn.Module, hook: ModelHook, pre: Any, post: Any, *args: Any, **kwargs: Any) -> Any:
+def _forward_full(
+    module: nn.Module, hook: ModelHook, pre: _PreForward, post: _PostForward, *args: Any, **kwargs: Any
+) -> Any:
     args, kwargs = pre(module, *args, **kwargs)
     if hook.no_grad:
         with torch.no_grad():
@@ -108,7 +115,9 @@ def _forward_full(module: nn.Module, hook: ModelHook, pre: Any, post: Any, *args
     return post(module, output)
 
 
-def _forward_pre(module: nn.Module, hook: ModelHook, pre: Any, post: Any, *args: Any, **kwargs: Any) -> Any:
+def _forward_pre(
+    module: nn.Module, hook: ModelHook, pre: _PreForward, post: _PostForward, *args: Any, **kwargs: Any
+) -> Any:
     args, kwargs = pre(module, *args, **kwargs)
     if hook.no_grad:
         with torch.no_grad():
@@ -116,14 +125,18 @@ def _forward_pre(module: nn.Module, hook: ModelHook, pre: Any, post: Any, *args:
     return module._old_forward(*args, **kwargs)
 
 
-def _forward_post(module: nn.Module, hook: ModelHook, pre: Any, post: Any, *args: Any, **kwargs: Any) -> Any:
+def _forward_post(
+    module: nn.Module, hook: ModelHook, pre: _PreForward, post: _PostForward, *args: Any, **kwargs: Any
+) -> Any:
     if hook.no_grad:
         with torch.no_grad():
             return post(module, module._old_forward(*args, **kwargs))
     return post(module, module._old_forward(*args, **kwargs))
 
 
-def _forward_none(module: nn.Module, hook: ModelHook, pre: Any, post: Any, *args: Any, **kwargs: Any) -> Any:
+def _forward_none(
+    module: nn.Module, hook: ModelHook, pre: _PreForward, post: _PostForward, *args: Any, **kwargs: Any
+) -> Any:
     if hook.no_grad:
         with torch.no_grad():
             return module._old_forward(*args, **kwargs)

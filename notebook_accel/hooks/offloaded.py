@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..utils.device_planning.devices import device_label
+from ..utils.device_planning.devices import Device, device_label
 from ..utils.device_planning.tensors import set_module_tensor_to_device
 from .align import AlignDevicesHook
 from .base import SequentialHook
@@ -50,7 +50,7 @@ def has_offloaded_params(module: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def align_module_device(module: nn.Module, execution_device: Any = None) -> Iterator[None]:
+def align_module_device(module: nn.Module, execution_device: Device | None = None) -> Iterator[None]:
     """Yield with ``module``'s own parameters on its execution device (or ``execution_device``).
 
     For an offloaded module the weights are loaded for the duration of the block and released

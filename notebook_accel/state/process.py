@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..utils.enums import DistributedType, check_mixed_precision
+from ..utils.enums import DistributedType, PrecisionType, check_mixed_precision
 from ..utils.environment import parse_flag_from_env
 from ..utils.imports import is_ipex_available
 from ..utils.plugins import TorchDynamoPlugin
@@ -27,6 +27,10 @@ from .world import _default_device, resolve_world
 __all__ = ["AcceleratorState", "PartialState"]
 
 logger = logging.getLogger(__name__)
+
+
+def _go_on() -> None:
+    """The turn of a process that has nobody to wait for."""
 
 
 class _ProcessControl:
@@ -93,11 +97,11 @@ class _ProcessControl:
 
     @contextlib.contextmanager
     def _goes_first(self, is_first: bool) -> Iterator[None]:
-        if not is_first:
-            self.wait_for_everyone()
+        # One barrier: the first processes meet it after their block, the others before theirs.
+        before, after = (_go_on, self.wait_for_everyone) if is_first else (self.wait_for_everyone, _go_on)
+        before()
         yield
-        if is_first:
-            self.wait_for_everyone()
+        after()
 
     @contextlib.contextmanager
     def main_process_first(self) -> Iterator[None]:
@@ -269,6 +273,17 @@ class AcceleratorState(_ProcessControl):
 
     ``mixed_precision`` comes from the argument, else ``ACCELERATE_MIXED_PRECISION``, else "no".
     A DeepSpeed / FSDP / Megatron-LM plugin sets ``distributed_type`` to DEEPSPEED / FSDP / MEGATRON_LM.
+
+    Args:
+        mixed_precision: "no", "fp16", "bf16" or "fp8" (default ``ACCELERATE_MIXED_PRECISION``, else "no").
+        cpu: Run on the CPU even where an accelerator is visible.
+        dynamo_plugin: The ``TorchDynamoPlugin`` in use, if any.
+        deepspeed_plugin: The ``DeepSpeedPlugin`` (or dict of them) in use, if any.
+        fsdp_plugin: The ``FullyShardedDataParallelPlugin`` in use, if any.
+        torch_tp_plugin: The ``TorchTensorParallelPlugin`` in use, if any.
+        megatron_lm_plugin: The ``MegatronLMPlugin`` in use, if any.
+        parallelism_config: The ``ParallelismConfig`` in use, if any.
+        **kwargs: Passed to ``PartialState`` (e.g. process-group options).
     """
 
     _shared_state: dict[str, Any] = {}
@@ -287,7 +302,9 @@ class AcceleratorState(_ProcessControl):
         **kwargs: Any,
     ) -> None:
         self.__dict__ = self._shared_state
-        if mixed_precision is not None:
+        if isinstance(mixed_precision, PrecisionType):  # checked already (the Accelerator's resolve_flags)
+            mixed_precision = mixed_precision.value
+        elif mixed_precision is not None:
             mixed_precision = check_mixed_precision(mixed_precision)
         if self.initialized:
             if mixed_precision is not None and mixed_precision != self._mixed_precision:

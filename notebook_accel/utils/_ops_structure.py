@@ -47,17 +47,17 @@ class TensorInformation:
     dtype: torch.dtype
 
 
-def is_torch_tensor(tensor: Any) -> bool:
+def is_torch_tensor(tensor: object) -> bool:
     """Return whether ``tensor`` is a ``torch.Tensor``."""
     return isinstance(tensor, torch.Tensor)
 
 
-def is_tensor_information(tensor_info: Any) -> bool:
+def is_tensor_information(tensor_info: object) -> bool:
     """Return whether ``tensor_info`` is a :class:`TensorInformation`."""
     return isinstance(tensor_info, TensorInformation)
 
 
-def is_namedtuple(data: Any) -> bool:
+def is_namedtuple(data: object) -> bool:
     """Return whether ``data`` is an instance of a ``collections.namedtuple`` / ``typing.NamedTuple`` class."""
     return isinstance(data, tuple) and hasattr(data, "_fields") and hasattr(data, "_asdict")
 
@@ -96,7 +96,7 @@ def _rebuild_mapping(original: Mapping, items: dict) -> Any:
         return items
 
 
-def _is_container(data: Any) -> bool:
+def _is_container(data: object) -> bool:
     return isinstance(data, (list, tuple, Mapping))
 
 
@@ -123,6 +123,14 @@ def recursively_apply(
 
     Lists, tuples, namedtuples and mappings are rebuilt with their own types; other leaves are kept
     as they are, or rejected with TypeError when ``error_on_other_type``.
+
+    Args:
+        func: Applied to every leaf that passes ``test_type``.
+        data: A leaf, or nested lists/tuples/namedtuples/mappings of leaves.
+        *args: Extra positional arguments of ``func``.
+        test_type: Which leaves ``func`` applies to (default: tensors).
+        error_on_other_type: Raise TypeError on a leaf that fails ``test_type`` instead of keeping it.
+        **kwargs: Extra keyword arguments of ``func``.
     """
 
     def visit(node: Any) -> Any:
@@ -142,12 +150,23 @@ def recursively_apply(
     return visit(data)
 
 
-def send_to_device(tensor: Any, device: Any, non_blocking: bool = False, skip_keys: Any = None) -> Any:
+def send_to_device(
+    tensor: Any,
+    device: int | str | torch.device,
+    non_blocking: bool = False,
+    skip_keys: str | list[str] | None = None,
+) -> Any:
     """Return ``tensor`` (nested lists/tuples/dicts of tensors) with every tensor moved to ``device``.
 
     Objects with a ``.to`` method (e.g. a tokenizer's BatchEncoding) are moved with it; values under
     ``skip_keys`` (a key or a list of keys of a mapping) stay where they are. Tensors already on
     ``device`` are returned as they are (no copy).
+
+    Args:
+        tensor: A tensor, an object with ``.to`` or nested lists/tuples/dicts of them.
+        device: Where to move them.
+        non_blocking: Copy asynchronously where the devices allow it.
+        skip_keys: Mapping keys (one or a list) whose values stay where they are.
     """
     skip = {skip_keys} if isinstance(skip_keys, str) else set(skip_keys or ())
 
@@ -179,7 +198,7 @@ def _fp32(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.float()
 
 
-def _is_half(tensor: Any) -> bool:
+def _is_half(tensor: object) -> bool:
     return isinstance(tensor, torch.Tensor) and tensor.dtype in (torch.float16, torch.bfloat16)
 
 
@@ -214,6 +233,12 @@ def slice_tensors(
     """Return ``data`` with every tensor indexed by ``tensor_slice`` (e.g. ``slice(0, 4)``).
 
     ``process_index`` and ``num_processes`` are accepted for compatibility and not used.
+
+    Args:
+        data: A tensor or nested lists/tuples/dicts of tensors.
+        tensor_slice: The index applied to each tensor (a slice, an int, ...).
+        process_index: Not used; kept for Accelerate's signature.
+        num_processes: Not used; kept for Accelerate's signature.
     """
 
     def _slice(tensor: torch.Tensor) -> torch.Tensor:
@@ -225,32 +250,37 @@ def slice_tensors(
 def concatenate(data: list | tuple, dim: int = 0) -> Any:
     """Return one structure whose tensors are those of the structures in ``data`` concatenated along ``dim``."""
     if not isinstance(data, (list, tuple)):
-        raise TypeError(f"concatenate expects a list or tuple of structures, got {type(data).__name__}")
-    if len(data) == 0:
-        raise ValueError("concatenate got an empty list: there is nothing to concatenate")
-    first = data[0]
-    if isinstance(first, (list, tuple)):
-        return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
-    if isinstance(first, Mapping):
-        return _rebuild_mapping(first, {k: concatenate([d[k] for d in data], dim=dim) for k in first})
-    if not isinstance(first, torch.Tensor):
-        raise TypeError(f"Can only concatenate tensors but got {type(first)}")  # 1.15's text
-    return torch.cat(list(data), dim=dim)
+        raise TypeError(f"concatenate takes a list or tuple of structures, got {type(data).__name__}")
+    if not data:
+        raise ValueError("concatenate got an empty list: give it at least one structure")
+    template = data[0]  # every structure is assumed to have this one's shape
+    if isinstance(template, torch.Tensor):
+        return torch.cat(list(data), dim=dim)
+    if isinstance(template, Mapping):
+        merged = {key: concatenate([part[key] for part in data], dim=dim) for key in template}
+        return _rebuild_mapping(template, merged)
+    if not isinstance(template, (list, tuple)):
+        raise TypeError(f"Can only concatenate tensors but got {type(template)}")  # 1.15's text
+    sizes = sorted({len(part) for part in data})
+    if len(sizes) > 1:
+        raise ValueError(
+            f"concatenate: the sequences to join have different lengths {sizes}; give them one length"
+        )
+    return honor_type(template, (concatenate(list(column), dim=dim) for column in zip(*data)))
 
 
 def find_batch_size(data: Any) -> int:
     """Return the size of the first dimension of the first tensor found in ``data``."""
-    if isinstance(data, (list, tuple, Mapping)) and len(data) == 0:
-        raise ValueError(f"Cannot find the batch size of an empty {type(data).__name__}")
-    if isinstance(data, (list, tuple)):
-        return find_batch_size(data[0])
-    if isinstance(data, Mapping):
-        return find_batch_size(next(iter(data.values())))
-    if not isinstance(data, torch.Tensor):
-        raise TypeError(f"Can only find the batch size of tensors, got {type(data).__name__}")
-    if data.ndim == 0:
-        raise ValueError("Cannot find the batch size of a 0-dim tensor: it has no batch dimension")
-    return data.shape[0]
+    node = data
+    while not isinstance(node, torch.Tensor):  # descend through the first item of each container
+        if not isinstance(node, (list, tuple, Mapping)):
+            raise TypeError(f"find_batch_size looks for tensors, got {type(node).__name__}")
+        if not node:
+            raise ValueError(f"find_batch_size found an empty {type(node).__name__}: it holds no tensor")
+        node = next(iter(node.values())) if isinstance(node, Mapping) else node[0]
+    if node.dim() == 0:
+        raise ValueError("find_batch_size found a 0-dim tensor first: a scalar has no batch dimension")
+    return node.shape[0]
 
 
 def ignorant_find_batch_size(data: Any) -> int | None:
@@ -279,7 +309,7 @@ def initialize_tensors(data_structure: Any) -> Any:
     return recursively_apply(_empty, data_structure, test_type=is_tensor_information)
 
 
-def is_torch_xpu_tensor(tensor: Any) -> bool:
+def is_torch_xpu_tensor(tensor: object) -> bool:
     """Return whether ``tensor`` is a tensor on an Intel XPU."""
     return isinstance(tensor, torch.Tensor) and tensor.device.type == "xpu"
 
@@ -306,6 +336,12 @@ def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int
 
     The size along ``dim`` grows from ``batch_size`` to the next multiple of ``num_processes`` (at least
     ``num_processes``): ``[3, 4, 4]`` for 4 processes becomes ``[4, 4, 4]``.
+
+    Args:
+        tensor: A tensor or nested lists/tuples/dicts of tensors.
+        batch_size: The current size along ``dim``.
+        num_processes: How many processes will split the result.
+        dim: The dimension to pad (default 0).
     """
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"pad_input_tensors: num_processes must be a positive int, got {num_processes!r}")

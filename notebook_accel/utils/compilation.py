@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ __all__ = [
 ]
 
 
-def is_compiled_module(module: Any) -> bool:
+def is_compiled_module(module: object) -> bool:
     """Return whether ``module`` is the wrapper ``torch.compile`` returns (an ``OptimizedModule``)."""
     # Only when dynamo is loaded: a module cannot have been compiled otherwise, and importing it is slow.
     dynamo = sys.modules.get("torch._dynamo.eval_frame")
@@ -75,15 +76,25 @@ def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
     return new
 
 
-def _compile_in_place(module: nn.Module, compile_kwargs: dict[str, Any]) -> None:
+def _regions(module: nn.Module) -> Iterator[nn.Module]:
+    """Yield the parts regional compilation compiles, in module order.
+
+    Those are the blocks of every repeated ``ModuleList`` and each largest part holding no repeated
+    blocks (the whole of ``module`` when it holds none). Containers of repeated blocks stay eager.
+    """
     if is_repeated_blocks(module):
-        for block in module:
-            block.compile(**compile_kwargs)
-    elif has_repeated_blocks(module):
-        for child in module.children():
-            _compile_in_place(child, compile_kwargs)
-    else:
-        module.compile(**compile_kwargs)
+        yield from module
+        return
+    if not has_repeated_blocks(module):
+        yield module
+        return
+    for child in module.children():
+        yield from _regions(child)
+
+
+def _compile_in_place(module: nn.Module, compile_kwargs: dict[str, Any]) -> None:
+    for region in _regions(module):
+        region.compile(**compile_kwargs)
 
 
 def compile_regions_deepspeed(module: nn.Module, **compile_kwargs: Any) -> None:

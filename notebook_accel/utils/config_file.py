@@ -93,6 +93,11 @@ def write_basic_config(
     else XPU (with ``use_xpu``), NPU, MPS, or CPU only. ``mixed_precision`` is "no", "fp16", "bf16" or
     "fp8". A path ending in ``.json`` is written as JSON, anything else as YAML. An existing file is
     never overwritten.
+
+    Args:
+        mixed_precision: "no" (default), "fp16", "bf16" or "fp8".
+        save_location: Where to write (default: Accelerate's default config file).
+        use_xpu: Describe Intel XPUs when no CUDA GPU is visible.
     """
     mixed_precision = check_mixed_precision(mixed_precision)
     if save_location == default_config_file:

@@ -138,13 +138,19 @@ def patch_environment(**kwargs) -> Iterator[None]:
 @contextmanager
 def clear_environment() -> Iterator[None]:
     """Empty ``os.environ`` inside the block and restore it exactly on exit (also on error)."""
-    saved = dict(os.environ)
+    snapshot = os.environ.copy()
     os.environ.clear()
     try:
         yield
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        _restore_environ(snapshot)
+
+
+def _restore_environ(snapshot: dict[str, str]) -> None:
+    """Make ``os.environ`` equal ``snapshot``: drop the names set since, put back the changed ones."""
+    for name in set(os.environ) - set(snapshot):
+        del os.environ[name]
+    os.environ.update(snapshot)
 
 
 def parse_choice_from_env(key: str, default: str = "no") -> str:

@@ -270,12 +270,8 @@ def is_bf16_available(ignore_tpu: bool = False) -> bool:
 
 def is_mps_available(min_version: str = "1.12") -> bool:
     """Return whether Apple's MPS backend is built and usable with torch ``min_version`` or newer."""
-    return (
-        is_torch_version(">=", min_version)
-        and hasattr(torch.backends, "mps")
-        and torch.backends.mps.is_available()
-        and torch.backends.mps.is_built()
-    )
+    mps = getattr(torch.backends, "mps", None)  # absent from old or stripped-down torch builds
+    return mps is not None and mps.is_built() and mps.is_available() and is_torch_version(">=", min_version)
 
 
 @functools.cache
@@ -305,15 +301,16 @@ def is_npu_available(check_device: bool = False) -> bool:
     """Return whether ``torch_npu`` is installed and, with ``check_device``, an NPU is present."""
     if not is_package_available("torch_npu"):
         return False
-    import torch_npu  # noqa: F401  (registers torch.npu)
-
-    if check_device:
-        try:
-            torch.npu.device_count()
-            return torch.npu.is_available()
-        except RuntimeError:
-            return False
-    return hasattr(torch, "npu") and torch.npu.is_available()
+    importlib.import_module("torch_npu")  # importing it is what adds torch.npu
+    backend = getattr(torch, "npu", None)
+    if backend is None:
+        return False
+    if not check_device:
+        return bool(backend.is_available())
+    try:  # counting devices starts the NPU runtime, which raises when the driver finds none
+        return backend.device_count() > 0 and bool(backend.is_available())
+    except RuntimeError:
+        return False
 
 
 def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
@@ -424,9 +421,8 @@ def is_habana_gaudi1() -> bool:
     """Return whether the HPU here is a first-generation Gaudi (no fp8, no fp16 there)."""
     if not is_hpu_available():
         return False
-    import habana_frameworks.torch.utils.experimental as htexp
-
-    return htexp._get_device_type() == htexp.synDeviceType.synDeviceGaudi
+    device_info = importlib.import_module("habana_frameworks.torch.utils.experimental")
+    return device_info._get_device_type() == device_info.synDeviceType.synDeviceGaudi
 
 
 def is_rocm_available() -> bool:
@@ -484,11 +480,17 @@ def deepspeed_required(func: Callable) -> Callable:
 
 def torchao_required(func: Callable) -> Callable:
     """Return ``func`` wrapped to raise ImportError unless ``torchao`` is installed."""
+    # Looked up at each call, so the answer follows the module's is_torchao_available.
+    return _when_installed(func, lambda: is_torchao_available(), "torchao: pip install torchao")
+
+
+def _when_installed(func: Callable, installed: Callable[[], bool], package: str) -> Callable:
+    """Return ``func`` guarded by ``installed()``: without the package a call raises ImportError naming it."""
 
     @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        if not is_torchao_available():
-            raise ImportError(f"{func.__qualname__} needs torchao: pip install torchao")
-        return func(*args, **kwargs)
+    def guarded(*args, **kwargs):
+        if installed():
+            return func(*args, **kwargs)
+        raise ImportError(f"{func.__qualname__} needs {package}")
 
-    return wrapper
+    return guarded

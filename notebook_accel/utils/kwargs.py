@@ -10,10 +10,13 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._validation import choice
 from .enums import DDPCommunicationHookType
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "AutocastKwargs",
@@ -81,12 +84,19 @@ class DistributedDataParallelKwargs(KwargsHandler):
     """
 
     dim: int = 0
+    """The dimension DDP scatters its inputs along (default 0)."""
     broadcast_buffers: bool = True
+    """Broadcast the buffers from rank 0 at each forward (default True)."""
     bucket_cap_mb: int = 25
+    """Size in MiB of the gradient buckets reduced together (default 25)."""
     find_unused_parameters: bool = False
+    """Search the graph for parameters that got no gradient (needed when some go unused)."""
     check_reduction: bool = False
+    """Deprecated torch flag, passed through as given."""
     gradient_as_bucket_view: bool = False
+    """Let gradients be views into the reduction buckets (saves a copy)."""
     static_graph: bool = False
+    """Promise that the set of used parameters never changes between iterations."""
     comm_hook: DDPCommunicationHookType = DDPCommunicationHookType.NO
     """Gradient communication hook: one of "no", "fp16", "bf16", "power_sgd", "batched_power_sgd"."""
     comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
@@ -118,7 +128,7 @@ class DistributedDataParallelKwargs(KwargsHandler):
                 f"DistributedDataParallelKwargs: bucket_cap_mb must be > 0, got {self.bucket_cap_mb!r}"
             )
 
-    def register_comm_hook(self, model: Any) -> None:
+    def register_comm_hook(self, model: torch.nn.Module) -> None:
         """Install the configured communication hook on ``model`` (a DDP instance); no-op for "no"."""
         if self.comm_hook == "no":
             return
@@ -153,10 +163,15 @@ class GradScalerKwargs(KwargsHandler):
     """
 
     init_scale: float = 65536.0
+    """The loss scale to start from (default 2**16)."""
     growth_factor: float = 2.0
+    """What the scale is multiplied by after ``growth_interval`` steps without inf/NaN (default 2.0)."""
     backoff_factor: float = 0.5
+    """What the scale is multiplied by when a step finds inf/NaN gradients (default 0.5)."""
     growth_interval: int = 2000
+    """Clean steps before the scale grows (default 2000)."""
     enabled: bool = True
+    """Whether the scaler scales at all (default True)."""
 
     def __post_init__(self) -> None:
         for name in ("init_scale", "growth_factor", "backoff_factor"):
@@ -189,7 +204,9 @@ class InitProcessGroupKwargs(KwargsHandler):
     """
 
     backend: str | None = "nccl"
+    """The torch.distributed backend: "nccl" (the documented default), "gloo", ..."""
     init_method: str | None = None
+    """Where the processes rendezvous (default: the ``MASTER_ADDR``/``MASTER_PORT`` environment)."""
     timeout: timedelta | None = None
     """None leaves torch's default for the backend."""
 

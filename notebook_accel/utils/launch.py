@@ -94,6 +94,11 @@ class PrepareForLaunch:
     process ``index`` gets ``LOCAL_RANK=index`` and ``RANK = NODE_RANK * nprocs + index`` (``nprocs`` from
     ``LOCAL_WORLD_SIZE``, else ``NPROC``, else ``WORLD_SIZE``). With ``debug`` it also sets
     ``ACCELERATE_DEBUG_MODE`` so collectives check their inputs.
+
+    Args:
+        launcher: The function each process runs.
+        distributed_type: How the run is distributed ("MULTI_CPU", "MULTI_GPU", ...).
+        debug: Turn on the collectives' input checks (``ACCELERATE_DEBUG_MODE``).
     """
 
     def __init__(self, launcher: Callable, distributed_type: Any = "NO", debug: bool = False) -> None:

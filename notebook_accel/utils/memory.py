@@ -120,18 +120,20 @@ def find_executable_batch_size(
 ) -> Callable:
     """Return ``function`` wrapped so it is retried with a smaller batch size after each out-of-memory error.
 
-    ``function`` must take ``batch_size`` as its first parameter; callers pass the other arguments
-    only. Usable as ``@find_executable_batch_size`` or ``@find_executable_batch_size(starting_batch_size=64)``.
-    After an out-of-memory error the batch size is multiplied by 0.9 (rounded down), or set to what
-    ``reduce_batch_size_fn()`` (no arguments) returns. Raises RuntimeError when the batch size reaches
-    zero. The last working size is kept for later calls.
-
-    Example::
+    Usable as ``@find_executable_batch_size`` or ``@find_executable_batch_size(starting_batch_size=64)``;
+    callers pass the arguments after ``batch_size``. Raises RuntimeError when the batch size reaches zero;
+    the last working size is kept for later calls. Example::
 
         @find_executable_batch_size(starting_batch_size=128)
         def train(batch_size, model, optimizer): ...
 
         train(model, optimizer)
+
+    Args:
+        function: The function to retry; its first parameter is ``batch_size``.
+        starting_batch_size: The first batch size tried (default 128).
+        reduce_batch_size_fn: Called with no arguments after an out-of-memory error, it returns the next batch
+            size (default: 90% of the last, rounded down).
     """
     if function is None:
         return functools.partial(

@@ -7,8 +7,8 @@ a hooked model's offloaded weights live in ``notebook_accel.hooks.offloaded`` an
 
 Beyond Accelerate's names: ``plan_device_map`` returns a ``DeviceMapPlan`` (the map plus per-device bytes,
 reserved room and, with ``verbose``, the decisions; it renders as an HTML table in a notebook);
-``resolve_device_map`` turns "auto" / "balanced" / "balanced_low_0" / "sequential" / a single device into a
-checked dict; ``find_checkpoint_files`` resolves the four checkpoint forms. For "disk" entries of a safetensors
+``resolve_device_map`` turns a strategy ("auto", "balanced", "balanced_low_0", "sequential"; checked by
+``check_strategy``) into a device map; ``find_checkpoint_files`` resolves the four checkpoint forms. For "disk" entries of a safetensors
 checkpoint, ``load_checkpoint_in_model`` writes only ``<offload_folder>/index.json`` with entries
 ``{"safetensors_file", "weight_name", "dtype", "shape"}`` that the offload weights map reads in place.
 """

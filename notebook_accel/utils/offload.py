@@ -62,7 +62,7 @@ def _inside(folder: str | os.PathLike, relative: str, what: str) -> str:
     return path_inside(folder, relative, what, "offload folder")
 
 
-def _check_index(index: Any, where: str) -> dict:
+def _check_index(index: object, where: str) -> dict:
     """Return ``index`` after checking it maps names to ``{"dtype": str, "shape": [int, ...]}`` entries."""
     if not isinstance(index, Mapping):
         raise TypeError(
@@ -114,6 +114,12 @@ def offload_weight(
     """Return ``index`` updated with ``weight_name`` after writing ``weight`` to ``<offload_folder>/<weight_name>.dat``.
 
     The file holds the raw bytes (memory-mappable); the index entry records dtype and shape.
+
+    Args:
+        weight: The tensor to write.
+        weight_name: Its name; the file is ``<weight_name>.dat``.
+        offload_folder: Where to write.
+        index: The index to add the entry to (default: a new one).
     """
     if not isinstance(weight, torch.Tensor):
         raise TypeError(
@@ -221,7 +227,13 @@ def offload_state_dict(save_dir: str | os.PathLike, state_dict: dict[str, torch.
 
 
 def load_offloaded_weights(model: nn.Module, index: dict, offload_folder: str | os.PathLike) -> None:
-    """Load the weights listed in ``index`` from ``offload_folder`` into ``model`` (on the CPU); return nothing."""
+    """Load the weights listed in ``index`` from ``offload_folder`` into ``model`` (on the CPU); return nothing.
+
+    Args:
+        model: The model to fill.
+        index: Weight name -> dtype and shape, as ``offload_weight`` records them.
+        offload_folder: The folder of the ``.dat`` files.
+    """
     if not index:
         return
     loader = OffloadedWeightsLoader(save_folder=offload_folder, index=index)
@@ -253,6 +265,19 @@ class _SafetensorsFile:
         return view
 
 
+def _read_folder_index(folder: str) -> dict:
+    """Return the parsed ``index.json`` of the offload folder ``folder``."""
+    path = os.path.join(folder, INDEX_NAME)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"the offload folder {folder!r} has no {INDEX_NAME}: write the weights there first "
+            "(offload_state_dict) or pass the index yourself (`offload_index` / `index`)"
+        ) from None
+
+
 class OffloadedWeightsLoader(Mapping):
     """A lazy, read-only mapping from weight name to tensor over CPU tensors and files on disk.
 
@@ -261,6 +286,12 @@ class OffloadedWeightsLoader(Mapping):
     the offload folder, or tensors inside a safetensors checkpoint). Mapped files are cached and
     stay mapped, so repeated reads cost nothing and page tables stay warm. ``device`` moves what
     is returned (default: leave it on the CPU).
+
+    Args:
+        state_dict: Tensors held in memory, served first.
+        save_folder: An offload folder: its ``index.json`` and ``.dat`` files.
+        index: Weight name -> entry (dtype and shape, or a safetensors file), instead of the folder's index.
+        device: Where returned tensors are moved (default: they stay on the CPU).
     """
 
     def __init__(
@@ -268,27 +299,21 @@ class OffloadedWeightsLoader(Mapping):
         state_dict: dict[str, torch.Tensor] | None = None,
         save_folder: str | os.PathLike | None = None,
         index: Mapping | None = None,
-        device: Any = None,
+        device: int | str | torch.device | None = None,
     ) -> None:
-        if state_dict is None and save_folder is None and index is None:
+        if all(source is None for source in (state_dict, save_folder, index)):
             raise ValueError(
-                "OffloadedWeightsLoader needs at least one of `state_dict`, `save_folder` or `index`."
+                "OffloadedWeightsLoader has nothing to read: give it `state_dict` (tensors in memory), "
+                "`save_folder` (an offload folder with its index.json) and/or `index`"
             )
-        self.state_dict = {} if state_dict is None else state_dict
-        self.save_folder = None if save_folder is None else os.fspath(save_folder)
-        if index is None and self.save_folder is not None:
-            path = os.path.join(self.save_folder, INDEX_NAME)
-            if not os.path.isfile(path):
-                raise FileNotFoundError(
-                    f"No offload index {path!r}: offload the weights there first (offload_state_dict) "
-                    "or pass `offload_index`."
-                )
-            with open(path, encoding="utf-8") as f:
-                index = json.load(f)
-        self.index = {} if index is None else _check_index(index, repr(self.save_folder or "the index"))
-        self.all_keys = list(self.state_dict)
-        self.all_keys.extend(key for key in self.index if key not in self.state_dict)
         self.device = device
+        self.save_folder = None if save_folder is None else os.fspath(save_folder)
+        if index is None:
+            index = {} if self.save_folder is None else _read_folder_index(self.save_folder)
+        self.index = _check_index(index, repr(self.save_folder or "the index"))
+        self.state_dict = {} if state_dict is None else state_dict
+        # In-memory names first, then the ones only on disk (dicts keep the first position of a key).
+        self.all_keys = list({**dict.fromkeys(self.state_dict), **dict.fromkeys(self.index)})
         self._files: dict[str, _SafetensorsFile] = {}
         self._mapped: dict[str, torch.Tensor] = {}
 

@@ -347,6 +347,11 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     int64 counts), "max", "min" (element-wise over processes) or "none" (no reduction: the input is
     returned). ``scale`` multiplies the result on XLA only, as documented by Accelerate. The
     input is never modified; with one process it is returned as it is.
+
+    Args:
+        tensor: A tensor or nested lists/tuples/dicts of tensors.
+        reduction: "mean" (default), "sum" or "none".
+        scale: A factor applied to the result on XLA only.
     """
     if reduction not in _REDUCTIONS:
         raise ValueError(f"Unknown reduction {reduction!r}: use one of {', '.join(map(repr, _REDUCTIONS))}")
@@ -410,6 +415,12 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     Padding uses the value ``pad_index``, at the end (or the start with ``pad_first=True``). One
     collective exchanges the sizes of every tensor; tensors already of the largest size, and tensors
     with fewer than ``dim + 1`` dimensions, are returned as they are.
+
+    Args:
+        tensor: A tensor or nested lists/tuples/dicts of tensors.
+        dim: The dimension to pad (default 0).
+        pad_index: The value padding is filled with (default 0).
+        pad_first: Pad at the start instead of the end.
     """
     world = _world()
     if _is_single(world):
@@ -547,30 +558,41 @@ def verify_operation(function: Callable) -> Callable:
     """
 
     @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        world = _world()
-        if world.get("debug") and not _is_single(world):
-            data = args[0] if args else next(iter(kwargs.values()), None)
-            _verify(function.__name__, data, world)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        _check_inputs_agree(function.__name__, args, kwargs)
         return function(*args, **kwargs)
 
-    return wrapper
+    return checked
+
+
+def _check_inputs_agree(name: str, args: tuple, kwargs: dict) -> None:
+    """In debug mode with several processes, compare the collective's first argument across them."""
+    world = _world()
+    if not world.get("debug") or _is_single(world):
+        return
+    first = args[0] if args else next(iter(kwargs.values()), None)
+    _verify(name, first, world)
 
 
 def chained_operation(function: Callable) -> Callable:
     """Return ``function`` with a DistributedOperationException re-raised naming ``function`` (the cause chained)."""
 
     @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return function(*args, **kwargs)
-        except DistributedOperationException as error:
-            raise DistributedOperationException(
-                f"Error found while calling `{function.__module__}.{function.__qualname__}`; the cause above "
-                "lists each process's input: make them match."
-            ) from error
+    def named(*args: Any, **kwargs: Any) -> Any:
+        return _call_naming_failure(function, args, kwargs)
 
-    return wrapper
+    return named
+
+
+def _call_naming_failure(function: Callable, args: tuple, kwargs: dict) -> Any:
+    try:
+        return function(*args, **kwargs)
+    except DistributedOperationException as cause:
+        where = f"{function.__module__}.{function.__qualname__}"
+        raise DistributedOperationException(
+            f"`{where}` failed because the processes passed it mismatched inputs (each one's is listed in the "
+            "cause above): make them match"
+        ) from cause
 
 
 def GatheredParameters(
@@ -580,6 +602,12 @@ def GatheredParameters(
 
     Under ZeRO stage 3 each process holds a shard of ``params``; inside the context they are whole
     (and ``modifier_rank``'s changes are broadcast on exit). Without ZeRO-3 they are whole already.
+
+    Args:
+        params: The (sharded) parameters to gather.
+        modifier_rank: The rank whose changes inside the context are kept and broadcast.
+        fwd_module: A module whose forward may use the gathered parameters.
+        enabled: Gather at all (default True).
     """
     zero3 = (
         parse_flag_from_env("ACCELERATE_USE_DEEPSPEED")

@@ -131,6 +131,12 @@ def extract_model_from_parallel(
     model stays compiled (its inner module unwrapped); otherwise the plain module is returned. With
     ``recursive`` the submodules are unwrapped too (a DDP- or compile-wrapped child is replaced, in its
     parent, by the module inside).
+
+    Args:
+        model: The wrapped model.
+        keep_fp32_wrapper: Keep the mixed-precision forward the Accelerator installed.
+        keep_torch_compile: Keep a compiled model compiled (only its inner module is unwrapped).
+        recursive: Unwrap wrapped submodules too.
     """
     if recursive:
         _unwrap_children(model, keep_torch_compile)
@@ -193,6 +199,12 @@ def save(
     With ``save_on_each_node`` the local main process of every node saves. With ``safe_serialization``
     ``obj`` must be a state dict (str -> tensor) and is written with safetensors. A path is written
     atomically (temporary file, then rename), so a crash never leaves a half-written file.
+
+    Args:
+        obj: What to save (a state dict with ``safe_serialization``).
+        f: A path or a writable binary file.
+        save_on_each_node: Save from each node's local main process, not only the main one.
+        safe_serialization: Write safetensors instead of a torch pickle.
     """
     if safe_serialization:
         if not isinstance(obj, Mapping) or not all(
@@ -226,18 +238,20 @@ def save(
 
 def merge_dicts(source: Mapping, destination: dict) -> dict:
     """Return ``destination`` after recursively merging ``source`` into it (nested dicts merged, others replaced)."""
-    for key, value in source.items():
-        if isinstance(value, Mapping):
-            node = destination.setdefault(key, {})
-            if not isinstance(node, dict):
-                node = destination[key] = {}
-            merge_dicts(value, node)
-        else:
-            destination[key] = value
+    pending = [(source, destination)]  # (what to merge, where) pairs, one per nested level
+    while pending:
+        incoming, target = pending.pop()
+        for key, value in incoming.items():
+            if not isinstance(value, Mapping):
+                target[key] = value
+                continue
+            if not isinstance(target.get(key), dict):  # a plain value (or nothing) gives way to a dict
+                target[key] = {}
+            pending.append((value, target[key]))
     return destination
 
 
-def get_pretty_name(obj: Any) -> str:
+def get_pretty_name(obj: object) -> str:
     """Return a readable name for ``obj``: its own name for functions and classes, else its class's."""
     # Instances (a model, a partial) have no name of their own: the class names them.
     for candidate in (obj, type(obj)):
@@ -247,7 +261,7 @@ def get_pretty_name(obj: Any) -> str:
     return str(obj)
 
 
-def is_peft_model(model: Any) -> bool:
+def is_peft_model(model: object) -> bool:
     """Return whether ``model`` is a peft ``PeftModel`` (False when peft is not installed)."""
     if not is_peft_available():
         return False
@@ -361,6 +375,11 @@ def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
 
     Only tensors, plain containers and the numpy types in ``TORCH_SAFE_GLOBALS`` are unpickled;
     ``kwargs`` go to ``torch.load``.
+
+    Args:
+        f: A path or a readable binary file.
+        map_location: Where tensors are loaded, as ``torch.load`` takes it.
+        **kwargs: Further ``torch.load`` arguments.
     """
     kwargs.setdefault("weights_only", True)
     if not kwargs["weights_only"] or not TORCH_SAFE_GLOBALS:

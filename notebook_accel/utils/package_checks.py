@@ -119,11 +119,10 @@ def is_8bit_bnb_available() -> bool:
 
 def is_bitsandbytes_multi_backend_available() -> bool:
     """Return whether bitsandbytes is installed with its multi-backend (non-CUDA) support."""
-    if not is_bnb_available():
-        return False
-    import bitsandbytes
-
-    return "multi_backend" in getattr(bitsandbytes, "features", set())
+    # The multi-backend builds list "multi_backend" among the features the package announces.
+    return is_bnb_available() and "multi_backend" in getattr(
+        importlib.import_module("bitsandbytes"), "features", ()
+    )
 
 
 def is_deepspeed_available() -> bool:

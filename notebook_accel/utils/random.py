@@ -49,6 +49,11 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     With ``device_specific`` the seed is offset by the process index, so each rank draws different
     numbers. With ``deterministic`` torch is told to use deterministic algorithms only.
     CUDA generators are seeded lazily (applied when CUDA initialises), so this never initialises CUDA.
+
+    Args:
+        seed: The seed.
+        device_specific: Add the process index to the seed, so each rank draws differently.
+        deterministic: Make torch use deterministic algorithms only.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed must be an int, got {seed!r}")

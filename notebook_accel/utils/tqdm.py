@@ -20,6 +20,11 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
     """Return a ``tqdm.auto.tqdm`` bar, disabled on every process but the local main one when ``main_process_only``.
 
     Arguments are tqdm's; an explicit ``disable=True`` is kept on every process.
+
+    Args:
+        *args: tqdm's positional arguments (the iterable first).
+        main_process_only: Show the bar on the local main process only (default True).
+        **kwargs: tqdm's keyword arguments.
     """
     if not is_tqdm_available():
         raise ImportError("notebook_accel.utils.tqdm needs tqdm: pip install tqdm")

@@ -31,6 +31,11 @@ def compare_versions(library_or_version: Any, operation: str, requirement_versio
     A string names an installed distribution (``"torch"``) whose version is read from its metadata;
     any other object (a ``packaging`` ``Version``, a ``TorchVersion``) is the version itself.
     Raises ``importlib.metadata.PackageNotFoundError`` when the named library is not installed.
+
+    Args:
+        library_or_version: A distribution name (its installed version is read) or a version object.
+        operation: One of "<", "<=", "==", "!=", ">=", ">".
+        requirement_version: The version to compare with.
     """
     compare = _operation(operation)
     # TorchVersion subclasses str: only a plain str names a library.

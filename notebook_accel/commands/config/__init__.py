@@ -37,12 +37,15 @@ def _questionnaire(args: argparse.Namespace):
 
 def config_command_parser(subparsers=None):
     """Return the ``config`` parser (a subparser of ``subparsers`` when given) with its ``--config_file`` option."""
-    if subparsers is not None:
-        parser = subparsers.add_parser("config", description=_DESCRIPTION)
-    else:
-        parser = argparse.ArgumentParser("Accelerate config command", description=_DESCRIPTION)
-    parser.add_argument("--config_file", default=None, help="The config file to write (default: the default one).")
+    parser = (
+        argparse.ArgumentParser(prog="Accelerate config command", description=_DESCRIPTION)
+        if subparsers is None
+        else subparsers.add_parser("config", description=_DESCRIPTION)
+    )
     parser.set_defaults(func=_questionnaire)
+    parser.add_argument(
+        "--config_file", help="Path of the config file to write (the default config file if omitted)."
+    )
     return parser
 
 

@@ -48,12 +48,12 @@ class DeepSpeedOptimizerWrapper(EngineSteppedOptimizer):
 
     def __init__(self, optimizer) -> None:
         super().__init__(optimizer, device_placement=False, scaler=None)
-        self.__has_overflow__ = hasattr(self.optimizer, "overflow")
 
     @property
     def step_was_skipped(self) -> bool:
         """Return whether the last step was skipped because of an fp16 overflow."""
-        return bool(self.optimizer.overflow) if self.__has_overflow__ else False
+        # DeepSpeed's fp16 optimizers raise their ``overflow`` flag when they skip a step; others have none.
+        return bool(getattr(self.optimizer, "overflow", False))
 
 
 class DeepSpeedSchedulerWrapper(EngineSteppedScheduler):

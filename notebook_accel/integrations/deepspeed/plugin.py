@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...utils import imports
 from ...utils._validation import choice as _choice
@@ -22,6 +22,9 @@ from ...utils._validation import positive_int as _positive_int
 from ...utils.enums import MIXED_PRECISION_CHOICES
 from ...utils.environment import parse_flag_from_env
 from ...utils.other import get_module_class_from_name
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DeepSpeedPlugin"]
 
@@ -45,7 +48,7 @@ _DS_MAPPING = {
 }
 
 
-def _load_ds_config(source: Any) -> dict:
+def _load_ds_config(source: object) -> dict:
     """Return the DeepSpeed config dict from a dict, a JSON file path or a base64-encoded JSON string."""
     if isinstance(source, dict):
         return json.loads(json.dumps(source))  # deep copy; also rejects non-JSON values early
@@ -75,6 +78,48 @@ def _load_ds_config(source: Any) -> dict:
     )
 
 
+def _config_leaves(config: dict, prefix: str) -> list[tuple[str, dict, str]]:
+    """Return (dotted key, the dict holding it, its key there) for every non-dict value under ``config``."""
+    leaves: list[tuple[str, dict, str]] = []
+    pending = [(prefix, config)]
+    while pending:
+        path, node = pending.pop()
+        for key, value in node.items():
+            if isinstance(value, dict):
+                pending.append((f"{path}{key}.", value))
+            else:
+                leaves.append((path + key, node, key))
+    return leaves
+
+
+def _reconcile(
+    node: dict, leaf: str, dotted: str, given: dict[str, Any], must_match: bool
+) -> tuple[str, str] | None:
+    """Put the given value in place of an ``"auto"`` one; say what stays wrong (``("auto" | "differs", text)``)."""
+    current = node.get(leaf)
+    if current == "auto":
+        if dotted not in given:
+            return "auto", f"- `{dotted}` is 'auto' in the DeepSpeed config and no value was given for it"
+        node[leaf] = given[dotted]
+        return None
+    if must_match and current is not None and dotted in given and given[dotted] != current:
+        return "differs", f"- ds {dotted}={current} vs arg {dotted}={given[dotted]}"
+    return None
+
+
+def _config_error(unfilled: list[str], disagreeing: list[str]) -> str:
+    lines = [
+        "DeepSpeedPlugin: the DeepSpeed config does not fit the arguments given:",
+        *unfilled,
+        *disagreeing,
+    ]
+    if unfilled:
+        lines.append("give each 'auto' value in the config, or pass it to the plugin / Accelerator")
+    if disagreeing:
+        lines.append("make the values that disagree equal, or set them to 'auto' in the config")
+    return "\n".join(lines)
+
+
 @dataclass
 class DeepSpeedPlugin:
     """Configure DeepSpeed: either a full DeepSpeed config (``hf_ds_config``) or the common fields.
@@ -90,7 +135,9 @@ class DeepSpeedPlugin:
     hf_ds_config: Any = None
     """DeepSpeed config: a dict, a path to a JSON file, or a base64-encoded JSON string."""
     gradient_accumulation_steps: int = None
+    """Micro-batches per optimizer step (``ACCELERATE_GRADIENT_ACCUMULATION_STEPS``, else 1)."""
     gradient_clipping: float = None
+    """Gradient norm DeepSpeed clips to (``ACCELERATE_GRADIENT_CLIPPING``; none by default)."""
     zero_stage: int = None
     """ZeRO stage: 0, 1, 2 or 3."""
     is_train_batch_min: str = True
@@ -100,7 +147,9 @@ class DeepSpeedPlugin:
     offload_param_device: bool = None
     """Where parameters go: "none", "cpu" or "nvme" (ZeRO 3 only)."""
     offload_optimizer_nvme_path: str = None
+    """Folder of the optimizer state when ``offload_optimizer_device`` is "nvme"."""
     offload_param_nvme_path: str = None
+    """Folder of the parameters when ``offload_param_device`` is "nvme"."""
     zero3_init_flag: bool = None
     """Build the model directly partitioned (``deepspeed.zero.Init``); ZeRO 3 only."""
     zero3_save_16bit_model: bool = None
@@ -253,23 +302,17 @@ class DeepSpeedPlugin:
         self, ds_key_long: str, mismatches: list[str] | None = None, must_match: bool = True, **kwargs
     ) -> None:
         """Fill an ``"auto"`` config value from ``kwargs``; with ``must_match`` record values that disagree."""
-        mismatches = [] if mismatches is None else mismatches
         node, leaf = self._find_config_node(ds_key_long)
         if node is None:
             return
-        if node.get(leaf) == "auto":
-            if ds_key_long not in kwargs:
-                raise ValueError(
-                    f"DeepSpeedPlugin: `{ds_key_long}` is 'auto' in the DeepSpeed config but no value was "
-                    "given for it; set it in the config or pass it to the plugin/Accelerator"
-                )
-            node[leaf] = kwargs[ds_key_long]
+        problem = _reconcile(node, leaf, ds_key_long, kwargs, must_match)
+        if problem is None:
             return
-        if not must_match:
-            return
-        value = node.get(leaf)
-        if value is not None and ds_key_long in kwargs and value != kwargs[ds_key_long]:
-            mismatches.append(f"- ds {ds_key_long}={value} vs arg {ds_key_long}={kwargs[ds_key_long]}")
+        kind, text = problem
+        if kind == "auto":
+            raise ValueError(_config_error([text], []))
+        if mismatches is not None:
+            mismatches.append(text)
 
     def deepspeed_config_process(
         self,
@@ -280,25 +323,16 @@ class DeepSpeedPlugin:
         **kwargs,
     ) -> None:
         """Fill the config's ``"auto"`` values from ``kwargs`` (dotted keys); raise on mismatching values."""
-        mismatches = [] if mismatches is None else mismatches
-        config = self.deepspeed_config if config is None else config
-        for key, value in config.items():
-            if isinstance(value, dict):
-                self.deepspeed_config_process(
-                    prefix=f"{prefix}{key}.",
-                    mismatches=mismatches,
-                    config=value,
-                    must_match=must_match,
-                    **kwargs,
-                )
-            else:
-                self.fill_match(prefix + key, mismatches, must_match=must_match, **kwargs)
-        if mismatches and prefix == "":
-            raise ValueError(
-                "DeepSpeedPlugin: these DeepSpeed config values disagree with the arguments given:\n"
-                + "\n".join(mismatches)
-                + "\nset them to 'auto' in the config or make them equal"
-            )
+        unfilled: list[str] = []
+        disagreeing = [] if mismatches is None else mismatches
+        root = self.deepspeed_config if config is None else config
+        for dotted, node, leaf in _config_leaves(root, prefix):
+            problem = _reconcile(node, leaf, dotted, kwargs, must_match)
+            if problem is not None:
+                (unfilled if problem[0] == "auto" else disagreeing).append(problem[1])
+        # A caller that hands in its own prefix collects the disagreements and reports them itself.
+        if unfilled or (disagreeing and not prefix):
+            raise ValueError(_config_error(unfilled, disagreeing if not prefix else []))
 
     def set_mixed_precision(self, mixed_precision: str) -> None:
         """Enable "fp16" / "bf16" (or neither for "no") in the DeepSpeed config, refusing a contradiction."""
@@ -383,7 +417,7 @@ class DeepSpeedPlugin:
             del config["train_batch_size"]
         self.dschf = HfDeepSpeedConfig(config)
 
-    def set_moe_leaf_modules(self, model: Any) -> None:
+    def set_moe_leaf_modules(self, model: torch.nn.Module) -> None:
         """Return None; mark ``model``'s ``transformer_moe_cls_names`` classes as ZeRO-3 leaf modules (no-op if unset).
 
         DeepSpeed then gathers each MoE block's parameters as a whole instead of hooking its experts one by

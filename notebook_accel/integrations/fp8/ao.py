@@ -70,6 +70,12 @@ def convert_model_to_fp8_ao(
 
     ``module_filter_func(module, name) -> bool`` chooses the layers (default: ``filter_linear_layers``
     with the model's first and last linear layers left out); ``config`` is a ``Float8LinearConfig``.
+
+    Args:
+        model: The model whose linear layers are converted in place.
+        config: A torchao ``Float8LinearConfig`` (default: torchao's).
+        module_filter_func: ``(module, name) -> bool`` choosing the layers (default: all but the first and
+            last linear).
     """
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 

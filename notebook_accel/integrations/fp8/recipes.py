@@ -45,13 +45,21 @@ class TERecipeKwargs(KwargsHandler):
     """
 
     use_autocast_during_eval: bool | None = None
+    """Also run the forward under fp8 autocast in eval mode (default False)."""
     margin: int | None = None
+    """Exponent margin when the scaling factor is computed from amax (default 0)."""
     interval: int | None = None
+    """Steps between two recomputations of the scaling factors (default 1)."""
     fp8_format: Literal["HYBRID", "E4M3", "E5M2"] = None
+    """"HYBRID" (E4M3 forward, E5M2 backward; the default), "E4M3" or "E5M2" everywhere."""
     amax_history_len: int | None = None
+    """How many past amax values are kept per tensor (default 1024)."""
     amax_compute_algo: Literal["max", "most_recent"] = None
+    """How the amax is drawn from that history: "most_recent" (default) or "max"."""
     override_linear_precision: tuple[bool, bool, bool] = None
+    """Run the (forward, dgrad, wgrad) GEMMs in higher precision (default all False)."""
     use_mxfp8_block_scaling: bool | None = None
+    """Use TransformerEngine's MXFP8 block scaling recipe (default False)."""
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -116,6 +124,7 @@ class MSAMPRecipeKwargs(KwargsHandler):
     """The MS-AMP FP8 recipe: ``opt_level`` "O1" (fp8 weight gradients and all-reduce) or "O2" (also 8-bit optimizer states)."""
 
     opt_level: Literal["O1", "O2"] = None
+    """"O1" (fp8 weight gradients and all-reduce) or "O2" (also 8-bit optimizer states; the default)."""
 
     def __post_init__(self) -> None:
         level = str(self.opt_level or _from_env("opt_level", "O2")).upper()
@@ -141,9 +150,13 @@ class AORecipeKwargs(KwargsHandler):
     """
 
     config: Any = None
+    """A torchao ``Float8LinearConfig`` (default: torchao's own)."""
     module_filter_func: Callable | None = None
+    """``(module, name) -> bool`` choosing the linear layers to convert (default: all but the first and last)."""
     pad_inner_dim: bool | None = None
+    """Pad the inner dimension of the GEMMs to a multiple of 16 (default True)."""
     enable_fsdp_float8_all_gather: bool | None = None
+    """Gather FSDP2 shards in float8 (default True)."""
 
     def __post_init__(self) -> None:
         if self.pad_inner_dim is None:
@@ -181,6 +194,7 @@ class FP8RecipeKwargs(TERecipeKwargs, MSAMPRecipeKwargs):
     """
 
     backend: Literal["MSAMP", "TE"] = None
+    """Which engine the recipe is for: "TE" (TransformerEngine) or "MSAMP"."""
 
     def __post_init__(self) -> None:
         warnings.warn(

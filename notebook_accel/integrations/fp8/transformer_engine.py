@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -16,6 +16,9 @@ from torch import nn
 from ...utils.imports import is_hpu_available
 from ...utils.operations import GatheredParameters
 from ...utils.package_checks import is_transformer_engine_available
+
+if TYPE_CHECKING:
+    from .fp8_recipes import TERecipeKwargs
 
 __all__ = [
     "GatheredParameters",
@@ -53,6 +56,12 @@ def convert_model(
     """Swap, in place and recursively, ``nn.Linear`` / ``nn.LayerNorm`` for TE's (or back, ``to_transformer_engine=False``).
 
     Weights are copied; TE's layers need in/out features divisible by 16 for FP8.
+
+    Args:
+        model: The model to convert in place.
+        to_transformer_engine: Towards TransformerEngine's layers (default) or back to torch's.
+        _convert_linear: Convert the linear layers.
+        _convert_ln: Convert the layer norms.
     """
     te = _te()
     for name, child in model.named_children():
@@ -81,26 +90,46 @@ def convert_model(
         setattr(model, name, new.to(child.weight.device))
 
 
+class _FP8Forward:
+    """A module's forward run under TE's ``fp8_autocast`` while the module trains (always, with ``in_eval``).
+
+    Called as ``forward(module, *args, **kwargs)``; it carries the wrapped forward's name and docstring
+    and is picklable when that forward and the recipe are.
+    """
+
+    def __init__(self, model_forward: Callable, fp8_recipe: Any, in_eval: bool) -> None:
+        functools.update_wrapper(self, model_forward)
+        self.fp8_recipe = fp8_recipe
+        self.in_eval = in_eval
+
+    def __call__(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        active = module.training or self.in_eval
+        with _te().fp8_autocast(enabled=active, fp8_recipe=self.fp8_recipe):
+            return self.__wrapped__(*args, **kwargs)
+
+
 def contextual_fp8_autocast(
     model_forward: Callable, fp8_recipe: Any, use_during_eval: bool = False
 ) -> Callable:
-    """Return ``model_forward`` run under TE's ``fp8_autocast`` while training (and in eval with ``use_during_eval``)."""
-    te = _te()
+    """Return ``model_forward`` run under TE's ``fp8_autocast`` while training (and in eval with ``use_during_eval``).
 
-    @functools.wraps(model_forward)
-    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        enabled = use_during_eval or self.training
-        with te.fp8_autocast(enabled=enabled, fp8_recipe=fp8_recipe):
-            return model_forward(*args, **kwargs)
-
-    forward.__wrapped__ = model_forward
-    return forward
+    Args:
+        model_forward: The forward to wrap.
+        fp8_recipe: The TransformerEngine recipe (None: TransformerEngine's default).
+        use_during_eval: Run under fp8 autocast in eval mode too.
+    """
+    _te()  # fail here, at wrapping time, when TransformerEngine is missing
+    return _FP8Forward(model_forward, fp8_recipe, use_during_eval)
 
 
-def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: Any) -> nn.Module:
+def apply_fp8_autowrap(model: nn.Module, fp8_recipe_handler: TERecipeKwargs | None) -> nn.Module:
     """Return ``model`` with its forward wrapped by ``contextual_fp8_autocast`` for ``fp8_recipe_handler``'s recipe."""
-    recipe = fp8_recipe_handler.to_te_recipe() if fp8_recipe_handler is not None else None
-    use_during_eval = bool(getattr(fp8_recipe_handler, "use_autocast_during_eval", False))
-    wrapped = contextual_fp8_autocast(model.forward, recipe, use_during_eval)
-    model.forward = functools.partial(wrapped, model)
+    handler = fp8_recipe_handler
+    # No handler: TE picks its default recipe, and evaluation runs without FP8.
+    fp8_forward = contextual_fp8_autocast(
+        model.forward,
+        fp8_recipe=None if handler is None else handler.to_te_recipe(),
+        use_during_eval=bool(getattr(handler, "use_autocast_during_eval", False)),
+    )
+    model.forward = functools.partial(fp8_forward, model)
     return model

@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..._lazy import attach
+from ...utils._protocols import AcceleratorLike
 from ...utils.atomic_files import atomic_write
 from ...utils.compilation import is_compiled_module
 from ...utils.constants import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
@@ -51,7 +52,7 @@ from .fsdp2 import (
     get_module_children_bottom_up,
     get_parameters_from_modules,
 )
-from .plugin import get_module_class_from_name
+from .plugin import FullyShardedDataParallelPlugin, get_module_class_from_name
 
 __all__ = [
     "FSDP_MODEL_NAME",
@@ -103,7 +104,7 @@ def disable_fsdp_ram_efficient_loading() -> None:
     os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "False"
 
 
-def _is_full(plugin: Any) -> bool:
+def _is_full(plugin: FullyShardedDataParallelPlugin) -> bool:
     kind = plugin.state_dict_type
     if kind == fsdp.StateDictType.LOCAL_STATE_DICT:
         raise ValueError(
@@ -142,7 +143,7 @@ def _check_folder(path: str) -> None:
         raise FileNotFoundError(f"FSDP checkpoint: no folder {path!r}; was it saved with SHARDED_STATE_DICT?")
 
 
-def _fsdp1_context(model: Any, plugin: Any) -> Any:
+def _fsdp1_context(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin) -> Any:
     """Return FSDP1's ``state_dict_type`` context for ``model`` (the ``use_dcp=False`` path)."""
     if not isinstance(model, fsdp.FullyShardedDataParallel):
         raise ValueError(
@@ -154,13 +155,15 @@ def _fsdp1_context(model: Any, plugin: Any) -> Any:
     )
 
 
-def _offload(model: Any, full: bool) -> bool:
+def _offload(model: torch.nn.Module, full: bool) -> bool:
     # Gathering to CPU memory only where the weights live elsewhere: torch's CPU-offload copy of a
     # full state dict fails on parameters that are already CPU tensors (FSDP on CPU processes).
     return full and any(p.device.type != "cpu" for p in model.parameters())
 
 
-def _model_state(model: Any, plugin: Any, full: bool, use_dcp: bool) -> dict:
+def _model_state(
+    model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin, full: bool, use_dcp: bool
+) -> dict:
     if use_dcp:
         options = StateDictOptions(full_state_dict=full, cpu_offload=_offload(model, full))
         return get_model_state_dict(model, options=options)
@@ -168,7 +171,9 @@ def _model_state(model: Any, plugin: Any, full: bool, use_dcp: bool) -> dict:
         return model.state_dict()
 
 
-def _load_model_state(model: Any, plugin: Any, state: dict, full: bool, use_dcp: bool) -> Any:
+def _load_model_state(
+    model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin, state: dict, full: bool, use_dcp: bool
+) -> Any:
     if use_dcp:
         return set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=full, strict=True))
     with _fsdp1_context(model, plugin):
@@ -176,8 +181,8 @@ def _load_model_state(model: Any, plugin: Any, state: dict, full: bool, use_dcp:
 
 
 def save_fsdp_model(
-    fsdp_plugin: Any,
-    accelerator: Any,
+    fsdp_plugin: FullyShardedDataParallelPlugin,
+    accelerator: AcceleratorLike,
     model: torch.nn.Module,
     output_dir: str,
     model_index: int = 0,
@@ -187,6 +192,15 @@ def save_fsdp_model(
     """Return the path written: ``model``'s full state dict (one file, rank 0) or its shards (a folder, all ranks).
 
     Call on every rank. ``adapter_only`` keeps only PEFT adapter weights (names containing ``lora_``).
+
+    Args:
+        fsdp_plugin: The FSDP plugin: its state-dict type says which form to write.
+        accelerator: The Accelerator (any object with its ``state`` and ``device``).
+        model: The sharded model to save.
+        output_dir: The folder to write to.
+        model_index: Which of the prepared models (0 for the first); it names the files.
+        adapter_only: Save only PEFT adapter weights.
+        use_dcp: Write a sharded checkpoint with torch.distributed.checkpoint.
     """
     full = _is_full(fsdp_plugin)
     os.makedirs(output_dir, exist_ok=True)
@@ -206,15 +220,25 @@ def save_fsdp_model(
 
 
 def load_fsdp_model(
-    fsdp_plugin: Any,
-    accelerator: Any,
+    fsdp_plugin: FullyShardedDataParallelPlugin,
+    accelerator: AcceleratorLike,
     model: torch.nn.Module,
     input_dir: str,
     model_index: int = 0,
     adapter_only: bool = False,
     use_dcp: bool = True,
 ) -> Any:
-    """Return torch's load result after loading what ``save_fsdp_model`` wrote into ``model`` (every rank)."""
+    """Return torch's load result after loading what ``save_fsdp_model`` wrote into ``model`` (every rank).
+
+    Args:
+        fsdp_plugin: The FSDP plugin: its state-dict type says which form to read.
+        accelerator: The Accelerator (any object with its ``state`` and ``device``).
+        model: The sharded model to fill.
+        input_dir: The folder ``save_fsdp_model`` wrote to.
+        model_index: Which of the prepared models (0 for the first).
+        adapter_only: Read only PEFT adapter weights.
+        use_dcp: Read a sharded checkpoint with torch.distributed.checkpoint.
+    """
     full = _is_full(fsdp_plugin)
     _barrier()
     if full:
@@ -235,15 +259,25 @@ def load_fsdp_model(
 
 
 def save_fsdp_optimizer(
-    fsdp_plugin: Any,
-    accelerator: Any,
+    fsdp_plugin: FullyShardedDataParallelPlugin,
+    accelerator: AcceleratorLike,
     optimizer: torch.optim.Optimizer,
     model: torch.nn.Module,
     output_dir: str,
     optimizer_index: int = 0,
     use_dcp: bool = True,
 ) -> str:
-    """Return the path written: the optimizer state of sharded ``model`` (full: one file; sharded: a folder)."""
+    """Return the path written: the optimizer state of sharded ``model`` (full: one file; sharded: a folder).
+
+    Args:
+        fsdp_plugin: The FSDP plugin: its state-dict type says which form to write.
+        accelerator: The Accelerator (any object with its ``state`` and ``device``).
+        optimizer: The optimizer of the sharded model.
+        model: The sharded model.
+        output_dir: The folder to write to.
+        optimizer_index: Which of the prepared optimizers (0 for the first); it names the files.
+        use_dcp: Write a sharded checkpoint with torch.distributed.checkpoint.
+    """
     full = _is_full(fsdp_plugin)
     optimizer = getattr(optimizer, "optimizer", optimizer)  # an AcceleratedOptimizer holds torch's
     os.makedirs(output_dir, exist_ok=True)
@@ -260,8 +294,8 @@ def save_fsdp_optimizer(
 
 
 def load_fsdp_optimizer(
-    fsdp_plugin: Any,
-    accelerator: Any,
+    fsdp_plugin: FullyShardedDataParallelPlugin,
+    accelerator: AcceleratorLike,
     optimizer: torch.optim.Optimizer,
     model: torch.nn.Module,
     input_dir: str,
@@ -269,7 +303,18 @@ def load_fsdp_optimizer(
     adapter_only: bool = False,
     use_dcp: bool = True,
 ) -> None:
-    """Return nothing; load what ``save_fsdp_optimizer`` wrote into ``optimizer`` (every rank)."""
+    """Return nothing; load what ``save_fsdp_optimizer`` wrote into ``optimizer`` (every rank).
+
+    Args:
+        fsdp_plugin: The FSDP plugin: its state-dict type says which form to read.
+        accelerator: The Accelerator (any object with its ``state`` and ``device``).
+        optimizer: The optimizer of the sharded model.
+        model: The sharded model.
+        input_dir: The folder ``save_fsdp_optimizer`` wrote to.
+        optimizer_index: Which of the prepared optimizers (0 for the first).
+        adapter_only: The model holds only PEFT adapter weights.
+        use_dcp: Read a sharded checkpoint with torch.distributed.checkpoint.
+    """
     full = _is_full(fsdp_plugin)
     optimizer = getattr(optimizer, "optimizer", optimizer)
     _barrier()
@@ -289,7 +334,13 @@ def load_fsdp_optimizer(
         )
 
 
-def _optimizer_state(model: Any, optimizer: Any, plugin: Any, full: bool, use_dcp: bool) -> dict:
+def _optimizer_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    plugin: FullyShardedDataParallelPlugin,
+    full: bool,
+    use_dcp: bool,
+) -> dict:
     if use_dcp:
         options = StateDictOptions(full_state_dict=full, cpu_offload=_offload(model, full))
         return get_optimizer_state_dict(model, optimizer, options=options)
@@ -307,6 +358,12 @@ def merge_fsdp_weights(
 
     Runs in a single process (no process group needed). Writes ``model.safetensors`` (or
     ``pytorch_model.bin`` when ``safe_serialization=False``) inside ``output_path``.
+
+    Args:
+        checkpoint_dir: The folder of a sharded FSDP checkpoint.
+        output_path: The folder to write the full weights to.
+        safe_serialization: Write safetensors (default) rather than a torch pickle.
+        remove_checkpoint_dir: Delete the sharded folder afterwards.
     """
     if not os.path.isdir(checkpoint_dir) or not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
         raise FileNotFoundError(

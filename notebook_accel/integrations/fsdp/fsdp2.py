@@ -27,6 +27,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from ...utils._protocols import AcceleratorLike
 from ...utils.other import get_module_children_bottom_up
 
 __all__ = [
@@ -48,12 +49,19 @@ logger = logging.getLogger(__name__)
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 
 
-def ensure_weights_retied(param_init_fn: Any, model: torch.nn.Module, device: Any) -> Any:
+def ensure_weights_retied(
+    param_init_fn: Callable[[torch.nn.Module], None], model: torch.nn.Module, device: torch.device
+) -> Callable[[torch.nn.Module], None]:
     """Return ``param_init_fn`` wrapped so that weights tied in ``model`` are tied again after it runs.
 
     Materialising a module created on the meta device (``to_empty`` + init) gives each parameter its own
     storage, which silently unties shared weights (e.g. input and output embeddings); the wrapper points
     every alias back at the first owner.
+
+    Args:
+        param_init_fn: The function that materialises a module's parameters.
+        model: The model whose tied weights must stay tied.
+        device: The device the weights are materialised on.
     """
     owners: dict[int, tuple[torch.nn.Module, str]] = {}
     aliases: dict[torch.nn.Module, list[tuple[str, torch.nn.Module, str]]] = {}
@@ -102,7 +110,7 @@ def fsdp2_prepare_auto_wrap_policy(
 
 
 def get_parameters_from_modules(
-    modules: Iterable[torch.nn.Module] | str | None, model: torch.nn.Module, device: Any
+    modules: Iterable[torch.nn.Module] | str | None, model: torch.nn.Module, device: torch.device
 ) -> set[torch.nn.Parameter]:
     """Return the parameters of ``modules`` (or of the modules of ``model`` whose name fullmatches the regex)."""
     if modules is None:
@@ -116,7 +124,7 @@ def get_parameters_from_modules(
     return params
 
 
-def fsdp2_apply_ac(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+def fsdp2_apply_ac(accelerator: AcceleratorLike, model: torch.nn.Module) -> torch.nn.Module:
     """Return ``model`` with activation checkpointing on the layers its auto-wrap policy selects."""
     plugin = accelerator.state.fsdp_plugin
     selects = fsdp2_prepare_auto_wrap_policy(plugin, model)
@@ -173,16 +181,26 @@ def get_fsdp2_grad_scaler(**kwargs: Any) -> torch.amp.GradScaler:
 
 
 def fsdp2_load_full_state_dict(
-    accelerator: Any, model: torch.nn.Module, full_sd: dict[str, torch.Tensor], cpu_offload: bool = False
+    accelerator: AcceleratorLike,
+    model: torch.nn.Module,
+    full_sd: dict[str, torch.Tensor],
+    cpu_offload: bool = False,
 ) -> Any:
-    """Return torch's load result after putting rank 0's full ``full_sd`` into the sharded ``model`` (broadcast)."""
+    """Return torch's load result after putting rank 0's full ``full_sd`` into the sharded ``model`` (broadcast).
+
+    Args:
+        accelerator: The Accelerator (any object with its ``state`` and ``device``).
+        model: The FSDP2-sharded model.
+        full_sd: The full state dict; only rank 0's is read.
+        cpu_offload: The model's shards live on the CPU.
+    """
     options = StateDictOptions(
         full_state_dict=True, broadcast_from_rank0=True, cpu_offload=cpu_offload, strict=True
     )
     return set_model_state_dict(model, full_sd if dist.get_rank() == 0 else {}, options=options)
 
 
-def _fsdp_mesh(accelerator: Any) -> Any:
+def _fsdp_mesh(accelerator: AcceleratorLike) -> Any:
     mesh = getattr(accelerator, "torch_device_mesh", None)
     config = getattr(accelerator, "parallelism_config", None)
     if mesh is not None and config is not None:
@@ -194,7 +212,7 @@ def _fsdp_mesh(accelerator: Any) -> Any:
     return init_device_mesh(accelerator.device.type, (dist.get_world_size(),), mesh_dim_names=("dp_shard",))
 
 
-def fsdp2_prepare_model(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+def fsdp2_prepare_model(accelerator: AcceleratorLike, model: torch.nn.Module) -> torch.nn.Module:
     """Return ``model`` sharded with ``fully_shard`` as the Accelerator's FSDP2 plugin says (same object, sharded).
 
     Layers the auto-wrap policy selects are sharded first (each gathers its weights only while it runs),

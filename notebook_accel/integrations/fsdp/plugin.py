@@ -39,6 +39,16 @@ _SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_
 _RESHARDS = {"FULL_SHARD": True, "HYBRID_SHARD": True, "SHARD_GRAD_OP": False, "HYBRID_SHARD_ZERO2": False}
 _PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
 _STATE_DICT_TYPES = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
+# How a state-dict type gathers when the user gives no configs: the model's and the optimizer's config
+# classes (in torch.distributed.fsdp) and the options both get. Full state dicts land on rank 0 only.
+_GATHER_DEFAULTS = {
+    "FULL_STATE_DICT": (
+        "FullStateDictConfig",
+        "FullOptimStateDictConfig",
+        {"offload_to_cpu": True, "rank0_only": True},
+    ),
+    "SHARDED_STATE_DICT": ("ShardedStateDictConfig", "ShardedOptimStateDictConfig", {"offload_to_cpu": True}),
+}
 _WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
            "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}  # fmt: skip
@@ -278,18 +288,16 @@ class FullyShardedDataParallelPlugin:
                 f"{_OWNER}: FSDP2 has no LOCAL_STATE_DICT; use SHARDED_STATE_DICT or FULL_STATE_DICT"
             )
         self.state_dict_type = kind
-        if kind == fsdp.StateDictType.FULL_STATE_DICT:
-            if self.state_dict_config is None:
-                self.state_dict_config = fsdp.FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
-            if self.optim_state_dict_config is None:
-                self.optim_state_dict_config = fsdp.FullOptimStateDictConfig(
-                    offload_to_cpu=True, rank0_only=True
-                )
-        elif kind == fsdp.StateDictType.SHARDED_STATE_DICT:
-            if self.state_dict_config is None:
-                self.state_dict_config = fsdp.ShardedStateDictConfig(offload_to_cpu=True)
-            if self.optim_state_dict_config is None:
-                self.optim_state_dict_config = fsdp.ShardedOptimStateDictConfig(offload_to_cpu=True)
+        defaults = _GATHER_DEFAULTS.get(kind.name)
+        if defaults is None:  # LOCAL_STATE_DICT: each rank saves its own flat shard, nothing to configure
+            return
+        model_config, optim_config, options = defaults
+        for field, config_name in (
+            ("state_dict_config", model_config),
+            ("optim_state_dict_config", optim_config),
+        ):
+            if getattr(self, field) is None:  # a config the user gave stays
+                setattr(self, field, getattr(fsdp, config_name)(**options))
 
     def set_cpu_offload(self) -> None:
         """Turn a bool ``cpu_offload`` into the version's object (``CPUOffload`` / ``CPUOffloadPolicy``)."""

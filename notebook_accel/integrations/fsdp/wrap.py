@@ -17,19 +17,22 @@ import torch.distributed as dist
 from torch.distributed import fsdp
 from torch.distributed.tensor import DTensor
 
+from ...state import AcceleratorState
+from ...utils._protocols import AcceleratorLike
 from .fsdp2 import (
     checkpoint_activations,
     fsdp2_canonicalize_names,
     fsdp2_prepare_auto_wrap_policy,
     fsdp2_prepare_model,
 )
+from .plugin import FullyShardedDataParallelPlugin
 
 __all__ = ["clip_grad_norm", "prepare_fsdp", "remap_optimizer_params"]
 
 logger = logging.getLogger(__name__)
 
 
-def prepare_fsdp(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+def prepare_fsdp(accelerator: AcceleratorLike, model: torch.nn.Module) -> torch.nn.Module:
     """Return ``model`` sharded with the FSDP version the Accelerator's plugin names."""
     plugin = accelerator.state.fsdp_plugin
     if plugin.fsdp_version == 2:
@@ -37,7 +40,9 @@ def prepare_fsdp(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
     return _wrap_fsdp1(model, accelerator.state, plugin)
 
 
-def _wrap_fsdp1(model: torch.nn.Module, state: Any, plugin: Any) -> torch.nn.Module:
+def _wrap_fsdp1(
+    model: torch.nn.Module, state: AcceleratorState, plugin: FullyShardedDataParallelPlugin
+) -> torch.nn.Module:
     if isinstance(model, fsdp.FullyShardedDataParallel):
         return model
     selects = fsdp2_prepare_auto_wrap_policy(plugin, model) if plugin.activation_checkpointing else None

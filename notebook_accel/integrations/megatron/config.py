@@ -8,8 +8,13 @@ registers a parser for another architecture. Plain Python: no Megatron needed to
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
 
 __all__ = [
     "MODEL_CONFIGS_TO_MEGATRON_PARSERS",
@@ -24,6 +29,13 @@ __all__ = [
 MODEL_CONFIGS_TO_MEGATRON_PARSERS: dict[str, Callable[[Any, Any, Any], None]] = {}
 
 
+class _ArgsOwner(Protocol):
+    """What the parsers use of a MegatronLMPlugin (megatron_plugin imports this module, so no import back)."""
+
+    megatron_lm_default_args: dict[str, Any]
+    seq_length: int | None
+
+
 def add_model_config_to_megatron_parser(model_type: str) -> Callable:
     """Return a decorator registering its function as the Megatron parser of transformers ``model_type``."""
 
@@ -34,7 +46,7 @@ def add_model_config_to_megatron_parser(model_type: str) -> Callable:
     return register
 
 
-def _sequence_length(plugin: Any, batch_data: Any, default: int) -> int:
+def _sequence_length(plugin: _ArgsOwner, batch_data: Mapping[str, torch.Tensor] | None, default: int) -> int:
     """Return the plugin's seq_length, else the batch's ``input_ids`` width, else ``default``."""
     if getattr(plugin, "seq_length", None) is not None:
         return plugin.seq_length
@@ -43,13 +55,15 @@ def _sequence_length(plugin: Any, batch_data: Any, default: int) -> int:
     return default
 
 
-def _fill(plugin: Any, model_type_name: str, **network: Any) -> None:
+def _fill(plugin: _ArgsOwner, model_type_name: str, **network: Any) -> None:
     plugin.megatron_lm_default_args.update(model_type_name=model_type_name, **network)
     plugin.seq_length = network.get("seq_length", getattr(plugin, "seq_length", None))
 
 
 @add_model_config_to_megatron_parser("megatron-bert")
-def parse_bert_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> None:
+def parse_bert_config(
+    megatron_lm_plugin: _ArgsOwner, model: nn.Module, batch_data: Mapping[str, torch.Tensor] | None
+) -> None:
     """Fill the Megatron arguments of a BERT model (pretraining heads when it is a masked-LM / pretraining model)."""
     config = model.config
     name = type(model).__name__.lower()
@@ -68,7 +82,9 @@ def parse_bert_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> N
 
 
 @add_model_config_to_megatron_parser("gpt2")
-def parse_gpt2_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> None:
+def parse_gpt2_config(
+    megatron_lm_plugin: _ArgsOwner, model: nn.Module, batch_data: Mapping[str, torch.Tensor] | None
+) -> None:
     """Fill the Megatron arguments of a GPT-2 model."""
     config = model.config
     _fill(
@@ -85,7 +101,9 @@ def parse_gpt2_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> N
 
 
 @add_model_config_to_megatron_parser("t5")
-def parse_t5_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> None:
+def parse_t5_config(
+    megatron_lm_plugin: _ArgsOwner, model: nn.Module, batch_data: Mapping[str, torch.Tensor] | None
+) -> None:
     """Fill the Megatron arguments of a T5 model (encoder and decoder lengths from the plugin or 512/128)."""
     config = model.config
     positions = getattr(config, "n_positions", 1024)
@@ -124,7 +142,9 @@ def _llama_like(config: Any) -> dict[str, Any]:
 
 
 @add_model_config_to_megatron_parser("llama")
-def parse_llama_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> None:
+def parse_llama_config(
+    megatron_lm_plugin: _ArgsOwner, model: nn.Module, batch_data: Mapping[str, torch.Tensor] | None
+) -> None:
     """Fill the Megatron arguments of a Llama model (a GPT with SwiGLU, RMSNorm, rotary positions, GQA)."""
     network = _llama_like(model.config)
     network["seq_length"] = _sequence_length(
@@ -134,7 +154,9 @@ def parse_llama_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> 
 
 
 @add_model_config_to_megatron_parser("glm4_moe")
-def parse_glm4_moe_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> None:
+def parse_glm4_moe_config(
+    megatron_lm_plugin: _ArgsOwner, model: nn.Module, batch_data: Mapping[str, torch.Tensor] | None
+) -> None:
     """Fill the Megatron arguments of a GLM-4 MoE model (Llama-like, with routed experts)."""
     config = model.config
     network = _llama_like(config)

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..._lazy import attach
+from ...utils._protocols import AcceleratorLike
 from ...utils.imports import is_megatron_lm_available
 from ...utils.operations import recursively_apply, send_to_device
 from .plugin import _batch_args, _decay_args, _optimizer_args, _scheduler_steps
@@ -214,7 +215,7 @@ class MegatronLMDummyDataLoader:
         megatron_only("MegatronLMDummyDataLoader.build_train_valid_test_data_iterators")
 
 
-def megatron_plugin_of(accelerator: Any) -> Any:
+def megatron_plugin_of(accelerator: AcceleratorLike) -> Any:
     """Return the accelerator's MegatronLMPlugin; raise ValueError when it has none."""
     plugin = getattr(getattr(accelerator, "state", None), "megatron_lm_plugin", None)
     if plugin is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...utils._validation import choice as _choice
 from ...utils._validation import env as _env
@@ -19,6 +19,9 @@ from ...utils._validation import positive_int as _positive_int
 from ...utils.environment import str_to_bool
 from ...utils.imports import is_megatron_lm_available
 from .config import MODEL_CONFIGS_TO_MEGATRON_PARSERS
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["MegatronLMPlugin"]
 
@@ -54,7 +57,7 @@ _TENSORBOARD_FLAGS = (
 )
 
 
-def _scheduler_steps(scheduler: Any) -> tuple[int | None, int]:
+def _scheduler_steps(scheduler: object) -> tuple[int | None, int]:
     """Return the ``MegatronLMDummyScheduler``'s total and warm-up steps (ValueError for another scheduler).
 
     Accelerate's Megatron-LM guide spells them ``num_training_steps`` / ``num_warmup_steps`` (they land in
@@ -72,7 +75,7 @@ def _scheduler_steps(scheduler: Any) -> tuple[int | None, int]:
     return total, warmup
 
 
-def _optimizer_args(optimizer: Any) -> dict[str, Any]:
+def _optimizer_args(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Return Megatron's optimizer type and the hyperparameters of ``optimizer``'s first parameter group."""
     kind = _OPTIMIZERS.get(type(optimizer).__name__)
     if kind is None:
@@ -98,7 +101,7 @@ def _batch_args(micro_batch_size: int, num_micro_batches: int, dp_degree: int) -
     }
 
 
-def _decay_args(plugin: Any) -> dict[str, Any]:
+def _decay_args(plugin: MegatronLMPlugin) -> dict[str, Any]:
     """Return the plugin's learning-rate / weight-decay schedule settings that are set."""
     names = ("lr_decay_style", "min_lr", "weight_decay_incr_style", "lr_decay_iters")
     return {name: getattr(plugin, name) for name in names if getattr(plugin, name, None) is not None}
@@ -355,11 +358,11 @@ class MegatronLMPlugin:
         self.micro_batch_size, self.global_batch_size = args["micro_batch_size"], args["global_batch_size"]
         self.megatron_lm_default_args.update(args)
 
-    def set_optimizer_type(self, optimizer: Any) -> None:
+    def set_optimizer_type(self, optimizer: torch.optim.Optimizer) -> None:
         """Return None; set Megatron's optimizer ("adam" or "sgd") and ``optimizer``'s lr, weight decay, betas/momentum."""
         self.megatron_lm_default_args.update(_optimizer_args(optimizer))
 
-    def set_scheduler_args(self, scheduler: Any) -> None:
+    def set_scheduler_args(self, scheduler: object) -> None:
         """Return None; set ``train_iters`` / ``lr_warmup_iters`` from a ``MegatronLMDummyScheduler`` (the plugin's win).
 
         The plugin's decay settings (``lr_decay_style``, ``min_lr``, ...) are set along with them.

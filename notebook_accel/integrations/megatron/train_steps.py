@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ...utils._protocols import AcceleratorLike
 from .lm import avg_losses_across_data_parallel_group
 
 __all__ = ["AbstractTrainStep", "BertTrainStep", "GPTTrainStep", "T5TrainStep"]
@@ -25,7 +26,7 @@ __all__ = ["AbstractTrainStep", "BertTrainStep", "GPTTrainStep", "T5TrainStep"]
 _IGNORE = -100  # the label transformers uses for positions without a target
 
 
-def _custom(accelerator: Any, name: str) -> Callable | None:
+def _custom(accelerator: AcceleratorLike, name: str) -> Callable | None:
     plugin = getattr(getattr(accelerator, "state", None), "megatron_lm_plugin", None)
     return getattr(plugin, name, None)
 
@@ -44,6 +45,21 @@ def _next_batch(data_iterator: Any) -> dict[str, torch.Tensor]:
 def _masked_mean(losses: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
     mask = loss_mask.reshape(-1).float()
     return torch.sum(losses.reshape(-1).float() * mask) / mask.sum()
+
+
+def _forward_step(step: AbstractTrainStep, run_model: Callable[[Any, tuple], tuple[Any, tuple]]) -> Callable:
+    """Return Megatron's ``forward_step(data_iterator, model)`` for ``step``.
+
+    ``run_model(model, batch)`` feeds one batch to the model and gives back its output and the leading
+    arguments of the step's loss function; Megatron's schedule later passes the output as the last one.
+    The step's ``get_batch`` and ``loss_func`` are read at call time, so replacing them takes effect.
+    """
+
+    def forward_step(data_iterator, model):
+        output, loss_head = run_model(model, step.get_batch(data_iterator))
+        return output, partial(step.loss_func, *loss_head)
+
+    return forward_step
 
 
 class AbstractTrainStep(ABC):  # noqa: B024 - Accelerate's base is instantiable; its methods serve the plugin's functions
@@ -67,7 +83,7 @@ class AbstractTrainStep(ABC):  # noqa: B024 - Accelerate's base is instantiable;
         """Return the plugin's ``custom_loss_function``; raise TypeError when there is none."""
         return self._plugin_function(accelerator, "custom_loss_function", "get_loss_func")
 
-    def _plugin_function(self, accelerator: Any, field: str, method: str) -> Callable:
+    def _plugin_function(self, accelerator: AcceleratorLike, field: str, method: str) -> Callable:
         function = _custom(accelerator, field)
         if function is None:
             raise TypeError(
@@ -166,12 +182,11 @@ class GPTTrainStep(AbstractTrainStep):
     def get_forward_step_func(self) -> Callable:
         """Return ``forward_step(data_iterator, model)`` -> (model output, loss function to apply to it)."""
 
-        def forward_step(data_iterator, model):
-            tokens, labels, loss_mask, attention_mask, position_ids = self.get_batch(data_iterator)
-            output_tensor = model(tokens, position_ids, attention_mask, labels=labels)
-            return output_tensor, partial(self.loss_func, loss_mask)
+        def run_gpt(model, batch):
+            tokens, labels, loss_mask, attention_mask, position_ids = batch
+            return model(tokens, position_ids, attention_mask, labels=labels), (loss_mask,)
 
-        return forward_step
+        return _forward_step(self, run_gpt)
 
 
 class BertTrainStep(AbstractTrainStep):
@@ -235,14 +250,14 @@ class BertTrainStep(AbstractTrainStep):
 
         def pretraining_loss(loss_mask, sentence_order, output_tensor):
             lm_losses, sop_logits = output_tensor
-            lm_loss = _masked_mean(lm_losses, loss_mask)
-            if sop_logits is None:
-                return lm_loss, {"lm loss": avg_losses_across_data_parallel_group([lm_loss])[0]}
-            sop_loss = F.cross_entropy(
-                sop_logits.view(-1, 2).float(), sentence_order.view(-1), ignore_index=-1
-            )
-            averaged = avg_losses_across_data_parallel_group([lm_loss, sop_loss])
-            return lm_loss + sop_loss, {"lm loss": averaged[0], "sop loss": averaged[1]}
+            parts = {"lm loss": _masked_mean(lm_losses, loss_mask)}
+            if sop_logits is not None:  # the sentence-order head; -1 marks pairs without a target
+                targets = sentence_order.reshape(-1)
+                parts["sop loss"] = F.cross_entropy(
+                    sop_logits.reshape(-1, 2).float(), targets, ignore_index=-1
+                )
+            reported = dict(zip(parts, avg_losses_across_data_parallel_group(list(parts.values()))))
+            return sum(parts.values()), reported
 
         def classification_loss(labels, logits):
             if num_labels == 1:
@@ -256,17 +271,16 @@ class BertTrainStep(AbstractTrainStep):
     def get_forward_step_func(self, pretraining_flag, bert_binary_head) -> Callable:
         """Return ``forward_step(data_iterator, model)`` -> (model output, loss function to apply to it)."""
 
-        def forward_step(data_iterator, model):
-            tokens, types, sentence_order, loss_mask, labels, padding_mask = self.get_batch(data_iterator)
-            if not bert_binary_head:
-                types = None
-            if pretraining_flag:
-                output = model(tokens, padding_mask, tokentype_ids=types, lm_labels=labels)
-                return output, partial(self.loss_func, loss_mask, sentence_order)
-            logits = model(tokens, padding_mask, tokentype_ids=types)
-            return logits, partial(self.loss_func, labels)
+        def run_bert(model, batch):
+            tokens, types, sentence_order, loss_mask, labels, padding_mask = batch
+            # Without the binary (sentence-order) head the model takes no token types.
+            type_ids = types if bert_binary_head else None
+            if not pretraining_flag:
+                return model(tokens, padding_mask, tokentype_ids=type_ids), (labels,)
+            output = model(tokens, padding_mask, tokentype_ids=type_ids, lm_labels=labels)
+            return output, (loss_mask, sentence_order)
 
-        return forward_step
+        return _forward_step(self, run_bert)
 
 
 class T5TrainStep(AbstractTrainStep):
@@ -345,13 +359,8 @@ class T5TrainStep(AbstractTrainStep):
     def get_forward_step_func(self) -> Callable:
         """Return ``forward_step(data_iterator, model)`` -> (model output, loss function to apply to it)."""
 
-        def forward_step(data_iterator, model):
-            tokens_enc, tokens_dec, loss_mask, labels, enc_mask, dec_mask, enc_dec_mask = self.get_batch(
-                data_iterator
-            )
-            output = model(
-                tokens_enc, tokens_dec, enc_mask, dec_mask, enc_dec_mask, tokentype_ids=None, lm_labels=labels
-            )
-            return output, partial(self.loss_func, loss_mask)
+        def run_t5(model, batch):
+            tokens_enc, tokens_dec, loss_mask, labels, *masks = batch  # masks: encoder, decoder, cross
+            return model(tokens_enc, tokens_dec, *masks, tokentype_ids=None, lm_labels=labels), (loss_mask,)
 
-        return forward_step
+        return _forward_step(self, run_t5)

@@ -22,7 +22,7 @@ from ...utils.checkpoint_io.checkpoints import (
 )
 from ...utils.configs import BnbQuantizationConfig
 from ...utils.device_planning.device_map import (
-    DEVICE_MAP_STRATEGIES,
+    check_strategy,
     infer_auto_device_map,
     resolve_device_map,
 )
@@ -259,10 +259,7 @@ def get_quantized_model_device_map(
         return {"": torch.cuda.current_device()}
     if isinstance(device_map, dict):
         return device_map
-    if device_map not in DEVICE_MAP_STRATEGIES:
-        raise ValueError(
-            f"device_map={device_map!r} is not valid here; use a dict or one of {list(DEVICE_MAP_STRATEGIES)}"
-        )
+    check_strategy(device_map, alternatives="a dict of module name -> device")
     special_dtypes = _planning_dtypes(model, config)
     planned = resolve_device_map(
         model, device_map, max_memory=max_memory, no_split_module_classes=no_split_module_classes,

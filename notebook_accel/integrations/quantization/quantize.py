@@ -66,6 +66,16 @@ def load_and_quantize_model(
     device (built under ``init_empty_weights``) has its layers replaced, then its weights loaded from
     ``weights_location`` (file, index or folder) following ``device_map`` and dispatched.
     Needs bitsandbytes and a CUDA GPU.
+
+    Args:
+        model: The model to quantize (with weights, or on the meta device).
+        bnb_quantization_config: A ``BnbQuantizationConfig``: 8 or 4 bits and which modules stay unquantized.
+        weights_location: Where a meta model's weights are read from (file, index or folder).
+        device_map: Module name -> device for a meta model, or a strategy name.
+        no_split_module_classes: Module classes a planned map keeps on one device.
+        max_memory: Device -> memory budget for a planned map.
+        offload_folder: Folder of the weights mapped to "disk".
+        offload_state_dict: Stage the CPU weights on disk while loading.
     """
     if not isinstance(bnb_quantization_config, BnbQuantizationConfig):
         raise TypeError(

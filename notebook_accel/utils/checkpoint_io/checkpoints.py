@@ -307,6 +307,21 @@ def load_checkpoint_in_model(
     Tied parameters are tied again afterwards. Without ``device_map`` weights load where the model's tensors
     are (meta tensors to the CPU). ``device_map`` may also be a ``DevicePlacement`` already checked for
     ``model`` (what ``load_checkpoint_and_dispatch`` passes), which is not checked again.
+
+    Args:
+        model: The model to fill.
+        checkpoint: A checkpoint file, a sharded checkpoint's index file or a folder holding one.
+        device_map: Module name -> device for each weight (default: where the model's tensors are).
+        offload_folder: Folder of the weights mapped to "disk".
+        dtype: Cast floating weights to this dtype.
+        offload_state_dict: Stage the CPU weights on disk while loading.
+        offload_buffers: Offload buffers mapped to "disk" too.
+        keep_in_fp32_modules: Modules whose weights stay float32 whatever ``dtype`` says.
+        offload_8bit_bnb: Offload 8-bit bitsandbytes weights with their scales.
+        strict: Raise on keys missing from the checkpoint or unknown to the model.
+        full_state_dict: With ``broadcast_from_rank0``, set the weights as one full state dict (False: as the
+            model's shards).
+        broadcast_from_rank0: Read on rank 0 only and broadcast.
     """
     if offload_8bit_bnb and importlib.util.find_spec("bitsandbytes") is None:
         raise ImportError("offload_8bit_bnb=True needs `bitsandbytes`: pip install bitsandbytes")
@@ -560,6 +575,11 @@ def shard_checkpoint(
     The split is greedy in key order (a tensor larger than the limit gets a shard of its own). With one
     shard, ``shards`` is ``{weights_name: state_dict}`` and ``index`` is None; otherwise shard files are named
     like ``pytorch_model-00001-of-00003.bin`` and ``index`` is ``{"metadata": {"total_size"}, "weight_map"}``.
+
+    Args:
+        state_dict: The weights to split.
+        max_shard_size: Largest shard, in bytes or as text like "5GB" (default "10GB").
+        weights_name: File name of a single shard, and the pattern of several.
     """
     limit = convert_file_size_to_int(max_shard_size)
     blocks: list[dict[str, torch.Tensor]] = [{}]

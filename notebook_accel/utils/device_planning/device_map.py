@@ -25,6 +25,7 @@ __all__ = [
     "DEVICE_MAP_STRATEGIES",
     "DeviceMapPlan",
     "check_device_map",
+    "check_strategy",
     "clean_device_map",
     "infer_auto_device_map",
     "plan_device_map",
@@ -37,6 +38,20 @@ logger = logging.getLogger(__name__)
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 """The device maps computed from the model and the memory: "auto" and "balanced" spread the GPUs evenly,
 "balanced_low_0" keeps GPU 0 light, "sequential" fills the devices in order."""
+
+
+def check_strategy(strategy: object, name: str = "device_map", alternatives: str = "") -> str:
+    """Return ``strategy`` when it is one of ``DEVICE_MAP_STRATEGIES``; raise ValueError naming it otherwise.
+
+    The one check of a device-map strategy string: ``name`` is the argument as the caller knows it and
+    ``alternatives`` what else that argument accepts (e.g. "a dict of module name -> device").
+    """
+    if isinstance(strategy, str) and strategy in DEVICE_MAP_STRATEGIES:
+        return strategy
+    other = f", or {alternatives}" if alternatives else ""
+    raise ValueError(
+        f"{name}={strategy!r} is not a device-map strategy: choose one of {list(DEVICE_MAP_STRATEGIES)}{other}"
+    )
 
 
 def _fmt(nbytes: float) -> str:
@@ -164,6 +179,18 @@ def infer_auto_device_map(
     GPUs never exceed their budget; when offloading, the main device keeps room for the largest offloaded
     layer; tied parameters land on one device; ``no_split_module_classes`` are never split. Only shapes and
     dtypes are read, so meta models work. :func:`plan_device_map` returns the same map with its numbers.
+
+    Args:
+        model: The model to place (a meta model works).
+        max_memory: Device -> budget in bytes or text like "10GiB" (default: what is available).
+        no_split_module_classes: Module classes kept whole on one device.
+        dtype: Count floating tensors at this element size.
+        special_dtypes: Tensor name -> dtype, overriding ``dtype`` for those tensors.
+        verbose: Log each placement decision.
+        clean_result: Merge children that share their parent's device into the parent's entry.
+        offload_buffers: Count the buffers of offloaded modules as offloaded too.
+        fallback_allocation: When the next module does not fit on a still empty device, place there first the
+            first later module (in model order) that does, instead of moving on to the next device.
     """
     return plan_device_map(
         model, max_memory, no_split_module_classes, dtype, special_dtypes, verbose, clean_result, offload_buffers,
@@ -253,10 +280,7 @@ def strategy_memory(
     "sequential" takes ``max_memory`` as given (default: what is available); "auto" and "balanced"
     spread the model evenly over the GPUs; "balanced_low_0" also keeps GPU 0 as empty as possible.
     """
-    if strategy not in DEVICE_MAP_STRATEGIES:
-        raise ValueError(
-            f"Unknown device-map strategy {strategy!r}: choose one of {list(DEVICE_MAP_STRATEGIES)}"
-        )
+    check_strategy(strategy, name="strategy")
     if strategy == "sequential":
         return get_max_memory(max_memory)
     return get_balanced_memory(
@@ -271,35 +295,20 @@ def strategy_memory(
 
 def resolve_device_map(
     model: nn.Module,
-    device_map: Union[str, dict[str, Device], int, torch.device, None],
+    device_map: str,
     max_memory: dict[Union[int, str], Union[int, str]] | None = None,
     no_split_module_classes: list[str] | None = None,
     dtype: Union[str, torch.dtype, None] = None,
     special_dtypes: dict[str, Union[str, torch.dtype]] | None = None,
     offload_buffers: bool = False,
-) -> dict[str, Device] | None:
-    """Return a concrete, checked device map for what ``load_checkpoint_and_dispatch`` accepts.
+) -> dict[str, Device]:
+    """Return the device map the strategy ``device_map`` plans for ``model`` within ``max_memory``.
 
     "auto" and "balanced" balance the GPUs, "balanced_low_0" keeps GPU 0 light, "sequential" fills devices in
-    order; a single device ("cpu", "disk", 0, "cuda:1", torch.device) maps the whole model; a dict is checked.
+    order (see ``strategy_memory``); any other value raises ValueError (``check_strategy``).
     """
-    if device_map is None:
-        return None
-    if isinstance(device_map, dict):
-        check_device_map(model, device_map)
-        return device_map
-    if isinstance(device_map, str) and device_map in DEVICE_MAP_STRATEGIES:
-        budget = strategy_memory(
-            model, device_map, max_memory, no_split_module_classes, dtype, special_dtypes
-        )
-        return infer_auto_device_map(
-            model, budget, no_split_module_classes, dtype, special_dtypes, offload_buffers=offload_buffers
-        )
-    try:
-        device = device_key(device_map)
-    except ValueError:
-        raise ValueError(
-            f"device_map={device_map!r} is not understood: pass a dict of module name -> device, one of "
-            f"{', '.join(repr(s) for s in DEVICE_MAP_STRATEGIES)}, or a single device such as 'cpu', 'disk' or 0."
-        ) from None
-    return {"": device}
+    check_strategy(device_map)
+    budget = strategy_memory(model, device_map, max_memory, no_split_module_classes, dtype, special_dtypes)
+    return infer_auto_device_map(
+        model, budget, no_split_module_classes, dtype, special_dtypes, offload_buffers=offload_buffers
+    )

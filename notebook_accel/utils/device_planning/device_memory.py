@@ -144,6 +144,14 @@ def get_balanced_memory(
 
     Each GPU but the last gets the model size divided by the GPU count plus a margin (1.25x the larger of the
     biggest no-split block and the mean leaf-module size); ``low_zero`` keeps GPU 0 as empty as possible.
+
+    Args:
+        model: The model to spread.
+        max_memory: Device -> budget (default: what is available).
+        no_split_module_classes: Module classes kept whole; the margin covers the largest of them.
+        dtype: Count floating tensors at this element size.
+        special_dtypes: Tensor name -> dtype, overriding ``dtype``.
+        low_zero: Keep GPU 0 as empty as possible (for what generation puts there).
     """
     user_set = max_memory is not None
     budget = get_max_memory(max_memory)

@@ -99,6 +99,12 @@ def named_module_tensors(
     """Yield ``(name, tensor)`` for the parameters, then (optionally) the buffers of ``module``.
 
     ``remove_non_persistent`` leaves out buffers registered with ``persistent=False``.
+
+    Args:
+        module: The module to list.
+        include_buffers: List the buffers after the parameters (default True).
+        recurse: Include the submodules' tensors.
+        remove_non_persistent: Leave out buffers registered with ``persistent=False``.
     """
     yield from module.named_parameters(recurse=recurse)
     if not include_buffers:
@@ -144,6 +150,12 @@ def compute_module_sizes(
 
     Tied parameters are counted once. ``dtype`` caps floating tensors at that element size; integer and bool
     tensors keep theirs; ``special_dtypes`` overrides per tensor name. ``buffers_only`` counts buffers only.
+
+    Args:
+        model: The model to measure (a meta model works).
+        dtype: Count floating tensors at most at this element size.
+        special_dtypes: Tensor name -> dtype, overriding ``dtype``.
+        buffers_only: Count buffers only.
     """
     dtype_size, special = _size_rules(dtype, special_dtypes)
     sizes: dict[str, int] = defaultdict(int)
@@ -167,7 +179,13 @@ def compute_module_total_buffer_size(
     dtype: Union[str, torch.dtype, None] = None,
     special_dtypes: dict[str, Union[str, torch.dtype]] | None = None,
 ) -> int:
-    """Return the total size in bytes of all the buffers of ``model``."""
+    """Return the total size in bytes of all the buffers of ``model``.
+
+    Args:
+        model: The model to measure.
+        dtype: Count floating buffers at most at this element size.
+        special_dtypes: Tensor name -> dtype, overriding ``dtype``.
+    """
     return compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes, buffers_only=True).get(
         "", 0
     )
@@ -182,6 +200,11 @@ def get_max_layer_size(
 
     A layer is a module without children, a module whose class is in ``no_split_module_classes``, or a bare
     tensor; other modules are searched through their children.
+
+    Args:
+        modules: ``(name, module or tensor)`` pairs to search.
+        module_sizes: Name -> size in bytes, as ``compute_module_sizes`` gives it.
+        no_split_module_classes: Module classes counted as one layer.
     """
     no_split = set(no_split_module_classes or [])
     max_size, names = 0, []

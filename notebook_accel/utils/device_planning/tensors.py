@@ -63,17 +63,17 @@ def set_module_tensor_to_device(
     non_blocking: bool = False,
     clear_cache: bool = True,
 ) -> None:
-    """Set ``tensor_name`` (a dotted parameter or buffer name) of ``module`` on ``device``, optionally to ``value``.
+    """Set ``tensor_name`` of ``module`` on ``device``, optionally to ``value``; its class and grad flag stay.
 
-    Without ``dtype`` a ``value`` takes the dtype of the tensor it replaces (like
-    ``nn.Module.load_state_dict``; an integer value for a float weight too); with ``dtype`` floating values are cast to it, integer and bool values
-    never. The parameter class and ``requires_grad`` are kept. A CPU ``value`` of the right dtype is used as
-    is, not copied (memory-mapped checkpoints stay zero-copy). ``tied_params_map`` (data pointer -> device ->
-    tensor) reuses a tied tensor already materialised on ``device`` instead of copying it again.
-    A ``value`` whose shape differs raises ValueError naming the tensor and both shapes.
-    ``non_blocking`` makes the copy asynchronous where the devices allow it; ``clear_cache`` (default)
-    empties the accelerator's cache after a tensor moved to or from an accelerator, so the memory the
-    old copy held is returned at once.
+    Args:
+        module, tensor_name: The module and the dotted name (``"layers.0.weight"``) of its parameter or buffer.
+        device: Where it goes.
+        value: A new value (default: the tensor's own, moved); a CPU one of the right dtype is used as is.
+        dtype: Cast floating values to it (integer and bool ones never); default: the replaced tensor's dtype.
+        fp16_statistics: The scales of an 8-bit bitsandbytes weight.
+        tied_params_map: Data pointer -> device -> tensor: a tied tensor already on ``device`` is reused.
+        non_blocking: Copy asynchronously where the devices allow it.
+        clear_cache: Empty the accelerator's cache after a move to or from it (default True).
     """
     owner, leaf = _resolve(module, tensor_name)
     target = torch_device(device)
