@@ -23,7 +23,7 @@ from typing import Any
 from .launch.cell_bars import CellBars, kernel_display
 from .launch.elastic import launch_elastic
 from .launch.handle import LaunchHandle
-from .launch.output import LogDirSink, OutputLine, PrintSink
+from .launch.output import LogDirSink, OutputLine, PrintSink, announce
 from .launch.plan import LaunchPlan, check_cuda_not_initialised, resolve_plan
 from .launch.ports import DEFAULT_PORT, host_store
 from .launch.request import LaunchRequest
@@ -88,13 +88,6 @@ def _build_sinks(plan: LaunchPlan, request: LaunchRequest) -> list[Callable[[Out
         return []
     template = request.log_line_prefix_template
     return [PrintSink(prefix_template=template, num_processes=plan.num_processes, node_rank=plan.node_rank)]
-
-
-def _announce(sinks: Sequence[Callable[[OutputLine], None]], text: str) -> None:
-    for sink in sinks:
-        announce = getattr(sink, "announce", None)
-        if announce is not None:
-            announce(text)
 
 
 def _show_panel(handle: LaunchHandle | RestartingHandle) -> None:
@@ -197,14 +190,14 @@ def _launch(request: LaunchRequest) -> list[Any] | LaunchHandle | RestartingHand
         request.refuse_on(
             "a TPU launch (torch_xla runs to the end)", ("block", "sinks", "timeout", "panel", "log_dir")
         )
-        _announce(_build_sinks(plan, request), plan.describe())
+        announce(_build_sinks(plan, request), plan.describe())
         return launch_xla(request.function, request.args, plan)
     if plan.num_nodes > 1:
         request.refuse_on(
             "num_nodes > 1 (torch elastic runs to the end)",
             ("block", "sinks", "timeout", "panel", "hang_timeout", "on_hang", "progress_bars"),
         )
-        _announce(_build_sinks(plan, request), plan.describe())
+        announce(_build_sinks(plan, request), plan.describe())
         return launch_elastic(
             request.function, request.args, plan, rdzv_backend=request.rdzv_backend,
             rdzv_endpoint=request.rdzv_endpoint, rdzv_conf=request.rdzv_conf, rdzv_id=request.rdzv_id,
@@ -216,7 +209,7 @@ def _launch(request: LaunchRequest) -> list[Any] | LaunchHandle | RestartingHand
     )
     needs_worker = needs_worker or request.max_restarts > 0  # a failed process is restarted from here
     if plan.in_process and not needs_worker:
-        _announce(_build_sinks(plan, request), plan.describe())
+        announce(_build_sinks(plan, request), plan.describe())
         return [_run_in_caller(request)]
     if plan.in_process:
         plan = _with_workers(plan)
@@ -313,7 +306,7 @@ def _new_handle(
     The plan, with the port found, is announced to the sinks first.
     """
     plan, stores = _host_stores(plan, explicit_port=str(request.use_port) != DEFAULT_PORT)
-    _announce(output.sinks, plan.describe())  # with the port the stores got (each group gets its own)
+    announce(output.sinks, plan.describe())  # with the port the stores got (each group gets its own)
 
     def release() -> None:
         # Last references to the stores: their servers stop and the ports are free again.

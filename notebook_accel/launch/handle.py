@@ -11,29 +11,28 @@ from __future__ import annotations
 
 import atexit
 import collections
-import fcntl
 import gc
 import logging
 import os
 import selectors
 import signal
-import struct
-import termios
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from .completion import Completion
 from .doctor import HangWatch, RankStack, StackCollector, describe_stacks, hang_message
 from .errors import LaunchError, RankFailure, death_notes, order_failures, signal_name
-from .events import BarState, EventHub, FrameDecoder
-from .output import LineSplitter, OutputHistory, OutputLine
+from .events import EventHub
+from .output import LineSplitter, OutputHistory, OutputLine, announce
 from .plan import LaunchPlan, threads_per_worker
-from .procs import WorkerProcess, start_worker
+from .procs import start_worker
+from .ranks import RankStatus, _Rank
 from .usage import UsageSampler, apply_usage
+from .views import LaunchViews
 from .worker import WorkerSpec
 
 __all__ = ["LaunchHandle", "RankStatus"]
@@ -42,57 +41,9 @@ logger = logging.getLogger(__name__)
 
 _LIVE: weakref.WeakSet[LaunchHandle] = weakref.WeakSet()  # running launches, stopped at interpreter exit
 _DRAIN_SECONDS = 2.0  # after the last exit, how long pipes held by stray descendants may stay open
-_STDERR_TAIL = 300  # stderr lines kept per rank (room for a faulthandler dump of every thread)
 
 
-@dataclass
-class RankStatus:
-    """Where one rank stands."""
-
-    rank: int
-    pid: int | None
-    state: str
-    """``"starting"``, ``"running"``, ``"succeeded"``, ``"failed"`` or ``"stopped"``."""
-    started_at: float
-    ended_at: float | None = None
-    exitcode: int | None = None
-    last_line: str = ""
-    cpu_percent: float | None = None
-    """CPU % of the worker process (100 = one core), sampled about once a second; at the end its
-    average over the run. None only before the rank started."""
-    rss: int | None = None
-    """Resident memory of the worker process in bytes (the last sample once it ended)."""
-    peak_rss: int | None = None
-    """Highest resident memory seen (bytes), kept after the rank ended."""
-    cuda_allocated: int | None = None
-    """Bytes of CUDA memory held by tensors (None unless the rank initialised CUDA)."""
-    cuda_reserved: int | None = None
-    """Bytes of CUDA memory reserved by the caching allocator."""
-    cuda_peak: int | None = None
-    """Peak of ``cuda_allocated`` (torch.cuda.max_memory_allocated)."""
-    attempt: int = 1
-    """Which try of the launch this rank belongs to: 2 and up after restarts (``max_restarts``)."""
-
-
-class _Rank:
-    """Parent-side bookkeeping of one worker."""
-
-    def __init__(self, rank: int, local_rank: int, attempt: int = 1) -> None:
-        self.rank, self.local_rank = rank, local_rank
-        self.proc: WorkerProcess | None = None
-        self.status = RankStatus(rank, None, "starting", time.time(), attempt=attempt)
-        self.fds: dict[int, str] = {}  # open parent-side read ends -> "stdout" | "stderr" | "result"
-        self.splitters: dict[str, LineSplitter] = {}
-        self.decoder = FrameDecoder()
-        self.result_done = False
-        self.exited = False
-        self.value: Any = None
-        self.message: tuple | None = None
-        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL)
-        self.last_activity = time.monotonic()
-
-
-class LaunchHandle(Completion):
+class LaunchHandle(Completion, LaunchViews):
     """A launch in progress: per-rank status, live output, results, stop."""
 
     def __init__(
@@ -201,85 +152,6 @@ class LaunchHandle(Completion):
         """Stop every worker with SIGKILL at once."""
         self._user_stopped = self._user_stopped or not self.done
         self._begin_stop("killed by the user", [signal.SIGKILL], 0.0, force=True)
-
-    def subscribe(self, callback: Callable[[OutputLine], None]) -> Callable[[], None]:
-        """Send ``callback`` every line so far, then each new one; return the unsubscribe function."""
-        with self._lock:
-            for line in self._history.snapshot():
-                callback(line)
-            self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if callback in self._subscribers:
-                    self._subscribers.remove(callback)
-
-        return unsubscribe
-
-    @property
-    def metrics(self) -> list[dict[str, Any]]:
-        """Return what ``accelerator.log`` sent through ``NotebookTracker``: one dict per call, ``step`` first.
-
-        The values stay here after the launch ended; ``metrics_frame()`` gives them as a DataFrame.
-        """
-        return self._events.metrics()
-
-    def metrics_frame(self) -> Any:
-        """Return ``metrics`` as a pandas DataFrame indexed by step (needs pandas)."""
-        try:
-            import pandas
-        except ImportError as exc:
-            raise ImportError(
-                "metrics_frame() needs pandas (pip install pandas); handle.metrics is the same data as a list"
-            ) from exc
-        return pandas.DataFrame(self.metrics, columns=None).set_index("step", drop=True)
-
-    def bars(self, rank: int | None = None, live_only: bool = False) -> list[BarState]:
-        """Return the progress bars' last states (of ``rank``); ``live_only``: open bars of the live ranks."""
-        return self._events.bars(rank, live_only)
-
-    @property
-    def live_bar_ranks(self) -> set[int] | None:
-        """Return the ranks whose bars a view shows live (None: all)."""
-        return self._events.live_ranks
-
-    def subscribe_events(self, callback: Callable[[str, int, Any], None]) -> Callable[[], None]:
-        """Call ``callback(kind, rank, state)`` for each bar/metrics/usage event; return the unsubscribe function.
-
-        Called on the supervising thread: the callback must return quickly.
-        """
-        return self._events.subscribe(callback)
-
-    def lines(self, rank: int | None = None) -> list[OutputLine]:
-        """Return the output lines so far, of one ``rank`` or of all."""
-        with self._lock:
-            return self._history.snapshot(rank)
-
-    @property
-    def dropped_lines(self) -> int:
-        """Return how many of the oldest output lines ``lines()`` no longer holds (the history is bounded)."""
-        return self._history.dropped_lines
-
-    @property
-    def dropped_bytes(self) -> int:
-        """Return the memory the dropped lines' text took; ``history_bytes``: what the kept lines take."""
-        return self._history.dropped_bytes
-
-    @property
-    def history_bytes(self) -> int:
-        """Return the memory the kept lines' text takes (at most ``output.HISTORY_BYTES`` plus the newest line)."""
-        return self._history.bytes
-
-    def output_drained(self, rank: int) -> bool:
-        """Return True when every byte ``rank`` wrote to its pipes so far was handled (lines at the sinks).
-
-        That is its stdout and stderr, and its events (a closed progress bar's last line); a last
-        line without its newline stays pending. The interactive ranks print a command's last lines
-        before its result with it.
-        """
-        with self._lock:
-            r = self._ranks[rank - self._ranks[0].rank]
-            return not any(_unread_bytes(fd) for fd in r.fds)
 
     def __repr__(self) -> str:
         states = collections.Counter(s.state for s in self.status())
@@ -539,13 +411,7 @@ class LaunchHandle(Completion):
         message = hang_message(stacks, sitting, self._hang.timeout)
         self.hang_report = f"{message}\n\n{describe_stacks(stacks)}"
         logger.warning("%s", message)
-        for sink in self._sinks:
-            announce = getattr(sink, "announce", None)
-            if announce is not None:
-                try:
-                    announce(self.hang_report)
-                except Exception:
-                    logger.exception("sink %r failed to show the hang report", sink)
+        announce(self._sinks, self.hang_report, guard=True)
         self._events.notify("hang", -1, self.hang_report)
         if self._on_hang == "stop":
             self._stop_stacks = stacks
@@ -719,14 +585,6 @@ class LaunchHandle(Completion):
                 stacks=where,
             )
         return None
-
-
-def _unread_bytes(fd: int) -> int:
-    """Return how many bytes wait unread in the pipe ``fd`` (0 where that cannot be asked)."""
-    try:
-        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
-    except OSError:
-        return 0
 
 
 @atexit.register

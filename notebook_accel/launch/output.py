@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import codecs
 import collections
+import fcntl
 import logging
 import re
 import string
+import struct
 import sys
+import termios
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 __all__ = [
+    "announce",
+    "unread_bytes",
     "HISTORY_BYTES",
     "HISTORY_LINES",
     "LineSplitter",
@@ -263,3 +268,29 @@ class LogDirSink:
         """Close every file (idempotent)."""
         for f in self._files.values():
             f.close()
+
+
+def announce(sinks: Sequence[Callable[[OutputLine], None]], text: str, *, guard: bool = False) -> None:
+    """Give ``text`` (a message of the launcher itself) to every sink that has ``announce``.
+
+    With ``guard`` a failing sink is logged and the others still get the text (the supervising
+    thread must not die of a view's error).
+    """
+    for sink in sinks:
+        method = getattr(sink, "announce", None)
+        if method is None:
+            continue
+        try:
+            method(text)
+        except Exception:
+            if not guard:
+                raise
+            logger.exception("sink %r failed to show %r", sink, text[:80])
+
+
+def unread_bytes(fd: int) -> int:
+    """Return how many bytes wait unread in the pipe ``fd`` (0 where that cannot be asked)."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
