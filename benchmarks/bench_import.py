@@ -78,31 +78,49 @@ def _run(statement: str, source: str | None = None) -> tuple[float, list[str]]:
     return total_us / 1000, eval(out.stdout.strip().splitlines()[-1])  # noqa: S307 - our own print
 
 
-def _run_timed(statement: str) -> tuple[float, float]:
-    """Return (seconds for the whole, seconds after ``import torch``) of ``statement`` in a fresh interpreter."""
+def _run_timed(statement: str, source: str | None = None) -> tuple[float, float]:
+    """Return (seconds for the whole, seconds after ``import torch``) of ``statement`` in a fresh interpreter.
+
+    ``source``: a folder holding another ``notebook_accel`` that shadows the installed one.
+    """
     code = (
         "import time\nstart = time.perf_counter()\nimport torch\nafter_torch = time.perf_counter()\n"
         f"{statement}\nend = time.perf_counter()\nprint(end - start, end - after_torch)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/", env=env
+    )
     whole, after_torch = map(float, out.stdout.split())
     return whole, after_torch
 
 
-def _side_by_side(runs: int) -> None:
-    """Print our Accelerator line against Accelerate's, interleaved run for run, with the ratios."""
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in SIDE_BY_SIDE}
+def _side_by_side(runs: int, baseline: str | None = None, source: str | None = None) -> None:
+    """Print our Accelerator line against Accelerate's, interleaved run for run, with the ratios.
+
+    With ``baseline`` (a git revision exported to ``source``) that revision's line is timed alongside.
+    """
+    lines = dict(SIDE_BY_SIDE)
+    if baseline is not None:
+        lines[f"notebook_accel at {baseline}"] = SIDE_BY_SIDE["notebook_accel"]
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in lines}
     for _ in range(runs):
-        for name, statement in SIDE_BY_SIDE.items():
-            times[name].append(_run_timed(statement))
+        for name, statement in lines.items():
+            times[name].append(_run_timed(statement, source if name.endswith(f"at {baseline}") else None))
     whole = {name: statistics.median(t[0] for t in runs_) for name, runs_ in times.items()}
     after = {name: statistics.median(t[1] for t in runs_) for name, runs_ in times.items()}
-    for name, statement in SIDE_BY_SIDE.items():
-        print(f"{whole[name] * 1000:8.1f} ms whole, {after[name] * 1000:7.1f} ms after torch  {statement}")
-    print(
-        f"notebook_accel/accelerate: whole {whole['notebook_accel'] / whole['accelerate']:.2f}x, "
-        f"after torch {after['notebook_accel'] / after['accelerate']:.2f}x"
-    )
+    for name, statement in lines.items():
+        print(
+            f"{whole[name] * 1000:8.1f} ms whole, {after[name] * 1000:7.1f} ms after torch  {name}: {statement}"
+        )
+    for name in lines:
+        if name != "accelerate":
+            print(
+                f"{name} / accelerate: whole {whole[name] / whole['accelerate']:.2f}x, "
+                f"after torch {after[name] / after['accelerate']:.2f}x"
+            )
 
 
 def _export(revision: str, folder: str) -> None:
@@ -138,6 +156,9 @@ def main() -> None:
         if args.baseline is not None:
             _export(args.baseline, folder)
         ours, theirs, loaded = _measure(args.runs, folder if args.baseline else None)
+        side = (args.baseline, folder if args.baseline else None)
+        _side_by_side(args.runs, *side)
+        print("(side by side: medians of fresh interpreters, interleaved)")
     for statement in STATEMENTS:
         median = statistics.median(ours[statement])
         line = f"{median:8.1f} ms  {statement}  (loads {', '.join(loaded['ours', statement]) or '-'})"
@@ -149,8 +170,6 @@ def main() -> None:
             )
         print(line)
     print("(medians of the time each statement adds on top of torch)")
-    _side_by_side(args.runs)
-    print("(medians of fresh interpreters, interleaved)")
     print(f"load average after: {os.getloadavg()}")
 
 

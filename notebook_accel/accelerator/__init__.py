@@ -12,12 +12,6 @@ This package never imports hooks, big_modeling or the launcher (see docs/archite
 from __future__ import annotations
 
 from .._lazy import attach
-from ..checkpointing import (
-    load_accelerator_state,
-    load_custom_state,
-    save_accelerator_state,
-    save_custom_state,
-)
 from ..data_loader import DataLoaderDispatcher, prepare_data_loader, skip_first_batches
 from ..logging import get_logger
 from ..optimizer import AcceleratedOptimizer
@@ -223,6 +217,10 @@ _REEXPORTED_LAZILY.update(
         "MegatronLMPlugin": "notebook_accel.integrations.megatron.plugin",
         "get_mixed_precision_context_manager": "notebook_accel.utils.modeling",
     }
+    | dict.fromkeys(
+        ("load_accelerator_state", "load_custom_state", "save_accelerator_state", "save_custom_state"),
+        "notebook_accel.checkpointing",
+    )
     | dict.fromkeys(
         ("AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs"),
         "notebook_accel.integrations.fp8.recipes",

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from .. import checkpointing as _ckpt
 from .._lazy import LazyModule
 from ..utils.configs import ProjectConfiguration
 from ..utils.enums import DistributedType
@@ -29,6 +28,8 @@ __all__ = ["Checkpointer", "PreparedObjects"]
 
 # torch.distributed.checkpoint loads DTensor (and sympy): imported when a sharded model is saved or loaded.
 _dcp_state = LazyModule("torch.distributed.checkpoint.state_dict")
+# The checkpoint file formats (with safetensors and the weight-file readers) load at the first save or load.
+_ckpt = LazyModule("notebook_accel.checkpointing")
 
 
 @dataclasses.dataclass

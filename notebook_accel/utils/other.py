@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .._lazy import attach
+from .._lazy import LazyModule, attach
 from ..state import AcceleratorState, PartialState
 from .atomic_files import atomic_write
 from .compilation import (
@@ -28,7 +28,6 @@ from .compilation import (
 )
 from .config_file import write_basic_config
 from .constants import FSDP_PYTORCH_VERSION
-from .device_planning.tensors import id_tensor_storage
 from .enums import DistributedType
 from .imports import is_torch_distributed_available, is_torch_xla_available, is_weights_only_available
 from .network import get_free_port, is_port_in_use
@@ -66,7 +65,6 @@ __all__ = [
 __all__ += [
     "DistributedType",
     "FSDP_PYTORCH_VERSION",
-    "id_tensor_storage",
     "is_deepspeed_available",
     "is_numpy_available",
     "is_torch_distributed_available",
@@ -78,11 +76,14 @@ __all__ += ["write_basic_config"]
 # notebook_accel.logging sits above utils (it reads the process state): served at first use.
 # convert_model belongs to the fp8 integration, above utils: served at first use too.
 _REEXPORTED_LAZILY = {
+    "id_tensor_storage": "notebook_accel.utils.device_planning.tensors",
     "get_logger": "notebook_accel.logging",
     "convert_model": "notebook_accel.integrations.fp8.transformer_engine",
 }
 __all__ += ["PartialState", *sorted(_REEXPORTED_LAZILY)]
 __getattr__, __dir__ = attach(__name__, _REEXPORTED_LAZILY)
+# The device-planning helpers load when a state dict is cleaned for safetensors.
+_tensors = LazyModule("notebook_accel.utils.device_planning.tensors")
 
 
 logger = logging.getLogger(__name__)
@@ -332,7 +333,7 @@ def clean_state_dict_for_safetensors(state_dict: dict) -> dict:
         tensor = state_dict[name]
         if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta":
             continue
-        storage = id_tensor_storage(tensor)
+        storage = _tensors.id_tensor_storage(tensor)
         view = (storage, tensor.data_ptr(), tuple(tensor.shape), tensor.stride())
         if view in exact:
             logger.warning("Removed %s from the state dict: it is the same tensor as %s", name, exact[view])
