@@ -58,7 +58,9 @@ def test_fp8_autowrap_runs_the_forward_under_te_autocast_while_training(monkeypa
 
     import torch
 
-    from notebook_accel.integrations.fp8 import transformer_engine  # the home of _te (utils.transformer_engine is its face)
+    from notebook_accel.integrations.fp8 import (
+        transformer_engine,  # the home of _te (utils.transformer_engine is its face)
+    )
 
     seen = []
 

@@ -23,30 +23,9 @@ import torch
 import torch.distributed as dist
 
 from ..state import AcceleratorState, PartialState
+from . import _ops_structure
 from ._ops_packing import _groups, _leaves, _outline, _refill, _render, _signature, _wire
-from ._ops_structure import (
-    ConvertOutputsToFp32,
-    TensorInformation,
-    concatenate,
-    convert_outputs_to_fp32,
-    convert_to_fp32,
-    find_batch_size,
-    find_device,
-    get_data_structure,
-    get_shape,
-    honor_type,
-    ignorant_find_batch_size,
-    initialize_tensors,
-    is_namedtuple,
-    is_tensor_information,
-    is_torch_tensor,
-    is_torch_xpu_tensor,
-    listify,
-    pad_input_tensors,
-    recursively_apply,
-    send_to_device,
-    slice_tensors,
-)
+from ._ops_structure import *  # noqa: F403 (Accelerate serves the structure helpers at this path too)
 from .constants import TORCH_DISTRIBUTED_OPERATION_TYPES
 from .enums import DistributedType
 from .environment import parse_flag_from_env
@@ -58,40 +37,21 @@ __all__ = [
     "TENSOR_TYPE_TO_INT",
     "TORCH_DISTRIBUTED_OPERATION_TYPES",
     "CannotPadNestedTensorWarning",
-    "ConvertOutputsToFp32",
     "GatheredParameters",
-    "find_device",
-    "get_shape",
-    "is_namedtuple",
-    "is_torch_xpu_tensor",
-    "pad_input_tensors",
     "chained_operation",
     "copy_tensor_to_devices",
     "gather_tensor_shape",
     "verify_operation",
     "DistributedOperationException",
-    "TensorInformation",
     "broadcast",
     "broadcast_object_list",
-    "concatenate",
-    "convert_outputs_to_fp32",
-    "convert_to_fp32",
-    "find_batch_size",
     "gather",
     "gather_object",
-    "get_data_structure",
-    "honor_type",
-    "ignorant_find_batch_size",
-    "initialize_tensors",
-    "is_tensor_information",
-    "is_torch_tensor",
-    "listify",
     "pad_across_processes",
-    "recursively_apply",
     "reduce",
-    "send_to_device",
-    "slice_tensors",
 ]
+# The structure helpers (state-free, in _ops_structure) are served at this path too, as in Accelerate.
+__all__ += _ops_structure.__all__
 # Accelerate 1.15 serves these names at this path too (defined elsewhere).
 __all__ += [
     "DistributedType",
