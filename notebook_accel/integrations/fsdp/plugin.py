@@ -9,6 +9,7 @@ The wrapping itself lives in ``notebook_accel.integrations.fsdp.wrap``; this mod
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -25,7 +26,7 @@ from ...utils._validation import choice as _choice
 from ...utils._validation import env as _env
 from ...utils.environment import parse_flag_from_env, str_to_bool
 
-__all__ = ["FullyShardedDataParallelPlugin", "get_module_class_from_name"]
+__all__ = ["FullyShardedDataParallelPlugin", "get_module_class_from_name", "settings_differences"]
 
 # torch.distributed.fsdp (with DTensor and sympy, seconds of import) loads when a plugin is built.
 fsdp = LazyModule("torch.distributed.fsdp")
@@ -75,6 +76,40 @@ def get_module_class_from_name(module: torch.nn.Module, name: str) -> type | Non
         if sub.__class__.__name__ == name:
             return sub.__class__
     return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, functools.partial) and isinstance(b, functools.partial):
+        return a.func is b.func and _same(a.args, b.args) and _same(a.keywords, b.keywords)
+    try:
+        return bool(a == b)
+    except Exception:  # values without a plain truth value (tensors): only the same object is equal
+        return a is b
+
+
+def settings_differences(old: Any, new: Any) -> list[str]:
+    """Return ``"field: old!r != new!r"`` for each setting of two dataclass configs that differs (``[]``: equal).
+
+    An FSDP plugin is compared as built (before preparing a model resolved fields in place); other
+    dataclasses (``ParallelismConfig``) on their fields. Configs of different classes differ as a whole.
+    """
+    if type(old) is not type(new):
+        return [f"type: {type(old).__name__} != {type(new).__name__}"]
+
+    def settings(config: Any) -> dict[str, Any]:
+        built = getattr(config, "_as_built", None)
+        return (
+            built
+            if built is not None
+            else {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        )
+
+    before, after = settings(old), settings(new)
+    return [
+        f"{name}: {before[name]!r} != {after[name]!r}"
+        for name in before
+        if not _same(before[name], after[name])
+    ]
 
 
 @dataclass
@@ -142,6 +177,10 @@ class FullyShardedDataParallelPlugin:
         self.set_state_dict_type(self.state_dict_type)
         self._resolve_wrap_policy()
         self.validate_mixed_precision_policy()
+        # What this plugin was built to do: preparing a model resolves fields in place (a policy name
+        # becomes a callable, the Accelerator's mixed precision fills the policy), so a plugin built
+        # again from the same arguments (a re-run notebook cell) is compared on these.
+        self._as_built = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     # ------------------------------------------------------------------------------ resolution steps
     def _resolve_version(self) -> None:
