@@ -60,6 +60,9 @@ def _resume_worker(folder: str, phase: str) -> dict:
         if phase == "straight":
             for step in range(3):
                 _step(acc, model, opt, step)
+            acc.register_save_state_pre_hook(
+                lambda models, weights, _: out.setdefault("hook", []).append(weights)
+            )
             acc.save_state(path)
             out[case + "/files"] = sorted(f for f in os.listdir(path) if not f.startswith("random_states"))
         else:
@@ -74,6 +77,7 @@ def test_fsdp_resumes_in_new_processes_to_the_uninterrupted_weights(tmp_path) ->
     straight = run_distributed(_resume_worker, nprocs=2, args=(str(tmp_path), "straight"), timeout=600)
     resumed = run_distributed(_resume_worker, nprocs=2, args=(str(tmp_path), "resumed"), timeout=600)
     untrained = TinyTransformer().state_dict()
+    assert straight[0]["hook"] == [[]] * len(CASES)  # as in 1.15: FSDP weights are not gathered for the hooks
     for version, kind, opt_name in CASES:
         case = f"v{version}-{kind}-{opt_name}"
         expected = straight[0][case]
