@@ -149,7 +149,17 @@ class Accelerator(_ProcessMixin, _SavingMixin, _TrackingMixin, _TrainingMixin, _
             **flags.init_kwargs(),
         )
         _model.check_engines(state, flags.megatron_lm_plugin, state.mixed_precision, self.fp8_recipe_handler)
-        _check_same_plugins(state, fsdp_plugin, parallelism_config, flags.megatron_lm_plugin)
+        if fsdp_plugin is not None or parallelism_config is not None:  # a re-run cell: equal settings pass
+            _fsdp_plugin.check_same_settings(
+                state, fsdp_plugin=fsdp_plugin, parallelism_config=parallelism_config
+            )
+        for name, given in (("megatron_lm_plugin", flags.megatron_lm_plugin),):
+            if given is not None and getattr(state, name) is not given:
+                # The process state is shared; silently training without the plugin would mislead.
+                raise ValueError(
+                    f"{name} was given, but this process's AcceleratorState was already set up without it: "
+                    "call AcceleratorState._reset_state() (or restart the kernel) before this Accelerator"
+                )
         self._torch_device_mesh = _mesh.build_mesh(state, state.parallelism_config)
         self.dynamo_plugin = flags.dynamo_plugin if flags.dynamo_plugin is not None else state.dynamo_plugin
         return state
@@ -558,34 +568,3 @@ def _is_scheduler(obj: Any) -> bool:
         and hasattr(obj, "step")
         and hasattr(obj, "optimizer")
     )
-
-
-def _check_same_plugins(
-    state: AcceleratorState, fsdp_plugin: Any, parallelism_config: Any, megatron: Any
-) -> None:
-    """Raise ValueError when a plugin given now differs from the one the shared process state was set up with.
-
-    A re-run notebook cell builds an equal plugin (or ParallelismConfig): accepted, and the state takes the
-    new object, so later edits to it apply. A different one would silently train with the old one.
-    """
-    for name, given in (("fsdp_plugin", fsdp_plugin), ("parallelism_config", parallelism_config)):
-        current = getattr(state, name, None)
-        if given is None or current is given:
-            continue
-        if current is None:
-            detail = "without it"
-        else:
-            differences = _fsdp_plugin.settings_differences(current, given)
-            if not differences:
-                setattr(state, name, given)
-                continue
-            detail = f"with a different one ({'; '.join(differences)})"
-        raise ValueError(
-            f"{name} was given, but this process's AcceleratorState was already set up {detail}: pass the "
-            "same settings, or call AcceleratorState._reset_state() (or restart the kernel) before this Accelerator"
-        )
-    if megatron is not None and state.megatron_lm_plugin is not megatron:
-        raise ValueError(
-            "megatron_lm_plugin was given, but this process's AcceleratorState was already set up without it: "
-            "call AcceleratorState._reset_state() (or restart the kernel) before this Accelerator"
-        )

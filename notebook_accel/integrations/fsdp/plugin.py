@@ -26,7 +26,12 @@ from ...utils._validation import choice as _choice
 from ...utils._validation import env as _env
 from ...utils.environment import parse_flag_from_env, str_to_bool
 
-__all__ = ["FullyShardedDataParallelPlugin", "get_module_class_from_name", "settings_differences"]
+__all__ = [
+    "FullyShardedDataParallelPlugin",
+    "check_same_settings",
+    "get_module_class_from_name",
+    "settings_differences",
+]
 
 # torch.distributed.fsdp (with DTensor and sympy, seconds of import) loads when a plugin is built.
 fsdp = LazyModule("torch.distributed.fsdp")
@@ -110,6 +115,32 @@ def settings_differences(old: Any, new: Any) -> list[str]:
         for name in before
         if not _same(before[name], after[name])
     ]
+
+
+def check_same_settings(state: Any, **given: Any) -> None:
+    """Return nothing when each config in ``given`` (``fsdp_plugin=``, ``parallelism_config=``) matches ``state``'s.
+
+    The process state is shared by every Accelerator of the process. A re-run notebook cell builds an
+    equal plugin or ``ParallelismConfig``: accepted, and the state takes the new object, so later edits
+    to it apply. A different one raises ValueError naming each differing field with both values, since
+    training on with the state's old one would be silent.
+    """
+    for name, config in given.items():
+        current = getattr(state, name, None)
+        if config is None or current is config:
+            continue
+        if current is None:
+            detail = "without it"
+        else:
+            differences = settings_differences(current, config)
+            if not differences:
+                setattr(state, name, config)
+                continue
+            detail = f"with a different one ({'; '.join(differences)})"
+        raise ValueError(
+            f"{name} was given, but this process's AcceleratorState was already set up {detail}: pass the "
+            "same settings, or call AcceleratorState._reset_state() (or restart the kernel) before this Accelerator"
+        )
 
 
 @dataclass
