@@ -1,13 +1,16 @@
-"""FSDP2 training step against a DDP step on 2 CPU processes: time per step and each rank's memory.
+"""FSDP2 training step against a DDP step and raw ``fully_shard`` on 2 CPU processes: time and memory per rank.
 
-One launch times both: the same transformer-like model (4 blocks) wrapped once with torch's DDP and
-once by ``Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))``, stepped in
-alternation so load from other programs hits both alike; the median step time of each and their
-ratio are reported. Memory per rank is the bytes of parameters, gradients and optimizer state each
-rank holds (local shards for FSDP2) after a step, and, from a separate launch per engine, how far
-each rank's resident memory rose above the prepared model during 3 training steps (Linux VmHWM).
+One launch times all three: the same transformer-like model (4 blocks) wrapped with torch's DDP, sharded
+by hand with torch's ``fully_shard`` (each block, then the root: the reference for what FSDP2 itself
+costs), and prepared by ``Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, ...))``
+sharding the same modules, stepped in rotation so load from other programs hits all alike; the median
+step time of each and the ratios are reported. Memory per rank is the bytes of parameters, gradients
+and optimizer state each rank holds (local shards for FSDP2) after a step, and, from a separate launch
+per engine, how far each rank's resident memory rose above the prepared model during 3 training steps
+(Linux VmHWM). ``--wrap size`` shards as the plugin's size_based_wrap (min_num_params=100k) instead,
+which also shards each block's two Linear layers on their own.
 
-    python benchmarks/bench_fsdp.py [--quick] [--steps N] [--rounds R]
+    python benchmarks/bench_fsdp.py [--quick] [--steps N] [--rounds R] [--wrap blocks|size]
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import gc
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -68,34 +72,66 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, backward, step: int) -> 
     return time.perf_counter() - start
 
 
-def _accelerator(fsdp2: bool):
-    from notebook_accel import Accelerator
+ENGINES = ("ddp", "raw", "fsdp2")
+_LABELS = {"ddp": "DDP", "raw": "fully_shard", "fsdp2": "FSDP2 (ours)"}
+
+
+def _plugin(wrap: str):
     from notebook_accel.utils import FullyShardedDataParallelPlugin
 
-    plugin = FullyShardedDataParallelPlugin(
-        fsdp_version=2, auto_wrap_policy="size_based_wrap", min_num_params=100_000
+    if wrap == "size":
+        return FullyShardedDataParallelPlugin(
+            fsdp_version=2, auto_wrap_policy="size_based_wrap", min_num_params=100_000
+        )
+    return FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["_Block"]
     )
-    return Accelerator(fsdp_plugin=plugin if fsdp2 else None)
 
 
-def timing_worker(steps: int, rounds: int) -> dict:
-    """Return the step times of both engines, stepped in alternation, and each one's state bytes."""
+def _engine(name: str, wrap: str) -> tuple[nn.Module, torch.optim.Optimizer, Callable]:
+    """Return ``(model, optimizer, backward)`` of one engine, ready to train (AdamW for all)."""
+    if name == "fsdp2":
+        from notebook_accel import Accelerator
+
+        acc = Accelerator(fsdp_plugin=_plugin(wrap))
+        model = _model()
+        model, opt = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-4))
+        return model, opt, acc.backward
+    if name == "raw":
+        from torch.distributed.fsdp import fully_shard
+
+        model = _model()
+        for module in reversed(list(model.modules())):  # children before their parents
+            if isinstance(module, _Block) or (wrap == "size" and _over_100k(module)):
+                fully_shard(module)
+        fully_shard(model)
+    else:
+        from notebook_accel import PartialState
+
+        PartialState()  # the process group, as the Accelerator engines get it
+        model = nn.parallel.DistributedDataParallel(_model())
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4), torch.Tensor.backward
+
+
+def _over_100k(module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) and module.weight.numel() > 100_000
+
+
+def timing_worker(steps: int, rounds: int, wrap: str) -> dict:
+    """Return the step times of every engine, stepped in rotation, and each one's state bytes."""
     torch.set_num_threads(1)
-    acc = _accelerator(fsdp2=True)
-    fsdp = _model()
-    fsdp_opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-4)
-    fsdp, fsdp_opt = acc.prepare(fsdp, fsdp_opt)
-    ddp = nn.parallel.DistributedDataParallel(_model())
-    ddp_opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
-    times: dict[str, list[float]] = {"fsdp2": [], "ddp": []}
+    engines = {name: _engine(name, wrap) for name in ENGINES}
+    times: dict[str, list[float]] = {name: [] for name in ENGINES}
     for r in range(rounds + 1):  # round 0 warms up
         for step in range(steps):
-            order = (("fsdp2", fsdp, fsdp_opt, acc.backward), ("ddp", ddp, ddp_opt, torch.Tensor.backward))
-            for name, model, opt, backward in order if (r + step) % 2 else order[::-1]:
+            shift = (r * steps + step) % len(ENGINES)
+            for name in ENGINES[shift:] + ENGINES[:shift]:
+                model, opt, backward = engines[name]
                 elapsed = _step(model, opt, backward, step)
                 if r:
                     times[name].append(elapsed)
-    return {**times, "fsdp2_bytes": _state_bytes(fsdp, fsdp_opt), "ddp_bytes": _state_bytes(ddp, ddp_opt)}
+    state = {f"{name}_bytes": _state_bytes(m, o) for name, (m, o, _) in engines.items()}
+    return {**times, **state}
 
 
 def _status_kib(field: str) -> int:
@@ -103,23 +139,20 @@ def _status_kib(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
-def memory_worker(fsdp2: bool) -> float:
+def memory_worker(name: str, wrap: str) -> float:
     """Return the MiB this rank's resident memory rose above the prepared model at its peak in 3 steps.
 
     Linux's peak counter (VmHWM) is reset once the model is prepared (``/proc/self/clear_refs``), so
     the figure is what training adds: gradients, optimizer state, all-gathered layers, activations.
     """
     torch.set_num_threads(1)
-    acc = _accelerator(fsdp2)
-    model = _model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    model, opt = acc.prepare(model, opt)
+    model, opt, backward = _engine(name, wrap)
     gc.collect()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS
     before = _status_kib("VmRSS")
     for step in range(3):
-        _step(model, opt, acc.backward, step)
+        _step(model, opt, backward, step)
     return (_status_kib("VmHWM") - before) / 1024
 
 
@@ -128,29 +161,30 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="few steps and rounds (a smoke run)")
     parser.add_argument("--steps", type=int, default=20, help="training steps per round")
     parser.add_argument("--rounds", type=int, default=5, help="rounds")
+    parser.add_argument(
+        "--wrap", choices=("blocks", "size"), default="blocks", help="which modules are sharded"
+    )
     args = parser.parse_args()
-    steps, rounds = (4, 1) if args.quick else (args.steps, args.rounds)
+    steps, rounds = (6, 2) if args.quick else (args.steps, args.rounds)
 
     from notebook_accel import debug_launcher
 
-    per_rank = debug_launcher(timing_worker, args=(steps, rounds), num_processes=2)
-    peaks = {
-        name: debug_launcher(memory_worker, args=(name == "FSDP2",), num_processes=2)
-        for name in ("DDP", "FSDP2")
-    }
-    fsdp = statistics.median(t for rank in per_rank for t in rank["fsdp2"])
-    ddp = statistics.median(t for rank in per_rank for t in rank["ddp"])
+    per_rank = debug_launcher(timing_worker, args=(steps, rounds, args.wrap), num_processes=2)
+    peaks = {name: debug_launcher(memory_worker, args=(name, args.wrap), num_processes=2) for name in ENGINES}
+    median = {name: statistics.median(t for rank in per_rank for t in rank[name]) for name in ENGINES}
     params = sum(p.numel() for p in _model().parameters())
     print(
         f"{BLOCKS} blocks of width {WIDTH} ({params / 1e6:.1f} M parameters, AdamW), batch {BATCH}/process, "
-        f"2 CPU processes (gloo), {steps} steps x {rounds} rounds, alternating"
+        f"2 CPU processes (gloo, 1 thread each), {steps} steps x {rounds} rounds, rotating; sharded: {args.wrap}"
     )
-    print(f"{'engine':<8}{'median ms/step':>16}{'state MiB rank0/rank1':>26}{'training peak MiB r0/r1':>26}")
-    for name, key, median in (("DDP", "ddp", ddp), ("FSDP2", "fsdp2", fsdp)):
-        state = "/".join(f"{rank[f'{key}_bytes'] / 2**20:.1f}" for rank in per_rank)
+    print(f"{'engine':<14}{'median ms/step':>16}{'state MiB rank0/rank1':>26}{'training peak MiB r0/r1':>26}")
+    for name in ENGINES:
+        state = "/".join(f"{rank[f'{name}_bytes'] / 2**20:.1f}" for rank in per_rank)
         peak = "/".join(f"{mib:.1f}" for mib in peaks[name])
-        print(f"{name:<8}{median * 1e3:>16.2f}{state:>26}{peak:>26}")
-    print(f"{'ratio FSDP2 / DDP step':<24}{fsdp / ddp:>8.3f}")
+        print(f"{_LABELS[name]:<14}{median[name] * 1e3:>16.2f}{state:>26}{peak:>26}")
+    print(f"{'ratio FSDP2 (ours) / fully_shard step':<40}{median['fsdp2'] / median['raw']:>8.3f}")
+    print(f"{'ratio FSDP2 (ours) / DDP step':<40}{median['fsdp2'] / median['ddp']:>8.3f}")
+    print(f"{'ratio fully_shard / DDP step':<40}{median['raw'] / median['ddp']:>8.3f}")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ __all__ = ["Checkpointer", "PreparedObjects"]
 _dcp_state = LazyModule("torch.distributed.checkpoint.state_dict")
 # The checkpoint file formats (with safetensors and the weight-file readers) load at the first save or load.
 _ckpt = LazyModule("notebook_accel.checkpointing")
+_fsdp_ckpt = LazyModule("notebook_accel.integrations.fsdp.checkpoints")
 
 
 @dataclasses.dataclass
@@ -137,12 +138,19 @@ class Checkpointer:
             )
         return target
 
-    def _optimizer_states(self) -> list[Any]:
-        prepared = self.prepared
-        if self.state.distributed_type != DistributedType.FSDP:
-            return prepared.optimizers
-        # Sharded optimizer state: every process takes part in gathering the full one.
-        return [_FullOptimizerState(prepared.models, opt, self.state.device) for opt in prepared.optimizers]
+    def _fsdp_pairs(self) -> list[tuple[Any, torch.nn.Module]]:
+        """Return each prepared optimizer with the sharded model that owns its parameters (FSDP only)."""
+        pairs = []
+        for opt in self.prepared.optimizers:
+            owned = {id(p) for group in getattr(opt, "optimizer", opt).param_groups for p in group["params"]}
+            model = next((m for m in self.prepared.models if owned & {id(p) for p in m.parameters()}), None)
+            if model is None:
+                raise ValueError(
+                    "save_state/load_state with FSDP: an optimizer's parameters belong to no prepared model; "
+                    "prepare the model and its optimizer with this Accelerator"
+                )
+            pairs.append((opt, model))
+        return pairs
 
     def save(
         self,
@@ -161,13 +169,16 @@ class Checkpointer:
         target = self._save_target(output_dir)
         self.state.wait_for_everyone()
         writer, prepared = self.is_writer(), self.prepared
-        optimizers = self._optimizer_states()
+        fsdp = self.state.distributed_type == DistributedType.FSDP
+        optimizers = [] if fsdp else prepared.optimizers
         with _ckpt.atomic_directory(target, self.state, writer) as tmp:
             for hook in prepared.save_hooks.values():
                 hook(list(prepared.models), weights, str(tmp))
+            if fsdp:  # Accelerate's FSDP layout: the plugin's state_dict_type says full file or shards
+                self._save_fsdp(tmp)
             _ckpt.save_accelerator_state(
                 tmp,
-                weights,
+                [] if fsdp else weights,
                 optimizers,
                 prepared.schedulers,
                 prepared.dataloaders,
@@ -192,6 +203,20 @@ class Checkpointer:
         folders = _ckpt.checkpoint_folders(config.project_dir)
         for old in folders[: max(len(folders) - config.total_limit, 0)]:
             shutil.rmtree(old)
+
+    def _save_fsdp(self, folder: Path) -> None:
+        plugin = self.state.fsdp_plugin
+        for i, model in enumerate(self.prepared.models):
+            _fsdp_ckpt.save_fsdp_model(plugin, None, model, str(folder), i)
+        for i, (opt, model) in enumerate(self._fsdp_pairs()):
+            _fsdp_ckpt.save_fsdp_optimizer(plugin, None, opt, model, str(folder), i)
+
+    def _load_fsdp(self, folder: Path) -> None:
+        plugin = self.state.fsdp_plugin
+        for i, model in enumerate(self.prepared.models):
+            _fsdp_ckpt.load_fsdp_model(plugin, None, model, str(folder), i)
+        for i, (opt, model) in enumerate(self._fsdp_pairs()):
+            _fsdp_ckpt.load_fsdp_optimizer(plugin, None, opt, model, str(folder), i)
 
     def _load_source(self, input_dir: str | os.PathLike | None) -> Path:
         """Return the folder a load reads: ``input_dir``, or the latest automatic checkpoint."""
@@ -226,20 +251,18 @@ class Checkpointer:
         """
         source = self._load_source(input_dir)
         prepared = self.prepared
+        fsdp = self.state.distributed_type == DistributedType.FSDP
         # Hooks get a list of their own: a model they pop (diffusers' hooks load their models
         # themselves and pop them) is not loaded again here, and stays prepared.
         remaining = list(prepared.models)
         for hook in prepared.load_hooks.values():
             hook(remaining, str(source))
-        if self.state.distributed_type == DistributedType.FSDP:
-            models: list[Any] = [_FullModelState(m) for m in remaining]
-        else:
-            models = [unwrap(m) for m in remaining]
-        optimizers = self._optimizer_states()
+        if fsdp:
+            self._load_fsdp(source)
         override = _ckpt.load_accelerator_state(
             source,
-            models,
-            optimizers,
+            [] if fsdp else [unwrap(m) for m in remaining],
+            [] if fsdp else prepared.optimizers,
             prepared.schedulers,
             prepared.dataloaders,
             self.state.process_index,
@@ -254,42 +277,3 @@ class Checkpointer:
 
 def _full_options(device: torch.device, strict: bool = True) -> Any:
     return _dcp_state.StateDictOptions(full_state_dict=True, cpu_offload=device.type != "cpu", strict=strict)
-
-
-class _FullModelState:
-    """Load a full (unsharded) state dict into an FSDP-wrapped model, on every process."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {}  # no tied aliases to account for: the full state dict names every tensor
-
-    def load_state_dict(self, state: dict[str, torch.Tensor], strict: bool = True) -> Any:
-        return _dcp_state.set_model_state_dict(
-            self.model, state, options=_full_options(torch.device("cpu"), strict=strict)
-        )
-
-
-class _FullOptimizerState:
-    """Read and write the full optimizer state of a model sharded with FSDP."""
-
-    def __init__(self, models: list[torch.nn.Module], optimizer: Any, device: torch.device) -> None:
-        self.optimizer = getattr(optimizer, "optimizer", optimizer)
-        owned = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
-        self.model = next((m for m in models if owned & {id(p) for p in m.parameters()}), None)
-        if self.model is None:
-            raise ValueError(
-                "save_state/load_state with FSDP: an optimizer's parameters belong to no prepared model"
-            )
-        self.device = device
-
-    def state_dict(self) -> dict[str, Any]:
-        return _dcp_state.get_optimizer_state_dict(
-            self.model, self.optimizer, options=_full_options(self.device)
-        )
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        _dcp_state.set_optimizer_state_dict(
-            self.model, self.optimizer, state, options=_full_options(self.device)
-        )

@@ -45,6 +45,7 @@ __all__ = ["Accelerator"]
 
 # FSDP wrapping loads torch.distributed.fsdp: imported when a model is prepared for FSDP.
 _fsdp = LazyModule("notebook_accel.integrations.fsdp.wrap")
+_fsdp_plugin = LazyModule("notebook_accel.integrations.fsdp.plugin")
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +168,11 @@ class Accelerator(_ProcessMixin, _SavingMixin, _TrackingMixin, _TrainingMixin, _
             **flags.init_kwargs(),
         )
         _model.check_engines(state, flags.megatron_lm_plugin, state.mixed_precision, self.fp8_recipe_handler)
-        for name, given in (("fsdp_plugin", fsdp_plugin), ("megatron_lm_plugin", flags.megatron_lm_plugin)):
+        if fsdp_plugin is not None or parallelism_config is not None:  # a re-run cell: equal settings pass
+            _fsdp_plugin.check_same_settings(
+                state, fsdp_plugin=fsdp_plugin, parallelism_config=parallelism_config
+            )
+        for name, given in (("megatron_lm_plugin", flags.megatron_lm_plugin),):
             if given is not None and getattr(state, name) is not given:
                 # The process state is shared; silently training without the plugin would mislead.
                 raise ValueError(

@@ -75,7 +75,10 @@ class _SavingMixin:
         ``project_dir/checkpoints/checkpoint_{iteration}`` (see :meth:`.checkpoint.Checkpointer.save`).
         ``save_model_func_kwargs`` are accepted for compatibility (DeepSpeed's saver takes them).
         """
-        weights = [self.get_state_dict(model) for model in self._models]
+        # FSDP models are written shard by shard (or gathered once) by the checkpointer: gathering each
+        # whole model here too would hold it in every process's memory. Hooks get no weights then, as in 1.15.
+        fsdp = self.distributed_type == DistributedType.FSDP
+        weights = [] if fsdp else [self.get_state_dict(model) for model in self._models]
         return self._checkpointer.save(output_dir, weights, self.step, self.scaler, safe_serialization)
 
     def load_state(

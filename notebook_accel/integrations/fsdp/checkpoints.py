@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch.distributed import fsdp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -324,14 +325,37 @@ def load_fsdp_optimizer(
         path = os.path.join(input_dir, f"{OPTIMIZER_NAME}_{optimizer_index}")
         _check_folder(path)
         state = _optimizer_state(model, optimizer, fsdp_plugin, False, use_dcp)
-        dcp.load({"optimizer": state}, checkpoint_id=path)
+        # FSDP1 flattens a unit's parameters into one flat shard per rank: a parameter that falls wholly in
+        # another rank's shard has no state entry here, so this rank reads only the entries it holds.
+        flat = isinstance(model, fsdp.FullyShardedDataParallel)
+        dcp.load(
+            {"optimizer": state}, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=flat)
+        )
     if use_dcp:
-        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=full))
+        set_optimizer_state_dict(
+            model, optimizer, state, options=StateDictOptions(full_state_dict=full and _has_shardable(state))
+        )
         return
     with _fsdp1_context(model, fsdp_plugin):
         optimizer.load_state_dict(
             fsdp.FullyShardedDataParallel.optim_state_dict_to_load(model, optimizer, state)
         )
+
+
+def _has_shardable(state: dict) -> bool:
+    """Return whether a full optimizer state holds a tensor to split into shards (dim > 0).
+
+    torch distributes a full optimizer state by the device of the local state's tensors, and fails
+    ("Expected device to be set") for an optimizer whose state has none, e.g. SGD without momentum.
+    Such a state (hyperparameters and scalars, keyed by parameter names) is the same on every rank,
+    so it loads as is, through the local path.
+    """
+    tensors = [v for entry in state.get("state", {}).values() for v in _values(entry)]
+    return any(isinstance(v, torch.Tensor) and v.dim() > 0 for v in tensors)
+
+
+def _values(entry: Any) -> list[Any]:
+    return list(entry.values()) if isinstance(entry, dict) else [entry]
 
 
 def _optimizer_state(

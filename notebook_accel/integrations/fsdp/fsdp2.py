@@ -229,7 +229,11 @@ def fsdp2_prepare_model(accelerator: AcceleratorLike, model: torch.nn.Module) ->
         fsdp2_apply_ac(accelerator, model)
     kwargs = {
         "mesh": _fsdp_mesh(accelerator),
-        "reshard_after_forward": plugin.reshard_after_forward,
+        # True is torch's "auto" (None): every sharded layer frees its gathered weights after forward,
+        # except the root, whose weights backward needs at once; freeing them costs one all-gather a step.
+        "reshard_after_forward": None
+        if plugin.reshard_after_forward is True
+        else plugin.reshard_after_forward,
         "offload_policy": plugin.cpu_offload,
         "mp_policy": plugin.mixed_precision_policy or MixedPrecisionPolicy(),
         "ignored_params": get_parameters_from_modules(plugin.ignored_modules, model, accelerator.device)

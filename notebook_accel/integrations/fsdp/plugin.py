@@ -9,6 +9,7 @@ The wrapping itself lives in ``notebook_accel.integrations.fsdp.wrap``; this mod
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -26,7 +27,12 @@ from ...utils._validation import env as _env
 from ...utils.environment import parse_flag_from_env, str_to_bool
 from ...utils.other import get_module_class_from_name
 
-__all__ = ["FullyShardedDataParallelPlugin", "get_module_class_from_name"]
+__all__ = [
+    "FullyShardedDataParallelPlugin",
+    "check_same_settings",
+    "get_module_class_from_name",
+    "settings_differences",
+]
 
 # torch.distributed.fsdp (with DTensor and sympy, seconds of import) loads when a plugin is built.
 fsdp = LazyModule("torch.distributed.fsdp")
@@ -78,6 +84,66 @@ def _enum_by_name(name: str, value: Any, choices: tuple, enum_cls: Any) -> Any:
 def _flag(value: Any, var: str, default: bool) -> bool:
     """Return ``value`` when set, else the boolean environment variable ``var`` (or ``default``)."""
     return parse_flag_from_env(var, default) if value is None else bool(value)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, functools.partial) and isinstance(b, functools.partial):
+        return a.func is b.func and _same(a.args, b.args) and _same(a.keywords, b.keywords)
+    try:
+        return bool(a == b)
+    except Exception:  # values without a plain truth value (tensors): only the same object is equal
+        return a is b
+
+
+def settings_differences(old: Any, new: Any) -> list[str]:
+    """Return ``"field: old!r != new!r"`` for each setting of two dataclass configs that differs (``[]``: equal).
+
+    An FSDP plugin is compared as built (before preparing a model resolved fields in place); other
+    dataclasses (``ParallelismConfig``) on their fields. Configs of different classes differ as a whole.
+    """
+    if type(old) is not type(new):
+        return [f"type: {type(old).__name__} != {type(new).__name__}"]
+
+    def settings(config: Any) -> dict[str, Any]:
+        built = getattr(config, "_as_built", None)
+        return (
+            built
+            if built is not None
+            else {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        )
+
+    before, after = settings(old), settings(new)
+    return [
+        f"{name}: {before[name]!r} != {after[name]!r}"
+        for name in before
+        if not _same(before[name], after[name])
+    ]
+
+
+def check_same_settings(state: Any, **given: Any) -> None:
+    """Return nothing when each config in ``given`` (``fsdp_plugin=``, ``parallelism_config=``) matches ``state``'s.
+
+    The process state is shared by every Accelerator of the process. A re-run notebook cell builds an
+    equal plugin or ``ParallelismConfig``: accepted, and the state takes the new object, so later edits
+    to it apply. A different one raises ValueError naming each differing field with both values, since
+    training on with the state's old one would be silent.
+    """
+    for name, config in given.items():
+        current = getattr(state, name, None)
+        if config is None or current is config:
+            continue
+        if current is None:
+            detail = "without it"
+        else:
+            differences = settings_differences(current, config)
+            if not differences:
+                setattr(state, name, config)
+                continue
+            detail = f"with a different one ({'; '.join(differences)})"
+        raise ValueError(
+            f"{name} was given, but this process's AcceleratorState was already set up {detail}: pass the "
+            "same settings, or call AcceleratorState._reset_state() (or restart the kernel) before this Accelerator"
+        )
 
 
 @dataclass
@@ -145,6 +211,10 @@ class FullyShardedDataParallelPlugin:
         self.set_state_dict_type(self.state_dict_type)
         self._resolve_wrap_policy()
         self.validate_mixed_precision_policy()
+        # What this plugin was built to do: preparing a model resolves fields in place (a policy name
+        # becomes a callable, the Accelerator's mixed precision fills the policy), so a plugin built
+        # again from the same arguments (a re-run notebook cell) is compared on these.
+        self._as_built = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     # ------------------------------------------------------------------------------ resolution steps
     def _resolve_version(self) -> None:
