@@ -29,6 +29,7 @@ from .events import BarState
 from .handle import LaunchHandle, RankStatus
 from .output import OutputHistory, OutputLine
 from .plan import LaunchPlan
+from .views import OutputRecord
 
 __all__ = ["Attempt", "RestartingHandle"]
 
@@ -90,7 +91,7 @@ def _record(handle: LaunchHandle, started_at: float) -> Attempt:
     )
 
 
-class RestartingHandle(Completion):
+class RestartingHandle(Completion, OutputRecord):
     """A launch with ``max_restarts``: the same interface as :class:`LaunchHandle`, over every attempt.
 
     ``status()``, ``pids``, ``stacks()``, ``bars()``, ``metrics`` and ``hang_report`` are those of
@@ -236,39 +237,11 @@ class RestartingHandle(Completion):
         """Return the ranks whose bars a view shows live (None: all)."""
         return self._handle().live_bar_ranks
 
-    def subscribe(self, callback: Callable[[OutputLine], None]) -> Callable[[], None]:
-        """Send ``callback`` every line so far (every try), then each new one; return the unsubscribe function."""
-        with self._lock:
-            for line in self._history.snapshot():
-                callback(line)
-            self._subscribers.append(callback)
-        return lambda: self._remove(self._subscribers, callback)
-
     def subscribe_events(self, callback: Callable[[str, int, Any], None]) -> Callable[[], None]:
         """Call ``callback(kind, rank, state)`` for every try's events and each ``"restart"``; return the unsubscribe function."""
         with self._lock:
             self._event_subscribers.append(callback)
         return lambda: self._remove(self._event_subscribers, callback)
-
-    def lines(self, rank: int | None = None) -> list[OutputLine]:
-        """Return the output lines of every try so far, of one ``rank`` or of all."""
-        with self._lock:
-            return self._history.snapshot(rank)
-
-    @property
-    def dropped_lines(self) -> int:
-        """Return how many of the oldest output lines ``lines()`` no longer holds (the history is bounded)."""
-        return self._history.dropped_lines
-
-    @property
-    def dropped_bytes(self) -> int:
-        """Return the memory the dropped lines' text took; ``history_bytes``: what the kept lines take."""
-        return self._history.dropped_bytes
-
-    @property
-    def history_bytes(self) -> int:
-        """Return the memory the kept lines' text takes (at most ``output.HISTORY_BYTES`` plus the newest line)."""
-        return self._history.bytes
 
     # ------------------------------------------------------------------ supervision
 

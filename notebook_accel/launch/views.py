@@ -13,17 +13,18 @@ from typing import Any
 from .events import BarState, EventHub
 from .output import OutputHistory, OutputLine, unread_bytes
 
-__all__ = ["LaunchViews"]
+__all__ = ["LaunchViews", "OutputRecord"]
 
 
-class LaunchViews:
-    """Output lines, bars and metrics of a launch, for views and subscribers."""
+class OutputRecord:
+    """The output lines a launch kept (bounded: ``output.HISTORY_*``), and their subscribers.
+
+    Shared by ``LaunchHandle`` (one group) and ``RestartingHandle`` (every attempt's lines in one record).
+    """
 
     _lock: threading.RLock
     _history: OutputHistory
     _subscribers: list[Callable[[OutputLine], None]]
-    _events: EventHub
-    _ranks: list[Any]  # the handle's per-rank books (ranks._Rank)
 
     def subscribe(self, callback: Callable[[OutputLine], None]) -> Callable[[], None]:
         """Send ``callback`` every line so far, then each new one; return the unsubscribe function."""
@@ -38,6 +39,33 @@ class LaunchViews:
                     self._subscribers.remove(callback)
 
         return unsubscribe
+
+    def lines(self, rank: int | None = None) -> list[OutputLine]:
+        """Return the output lines so far, of one ``rank`` or of all."""
+        with self._lock:
+            return self._history.snapshot(rank)
+
+    @property
+    def dropped_lines(self) -> int:
+        """Return how many of the oldest output lines ``lines()`` no longer holds (the history is bounded)."""
+        return self._history.dropped_lines
+
+    @property
+    def dropped_bytes(self) -> int:
+        """Return the memory the dropped lines' text took; ``history_bytes``: what the kept lines take."""
+        return self._history.dropped_bytes
+
+    @property
+    def history_bytes(self) -> int:
+        """Return the memory the kept lines' text takes (at most ``output.HISTORY_BYTES`` plus the newest line)."""
+        return self._history.bytes
+
+
+class LaunchViews(OutputRecord):
+    """Output lines, bars and metrics of a launch, for views and subscribers."""
+
+    _events: EventHub
+    _ranks: list[Any]  # the handle's per-rank books (ranks._Rank)
 
     @property
     def metrics(self) -> list[dict[str, Any]]:
@@ -72,26 +100,6 @@ class LaunchViews:
         Called on the supervising thread: the callback must return quickly.
         """
         return self._events.subscribe(callback)
-
-    def lines(self, rank: int | None = None) -> list[OutputLine]:
-        """Return the output lines so far, of one ``rank`` or of all."""
-        with self._lock:
-            return self._history.snapshot(rank)
-
-    @property
-    def dropped_lines(self) -> int:
-        """Return how many of the oldest output lines ``lines()`` no longer holds (the history is bounded)."""
-        return self._history.dropped_lines
-
-    @property
-    def dropped_bytes(self) -> int:
-        """Return the memory the dropped lines' text took; ``history_bytes``: what the kept lines take."""
-        return self._history.dropped_bytes
-
-    @property
-    def history_bytes(self) -> int:
-        """Return the memory the kept lines' text takes (at most ``output.HISTORY_BYTES`` plus the newest line)."""
-        return self._history.bytes
 
     def output_drained(self, rank: int) -> bool:
         """Return True when every byte ``rank`` wrote to its pipes so far was handled (lines at the sinks).
