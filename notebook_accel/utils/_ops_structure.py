@@ -261,12 +261,15 @@ def concatenate(data: list | tuple, dim: int = 0) -> Any:
         return _rebuild_mapping(template, merged)
     if not isinstance(template, (list, tuple)):
         raise TypeError(f"Can only concatenate tensors but got {type(template)}")  # 1.15's text
+    columns = [list(column) for column in zip(*data)]
     sizes = sorted({len(part) for part in data})
     if len(sizes) > 1:
+        if columns:  # leaves that are not tensors are the TypeError 1.15 gives, whatever the lengths
+            concatenate(columns[0], dim=dim)
         raise ValueError(
             f"concatenate: the sequences to join have different lengths {sizes}; give them one length"
         )
-    return honor_type(template, (concatenate(list(column), dim=dim) for column in zip(*data)))
+    return honor_type(template, (concatenate(column, dim=dim) for column in columns))
 
 
 def find_batch_size(data: Any) -> int:
