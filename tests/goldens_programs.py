@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler
 
 from tests.goldens_loader_cases import LOADER_CASES
+from tests.goldens_metrics_cases import METRICS_CASES
 
 __all__ = ["CASES", "run_cases"]
 
@@ -756,6 +757,7 @@ def _reset(A: Any) -> None:
 
 # The programs that build the prepared dataloader classes directly live in their own file.
 CASES.update(LOADER_CASES)
+CASES.update(METRICS_CASES)
 
 
 def run_cases(
