@@ -24,6 +24,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset,
 
 from tests.goldens_dropin_cases import DROPIN_CASES
 from tests.goldens_loader_cases import LOADER_CASES
+from tests.goldens_metrics_cases import METRICS_CASES
 
 __all__ = ["CASES", "run_cases"]
 
@@ -758,6 +759,7 @@ def _reset(A: Any) -> None:
 # The programs that build the prepared dataloader classes directly live in their own file.
 CASES.update(LOADER_CASES)
 CASES.update(DROPIN_CASES)
+CASES.update(METRICS_CASES)
 
 
 def run_cases(

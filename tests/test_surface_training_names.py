@@ -51,7 +51,7 @@ class _MyTracker(GeneralTracker):
 def test_register_tracker_class_makes_the_name_usable(monkeypatch) -> None:
     import notebook_accel.tracking as tracking
 
-    monkeypatch.setattr(tracking, "_EXTRA_TRACKERS", dict(tracking._EXTRA_TRACKERS))  # no leak to other tests
+    monkeypatch.setattr(tracking, "LOGGER_TYPE_TO_CLASS", dict(tracking.LOGGER_TYPE_TO_CLASS))  # no leak
     with pytest.raises(ValueError, match="not a known tracker"):
         filter_trackers("my_tracker_for_tests")
     register_tracker_class(_MyTracker)
@@ -63,7 +63,7 @@ def test_register_tracker_class_makes_the_name_usable(monkeypatch) -> None:
 
     with pytest.raises(ValueError, match="Nameless needs a non-empty `name`"):
         register_tracker_class(Nameless)
-    with pytest.raises(TypeError, match="takes a GeneralTracker subclass, got <class 'int'>"):
+    with pytest.raises(ValueError, match="takes a subclass of GeneralTracker, got <class 'int'>"):
         register_tracker_class(int)
 
 

@@ -536,7 +536,12 @@ class Accelerator(_ProcessMixin, _SavingMixin, _TrackingMixin, _TrainingMixin, _
         remainder = gs.remainder
         if use_gather_object:
             return data[:remainder]
-        return _ops.recursively_apply(lambda t: t[:remainder], data)
+        try:
+            return _ops.recursively_apply(lambda t: t[:remainder], data)
+        except IndexError:
+            # A 0-d value (a loss, a count) has no samples to drop: the whole structure comes back as
+            # gathered, as on Accelerate 1.15.
+            return data
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Return ``tensor`` reduced ("sum", "mean" or "none") over all processes, times ``scale``."""

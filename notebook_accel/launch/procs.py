@@ -201,7 +201,7 @@ def _spawn(spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerProces
         stdout=out_w,
         stderr=err_w,
         pass_fds=(res_w,),
-        process_group=0,
+        start_new_session=True,  # own process group (pgid == pid) for killpg; process_group= is 3.11+
     )
     try:
         popen.stdin.write(header)

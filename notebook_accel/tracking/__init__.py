@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,9 @@ LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
     )
 }
 
+# The classes that ship with us, by name: only these need their service's package installed.
+_BUILT_IN: dict[str, type[GeneralTracker]] = dict(LOGGER_TYPE_TO_CLASS)
+
 # Trackers chosen by name that are not LoggerType members (the enum keeps Accelerate 1.15's values).
 _EXTRA_TRACKERS: dict[str, type[GeneralTracker]] = {NotebookTracker.name: NotebookTracker}
 
@@ -197,20 +201,34 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
 
     The class must subclass GeneralTracker with a non-empty ``name`` and a ``requires_logging_directory``
     attribute; it is built with the project name first (and the logging directory when it requires one).
-    Register it before creating the Accelerator that uses it.
+    It joins ``LOGGER_TYPE_TO_CLASS``; a name already there (a built-in tracker included) is replaced,
+    with a UserWarning. Register it before creating the Accelerator that uses it.
     """
     if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
-        raise TypeError(f"register_tracker_class takes a GeneralTracker subclass, got {tracker_class!r}")
+        raise ValueError(
+            f"register_tracker_class takes a subclass of GeneralTracker, got {tracker_class!r}; "
+            "derive your tracker class from notebook_accel.tracking.GeneralTracker"
+        )
     name = getattr(tracker_class, "name", None)
     if not isinstance(name, str) or not name:
         raise ValueError(
-            f"{tracker_class.__name__} needs a non-empty `name` class attribute to be registered"
+            f"{tracker_class.__name__} needs a non-empty `name` class attribute to be registered "
+            f"(got {name!r}); it is the string log_with= chooses it by"
         )
-    if not isinstance(getattr(tracker_class, "requires_logging_directory", None), bool):
+    own = [vars(klass) for klass in tracker_class.__mro__ if klass is not GeneralTracker]
+    if not any(isinstance(attrs.get("requires_logging_directory"), bool) for attrs in own):
         raise ValueError(
             f"{tracker_class.__name__} needs a `requires_logging_directory` class attribute (True or False)"
         )
-    _EXTRA_TRACKERS[name] = tracker_class
+    previous = _tracker_class(name)
+    if previous is not None:
+        warnings.warn(
+            f"register_tracker_class: tracker name {name!r} was {previous.__qualname__}; "
+            f"log_with={name!r} now chooses {tracker_class.__qualname__}",
+            UserWarning,
+            stacklevel=2,
+        )
+    LOGGER_TYPE_TO_CLASS[name] = tracker_class
 
 
 def get_available_trackers() -> list[LoggerType]:
@@ -260,7 +278,7 @@ def filter_trackers(log_with: Any, logging_dir: str | os.PathLike | None = None)
                 f"log_with={item!r} is not a known tracker; choose from "
                 f"{sorted([*LOGGER_TYPE_TO_CLASS, *_EXTRA_TRACKERS]) + ['all']} or pass a GeneralTracker instance"
             )
-        if name in _PACKAGES and not is_package_available(_PACKAGES[name]):
+        if cls is _BUILT_IN.get(name) and name in _PACKAGES and not is_package_available(_PACKAGES[name]):
             raise ImportError(
                 f"log_with={name!r} requires `{_PACKAGES[name]}`: pip install {_PACKAGES[name]}"
             )

@@ -443,11 +443,17 @@ def _load_broadcast(
         )
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
+    if dtype is not None:
+        # Accelerate 1.15 loads into the model's own dtypes here too (the values are not rounded to dtype).
+        logger.warning(
+            "broadcast_from_rank0=True loads the weights in the model's own dtypes; dtype=%s is not applied "
+            "(cast the model with model.to(dtype) first)",
+            dtype,
+        )
     state: dict[str, torch.Tensor] = {}
     if dist.get_rank() == 0:
         for path in _progress(find_checkpoint_files(checkpoint)[0]):
-            for key, value in load_state_dict(path).items():
-                state[key] = value.to(dtype) if dtype is not None and value.is_floating_point() else value
+            state.update(load_state_dict(path))
     options = StateDictOptions(full_state_dict=full, broadcast_from_rank0=True, strict=strict)
     set_model_state_dict(model, state, options=options)
 

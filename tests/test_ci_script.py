@@ -1,0 +1,48 @@
+"""What .ci/run promises: its last command is the README's test command, and the core subset it runs on
+Python 3.10 and 3.13 names test files that exist, installs with an extra that exists, in git-ignored venvs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # 3.11+: the main suite's Python
+
+ROOT = Path(__file__).resolve().parents[1]
+CI = (ROOT / ".ci" / "run").read_text()
+
+
+def _readme_commands() -> list[str]:
+    return [
+        line.strip()
+        for line in (ROOT / "README.md").read_text().splitlines()
+        if line.startswith("    python3 ")
+    ]
+
+
+def test_the_last_command_of_ci_is_the_readme_test_command() -> None:
+    last = [line for line in CI.splitlines() if line.strip()][-1]
+    assert last == _readme_commands()[1]
+
+
+def test_the_core_subset_names_existing_test_files_and_pythons() -> None:
+    block = re.search(r'CORE_TESTS="([^"]+)"', CI)
+    assert block, "CORE_TESTS=... not found in .ci/run"
+    files = block.group(1).split()
+    assert len(files) >= 4 and all((ROOT / name).is_file() for name in files), files
+    assert 'CORE_PYTHONS="${NOTEBOOK_ACCEL_CI_PYTHONS-3.10 3.13}"' in CI
+    assert '-e ".[test-core]"' in CI
+
+
+def test_the_test_core_extra_is_part_of_test_and_the_subset_venvs_are_ignored() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = {re.split(r"[<>=;\[ ]", req)[0] for req in extras["test-core"]}
+    assert {"pytest", "pytest-timeout", "nbval", "nbclient", "ipykernel"} <= names
+    assert any("test-core" in req for req in extras["test"])
+    ignored = subprocess.run(
+        ["git", "check-ignore", ".venv-py310", ".venv-py313"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert ignored.stdout.split() == [".venv-py310", ".venv-py313"]
