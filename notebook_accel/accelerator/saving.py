@@ -14,13 +14,16 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from .._lazy import LazyModule
 from ..data_loader import skip_first_batches
 from ..utils.enums import DistributedType
-from ..utils.modeling import get_state_dict_offloaded_model, has_offloaded_params
 from ..utils.other import save
 from .checkpoint import _full_options
 
 __all__: list[str] = []
+
+# Offloaded models (cpu_offload / disk_offload hooks) are read back only when save_model meets one.
+_modeling = LazyModule("notebook_accel.utils.modeling")
 
 
 class _SavingMixin:
@@ -44,9 +47,11 @@ class _SavingMixin:
         if save_directory.is_file():
             raise ValueError(f"save_model needs a directory, but {str(save_directory)!r} is a file")
         inner = self.unwrap_model(model)
-        if self.distributed_type != DistributedType.FSDP and any(map(has_offloaded_params, inner.modules())):
+        if self.distributed_type != DistributedType.FSDP and any(
+            map(_modeling.has_offloaded_params, inner.modules())
+        ):
             # cpu_offload / disk_offload left meta tensors in the model: read the real weights back.
-            state_dict = get_state_dict_offloaded_model(inner)
+            state_dict = _modeling.get_state_dict_offloaded_model(inner)
         else:
             state_dict = self.get_state_dict(model)  # every process takes part (FSDP gathers)
         self._checkpointer.save_model(state_dict, save_directory, max_shard_size, safe_serialization)
