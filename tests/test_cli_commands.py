@@ -13,6 +13,7 @@ import builtins
 import copy
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -52,6 +53,8 @@ def _jsonable(value):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_prepare_builders_match_1_15(case, builder, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
+    # as when they were recorded: the default port taken, the explicit one free
+    monkeypatch.setattr(L, "is_port_in_use", lambda port: int(port) == GOLDEN["busy_port"])
     for key in list(os.environ):
         monkeypatch.delenv(key)
     for key, value in CLEAN_ENV.items():
@@ -76,6 +79,16 @@ def test_prepare_builders_match_1_15(case, builder, monkeypatch, tmp_path):
         ]
     changes = {k: _jsonable(v) for k, v in vars(args).items() if k not in before or before[k] != _jsonable(v)}
     assert changes == expected["namespace_changes"]
+
+
+def test_a_free_default_port_needs_no_standalone_rendezvous(monkeypatch):
+    recorded = GOLDEN["default_port_free"]
+    monkeypatch.setattr(L, "is_port_in_use", lambda port: False)
+    args = _namespace(recorded["namespace"])
+    L.prepare_multi_gpu_env(args)
+    expected = recorded["prepare_multi_gpu_env"]["namespace_changes"]
+    assert "standalone" not in expected and not hasattr(args, "standalone")
+    assert {k: getattr(args, k) for k in expected} == expected
 
 
 def test_goldens_were_recorded_under_1_15():
@@ -111,3 +124,162 @@ def test_sagemaker_args_need_a_python_file():
     args = argparse.Namespace(training_script="train.sh", training_script_args=[])
     with pytest.raises(ValueError, match="'train.sh' does not end in .py"):
         L.prepare_sagemager_args_inputs(object(), args)
+
+
+# --- the commands, run as a user runs them: `python -m notebook_accel.commands <command>` ---------------
+
+COMMANDS = json.loads((ROOT / "tests" / "data" / "goldens" / "cli_commands.json").read_text(encoding="utf-8"))
+
+
+def _cli(*argv: str, cwd: Path, timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "HF_HOME": str(cwd / "hf")}
+    proc = subprocess.run([sys.executable, "-m", "notebook_accel.commands", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", sorted(COMMANDS["estimate_memory"]))
+def test_estimate_memory_prints_1_15s_table(case, tmp_path):
+    transformers = pytest.importorskip(
+        "transformers", reason="estimate-memory builds the model with transformers"
+    )
+    transformers.GPT2Config(**COMMANDS["tiny_gpt2"]).save_pretrained(tmp_path / "tiny-gpt2")
+    recorded = COMMANDS["estimate_memory"][case]
+    proc = _cli("estimate-memory", "tiny-gpt2", "--library_name", "transformers", *recorded["argv_after_model"],
+                cwd=tmp_path)  # fmt: skip
+    assert proc.stdout == recorded["stdout"]
+
+
+def test_estimate_memory_numbers_match_1_15(tmp_path, monkeypatch):
+    transformers = pytest.importorskip(
+        "transformers", reason="estimate-memory builds the model with transformers"
+    )
+    from notebook_accel.commands import estimate
+
+    transformers.GPT2Config(**COMMANDS["tiny_gpt2"]).save_pretrained(tmp_path / "tiny-gpt2")
+    monkeypatch.chdir(tmp_path)
+    args = estimate.estimate_command_parser().parse_args(["tiny-gpt2", "--library_name", "transformers"])
+    rows = [[r[0], float(r[1]), float(r[2]), r[3]] for r in estimate.gather_data(args)]
+    assert rows == COMMANDS["estimate_memory"]["default"]["data"]
+
+
+def test_estimate_memory_refuses_a_missing_folder_offline(tmp_path):
+    proc = _cli("estimate-memory", str(tmp_path / "nowhere"), cwd=tmp_path, check=False)
+    assert proc.returncode != 0 and "nowhere" in proc.stderr
+
+
+@pytest.mark.parametrize("case", sorted(COMMANDS["to_fsdp2"]))
+def test_to_fsdp2_writes_what_1_15_writes(case, tmp_path):
+    yaml = pytest.importorskip("yaml")
+    recorded = COMMANDS["to_fsdp2"][case]
+    (tmp_path / "in.yaml").write_text(yaml.safe_dump(recorded["input"]))
+    _cli("to-fsdp2", "--config_file", "in.yaml", "--output_file", "out.yaml", cwd=tmp_path)
+    assert yaml.safe_load((tmp_path / "out.yaml").read_text()) == recorded["output"]
+
+
+def test_to_fsdp2_refuses_like_1_15(tmp_path):
+    from notebook_accel.commands.to_fsdp2 import to_fsdp2_command, to_fsdp2_command_parser
+
+    parse = to_fsdp2_command_parser().parse_args
+    (tmp_path / "in.yaml").write_text("distributed_type: FSDP\nfsdp_config: {fsdp_version: 1}\n")
+    (tmp_path / "taken.yaml").write_text("x: 1\n")
+    with pytest.raises(ValueError, match="--output_file must be provided"):
+        to_fsdp2_command(parse(["--config_file", str(tmp_path / "in.yaml")]))
+    with pytest.raises(FileExistsError, match="taken.yaml already exists and --overwrite is not set"):
+        to_fsdp2_command(
+            parse(["--config_file", str(tmp_path / "in.yaml"), "--output_file", str(tmp_path / "taken.yaml")])
+        )
+    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+        to_fsdp2_command(parse(["--config_file", str(tmp_path / "nope.yaml"), "--overwrite"]))
+
+
+def test_env_prints_1_15s_fields_and_config(tmp_path):
+    yaml = pytest.importorskip("yaml")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(COMMANDS["to_fsdp2"]["full_shard"]["input"]))
+    ours = _cli("env", "--config_file", "c.yaml", cwd=tmp_path).stdout.splitlines()
+    theirs = COMMANDS["env_with_config"]["lines"]
+    labels = [line.split(":")[0] for line in ours if line.startswith("- ")]
+    assert labels == [line.split(":")[0] for line in theirs if line.startswith("- ")]
+    assert [line for line in ours if line.startswith("\t")] == [
+        line for line in theirs if line.startswith("\t")
+    ]
+    assert ours[:3] == theirs[:3]
+    without = _cli("env", cwd=tmp_path).stdout.splitlines()
+    assert without[-2:] == COMMANDS["env_without_config"]["lines"][-2:]
+
+
+def test_config_default_writes_1_15s_file(tmp_path):
+    _cli("config", "default", "--config_file", "c.json", "--mixed_precision", "fp16", cwd=tmp_path)
+    assert json.loads((tmp_path / "c.json").read_text()) == COMMANDS["config_default_fp16"]
+
+
+def test_launch_runs_a_script_on_two_cpu_processes(tmp_path):
+    (tmp_path / "s.py").write_text(
+        "import sys\nfrom notebook_accel import Accelerator\na = Accelerator()\n"
+        "print(f'rank={a.process_index} world={a.num_processes} type={a.distributed_type.value} args={sys.argv[1:]}')\n"
+    )
+    proc = _cli("launch", "--cpu", "--num_processes", "2", "--main_process_port", str(_free_port()), "s.py",
+                "--lr", "3", cwd=tmp_path)  # fmt: skip
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank="))
+    assert lines == [f"rank={r} world=2 type=MULTI_CPU args=['--lr', '3']" for r in (0, 1)]
+
+
+def test_test_command_passes_on_two_cpu_processes(tmp_path):
+    port = _free_port()
+    (tmp_path / "c.yaml").write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nmixed_precision: 'no'\n"
+        f"num_machines: 1\nnum_processes: 2\nuse_cpu: true\nmain_process_port: {port}\n"
+    )
+    proc = _cli("test", "--config_file", "c.yaml", cwd=tmp_path)
+    assert (
+        proc.stdout.strip().splitlines()[-1]
+        == "Test is a success! You are ready for your distributed training!"
+    )
+    assert "2 process(es)" in proc.stdout
+
+
+def test_merge_weights_writes_one_safetensors_file(tmp_path):
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    dcp.save({"model": state}, checkpoint_id=str(tmp_path / "pytorch_model_fsdp_0"))
+    _cli("merge-weights", "pytorch_model_fsdp_0", "merged", "--remove_checkpoint_dir", cwd=tmp_path)
+    assert sorted(p.name for p in (tmp_path / "merged").iterdir()) == ["model.safetensors"]
+    merged = load_file(tmp_path / "merged" / "model.safetensors")
+    assert merged.keys() == state.keys() and all(torch.equal(merged[k], state[k]) for k in state)
+    assert not (tmp_path / "pytorch_model_fsdp_0").exists()
+
+
+def test_merge_weights_names_a_folder_that_is_not_a_checkpoint(tmp_path):
+    proc = _cli("merge-weights", "missing_dir", "out", cwd=tmp_path, check=False)
+    assert (
+        proc.returncode != 0 and "'missing_dir' is not a torch.distributed.checkpoint folder" in proc.stderr
+    )
+
+
+def test_the_console_script_is_declared_and_not_named_accelerate():
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"notebook-accel": "notebook_accel.commands.cli:main"}
+
+
+def test_no_command_prints_help_and_returns_1(capsys):
+    from notebook_accel.commands.cli import main
+
+    assert main([]) == 1
+    assert "estimate-memory" in capsys.readouterr().out

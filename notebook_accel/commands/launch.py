@@ -251,18 +251,27 @@ def _script_cmd(args: argparse.Namespace) -> list[str]:
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> None:
-    process = subprocess.run(cmd, env={**os.environ, **env})
+    process = subprocess.run(cmd, env={**os.environ, **env})  # the builders' env already holds os.environ
     if process.returncode != 0:
         raise subprocess.CalledProcessError(returncode=process.returncode, cmd=cmd)
 
 
 def simple_launcher(args):
-    """Return None after running the training script in one child process (CalledProcessError if it fails)."""
-    _run(_script_cmd(args), _accelerate_env(args))
+    """Return None after running the training script in one child process (CalledProcessError if it fails).
+
+    The command and environment come from ``prepare_simple_launcher_cmd_env`` (what 1.15 builds).
+    """
+    cmd, env = prepare_simple_launcher_cmd_env(args)
+    if args.use_fsdp:
+        env["ACCELERATE_USE_FSDP"] = "true"
+    _run(cmd, env)
 
 
 def multi_gpu_launcher(args):
-    """Return None after running the script on ``num_processes`` workers through torchrun."""
+    """Return None after running the script on ``num_processes`` workers through torchrun.
+
+    The environment comes from ``prepare_multi_gpu_env`` (what 1.15 builds for the same options).
+    """
     per_machine = args.num_processes // args.num_machines
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={per_machine}",
            f"--nnodes={args.num_machines}", f"--node_rank={args.machine_rank}",
@@ -275,8 +284,11 @@ def multi_gpu_launcher(args):
     if args.no_python:
         cmd.append("--no-python")
     cmd += [args.training_script, *args.training_script_args]
-    env = _accelerate_env(args)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // per_machine)))
+    env = prepare_multi_gpu_env(argparse.Namespace(**vars(args)))
+    if args.cpu:
+        env["ACCELERATE_USE_CPU"] = "true"
+    if "OMP_NUM_THREADS" not in os.environ and getattr(args, "num_cpu_threads_per_process", None) is None:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // per_machine))
     _run(cmd, env)
 
 

@@ -263,6 +263,8 @@ def _torchrun_fields(args: argparse.Namespace) -> None:
     args.nproc_per_node = str(processes)
     if _opt(args, "main_process_port") is None:
         args.main_process_port = 29500
+    if is_port_in_use(int(args.main_process_port)):
+        # taken (another run on this machine): torchrun's standalone rendezvous picks a free port
         args.standalone = True
     args.master_port = str(args.main_process_port)
 

@@ -41,7 +41,9 @@ def config_command_parser(subparsers=None):
         parser = subparsers.add_parser("config", description=_DESCRIPTION)
     else:
         parser = argparse.ArgumentParser("Accelerate config command", description=_DESCRIPTION)
-    parser.add_argument("--config_file", default=None, help="The config file to write (default: the default one).")
+    parser.add_argument(
+        "--config_file", default=None, help="The config file to write (default: the default one)."
+    )
     parser.set_defaults(func=_questionnaire)
     return parser
 

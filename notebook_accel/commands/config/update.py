@@ -43,7 +43,11 @@ def update_config_command(args: argparse.Namespace) -> str:
 
 def update_command_parser(parser, parents):
     """Return the ``update`` subparser added to ``parser`` (its ``func`` runs ``update_config_command``)."""
-    sub = parser.add_parser("update", parents=parents, help=description, formatter_class=SubcommandHelpFormatter)
-    sub.add_argument("--config_file", default=None, help="The config file to update (default: the default one).")
+    sub = parser.add_parser(
+        "update", parents=parents, help=description, formatter_class=SubcommandHelpFormatter
+    )
+    sub.add_argument(
+        "--config_file", default=None, help="The config file to update (default: the default one)."
+    )
     sub.set_defaults(func=update_config_command)
     return sub
