@@ -1,0 +1,110 @@
+"""The same tracker calls, run under Accelerate 1.15 (scripts/record_tracker_goldens.py) and under us.
+
+``run_program(lib, tracker, workdir)`` builds ``lib.Accelerator(log_with=tracker, project_dir=workdir)``,
+calls ``init_trackers`` / ``log`` / ``end_training`` the same way, then ``read_<tracker>(workdir)``
+turns what the tracker's real library wrote into plain JSON: file layout, scalars by tag and step,
+texts, parameters. Only facts that do not depend on time or random ids are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+CONFIG = {"lr": 0.1, "layers": 2, "optimizer": "sgd", "use_bias": True}
+LOGS = [
+    ({"loss": 1.5, "accuracy": 0.25}, 0),
+    ({"loss": 1.0, "note": "halfway"}, 1),
+    ({"loss": 0.5, "per_class": {"a": 0.75, "b": 0.5}}, 2),
+]
+
+
+def tracker_env(workdir: str) -> dict[str, str]:
+    """Return the environment both runs get: offline modes, MLflow's file store in ``workdir/mlruns``."""
+    return {
+        "HOME": workdir,
+        "MLFLOW_TRACKING_URI": f"file://{os.path.join(workdir, 'mlruns')}",
+        "WANDB_MODE": "offline",
+        "COMET_MODE": "offline",
+        "HF_HUB_OFFLINE": "1",
+        "MLFLOW_ALLOW_FILE_STORE": "true",
+    }
+
+
+def run_program(lib: Any, tracker: str, workdir: str) -> None:
+    """Run the tracker calls with library ``lib`` (``accelerate`` or ``notebook_accel``) in ``workdir``."""
+    accelerator = lib.Accelerator(log_with=tracker, project_dir=workdir)
+    accelerator.init_trackers("golden_run", config=dict(CONFIG))
+    for values, step in LOGS:
+        accelerator.log(values, step=step)
+    accelerator.end_training()
+
+
+def _round(value: float) -> float:
+    return round(float(value), 6)
+
+
+def read_tensorboard(workdir: str) -> dict:
+    """Return the runs' folders (relative), and per folder the scalars, texts and plugin tags written."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict = {}
+    for folder, _, files in sorted(os.walk(workdir)):
+        if not any(f.startswith("events.out.tfevents") for f in files):
+            continue
+        acc = EventAccumulator(folder, size_guidance={"scalars": 0, "tensors": 0})
+        acc.Reload()
+        tags = acc.Tags()
+        scalars = {
+            t: [[e.step, _round(e.value)] for e in acc.Scalars(t)] for t in sorted(tags.get("scalars", []))
+        }
+        texts = {}
+        for tag in sorted(tags.get("tensors", [])):
+            events = acc.Tensors(tag)
+            texts[tag] = [[e.step, [s.decode() for s in e.tensor_proto.string_val]] for e in events]
+        try:
+            plugins = sorted(acc.PluginTagToContent("hparams"))
+        except KeyError:  # no hparams written in this folder
+            plugins = []
+        # add_hparams writes into a sub-folder named by the time: that name is not a fact
+        parts = [
+            "<time>" if re.fullmatch(r"\d+\.\d+", p) else p
+            for p in os.path.relpath(folder, workdir).split(os.sep)
+        ]
+        out["/".join(parts)] = {
+            "event_files": sum(f.startswith("events.out.tfevents") for f in files),
+            "scalars": scalars,
+            "texts": texts,
+            "hparams_tags": plugins,
+        }
+    return out
+
+
+def read_mlflow(workdir: str) -> dict:
+    """Return every experiment of the file store under ``workdir``: its runs' params, metrics and status."""
+    import mlflow
+
+    stores = [os.path.join(workdir, d) for d in ("", "mlruns")]
+    out: dict = {}
+    for store in stores:
+        if not os.path.isdir(store) or not any(os.path.isfile(os.path.join(store, d, "meta.yaml"))
+                                               for d in os.listdir(store)):  # fmt: skip
+            continue
+        client = mlflow.tracking.MlflowClient(tracking_uri=f"file://{os.path.abspath(store)}")
+        for experiment in client.search_experiments():
+            runs = []
+            for run in client.search_runs([experiment.experiment_id]):
+                metrics = {
+                    key: [[m.step, _round(m.value)] for m in client.get_metric_history(run.info.run_id, key)]
+                    for key in sorted(run.data.metrics)
+                }
+                runs.append({"params": dict(sorted(run.data.params.items())), "metrics": metrics,
+                             "status": run.info.status, "run_name_given": run.info.run_name == "golden_run"})  # fmt: skip
+            out[experiment.name] = {"store": os.path.relpath(store, workdir), "runs": runs}
+    return out
+
+
+READERS = {"tensorboard": read_tensorboard, "mlflow": read_mlflow}
+# The package each tracker needs, for the skip reason when it is missing.
+PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
