@@ -105,6 +105,61 @@ def read_mlflow(workdir: str) -> dict:
     return out
 
 
-READERS = {"tensorboard": read_tensorboard, "mlflow": read_mlflow}
+def _wandb_records(path: str) -> list[bytes]:
+    """Return the records of a W&B ``.wandb`` file (a 7-byte header, then a LevelDB-style log of 32 KiB blocks)."""
+    import struct
+
+    raw = open(path, "rb").read()
+    block, pos, records, pending = 32768, 7, [], b""
+    while pos + 7 <= len(raw):
+        left = block - pos % block
+        _, length, kind = struct.unpack("<IHB", raw[pos : pos + 7]) if left >= 7 else (0, 0, 0)
+        if left < 7 or (length == 0 and kind == 0):
+            pos += left  # block trailer / padding
+            continue
+        data, pos = raw[pos + 7 : pos + 7 + length], pos + 7 + length
+        pending = data if kind in (1, 2) else pending + data
+        if kind in (1, 4):  # full record, or the last piece of one
+            records.append(pending)
+            pending = b""
+    return records
+
+
+def read_wandb(workdir: str) -> dict:
+    """Return the offline runs' project, config, history rows (step, values) and final summary values."""
+    import glob
+    import json
+
+    from wandb.proto import wandb_internal_pb2
+
+    runs = []
+    for path in sorted(glob.glob(os.path.join(workdir, "wandb", "offline-run-*", "run-*.wandb"))):
+        run: dict = {"config": {}, "history": [], "summary": {}, "kinds": []}
+        for data in _wandb_records(path):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(data)
+            kind = record.WhichOneof("record_type")
+            if kind in ("run", "config", "history", "summary", "exit"):
+                run["kinds"].append(kind) if kind not in run["kinds"] else None
+            if kind == "run":
+                run["project"] = record.run.project
+            elif kind == "config":
+                run["config"].update({"/".join(i.nested_key) or i.key: json.loads(i.value_json)
+                                      for i in record.config.update if not i.key.startswith("_")})  # fmt: skip
+            elif kind == "history":
+                items = {
+                    "/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item
+                }
+                run["history"].append(
+                    [record.history.step.num, {k: v for k, v in items.items() if k[0] != "_"}]
+                )
+            elif kind == "summary":
+                run["summary"].update({"/".join(i.nested_key) or i.key: json.loads(i.value_json)
+                                       for i in record.summary.update if not (i.key or i.nested_key[0]).startswith("_")})  # fmt: skip
+        runs.append(run)
+    return {"offline_runs": runs}
+
+
+READERS = {"tensorboard": read_tensorboard, "mlflow": read_mlflow, "wandb": read_wandb}
 # The package each tracker needs, for the skip reason when it is missing.
-PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
+PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
