@@ -51,4 +51,4 @@ def test_tracker_writes_what_1_15_writes(tracker, tmp_path, monkeypatch):
 
 def test_goldens_come_from_1_15_and_cover_the_installed_trackers():
     assert all(entry["accelerate_version"].startswith("1.15") for entry in GOLDEN.values())
-    assert {"tensorboard", "mlflow", "wandb"} <= set(GOLDEN)
+    assert {"tensorboard", "mlflow", "wandb", "comet_ml", "clearml"} <= set(GOLDEN)

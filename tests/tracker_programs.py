@@ -16,7 +16,7 @@ CONFIG = {"lr": 0.1, "layers": 2, "optimizer": "sgd", "use_bias": True}
 LOGS = [
     ({"loss": 1.5, "accuracy": 0.25}, 0),
     ({"loss": 1.0, "note": "halfway"}, 1),
-    ({"loss": 0.5, "per_class": {"a": 0.75, "b": 0.5}}, 2),
+    ({"loss": 0.5, "per_class": {"a": 0.75, "b": 0.5}, "eval_loss": 0.75, "test_acc/top1": 0.5}, 2),
 ]
 
 
@@ -29,6 +29,9 @@ def tracker_env(workdir: str) -> dict[str, str]:
         "COMET_MODE": "offline",
         "HF_HUB_OFFLINE": "1",
         "MLFLOW_ALLOW_FILE_STORE": "true",
+        "COMET_START_ONLINE": "0",
+        "CLEARML_OFFLINE_MODE": "1",
+        "COMET_OFFLINE_DIRECTORY": os.path.join(workdir, "comet"),
     }
 
 
@@ -160,6 +163,75 @@ def read_wandb(workdir: str) -> dict:
     return {"offline_runs": runs}
 
 
-READERS = {"tensorboard": read_tensorboard, "mlflow": read_mlflow, "wandb": read_wandb}
+def read_comet_ml(workdir: str) -> dict:
+    """Return each offline experiment archive's project, parameters, metrics and other values (no system data)."""
+    import glob
+    import json
+    import zipfile
+
+    out = []
+    for path in sorted(glob.glob(os.path.join(workdir, "comet", "*.zip"))):
+        with zipfile.ZipFile(path) as archive:
+            experiment = json.loads(archive.read("experiment.json"))
+            messages = [
+                json.loads(line) for line in archive.read("messages.json").decode().splitlines() if line
+            ]
+        params, metrics, others = [], [], {}
+        for message in messages:
+            payload = message["payload"]
+            # left out: the command line (run_arg_*), system data (sys.*), the run's duration
+            if message["type"] == "parameter_msg" and not payload["param"]["paramName"].startswith(
+                "run_arg_"
+            ):
+                p = payload["param"]
+                params.append([p["paramName"], p["paramValue"], p["step"]])
+            elif message["type"] == "metric_msg" and not payload["metric"]["metricName"].startswith(
+                ("sys.", "process duration")
+            ):
+                m = payload["metric"]
+                metrics.append([m["metricName"], m["metricValue"], m["step"]])
+            elif message["type"] == "log_other" and not payload["key"].startswith("sys."):
+                others[payload["key"]] = payload["value"]
+        out.append({"project_name": experiment["project_name"], "tags": experiment["tags"],
+                    "parameters": params, "metrics": metrics, "others": others})  # fmt: skip
+    return {"offline_experiments": out}
+
+
+def read_clearml(workdir: str) -> dict:
+    """Return each offline ClearML session's task name, project, configuration and reported scalars."""
+    import glob
+    import json
+
+    sessions = []
+    for folder in sorted(glob.glob(os.path.join(workdir, ".clearml", "cache", "offline", "offline-*"))):
+        if not os.path.isdir(folder):
+            continue
+        with open(os.path.join(folder, "task.json"), encoding="utf-8") as handle:
+            task = json.load(handle)
+        events = []
+        metrics_file = os.path.join(folder, "metrics.jsonl")
+        if os.path.isfile(metrics_file):
+            with open(metrics_file, encoding="utf-8") as handle:
+                for line in handle:
+                    events += [[e.get("type"), e.get("metric"), e.get("variant"), e.get("value"), e.get("iter")]
+                               for e in json.loads(line)]  # fmt: skip
+        sessions.append({"name": task.get("name"), "project_name": task.get("project_name"),
+                         "configuration": task.get("configuration"), "events": events})  # fmt: skip
+    return {"offline_sessions": sessions}
+
+
+READERS = {
+    "clearml": read_clearml,
+    "tensorboard": read_tensorboard,
+    "mlflow": read_mlflow,
+    "wandb": read_wandb,
+    "comet_ml": read_comet_ml,
+}
 # The package each tracker needs, for the skip reason when it is missing.
-PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
+PACKAGES = {
+    "tensorboard": "tensorboard",
+    "mlflow": "mlflow",
+    "wandb": "wandb",
+    "comet_ml": "comet_ml",
+    "clearml": "clearml",
+}
