@@ -342,7 +342,9 @@ class ClearMLTracker(GeneralTracker):
             else:
                 # As 1.15: an eval_/test_/train_ prefix names the series; any other key is a "train" series.
                 split, _, rest = key.partition("_")
-                title, series = (rest, split) if split in ("eval", "test", "train") and rest else (key, "train")
+                title, series = (
+                    (rest, split) if split in ("eval", "test", "train") and rest else (key, "train")
+                )
                 reporter.report_scalar(title=title, series=series, value=value, iteration=step, **kwargs)
 
     @on_main_process
