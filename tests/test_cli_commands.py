@@ -114,6 +114,12 @@ def test_module_and_no_python_together_are_refused():
         L.prepare_simple_launcher_cmd_env(args)
 
 
+def test_several_machines_without_a_machine_rank_is_named():
+    args = argparse.Namespace(num_machines=2, num_processes=4, machine_rank=None, main_process_port=29555)
+    with pytest.raises(ValueError, match="--num_machines > 1 needs --machine_rank"):
+        L.prepare_multi_gpu_env(args)
+
+
 def test_unknown_multinode_launcher_is_named():
     args = argparse.Namespace(deepspeed_multinode_launcher="slurmish", num_machines=1, num_processes=2)
     with pytest.raises(ValueError, match="'slurmish' is unknown"):
