@@ -38,7 +38,14 @@ from ..utils.imports import (
     is_torch_xla_available,
     is_xpu_available,
 )
-from ..utils.launch import PrepareForLaunch
+from ..utils.launch import (
+    PrepareForLaunch,
+    prepare_deepspeed_cmd_env,
+    prepare_multi_gpu_env,
+    prepare_sagemager_args_inputs,
+    prepare_simple_launcher_cmd_env,
+    prepare_tpu,
+)
 from .config.config_args import SageMakerConfig, default_config_file, load_config_from_file
 from .utils import CustomArgumentParser
 
@@ -76,6 +83,11 @@ __all__ = [
     "multi_gpu_launcher",
     "options_to_group",
     "patch_environment",
+    "prepare_deepspeed_cmd_env",
+    "prepare_multi_gpu_env",
+    "prepare_sagemager_args_inputs",
+    "prepare_simple_launcher_cmd_env",
+    "prepare_tpu",
     "sagemaker_launcher",
     "simple_launcher",
     "str_to_bool",
@@ -116,7 +128,9 @@ class CustomHelpFormatter(argparse.HelpFormatter):
     def add_argument(self, action):
         """Return None after adding ``action`` to the help, listing only its ``--under_score`` spellings."""
         if action.option_strings:
-            action.option_strings = [o for o in action.option_strings if "-" not in o[2:]] or action.option_strings
+            action.option_strings = [
+                o for o in action.option_strings if "-" not in o[2:]
+            ] or action.option_strings
         action.metavar = " " if action.option_strings else action.metavar
         super().add_argument(action)
 
@@ -134,7 +148,11 @@ def launch_command_parser(subparsers=None):
         parser = CustomArgumentParser("Accelerate launch command", description=description, add_help=True,
                                       formatter_class=CustomHelpFormatter)  # fmt: skip
     add = parser.add_argument
-    add("--config_file", default=None, help="Config file to take unset options from (default: the default one).")
+    add(
+        "--config_file",
+        default=None,
+        help="Config file to take unset options from (default: the default one).",
+    )
     add("--quiet", "-q", action="store_true", help="Print less from torchrun.")
     add("--cpu", action="store_true", help="Run on the CPU even when accelerators are visible.")
     add("--multi_gpu", action="store_true", help="Data parallel over several processes.")
@@ -142,7 +160,9 @@ def launch_command_parser(subparsers=None):
     add("--use_deepspeed", action="store_true", help="Launch through DeepSpeed (needs deepspeed).")
     add("--use_fsdp", action="store_true", help="Use FullyShardedDataParallel in the Accelerator.")
     add("--use_megatron_lm", action="store_true", help="Use Megatron-LM (needs megatron-core).")
-    add("--mixed_precision", choices=list(MIXED_PRECISION_CHOICES), default=None, help="Mixed precision mode.")
+    add(
+        "--mixed_precision", choices=list(MIXED_PRECISION_CHOICES), default=None, help="Mixed precision mode."
+    )
     add("--num_processes", type=int, default=None, help="Processes to start in all (over all machines).")
     add("--num_machines", type=int, default=None, help="Machines taking part.")
     add("--machine_rank", type=int, default=None, help="This machine's rank (0 is the main one).")
@@ -151,7 +171,12 @@ def launch_command_parser(subparsers=None):
     add("--rdzv_backend", type=str, default=None, help="torchrun rendezvous backend: static or c10d.")
     add("--gpu_ids", default=None, help="GPU ids to use on this machine, comma separated.")
     add("--same_network", action="store_true", default=None, help="All machines share a network.")
-    add("--debug", action="store_true", default=None, help="Check collectives' shapes (ACCELERATE_DEBUG_MODE).")
+    add(
+        "--debug",
+        action="store_true",
+        default=None,
+        help="Check collectives' shapes (ACCELERATE_DEBUG_MODE).",
+    )
     add("--dynamo_backend", type=str, default=None, help="torch.compile backend, or 'no'.")
     add("--dynamo_mode", choices=TORCH_DYNAMO_MODES, default="default", help="torch.compile mode.")
     add("--deepspeed_config_file", default=None, help="DeepSpeed config file (with --use_deepspeed).")
@@ -226,18 +251,27 @@ def _script_cmd(args: argparse.Namespace) -> list[str]:
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> None:
-    process = subprocess.run(cmd, env={**os.environ, **env})
+    process = subprocess.run(cmd, env={**os.environ, **env})  # the builders' env already holds os.environ
     if process.returncode != 0:
         raise subprocess.CalledProcessError(returncode=process.returncode, cmd=cmd)
 
 
 def simple_launcher(args):
-    """Return None after running the training script in one child process (CalledProcessError if it fails)."""
-    _run(_script_cmd(args), _accelerate_env(args))
+    """Return None after running the training script in one child process (CalledProcessError if it fails).
+
+    The command and environment come from ``prepare_simple_launcher_cmd_env`` (what 1.15 builds).
+    """
+    cmd, env = prepare_simple_launcher_cmd_env(args)
+    if args.use_fsdp:
+        env["ACCELERATE_USE_FSDP"] = "true"
+    _run(cmd, env)
 
 
 def multi_gpu_launcher(args):
-    """Return None after running the script on ``num_processes`` workers through torchrun."""
+    """Return None after running the script on ``num_processes`` workers through torchrun.
+
+    The environment comes from ``prepare_multi_gpu_env`` (what 1.15 builds for the same options).
+    """
     per_machine = args.num_processes // args.num_machines
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={per_machine}",
            f"--nnodes={args.num_machines}", f"--node_rank={args.machine_rank}",
@@ -250,8 +284,11 @@ def multi_gpu_launcher(args):
     if args.no_python:
         cmd.append("--no-python")
     cmd += [args.training_script, *args.training_script_args]
-    env = _accelerate_env(args)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // per_machine)))
+    env = prepare_multi_gpu_env(argparse.Namespace(**vars(args)))
+    if args.cpu:
+        env["ACCELERATE_USE_CPU"] = "true"
+    if "OMP_NUM_THREADS" not in os.environ and getattr(args, "num_cpu_threads_per_process", None) is None:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // per_machine))
     _run(cmd, env)
 
 
@@ -260,7 +297,9 @@ def deepspeed_launcher(args):
     if args.zero_stage is not None and args.zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"--zero_stage {args.zero_stage} is not a ZeRO stage: use 0, 1, 2 or 3.")
     if not is_deepspeed_available():
-        raise ImportError("--use_deepspeed launches through DeepSpeed: `pip install deepspeed` (CUDA machines).")
+        raise ImportError(
+            "--use_deepspeed launches through DeepSpeed: `pip install deepspeed` (CUDA machines)."
+        )
     env = {**_accelerate_env(args), "ACCELERATE_USE_DEEPSPEED": "true"}
     if args.deepspeed_config_file:
         env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str(args.deepspeed_config_file)
@@ -276,7 +315,9 @@ def deepspeed_launcher(args):
 
 def _needs_xla(what: str) -> None:
     if not is_torch_xla_available():
-        raise ImportError(f"{what} needs torch_xla on a TPU VM: `pip install torch_xla` (Google Cloud TPU / Colab).")
+        raise ImportError(
+            f"{what} needs torch_xla on a TPU VM: `pip install torch_xla` (Google Cloud TPU / Colab)."
+        )
 
 
 def tpu_launcher(args):
@@ -297,7 +338,9 @@ def sagemaker_launcher(sagemaker_config, args):
     if not isinstance(sagemaker_config, SageMakerConfig):
         raise TypeError(f"sagemaker_launcher takes a SageMakerConfig, not {type(sagemaker_config).__name__}.")
     if not is_sagemaker_available():
-        raise ImportError("Launching on Amazon SageMaker needs its SDK: `pip install sagemaker`, and AWS credentials.")
+        raise ImportError(
+            "Launching on Amazon SageMaker needs its SDK: `pip install sagemaker`, and AWS credentials."
+        )
     from sagemaker.huggingface import HuggingFace
 
     estimator = HuggingFace(

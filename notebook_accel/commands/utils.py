@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["CustomArgumentParser"]
+__all__ = ["CustomArgumentParser", "build_command_parser"]
 
 
 class CustomArgumentParser(argparse.ArgumentParser):
@@ -31,3 +31,19 @@ def _with_dashed_twins(names: tuple) -> tuple:
             if twin not in out:
                 out.append(twin)
     return tuple(out)
+
+
+def build_command_parser(subparsers, name: str, description: str, options, func) -> argparse.ArgumentParser:
+    """Return the parser of command ``name``: a subparser of ``subparsers`` when given, else a standalone one.
+
+    ``options`` is a sequence of ``(flags, add_argument keyword arguments)``; long options accept
+    dashes too (``--config-file``); the parser's default ``func`` is ``func``.
+    """
+    if subparsers is None:
+        parser = CustomArgumentParser(f"Accelerate {name} command", description=description)
+    else:
+        parser = subparsers.add_parser(name, description=description)
+    for flags, settings in options:
+        parser.add_argument(*_with_dashed_twins(tuple(flags)), **settings)
+    parser.set_defaults(func=func)
+    return parser

@@ -166,7 +166,7 @@ class CometMLTracker(GeneralTracker):
         self.run = comet_ml.start(project_name=run_name, **kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self.run._set_parameters(values)
+        self.run.log_parameters(values)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         if step is not None:
@@ -325,6 +325,7 @@ class ClearMLTracker(GeneralTracker):
         clearml = _require("clearml", "clearml", self.name)
         self.run_name = run_name
         kwargs.setdefault("project_name", run_name)
+        kwargs.setdefault("task_name", run_name)
         self.run = clearml.Task.init(**kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
@@ -333,15 +334,18 @@ class ClearMLTracker(GeneralTracker):
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         reporter = self.run.get_logger()
         for key, value in values.items():
-            title, _, series = key.partition("/")
             value = _plain(value)
-            if isinstance(value, (int, float)):
-                if step is None:
-                    reporter.report_single_value(name=key, value=value, **kwargs)
-                else:
-                    reporter.report_scalar(
-                        title=title, series=series or title, value=value, iteration=step, **kwargs
-                    )
+            if not isinstance(value, (int, float)):
+                logger.warning("ClearML: %r is a %s, not a scalar: not reported", key, type(value).__name__)
+            elif step is None:
+                reporter.report_single_value(name=key, value=value, **kwargs)
+            else:
+                # As 1.15: an eval_/test_/train_ prefix names the series; any other key is a "train" series.
+                split, _, rest = key.partition("_")
+                title, series = (
+                    (rest, split) if split in ("eval", "test", "train") and rest else (key, "train")
+                )
+                reporter.report_scalar(title=title, series=series, value=value, iteration=step, **kwargs)
 
     @on_main_process
     def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:

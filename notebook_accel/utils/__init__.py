@@ -324,7 +324,15 @@ _add(
     "recursive_getattr",
 )
 _add("..integrations.fp8.recipes", "AORecipeKwargs", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs")
-_add(".launch", "PrepareForLaunch")
+_add(
+    ".launch",
+    "PrepareForLaunch",
+    "prepare_deepspeed_cmd_env",
+    "prepare_multi_gpu_env",
+    "prepare_sagemager_args_inputs",
+    "prepare_simple_launcher_cmd_env",
+    "prepare_tpu",
+)
 _add(
     "..integrations.fp8.ao", "convert_model_to_fp8_ao", "filter_first_and_last_linear_layers", "has_ao_layers"
 )

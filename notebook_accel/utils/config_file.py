@@ -63,21 +63,23 @@ def _basic_config(mixed_precision: str, use_xpu: bool) -> dict[str, Any]:
         count, kind = torch.npu.device_count(), "NPU"
     if count > 0:
         config.update(
-            distributed_type=f"MULTI_{kind}" if count > 1 else "NO", num_processes=count, use_cpu=False
+            distributed_type=f"MULTI_{kind}" if count > 1 else "NO",
+            num_processes=count,
+            use_cpu=False,
+            gpu_ids="all",
         )
     else:  # one process: on the Apple GPU (MPS) where there is one, else on the CPU
         config.update(distributed_type="NO", num_processes=1, use_cpu=not is_mps_available())
+    # The keys and values Accelerate 1.15 writes (tests/data/goldens/cli_commands.json, CPU machine).
     config.update(
-        downcast_bf16="no",
+        downcast_bf16=False,
         enable_cpu_affinity=False,
-        gpu_ids="all",
         machine_rank=0,
         main_training_function="main",
         mixed_precision=mixed_precision,
         num_machines=1,
         rdzv_backend="static",
-        same_network=True,
-        tpu_env=[],
+        same_network=False,
         tpu_use_cluster=False,
         tpu_use_sudo=False,
     )

@@ -37,7 +37,9 @@ def __getattr__(name: str):
 
 def default_command_parser(parser, parents):
     """Return the ``default`` subparser added to ``parser`` (its ``func`` runs ``default_config_command``)."""
-    sub = parser.add_parser("default", parents=parents, help=description, formatter_class=SubcommandHelpFormatter)
+    sub = parser.add_parser(
+        "default", parents=parents, help=description, formatter_class=SubcommandHelpFormatter
+    )
     sub.add_argument(
         "--config_file",
         default=default_json_config_file,

@@ -1,0 +1,8 @@
+"""``python -m notebook_accel.commands <command> ...``: the ``notebook-accel`` command."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""The ``accelerate`` command line through ``notebook_accel.commands``, compared with Accelerate 1.15.
+
+tests/data/goldens/cli_prepare.json (scripts/record_cli_goldens.py, run under the real 1.15) holds,
+for each ``accelerate launch`` command line, the namespace 1.15's launch command hands its builders
+and what each ``prepare_*`` builder returns for it: the command, the environment variables it adds,
+the fields it sets on the namespace, or the error it raises. Ours get the same namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from notebook_accel.utils import launch as L
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = json.loads((ROOT / "tests" / "data" / "goldens" / "cli_prepare.json").read_text(encoding="utf-8"))
+CASES = GOLDEN["cases"]
+CLEAN_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+BUILDERS = {
+    "prepare_simple_launcher_cmd_env": lambda a: L.prepare_simple_launcher_cmd_env(a),
+    "prepare_multi_gpu_env": lambda a: L.prepare_multi_gpu_env(a),
+    "prepare_deepspeed_cmd_env": lambda a: L.prepare_deepspeed_cmd_env(a),
+    "prepare_tpu": lambda a: L.prepare_tpu(a, {}, False),
+}
+
+
+def _namespace(recorded: dict) -> argparse.Namespace:
+    values = dict(recorded)
+    values["nondefault"] = set(values.get("nondefault", []))
+    if isinstance(values.get("fp8_override_linear_precision"), list):
+        values["fp8_override_linear_precision"] = tuple(values["fp8_override_linear_precision"])
+    return argparse.Namespace(**values)
+
+
+def _jsonable(value):
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("builder", sorted(BUILDERS))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_prepare_builders_match_1_15(case, builder, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    # as when they were recorded: the default port taken, the explicit one free
+    monkeypatch.setattr(L, "is_port_in_use", lambda port: int(port) == GOLDEN["busy_port"])
+    for key in list(os.environ):
+        monkeypatch.delenv(key)
+    for key, value in CLEAN_ENV.items():
+        monkeypatch.setenv(key, value)
+    recorded = CASES[case]
+    expected = recorded[builder]
+    before = {k: _jsonable(v) for k, v in recorded["namespace"].items()}
+    args = copy.deepcopy(_namespace(recorded["namespace"]))
+    if "error" in expected:
+        with pytest.raises(getattr(builtins, expected["error"])) as info:
+            BUILDERS[builder](args)
+        assert str(info.value).startswith(expected["message_start"])
+        return
+    result = BUILDERS[builder](args)
+    env = result[1] if isinstance(result, tuple) else result
+    added = {k: str(v).replace(str(tmp_path), "<cwd>") for k, v in env.items() if CLEAN_ENV.get(k) != v}
+    assert added == expected["env"]
+    if builder in ("prepare_simple_launcher_cmd_env", "prepare_deepspeed_cmd_env"):
+        cmd = result[0]
+        assert (None if cmd is None else ["<python>" if c == sys.executable else c for c in cmd]) == expected[
+            "cmd"
+        ]
+    changes = {k: _jsonable(v) for k, v in vars(args).items() if k not in before or before[k] != _jsonable(v)}
+    assert changes == expected["namespace_changes"]
+
+
+def test_a_free_default_port_needs_no_standalone_rendezvous(monkeypatch):
+    recorded = GOLDEN["default_port_free"]
+    monkeypatch.setattr(L, "is_port_in_use", lambda port: False)
+    args = _namespace(recorded["namespace"])
+    L.prepare_multi_gpu_env(args)
+    expected = recorded["prepare_multi_gpu_env"]["namespace_changes"]
+    assert "standalone" not in expected and not hasattr(args, "standalone")
+    assert {k: getattr(args, k) for k in expected} == expected
+
+
+def test_goldens_were_recorded_under_1_15():
+    assert GOLDEN["accelerate_version"].startswith("1.15")
+    assert len(CASES) >= 15
+
+
+def test_convert_nargs_to_dict_reads_flags_values_and_types():
+    got = L._convert_nargs_to_dict(
+        ["--lr", "0.1", "--epochs", "3", "--fp16", "--name", "run", "--flag=false"]
+    )
+    assert got == {"lr": 0.1, "epochs": 3, "fp16": True, "name": "run", "flag": False}
+
+
+def test_convert_nargs_to_dict_refuses_a_value_without_key():
+    with pytest.raises(ValueError, match="'stray' has no --key"):
+        L._convert_nargs_to_dict(["stray"])
+
+
+def test_module_and_no_python_together_are_refused():
+    args = argparse.Namespace(training_script="s.py", training_script_args=[], module=True, no_python=True)
+    with pytest.raises(ValueError, match="--module and --no_python"):
+        L.prepare_simple_launcher_cmd_env(args)
+
+
+def test_several_machines_without_a_machine_rank_is_named():
+    args = argparse.Namespace(num_machines=2, num_processes=4, machine_rank=None, main_process_port=29555)
+    with pytest.raises(ValueError, match="--num_machines > 1 needs --machine_rank"):
+        L.prepare_multi_gpu_env(args)
+
+
+def test_unknown_multinode_launcher_is_named():
+    args = argparse.Namespace(deepspeed_multinode_launcher="slurmish", num_machines=1, num_processes=2)
+    with pytest.raises(ValueError, match="'slurmish' is unknown"):
+        L.prepare_deepspeed_cmd_env(args)
+
+
+def test_sagemaker_args_need_a_python_file():
+    args = argparse.Namespace(training_script="train.sh", training_script_args=[])
+    with pytest.raises(ValueError, match="'train.sh' does not end in .py"):
+        L.prepare_sagemager_args_inputs(object(), args)
+
+
+# --- the commands, run as a user runs them: `python -m notebook_accel.commands <command>` ---------------
+
+COMMANDS = json.loads((ROOT / "tests" / "data" / "goldens" / "cli_commands.json").read_text(encoding="utf-8"))
+
+
+def _cli(*argv: str, cwd: Path, timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "HF_HOME": str(cwd / "hf")}
+    proc = subprocess.run([sys.executable, "-m", "notebook_accel.commands", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", sorted(COMMANDS["estimate_memory"]))
+def test_estimate_memory_prints_1_15s_table(case, tmp_path):
+    transformers = pytest.importorskip(
+        "transformers", reason="estimate-memory builds the model with transformers"
+    )
+    transformers.GPT2Config(**COMMANDS["tiny_gpt2"]).save_pretrained(tmp_path / "tiny-gpt2")
+    recorded = COMMANDS["estimate_memory"][case]
+    proc = _cli("estimate-memory", "tiny-gpt2", "--library_name", "transformers", *recorded["argv_after_model"],
+                cwd=tmp_path)  # fmt: skip
+    assert proc.stdout == recorded["stdout"]
+
+
+def test_estimate_memory_numbers_match_1_15(tmp_path, monkeypatch):
+    transformers = pytest.importorskip(
+        "transformers", reason="estimate-memory builds the model with transformers"
+    )
+    from notebook_accel.commands import estimate
+
+    transformers.GPT2Config(**COMMANDS["tiny_gpt2"]).save_pretrained(tmp_path / "tiny-gpt2")
+    monkeypatch.chdir(tmp_path)
+    args = estimate.estimate_command_parser().parse_args(["tiny-gpt2", "--library_name", "transformers"])
+    rows = [[r[0], float(r[1]), float(r[2]), r[3]] for r in estimate.gather_data(args)]
+    assert rows == COMMANDS["estimate_memory"]["default"]["data"]
+
+
+def test_estimate_memory_refuses_a_missing_folder_offline(tmp_path):
+    proc = _cli("estimate-memory", str(tmp_path / "nowhere"), cwd=tmp_path, check=False)
+    assert proc.returncode != 0 and "nowhere" in proc.stderr
+
+
+@pytest.mark.parametrize("case", sorted(COMMANDS["to_fsdp2"]))
+def test_to_fsdp2_writes_what_1_15_writes(case, tmp_path):
+    yaml = pytest.importorskip("yaml")
+    recorded = COMMANDS["to_fsdp2"][case]
+    (tmp_path / "in.yaml").write_text(yaml.safe_dump(recorded["input"]))
+    _cli("to-fsdp2", "--config_file", "in.yaml", "--output_file", "out.yaml", cwd=tmp_path)
+    assert yaml.safe_load((tmp_path / "out.yaml").read_text()) == recorded["output"]
+
+
+def test_to_fsdp2_refuses_like_1_15(tmp_path):
+    from notebook_accel.commands.to_fsdp2 import to_fsdp2_command, to_fsdp2_command_parser
+
+    parse = to_fsdp2_command_parser().parse_args
+    (tmp_path / "in.yaml").write_text("distributed_type: FSDP\nfsdp_config: {fsdp_version: 1}\n")
+    (tmp_path / "taken.yaml").write_text("x: 1\n")
+    with pytest.raises(ValueError, match="--output_file must be provided"):
+        to_fsdp2_command(parse(["--config_file", str(tmp_path / "in.yaml")]))
+    with pytest.raises(FileExistsError, match="taken.yaml already exists and --overwrite is not set"):
+        to_fsdp2_command(
+            parse(["--config_file", str(tmp_path / "in.yaml"), "--output_file", str(tmp_path / "taken.yaml")])
+        )
+    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+        to_fsdp2_command(parse(["--config_file", str(tmp_path / "nope.yaml"), "--overwrite"]))
+
+
+def test_env_prints_1_15s_fields_and_config(tmp_path):
+    yaml = pytest.importorskip("yaml")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(COMMANDS["to_fsdp2"]["full_shard"]["input"]))
+    ours = _cli("env", "--config_file", "c.yaml", cwd=tmp_path).stdout.splitlines()
+    theirs = COMMANDS["env_with_config"]["lines"]
+    labels = [line.split(":")[0] for line in ours if line.startswith("- ")]
+    assert labels == [line.split(":")[0] for line in theirs if line.startswith("- ")]
+    assert [line for line in ours if line.startswith("\t")] == [
+        line for line in theirs if line.startswith("\t")
+    ]
+    assert ours[:3] == theirs[:3]
+    without = _cli("env", cwd=tmp_path).stdout.splitlines()
+    assert without[-2:] == COMMANDS["env_without_config"]["lines"][-2:]
+
+
+def test_config_default_writes_1_15s_file(tmp_path):
+    _cli("config", "default", "--config_file", "c.json", "--mixed_precision", "fp16", cwd=tmp_path)
+    assert json.loads((tmp_path / "c.json").read_text()) == COMMANDS["config_default_fp16"]
+
+
+def test_launch_runs_a_script_on_two_cpu_processes(tmp_path):
+    (tmp_path / "s.py").write_text(
+        "import sys\nfrom notebook_accel import Accelerator\na = Accelerator()\n"
+        "print(f'rank={a.process_index} world={a.num_processes} type={a.distributed_type.value} args={sys.argv[1:]}')\n"
+    )
+    proc = _cli("launch", "--cpu", "--num_processes", "2", "--main_process_port", str(_free_port()), "s.py",
+                "--lr", "3", cwd=tmp_path)  # fmt: skip
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank="))
+    assert lines == [f"rank={r} world=2 type=MULTI_CPU args=['--lr', '3']" for r in (0, 1)]
+
+
+def test_test_command_passes_on_two_cpu_processes(tmp_path):
+    port = _free_port()
+    (tmp_path / "c.yaml").write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nmixed_precision: 'no'\n"
+        f"num_machines: 1\nnum_processes: 2\nuse_cpu: true\nmain_process_port: {port}\n"
+    )
+    proc = _cli("test", "--config_file", "c.yaml", cwd=tmp_path)
+    assert (
+        proc.stdout.strip().splitlines()[-1]
+        == "Test is a success! You are ready for your distributed training!"
+    )
+    assert "2 process(es)" in proc.stdout
+
+
+def test_merge_weights_writes_one_safetensors_file(tmp_path):
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    dcp.save({"model": state}, checkpoint_id=str(tmp_path / "pytorch_model_fsdp_0"))
+    _cli("merge-weights", "pytorch_model_fsdp_0", "merged", "--remove_checkpoint_dir", cwd=tmp_path)
+    assert sorted(p.name for p in (tmp_path / "merged").iterdir()) == ["model.safetensors"]
+    merged = load_file(tmp_path / "merged" / "model.safetensors")
+    assert merged.keys() == state.keys() and all(torch.equal(merged[k], state[k]) for k in state)
+    assert not (tmp_path / "pytorch_model_fsdp_0").exists()
+
+
+def test_merge_weights_names_a_folder_that_is_not_a_checkpoint(tmp_path):
+    proc = _cli("merge-weights", "missing_dir", "out", cwd=tmp_path, check=False)
+    assert (
+        proc.returncode != 0 and "'missing_dir' is not a torch.distributed.checkpoint folder" in proc.stderr
+    )
+
+
+def test_the_console_script_is_declared_and_not_named_accelerate():
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"notebook-accel": "notebook_accel.commands.cli:main"}
+
+
+def test_no_command_prints_help_and_returns_1(capsys):
+    from notebook_accel.commands.cli import main
+
+    assert main([]) == 1
+    assert "estimate-memory" in capsys.readouterr().out
