@@ -91,7 +91,8 @@ def test_rank_0_reads_and_the_other_rank_receives_by_broadcast(tmp_path, kwargs)
     folder = str(tmp_path / "ckpt")
     _write_sharded(folder, reference)
     ranks = run_distributed(_load_on_each_rank, nprocs=2, args=(folder, kwargs))
-    assert sorted(ranks[0]["opened"]) == sorted(os.listdir(folder))  # the index and both shards
+    # the index and both shards (a shard may be opened twice: its format is checked before torch reads it)
+    assert sorted(set(ranks[0]["opened"])) == sorted(os.listdir(folder))
     assert ranks[1]["opened"] == []
     for rank in ranks:
         assert rank["same_model"] and rank["tied"]

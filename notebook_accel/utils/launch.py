@@ -400,6 +400,11 @@ def prepare_tpu(
     """Return ``(args, current_env)`` ready for a TPU launch: debug mode in the environment, and for a pod
     the fields ``torch_xla``'s pod runner reads (``vm`` as a list, the ``tpu_name``, the positional
     script arguments).
+
+    Args:
+        args: The parsed ``launch`` namespace (``debug``, ``tpu_vm``, ``tpu_name``, ``training_script`` ...).
+        current_env: The environment the launch will run with; updated in place and returned.
+        pod: Prepare a launch over a TPU pod (several VMs) rather than one host.
     """
     if _opt(args, "debug"):
         current_env["ACCELERATE_DEBUG_MODE"] = "true"
