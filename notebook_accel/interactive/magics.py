@@ -25,6 +25,7 @@ import argparse
 import io
 import re
 import shlex
+import sys
 import tokenize
 from typing import Any
 
@@ -258,7 +259,9 @@ def load_ipython_extension(ipython: Any) -> None:
 
     Loading twice replaces the earlier registration (one auto-mode transformer per shell).
     """
-    from IPython.core.error import UsageError
+    # The shell given here is IPython's, so IPython is imported already: take its UsageError from there
+    # (the core never imports IPython itself, as launch/cell_bars.kernel_display does for display).
+    UsageError = sys.modules["IPython.core.error"].UsageError  # noqa: N806
 
     magic = RanksMagic(ipython)
 
