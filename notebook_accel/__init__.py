@@ -57,8 +57,8 @@ _TABLE: dict[str, str] = {
     "find_executable_batch_size": ".utils",
     "synchronize_rng_states": ".utils",
     # libraries that import `accelerate` by name run on us
-    "install_as_accelerate": ".utils._accelerate_alias",
-    "uninstall_as_accelerate": ".utils._accelerate_alias",
+    "install_as_accelerate": "._alias",
+    "uninstall_as_accelerate": "._alias",
     # `%load_ext notebook_accel`: IPython looks this name up, which loads the %ranks magics (and no
     # IPython before that)
     "load_ipython_extension": ".interactive.magics",

@@ -40,7 +40,8 @@ LAZY_PANEL_IMPORT = ("notebook_accel.launchers", "notebook_accel.widgets")
 
 # Areas, from the bottom up. A module belongs to the first area whose prefix matches its name.
 _AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("lazy", ("notebook_accel._lazy",)),
+    # The base: the lazy-loading machinery and install_as_accelerate, both importing nothing of ours.
+    ("base", ("notebook_accel._lazy", "notebook_accel._alias")),
     ("utils", ("notebook_accel.utils",)),
     ("state", ("notebook_accel.state", "notebook_accel._state_")),
     ("launch", ("notebook_accel.launch",)),
@@ -70,20 +71,20 @@ _EVERYTHING = frozenset(name for name, _ in _AREAS) | {"training", "facade"}
 # Which areas each area may import. Areas not listed ("training": data_loader, optimizer, scheduler,
 # checkpointing, tracking, logging) may import utils, state and each other.
 _ALLOWED: dict[str, frozenset[str]] = {
-    "lazy": frozenset(),
-    "utils": frozenset({"lazy", "utils"}),
-    "state": frozenset({"lazy", "utils", "state"}),
-    "launch": frozenset({"lazy", "utils", "launch"}),
-    "hooks": frozenset({"lazy", "utils", "hooks"}),
-    "big_modeling": frozenset({"lazy", "utils", "state", "hooks", "big_modeling"}),
-    "inference": frozenset({"lazy", "utils", "state", "inference"}),
-    "training": frozenset({"lazy", "utils", "state", "training"}),
+    "base": frozenset(),
+    "utils": frozenset({"base", "utils"}),
+    "state": frozenset({"base", "utils", "state"}),
+    "launch": frozenset({"base", "utils", "launch"}),
+    "hooks": frozenset({"base", "utils", "hooks"}),
+    "big_modeling": frozenset({"base", "utils", "state", "hooks", "big_modeling"}),
+    "inference": frozenset({"base", "utils", "state", "inference"}),
+    "training": frozenset({"base", "utils", "state", "training"}),
     "integrations": frozenset(
-        {"lazy", "utils", "state", "hooks", "big_modeling", "training", "integrations"}
+        {"base", "utils", "state", "hooks", "big_modeling", "training", "integrations"}
     ),
     "accelerator": _EVERYTHING - {"hooks", "big_modeling", "launch", "launchers", "widgets", "facade"},
-    "launchers": frozenset({"lazy", "utils", "state", "launch", "launchers"}),
-    "interactive": frozenset({"lazy", "utils", "state", "launch", "launchers", "interactive"}),
+    "launchers": frozenset({"base", "utils", "state", "launch", "launchers"}),
+    "interactive": frozenset({"base", "utils", "state", "launch", "launchers", "interactive"}),
     "widgets": _EVERYTHING - {"facade"},
     "facade": _EVERYTHING - {"widgets"},
 }
@@ -177,7 +178,7 @@ UPWARD_ALLOWED: dict[tuple[str, str, str], str] = {
     **_upward_entries("accelerator", ("hooks.offloaded",), "accelerate.accelerator.has_offloaded_params"),
     **_upward_entries("local_sgd", ("accelerator",), "accelerate.local_sgd.Accelerator"),
     **_upward_entries(
-        "utils._accelerate_alias",
+        "_alias",
         ("",),
         "install_as_accelerate: `import accelerate` gives this whole package",
     ),
@@ -648,6 +649,8 @@ def test_checker_reports_new_and_fixed_entries() -> None:
 @pytest.mark.parametrize(
     ("module", "area"),
     [
+        ("notebook_accel._lazy", "base"),
+        ("notebook_accel._alias", "base"),
         ("notebook_accel.utils.operations", "utils"),
         ("notebook_accel.state.world", "state"),
         ("notebook_accel._state_gradient", "state"),

@@ -15,7 +15,7 @@ import json
 import pytest
 
 import notebook_accel
-from notebook_accel.utils._accelerate_alias import ACCELERATE_COMPAT_VERSION
+from notebook_accel._alias import ACCELERATE_COMPAT_VERSION
 from tests.clients._subproc import last_line, run_python
 
 _IMPORTS = {

@@ -7,7 +7,7 @@ import platform
 import shutil
 from importlib.metadata import PackageNotFoundError, version
 
-from ..utils._accelerate_alias import ACCELERATE_COMPAT_VERSION
+from .._alias import ACCELERATE_COMPAT_VERSION
 from .config.config_args import default_config_file, load_config_from_file
 from .utils import build_command_parser
 

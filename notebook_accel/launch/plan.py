@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..utils._accelerate_alias import alias_worker_env
+from .._alias import alias_worker_env
 from ..utils.enums import MIXED_PRECISION_CHOICES, PrecisionType
 from ..utils.environment import detect_platform, parse_flag_from_env
 from ..utils.imports import cuda_device_count

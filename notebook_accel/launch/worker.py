@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..utils._accelerate_alias import reinstall_from_env
+from .._alias import reinstall_from_env
 from ..utils._worker_channel import close_channel, open_channel, send_event
 from .progress import install_bar_events
 from .usage import final_usage, start_device_reporter

@@ -38,7 +38,7 @@ def test_accelerate_paths_are_the_same_module_objects():
             "find_spec": importlib.util.find_spec("accelerate") is not None,
             "version": importlib.metadata.version("accelerate"),
             "summary": importlib.metadata.metadata("accelerate")["Summary"],
-            "installed": notebook_accel.utils._accelerate_alias.is_installed_as_accelerate(),
+            "installed": notebook_accel._alias.is_installed_as_accelerate(),
         }))
         """
     )
@@ -67,7 +67,9 @@ def test_missing_submodule_is_a_module_not_found_error():
     assert last_line(out) == "MNFE accelerate.no_such_module"
 
 
-@pytest.mark.skipif(not REAL_INSTALLED, reason="needs the real accelerate installed (the clients extra pulls it)")
+@pytest.mark.skipif(
+    not REAL_INSTALLED, reason="needs the real accelerate installed (the clients extra pulls it)"
+)
 def test_refuses_when_the_real_accelerate_is_already_imported():
     out = run_python(
         """
@@ -84,13 +86,15 @@ def test_refuses_when_the_real_accelerate_is_already_imported():
     assert last_line(out) == "real still there accelerate"
 
 
-@pytest.mark.skipif(not REAL_INSTALLED, reason="needs the real accelerate installed (the clients extra pulls it)")
+@pytest.mark.skipif(
+    not REAL_INSTALLED, reason="needs the real accelerate installed (the clients extra pulls it)"
+)
 def test_warns_when_the_real_accelerate_is_installed_and_uninstall_restores_it():
     out = run_python(
         """
         import importlib.metadata, json, os, sys, warnings
         import notebook_accel
-        from notebook_accel.utils._accelerate_alias import AccelerateShadowedWarning
+        from notebook_accel._alias import AccelerateShadowedWarning
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             notebook_accel.install_as_accelerate()
