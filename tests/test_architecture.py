@@ -137,6 +137,18 @@ UPWARD_ALLOWED: dict[tuple[str, str, str], str] = {
         ("hooks.offloaded",),
         "accelerate.utils.has_offloaded_params / align_module_device / get_state_dict_offloaded_model",
     ),
+    **_upward_entries(
+        "utils",
+        ("parallelism_config",),
+        "accelerate.utils.{ParallelismConfig,TorchTensorParallelConfig,TorchContextParallelConfig,"
+        "DeepSpeedSequenceParallelConfig}",
+    ),
+    **_upward_entries(
+        "utils.dataclasses",
+        ("parallelism_config",),
+        "accelerate.utils.dataclasses.{TorchTensorParallelConfig,TorchContextParallelConfig,"
+        "DeepSpeedSequenceParallelConfig}",
+    ),
     **_upward_entries("utils.deepspeed", ("integrations.deepspeed.config",), "accelerate.utils.deepspeed"),
     **_upward_entries("utils.megatron_lm", ("integrations.megatron.lm",), "accelerate.utils.megatron_lm"),
     **_upward_entries("utils.fsdp_utils", ("integrations.fsdp.checkpoints",), "accelerate.utils.fsdp_utils"),

@@ -15,6 +15,7 @@ from .._lazy import attach
 from ..data_loader import DataLoaderDispatcher, prepare_data_loader, skip_first_batches
 from ..logging import get_logger
 from ..optimizer import AcceleratedOptimizer
+from ..parallelism_config import ParallelismConfig
 from ..scheduler import AcceleratedScheduler
 from ..state import AcceleratorState, GradientState, PartialState
 from ..tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, filter_trackers
@@ -86,7 +87,6 @@ from ..utils.package_checks import (
     is_torchao_available,
     is_transformer_engine_available,
 )
-from ..utils.parallelism import ParallelismConfig
 from ..utils.plugins import GradientAccumulationPlugin, TorchDynamoPlugin, TorchTensorParallelPlugin
 from ..utils.versions import compare_versions, is_torch_version
 from .core import Accelerator

@@ -22,9 +22,9 @@ if TYPE_CHECKING:
     from ..integrations.deepspeed.plugin import DeepSpeedPlugin
     from ..integrations.fsdp.plugin import FullyShardedDataParallelPlugin
     from ..integrations.megatron.plugin import MegatronLMPlugin
+    from ..parallelism_config import ParallelismConfig
     from ..utils.enums import DynamoBackend, RNGType
     from ..utils.kwargs import KwargsHandler
-    from ..utils.parallelism import ParallelismConfig
     from ..utils.plugins import TorchTensorParallelPlugin
 
 __all__ = ["AcceleratorFlags", "resolve_flags"]

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from .._lazy import LazyModule
+from ..parallelism_config import ParallelismConfig
 from ..utils.environment import parse_flag_from_env
-from ..utils.parallelism import ParallelismConfig
 
 __all__ = ["ParallelismMixin", "apply_tensor_parallel", "build_mesh", "plugins_for_parallelism"]
 

@@ -87,8 +87,9 @@ _add(
     "fsdp2_switch_optimizer_parameters",
     "get_fsdp2_grad_scaler",
 )
+# ParallelismConfig lives at Accelerate's accelerate.parallelism_config, above utils (served lazily)
 _add(
-    ".parallelism",
+    "..parallelism_config",
     "ParallelismConfig",
     "TorchTensorParallelConfig",
     "TorchContextParallelConfig",
