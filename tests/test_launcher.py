@@ -20,37 +20,9 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from notebook_accel.launch import LaunchError, LaunchHandle, OutputLine
 from notebook_accel.launch.request import LaunchRequest
 from notebook_accel.launchers import debug_launcher, notebook_launcher
-from tests.launcher_helpers import Snapshot
+from tests.launcher_helpers import Collect
 
-pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(autouse=True)
-def _no_leaks():
-    snap = Snapshot()
-    yield
-    snap.assert_clean()
-
-
-class Collect:
-    """A sink keeping every line (and the launcher's announcements)."""
-
-    def __init__(self) -> None:
-        self.lines: list[OutputLine] = []
-        self.announced: list[str] = []
-
-    def __call__(self, line: OutputLine) -> None:
-        self.lines.append(line)
-
-    def announce(self, text: str) -> None:
-        self.announced.append(text)
-
-    def texts(self, rank: int | None = None, stream: str | None = None) -> list[str]:
-        return [
-            ln.text
-            for ln in self.lines
-            if (rank is None or ln.rank == rank) and (stream is None or ln.stream == stream)
-        ]
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_launch_leaks")]
 
 
 def _allreduce_rank() -> dict:
