@@ -269,9 +269,8 @@ def prepare_data_loader(
     reads the data on process 0 only and sends each process its slice. ``use_stateful_dataloader``
     iterates through torchdata's ``StatefulDataLoader`` so ``state_dict()`` / ``load_state_dict()``
     resume mid-epoch. With a ``torch_device_mesh`` (and no explicit counts) the loader is sharded over
-    its data-parallel ranks only: ranks of one tensor-parallel group read the same batches. A 🤗
-    ``datasets.IterableDataset`` with at least one shard per process (``n_shards``), neither
-    dispatched nor split, is sharded natively: each process reads its own contiguous block of shards.
+    its data-parallel ranks only: ranks of one tensor-parallel group read the same batches. Undispatched,
+    unsplit, a 🤗 ``datasets.IterableDataset`` with ``n_shards >= num_processes`` is split by shards.
     """
     if not isinstance(dataloader, DataLoader):
         raise TypeError(
