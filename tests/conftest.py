@@ -20,3 +20,13 @@ def _isolate_process_state():
             dist.destroy_process_group()
     except ImportError:
         pass
+
+
+@pytest.fixture()
+def no_launch_leaks():
+    """Fail the test if it left processes, notebook_accel threads or open fds behind (launcher tests)."""
+    from tests.launcher_helpers import Snapshot
+
+    snap = Snapshot()
+    yield
+    snap.assert_clean()

@@ -153,3 +153,32 @@ def case_loader_skip_dataloader(A, ctx):
         "after": A.state.GradientState().active_dataloader is None,
         "stream": _rows(dl.SkipDataLoader(_IndexedStream(10), skip_batches=1, batch_size=4)),
     }
+
+
+@_case
+def case_loader_native_shards(A, ctx):
+    # A 🤗 datasets stream of 13 samples in 1 to 4 shards (fewer shards than processes, as many, more
+    # but not a multiple, a multiple), prepared with and without dispatching, and split_batches.
+    import datasets
+    from torch.utils.data import DataLoader
+
+    def stream(shards: int) -> Any:
+        table = datasets.Dataset.from_dict({"idx": list(range(13))})
+        return table.to_iterable_dataset(num_shards=shards).with_format("torch")
+
+    dl, out = _dl(A), {}
+    for shards in (1, 2, 3, 4):
+        for dispatch, split in ((False, False), (True, False), (False, True)):
+            config = A.utils.DataLoaderConfiguration(dispatch_batches=dispatch, split_batches=split)
+            loader = A.Accelerator(dataloader_config=config).prepare(DataLoader(stream(shards), batch_size=2))
+            out[f"{shards}_dispatch{dispatch:d}_split{split:d}"] = {
+                "rows": _rows(loader),
+                "by_batches": isinstance(loader.dataset, dl.IterableDatasetShard),
+                "n_shards": getattr(loader.dataset, "n_shards", None),
+            }
+    # Shuffled shards: the epoch reaches the dataset each pass; skip_first_batches keeps the split.
+    acc = A.Accelerator(dataloader_config=A.utils.DataLoaderConfiguration(dispatch_batches=False))
+    loader = acc.prepare(DataLoader(stream(4).shuffle(seed=3, buffer_size=3), batch_size=2))
+    out["shuffled"] = [_rows(loader), _rows(loader)]
+    out["skipped"] = _rows(acc.skip_first_batches(loader, 1))
+    return out

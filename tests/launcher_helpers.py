@@ -1,4 +1,4 @@
-"""Shared pieces of the launcher tests: leak checks and small worker functions."""
+"""Shared pieces of the launcher tests: leak checks, a collecting sink and a started ipykernel."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import os
 import threading
 
 import psutil
+
+from notebook_accel.launch import OutputLine
 
 # multiprocessing's own helpers (fork server, resource tracker) are shared by the whole process and
 # outlive any one launch by design; everything else a launch started must be gone.
@@ -72,3 +74,43 @@ class Snapshot:
         assert fd_count() <= self.fds, (
             f"open fds grew from {self.fds} to {fd_count()}: {os.listdir('/proc/self/fd')}"
         )
+
+
+class Collect:
+    """A sink keeping every line (and the launcher's announcements)."""
+
+    def __init__(self) -> None:
+        self.lines: list[OutputLine] = []
+        self.announced: list[str] = []
+
+    def __call__(self, line: OutputLine) -> None:
+        self.lines.append(line)
+
+    def announce(self, text: str) -> None:
+        self.announced.append(text)
+
+    def texts(self, rank: int | None = None, stream: str | None = None) -> list[str]:
+        """Return the texts of the lines of ``rank`` on ``stream`` (None: every rank, every stream)."""
+        return [
+            ln.text
+            for ln in self.lines
+            if (rank is None or ln.rank == rank) and (stream is None or ln.stream == stream)
+        ]
+
+
+class StartedKernel:
+    """A started ipykernel with a ready client (``self.km``, ``self.kc``); ``close()`` shuts it down."""
+
+    def __init__(self) -> None:
+        import jupyter_client
+
+        self.km = jupyter_client.KernelManager(kernel_name="python3")
+        # IPython's history database opens and closes files on its own schedule: off, to count fds.
+        self.km.start_kernel(extra_arguments=["--HistoryManager.enabled=False"])
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)

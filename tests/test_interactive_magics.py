@@ -16,6 +16,7 @@ import pytest
 
 from notebook_accel.interactive.display import CellDisplay, StacksView, StatusTable, rank_label
 from notebook_accel.interactive.magics import SUBCOMMANDS, RanksMagic, RanksUsageError, parse_ranks
+from tests.launcher_helpers import StartedKernel
 
 
 @dataclass
@@ -194,7 +195,7 @@ def test_auto_transform_makes_cells_ranks_cells_except_magics(magic) -> None:
 
 # -- in a real kernel -------------------------------------------------------------------------------
 
-jupyter_client = pytest.importorskip("jupyter_client")
+pytest.importorskip("jupyter_client")
 pytest.importorskip("ipykernel")
 
 
@@ -215,15 +216,8 @@ class Cell:
     """The error's traceback lines as the notebook shows them."""
 
 
-class MagicKernel:
+class MagicKernel(StartedKernel):
     """An ipykernel with ``%load_ext notebook_accel`` done; ``run(code)`` returns a :class:`Cell`."""
-
-    def __init__(self) -> None:
-        self.km = jupyter_client.KernelManager(kernel_name="python3")
-        self.km.start_kernel(extra_arguments=["--HistoryManager.enabled=False"])
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=60)
 
     def run(self, code: str, timeout: float = 120, interrupt_after: str | None = None) -> Cell:
         """Run ``code``; with ``interrupt_after``, press Stop once that text was printed."""
@@ -268,10 +262,6 @@ class MagicKernel:
         cell = self.run(code, timeout)
         assert cell.status == "ok", f"{code!r} failed: {cell.ename}: {cell.evalue}\n{cell.stderr}"
         return cell
-
-    def close(self) -> None:
-        self.kc.stop_channels()
-        self.km.shutdown_kernel(now=True)
 
 
 @pytest.fixture(scope="module")

@@ -11,29 +11,9 @@ import pytest
 from notebook_accel.launch import output as output_mod
 from notebook_accel.launch.output import LineSplitter, OutputHistory, OutputLine
 from notebook_accel.launchers import notebook_launcher
-from tests.launcher_helpers import Snapshot
+from tests.launcher_helpers import Collect
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def _no_leaks():
-    snap = Snapshot()
-    yield
-    snap.assert_clean()
-
-
-class Collect:
-    """A sink keeping every line."""
-
-    def __init__(self) -> None:
-        self.lines: list[OutputLine] = []
-
-    def __call__(self, line: OutputLine) -> None:
-        self.lines.append(line)
-
-    def texts(self, rank: int, stream: str = "stdout") -> list[str]:
-        return [ln.text for ln in self.lines if ln.rank == rank and ln.stream == stream]
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_launch_leaks")]
 
 
 # ---------------------------------------------------------------------------------------- long lines
@@ -100,7 +80,7 @@ def test_long_line_through_the_launcher_arrives_whole():
     assert (
         notebook_launcher(_print_long_line, (size,), num_processes=2, sinks=[sink], timeout=60) == [size] * 2
     )
-    (line,) = sink.texts(1)
+    (line,) = sink.texts(1, "stdout")
     assert len(line) == size and line.endswith("xy") and line.count("x") == size - 1
 
 
@@ -135,7 +115,7 @@ def test_one_huge_line_survives_stacks_signals():
     taken = _stacks_while_running(handle, 0.0)
     [written] = handle.result()
     assert taken >= 1  # stacks() was asked while the rank wrote
-    (line,) = sink.texts(0)
+    (line,) = sink.texts(0, "stdout")
     assert len(line) == written
     assert line == "abcdefghijklmnopqrstuvwxyz" * (size // 26)
 
@@ -146,7 +126,7 @@ def test_many_long_lines_survive_stacks_every_fifth_of_a_second():
     handle = notebook_launcher(_print_many_lines, (count, size), num_processes=1, sinks=[sink], block=False)
     _stacks_while_running(handle, 0.2)
     assert handle.result() == [count]
-    lines = sink.texts(0)
+    lines = sink.texts(0, "stdout")
     assert [len(t) for t in lines] == [size] * count
     assert [t[:6] for t in lines] == [f"{i:06d}" for i in range(count)]
 

@@ -7,22 +7,16 @@ import time
 
 import pytest
 
-jupyter_client = pytest.importorskip("jupyter_client")
+from tests.launcher_helpers import StartedKernel
+
+pytest.importorskip("jupyter_client")
 pytest.importorskip("ipykernel")
 
 pytestmark = pytest.mark.timeout(120)
 
 
-class Kernel:
+class Kernel(StartedKernel):
     """A started ipykernel and a client; ``run(code)`` returns (status, stdout, stderr, error name)."""
-
-    def __init__(self) -> None:
-        self.km = jupyter_client.KernelManager(kernel_name="python3")
-        # IPython's history database opens and closes files on its own schedule: off, to count fds.
-        self.km.start_kernel(extra_arguments=["--HistoryManager.enabled=False"])
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=60)
 
     def run(self, code: str, timeout: float = 60, interrupt_after: str | None = None):
         out: list[str] = []
@@ -52,10 +46,6 @@ class Kernel:
         ):  # e.g. wait_for_ready's extra kernel_info replies
             reply = self.kc.get_shell_msg(timeout=timeout)
         return reply["content"]["status"], "".join(out), "".join(err), ename[0] if ename else None
-
-    def close(self) -> None:
-        self.kc.stop_channels()
-        self.km.shutdown_kernel(now=True)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 ``prepare_data_loader`` rebuilds a ``torch.utils.data.DataLoader`` so that process ``i`` of ``n``
 iterates over its part of the data (``BatchSamplerShard`` for map-style datasets,
-``IterableDatasetShard`` for iterable ones), moves batches to the device, keeps the random
+``IterableDatasetShard`` for iterable ones, its own shards of a 🤗 ``datasets.IterableDataset``), moves batches to the device, keeps the random
 samplers of all processes in step (``SeedableRandomSampler`` or a synchronised generator) and tells
 ``GradientState`` when the last batch is being served and how many of its samples are real.
 ``skip_first_batches`` resumes a loader mid-epoch without loading the skipped samples. The
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -268,7 +269,8 @@ def prepare_data_loader(
     reads the data on process 0 only and sends each process its slice. ``use_stateful_dataloader``
     iterates through torchdata's ``StatefulDataLoader`` so ``state_dict()`` / ``load_state_dict()``
     resume mid-epoch. With a ``torch_device_mesh`` (and no explicit counts) the loader is sharded over
-    its data-parallel ranks only: ranks of one tensor-parallel group read the same batches.
+    its data-parallel ranks only: ranks of one tensor-parallel group read the same batches. Undispatched,
+    unsplit, a 🤗 ``datasets.IterableDataset`` with ``n_shards >= num_processes`` is split by shards.
     """
     if not isinstance(dataloader, DataLoader):
         raise TypeError(
@@ -386,7 +388,14 @@ def _sharded_stream(
     dataset, batch_size, drop_last = dataloader.dataset, dataloader.batch_size, dataloader.drop_last
     generator = getattr(dataset, "generator", None)
     synchronized_generator = generator if isinstance(generator, torch.Generator) else None
-    if num_processes > 1:
+    if num_processes > 1 and not split_batches and _splits_by_shards(dataset, num_processes):
+        # Native sharding: each process reads only its own block of contiguous shards (files) instead
+        # of reading the whole stream and keeping one batch in num_processes. A process may get one
+        # shard more than another (n_shards=3 on 2 processes: 2 and 1) and so more batches, as with
+        # Accelerate 1.15. (datasets' split_dataset_by_node would deal the shards out round-robin,
+        # and fall back to one sample in num_processes when they do not divide: other batches.)
+        dataset = dataset.shard(num_shards=num_processes, index=process_index)
+    elif num_processes > 1:
         dataset = IterableDatasetShard(
             dataset,
             batch_size=batch_size or 1,
@@ -397,6 +406,17 @@ def _sharded_stream(
         )
         batch_size = (batch_size or 1) // num_processes if split_batches else batch_size
     return dataset, {"batch_size": batch_size, "drop_last": drop_last}, synchronized_generator
+
+
+def _splits_by_shards(dataset: Any, num_processes: int) -> bool:
+    """Return whether ``dataset`` is a 🤗 ``datasets.IterableDataset`` with a shard for every process."""
+    # Only an already-imported `datasets` can have built the dataset: importing it here (pyarrow,
+    # pandas) would cost every stream that is not one.
+    datasets = sys.modules.get("datasets")
+    iterable = getattr(datasets, "IterableDataset", None)
+    if not isinstance(iterable, type) or not isinstance(dataset, iterable):
+        return False
+    return getattr(dataset, "n_shards", 0) >= num_processes
 
 
 def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:

@@ -12,11 +12,13 @@ import errno
 import os
 import pickle
 import queue
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -156,7 +158,7 @@ class _ForkThread:
         while True:
             child, answer = requests.get()
             try:
-                pid = os.fork()
+                pid = _fork_without_thread_warning()
             except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
                 answer.put(exc)
                 continue
@@ -173,6 +175,33 @@ class _ForkThread:
 
 
 _FORKER = _ForkThread()
+
+# Python 3.12+ warns on os.fork() in a process with more than one thread. Forking from a thread is what
+# _ForkThread is for (see its docstring), so that one warning, at that one call, says nothing the user
+# can act on. It is silenced by a filter that matches only it (category, message, and this module,
+# which the warning is attributed to) and that exists only around the fork: a filter installed once
+# at import would be shadowed by the filters pytest or a user inserts in front of it later, and
+# warnings.catch_warnings() swaps the process-wide filter list, so on exit it would drop a filter
+# another thread added meanwhile. Inserting then removing this one entry changes nothing else, and
+# while it is there it can match no other warning (no other code forks from this module).
+_FORK_WARNING = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead to deadlocks"
+_FORK_MODULE = re.escape(__name__) + r"\Z"
+_FORK_FILTER = ("ignore", re.compile(_FORK_WARNING, re.I), DeprecationWarning, re.compile(_FORK_MODULE), 0)
+
+
+def _fork_without_thread_warning() -> int:
+    """Return ``os.fork()``'s result, without Python's multi-threaded-fork ``DeprecationWarning``."""
+    added = _FORK_FILTER not in warnings.filters  # the same entry already there: leave it alone
+    if added:
+        warnings.filterwarnings("ignore", _FORK_WARNING, DeprecationWarning, _FORK_MODULE)
+    try:
+        return os.fork()
+    finally:  # in the parent and in the child, which inherits the entry
+        if added:
+            try:
+                warnings.filters.remove(_FORK_FILTER)
+            except ValueError:  # another thread's catch_warnings() exited meanwhile: already gone
+                pass
 
 
 def _fork(spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerProcess:
