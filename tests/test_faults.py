@@ -22,25 +22,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from notebook_accel.launch import LaunchError, OutputLine
+from notebook_accel.launch import LaunchError
 from notebook_accel.launchers import notebook_launcher
-from tests.launcher_helpers import Snapshot
+from tests.launcher_helpers import Collect, Snapshot
 
 pytestmark = pytest.mark.timeout(120)
-
-
-class Collect:
-    """A sink keeping every line and the launcher's announcements."""
-
-    def __init__(self) -> None:
-        self.lines: list[OutputLine] = []
-        self.announced: list[str] = []
-
-    def __call__(self, line: OutputLine) -> None:
-        self.lines.append(line)
-
-    def announce(self, text: str) -> None:
-        self.announced.append(text)
 
 
 def _rank() -> int:
