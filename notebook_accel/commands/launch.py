@@ -38,7 +38,8 @@ from ..utils.imports import (
     is_torch_xla_available,
     is_xpu_available,
 )
-from ..utils.launch import (
+from .config.config_args import SageMakerConfig, default_config_file, load_config_from_file
+from .launch_env import (
     PrepareForLaunch,
     prepare_deepspeed_cmd_env,
     prepare_multi_gpu_env,
@@ -46,7 +47,6 @@ from ..utils.launch import (
     prepare_simple_launcher_cmd_env,
     prepare_tpu,
 )
-from .config.config_args import SageMakerConfig, default_config_file, load_config_from_file
 from .utils import CustomArgumentParser
 
 __all__ = [
