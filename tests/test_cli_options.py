@@ -1,0 +1,116 @@
+"""``notebook-accel launch`` and ``tpu-config`` take Accelerate 1.15's options, as recorded from 1.15.
+
+tests/data/cli_options_1_15.json (scripts/record_cli_options.py, run under the real 1.15) lists each
+option of 1.15's ``launch`` and ``tpu-config`` parsers: option strings, destination, default, type,
+nargs, choices, action kind and help group. Our parsers are read the same way and compared.
+tests/data/goldens/cli_prepare.json holds, for 18 command lines, the namespace 1.15's launch command
+hands its builders: ours, parsed and filled in the same way, gives the same one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from notebook_accel.commands import cli
+from notebook_accel.commands import launch as launch_module
+from notebook_accel.commands.launch import launch_command, launch_command_parser
+from notebook_accel.utils.imports import is_megatron_lm_available
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORD = json.loads((ROOT / "tests" / "data" / "cli_options_1_15.json").read_text(encoding="utf-8"))
+PREPARE = json.loads((ROOT / "tests" / "data" / "goldens" / "cli_prepare.json").read_text(encoding="utf-8"))
+
+
+def _load_recorder():
+    spec = importlib.util.spec_from_file_location(
+        "_cli_options_recorder", ROOT / "scripts" / "record_cli_options.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RECORDER = _load_recorder()
+
+
+def _ours(parser: argparse.ArgumentParser) -> list[dict]:
+    actions = RECORDER._actions(parser)
+    for entry in actions:  # Python 3.10 titles the parser's own group "optional arguments"
+        entry["group"] = "options" if entry["group"] == "optional arguments" else entry["group"]
+        if entry["type"] == "bool_triple":
+            entry["type"] = "<function>"
+    return actions
+
+
+def _subparser(name: str) -> argparse.ArgumentParser:
+    top = cli.parser()
+    return next(a for a in top._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+
+
+def test_record_is_1_15s():
+    assert RECORD["accelerate_version"].startswith("1.15") and len(RECORD["launch"]) == 125
+
+
+@pytest.mark.parametrize("build", [launch_command_parser, lambda: _subparser("launch")], ids=["alone", "sub"])
+def test_launch_parser_has_1_15s_options(build):
+    ours, recorded = _ours(build()), RECORD["launch"]
+    assert [a["dest"] for a in ours] == [a["dest"] for a in recorded]
+    for mine, theirs in zip(ours, recorded):
+        assert mine == theirs, mine["dest"]
+
+
+def test_a_1_15_command_line_parses_with_every_group():
+    argv = ["--multi-gpu", "--num_processes", "2", "--mixed_precision", "fp8", "--fp8_backend", "te",
+            "--fp8_override_linear_precision", "true,false,true", "--use_fsdp", "--fsdp-version", "2",
+            "--fsdp_offload_params", "true", "--zero_stage", "3", "--megatron_lm_tp_degree", "2",
+            "--parallelism_config_tp_size", "2", "--tpu_cluster", "--vm", "a", "--vm", "b", "--no_tpu_cluster",
+            "--aws_access_key_id", "k", "--mpirun_hostfile", "h", "-t", "3", "--max_restarts", "1", "s.py", "--x"]  # fmt: skip
+    a = launch_command_parser().parse_args(argv)
+    assert (a.multi_gpu, a.fp8_override_linear_precision, a.fsdp_version, a.zero_stage) == (
+        True,
+        (1, 0, 1),
+        "2",
+        3,
+    )
+    assert (a.vm, a.tpu_use_cluster, a.tee, a.training_script_args) == (["a", "b"], False, "3", ["--x"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [(["--fsdp_version", "3"], "--fsdp_version.*invalid choice: '3'"),
+     (["--fp8_override_linear_precision", "maybe,no"], "--fp8_override_linear_precision.*invalid bool_triple"),
+     (["--dynamo_backend", "ipex"], "--dynamo_backend.*invalid choice: 'ipex'")],
+)  # fmt: skip
+def test_bad_values_are_refused_naming_the_option(argv, match, capsys):
+    with pytest.raises(SystemExit):
+        launch_command_parser().parse_args([*argv, "s.py"])
+    with pytest.raises(AssertionError, match=match):
+        raise AssertionError(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("case", sorted(PREPARE["cases"]))
+def test_launch_namespace_is_1_15s(case, monkeypatch, tmp_path):
+    # no config file: 1.15 fills the same defaults in (machine-dependent thread count left out)
+    monkeypatch.setattr(launch_module, "default_config_file", str(tmp_path / "none.yaml"))
+    recorded = PREPARE["cases"][case]
+    args = launch_module._fill_from_config(launch_command_parser().parse_args(recorded["argv"]))
+    ours = {k: RECORDER._jsonable(v) for k, v in vars(args).items() if k != "func"}
+    skip = {"nondefault", "num_cpu_threads_per_process", "deepspeed_fields_from_accelerate_config"}
+    theirs = {k: v for k, v in recorded["namespace"].items() if k not in skip}
+    assert {k: v for k, v in ours.items() if k not in skip} == theirs
+
+
+@pytest.mark.skipif(is_megatron_lm_available(), reason="megatron-core is installed")
+def test_megatron_builds_its_environment_then_names_what_to_install(monkeypatch, tmp_path):
+    seen = {}
+    real = launch_module.prepare_multi_gpu_env
+    monkeypatch.setattr(launch_module, "prepare_multi_gpu_env", lambda a: seen.setdefault("env", real(a)))
+    argv = ["--use_megatron_lm", "--num_processes", "2", "--megatron_lm_tp_degree", "2", "s.py"]
+    with pytest.raises(ImportError, match="pip install megatron-core"):
+        launch_command(launch_command_parser().parse_args(argv))
+    assert seen["env"]["MEGATRON_LM_TP_DEGREE"] == "2" and seen["env"]["ACCELERATE_USE_MEGATRON_LM"] == "true"
