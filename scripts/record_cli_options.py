@@ -34,7 +34,8 @@ TPU_CONFIG = {
     "tpu_zone": "us-central1-a",
     "commands": ["pip install datasets", "echo hi"],
 }
-# name -> argv after ``tpu-config`` ("<config>": a file holding TPU_CONFIG; "<commands>": two commands)
+# name -> argv after ``tpu-config``. "<config>": a file holding TPU_CONFIG; "<config_file_too>": the same with
+# ``command_file`` set to "<commands>" as well; "<commands>": two commands; "<ragged>": blank line, spaces.
 TPU_CASES = {
     "config_commands": ["--config_file", "<config>", "--debug"],
     "config_alpha_install_cli_commands": ["--config_file", "<config>", "--debug", "--install_accelerate",
@@ -45,7 +46,11 @@ TPU_CASES = {
                           "--install_accelerate", "--accelerate_version", "dev"],
     "command_file_pinned_version": ["--tpu_name", "t", "--tpu_zone", "z", "--debug", "--command_file",
                                     "<commands>", "--install_accelerate", "--accelerate_version", "1.2.0"],
+    "command_file_wins_over_command": ["--tpu_name", "t", "--tpu_zone", "z", "--debug", "--command_file",
+                                       "<ragged>", "--command", "y"],
+    "config_command_file_and_commands": ["--config_file", "<config_file_too>", "--debug"],
     "no_command": ["--tpu_name", "t", "--tpu_zone", "z", "--debug"],
+    "no_tpu_name": ["--debug", "--command", "x"],
 }  # fmt: skip
 
 
@@ -98,20 +103,29 @@ def options_worker() -> None:
     from accelerate.commands.launch import launch_command_parser
     from accelerate.commands.tpu import tpu_command_parser
 
-    print(json.dumps({"launch": _actions(launch_command_parser()), "tpu_config": _actions(tpu_command_parser())}))
+    print(
+        json.dumps(
+            {"launch": _actions(launch_command_parser()), "tpu_config": _actions(tpu_command_parser())}
+        )
+    )
 
 
 def _tpu_cases(python: str, workdir: str) -> dict:
     import yaml
 
-    config, commands = os.path.join(workdir, "tpu.yaml"), os.path.join(workdir, "commands.txt")
-    with open(config, "w") as handle:
+    files = {name: os.path.join(workdir, name.strip("<>")) for name in ("<config>", "<config_file_too>",
+                                                                        "<commands>", "<ragged>")}  # fmt: skip
+    with open(files["<config>"], "w") as handle:
         yaml.safe_dump(TPU_CONFIG, handle)
-    with open(commands, "w") as handle:
+    with open(files["<config_file_too>"], "w") as handle:
+        yaml.safe_dump({**TPU_CONFIG, "command_file": files["<commands>"]}, handle)
+    with open(files["<commands>"], "w") as handle:
         handle.write("echo one\necho two\n")
+    with open(files["<ragged>"], "w") as handle:
+        handle.write("echo one\n\n  echo two  \n")
     out = {}
     for name, argv in TPU_CASES.items():
-        real = [{"<config>": config, "<commands>": commands}.get(a, a) for a in argv]
+        real = [files.get(a, a) for a in argv]
         proc = subprocess.run([python, "-m", "accelerate.commands.accelerate_cli", "tpu-config", *real],
                               env={**CLEAN_ENV, "HF_HOME": os.path.join(workdir, "hf")}, cwd=workdir,
                               capture_output=True, text=True)  # fmt: skip

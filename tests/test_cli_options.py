@@ -12,13 +12,17 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from notebook_accel.commands import cli
 from notebook_accel.commands import launch as launch_module
+from notebook_accel.commands import tpu as tpu_module
 from notebook_accel.commands.launch import launch_command, launch_command_parser
+from notebook_accel.commands.tpu import tpu_command_parser
 from notebook_accel.utils.imports import is_megatron_lm_available
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,3 +118,89 @@ def test_megatron_builds_its_environment_then_names_what_to_install(monkeypatch,
     with pytest.raises(ImportError, match="pip install megatron-core"):
         launch_command(launch_command_parser().parse_args(argv))
     assert seen["env"]["MEGATRON_LM_TP_DEGREE"] == "2" and seen["env"]["ACCELERATE_USE_MEGATRON_LM"] == "true"
+
+
+# --- tpu-config ----------------------------------------------------------------------------------------
+
+TPU_GOLDEN = json.loads(
+    (ROOT / "tests" / "data" / "goldens" / "cli_tpu_config.json").read_text(encoding="utf-8")
+)
+
+
+@pytest.mark.parametrize(
+    "build", [tpu_command_parser, lambda: _subparser("tpu-config")], ids=["alone", "sub"]
+)
+def test_tpu_config_parser_has_1_15s_options(build):
+    assert _ours(build()) == RECORD["tpu_config"]
+
+
+@pytest.fixture
+def tpu_files(tmp_path, monkeypatch):
+    # JSON config files (1.15 reads both; YAML needs PyYAML, not a dependency of ours)
+    monkeypatch.setattr(tpu_module, "default_config_file", str(tmp_path / "none.yaml"))
+    names = {"<config>": "config.json", "<config_file_too>": "config_file_too.json", "<commands>": "commands.txt",
+             "<ragged>": "ragged.txt"}  # fmt: skip
+    files = {key: tmp_path / name for key, name in names.items()}
+    files["<config>"].write_text(json.dumps(TPU_GOLDEN["config"]))
+    files["<config_file_too>"].write_text(
+        json.dumps({**TPU_GOLDEN["config"], "command_file": str(files["<commands>"])})
+    )
+    files["<commands>"].write_text("echo one\necho two\n")
+    files["<ragged>"].write_text("echo one\n\n  echo two  \n")
+    return {k: str(v) for k, v in files.items()}
+
+
+def _tpu_config(argv: list[str], files: dict[str, str]) -> None:
+    cli.main(["tpu-config", *[files.get(a, a) for a in argv]])
+
+
+@pytest.mark.parametrize("case", sorted(k for k, v in TPU_GOLDEN["cases"].items() if v["returncode"] == 0))
+def test_tpu_config_debug_prints_1_15s_command(case, tpu_files, capsys):
+    _tpu_config(TPU_GOLDEN["cases"][case]["argv"], tpu_files)
+    assert capsys.readouterr().out == TPU_GOLDEN["cases"][case]["stdout"]
+
+
+def test_tpu_config_with_nothing_to_run_names_the_options(tpu_files):
+    recorded = TPU_GOLDEN["cases"]["no_command"]
+    assert recorded["error"] == "ValueError"
+    with pytest.raises(ValueError, match="nothing to run: pass --command .* or --command_file"):
+        _tpu_config(recorded["argv"], tpu_files)
+
+
+def test_tpu_config_without_a_pod_name_names_the_option(tpu_files):
+    # 1.15 fails inside its own join (TypeError); we name the missing option
+    assert TPU_GOLDEN["cases"]["no_tpu_name"]["error"] == "TypeError"
+    with pytest.raises(ValueError, match="needs --tpu_name"):
+        _tpu_config(TPU_GOLDEN["cases"]["no_tpu_name"]["argv"], tpu_files)
+
+
+def test_tpu_config_without_gcloud_names_it(tpu_files, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    with pytest.raises(FileNotFoundError, match="`gcloud`, which is not on PATH"):
+        _tpu_config(["--config_file", "<config>"], tpu_files)
+
+
+def test_tpu_config_runs_gcloud_when_present(tpu_files, monkeypatch, tmp_path, capsys):
+    # a stand-in gcloud on PATH records its arguments: the command line runs as built, not through a shell
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "gcloud"
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path / 'argv.txt'}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin")
+    _tpu_config(["--config_file", "<config>", "--command", "echo 'a b'"], tpu_files)
+    assert (tmp_path / "argv.txt").read_text().splitlines() == [
+        "compute", "tpus", "tpu-vm", "ssh", "my-tpu", "--zone", "us-central1-a",
+        "--command", "cd /usr/share; echo 'a b'", "--worker", "all",
+    ]  # fmt: skip
+    assert capsys.readouterr().out == "Successfully setup pod.\n"
+
+
+def test_tpu_config_raises_when_gcloud_fails(tpu_files, monkeypatch, tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gcloud").write_text("#!/bin/sh\nexit 2\n")
+    (bin_dir / "gcloud").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin")
+    with pytest.raises(subprocess.CalledProcessError, match="exit status 2"):
+        _tpu_config(["--config_file", "<config>"], tpu_files)
