@@ -54,6 +54,25 @@ TPU_CASES = {
 }  # fmt: skip
 
 
+# name -> (config file contents, argv after ``launch --config_file <file>``): the namespace 1.15's launch
+# command hands its builders when a config file fills the options left out.
+CONFIG_CASES = {
+    "fsdp2_from_config": (
+        {"compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP", "mixed_precision": "bf16",
+         "num_machines": 1, "num_processes": 2, "machine_rank": 0, "main_process_port": 29611, "use_cpu": False,
+         "fsdp_config": {"fsdp_version": 2, "fsdp_offload_params": True, "fsdp_auto_wrap_policy":
+                         "TRANSFORMER_BASED_WRAP", "fsdp_transformer_layer_cls_to_wrap": "GPT2Block",
+                         "fsdp_state_dict_type": "SHARDED_STATE_DICT", "fsdp_reshard_after_forward": False}},
+        ["--fsdp_sharding_strategy", "SHARD_GRAD_OP", "--mixed_precision", "fp16", "s.py"],
+    ),
+    "multi_cpu_from_config": (
+        {"compute_environment": "LOCAL_MACHINE", "distributed_type": "MULTI_CPU", "mixed_precision": "no",
+         "num_machines": 1, "num_processes": 4, "use_cpu": True, "debug": True, "gpu_ids": "all"},
+        ["--num_processes", "2", "s.py", "--x"],
+    ),
+}  # fmt: skip
+
+
 def _type_name(kind) -> str | None:
     if kind is None:
         return None
@@ -100,14 +119,22 @@ def _actions(parser) -> list[dict]:
 
 def options_worker() -> None:
     """Print the JSON of both parsers' options (runs under the real Accelerate)."""
-    from accelerate.commands.launch import launch_command_parser
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.commands.tpu import tpu_command_parser
 
-    print(
-        json.dumps(
-            {"launch": _actions(launch_command_parser()), "tpu_config": _actions(tpu_command_parser())}
-        )
-    )
+    out = {"launch": _actions(launch_command_parser()), "tpu_config": _actions(tpu_command_parser())}
+    out["config_namespaces"] = {}
+    for name, (config, argv) in CONFIG_CASES.items():
+        with tempfile.TemporaryDirectory() as workdir:
+            path = os.path.join(workdir, "config.json")
+            with open(path, "w") as handle:
+                json.dump(config, handle)
+            args = _validate_launch_command(
+                launch_command_parser().parse_args(["--config_file", path, *argv])
+            )[0]
+        namespace = {k: _jsonable(v) for k, v in vars(args).items() if k not in ("nondefault", "config_file")}
+        out["config_namespaces"][name] = {"config": config, "argv": argv, "namespace": namespace}
+    print(json.dumps(out))
 
 
 def _tpu_cases(python: str, workdir: str) -> dict:
@@ -146,8 +173,14 @@ def main() -> None:
     if ns.worker:
         options_worker()
         return
+    home = tempfile.mkdtemp()  # no default config file of this machine's user
     run = lambda *argv: subprocess.run(  # noqa: E731
-        [ns.python, *argv], env=CLEAN_ENV, capture_output=True, text=True, check=True, cwd="/tmp"
+        [ns.python, *argv],
+        env={**CLEAN_ENV, "HF_HOME": home},
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/tmp",
     ).stdout.strip()
     version = run("-c", "import accelerate; print(accelerate.__version__)")
     options = json.loads(run(__file__, "--python", ns.python, "--worker").splitlines()[-1])

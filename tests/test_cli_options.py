@@ -109,6 +109,20 @@ def test_launch_namespace_is_1_15s(case, monkeypatch, tmp_path):
     assert {k: v for k, v in ours.items() if k not in skip} == theirs
 
 
+@pytest.mark.parametrize("case", sorted(RECORD["config_namespaces"]))
+def test_launch_namespace_from_a_config_file_is_1_15s(case, tmp_path):
+    # the options left out come from the config file (nested fsdp_config keys included), as in 1.15
+    recorded = RECORD["config_namespaces"][case]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(recorded["config"]))
+    args = launch_module._fill_from_config(
+        launch_command_parser().parse_args(["--config_file", str(path), *recorded["argv"]])
+    )
+    skip = {"num_cpu_threads_per_process", "deepspeed_fields_from_accelerate_config", "config_file", "func"}
+    ours = {k: RECORDER._jsonable(v) for k, v in vars(args).items() if k not in skip}
+    assert ours == {k: v for k, v in recorded["namespace"].items() if k not in skip}
+
+
 @pytest.mark.skipif(is_megatron_lm_available(), reason="megatron-core is installed")
 def test_megatron_builds_its_environment_then_names_what_to_install(monkeypatch, tmp_path):
     seen = {}

@@ -10,6 +10,7 @@ reads. DeepSpeed, SageMaker and TPU launches check their requirements and name w
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import subprocess
@@ -168,47 +169,55 @@ def _option_defaults() -> dict[str, object]:
     return out
 
 
-# What a config file's nested engine sections hold, and the prefix their keys get as launch options.
-_CONFIG_SECTIONS = {"fsdp_config": "", "deepspeed_config": "", "megatron_lm_config": "", "fp8_config": "fp8_"}
+# A config file's nested sections, and the prefix their keys get as launch options.
+_CONFIG_SECTIONS = {"fsdp_config": "", "deepspeed_config": "", "megatron_lm_config": "", "fp8_config": "fp8_",
+                    "dynamo_config": "", "mpirun_config": "", "parallelism_config": "parallelism_config_"}  # fmt: skip
 _PARADIGM_OF = {DistributedType.DEEPSPEED: "use_deepspeed", DistributedType.FSDP: "use_fsdp",
                 DistributedType.MEGATRON_LM: "use_megatron_lm", DistributedType.XLA: "tpu",
                 DistributedType.MULTI_GPU: "multi_gpu"}  # fmt: skip
 
 
-def _config_values(config: dict) -> dict[str, object]:
-    """Return the launch options a config file's keys give (nested engine sections flattened)."""
-    values = {("cpu" if key == "use_cpu" else key): value for key, value in config.items()}
+def _config_values(config) -> dict[str, object]:
+    """Return what a loaded config gives the launch namespace: its fields (unset ones too, as 1.15 carries
+    them), the nested sections' keys as options, and the paradigm flag of its distributed type."""
+    values = {
+        field.name: getattr(config, field.name)
+        for field in dataclasses.fields(config)
+        if field.name not in ("compute_environment", "distributed_type", *_CONFIG_SECTIONS)
+    }
     for section, prefix in _CONFIG_SECTIONS.items():
-        for key, value in (config.get(section) or {}).items():
-            name = key if key.startswith(prefix) else prefix + key
-            values[name] = (
-                str(value).lower() if isinstance(value, bool) and name.startswith("fsdp_") else value
-            )
-    flag = _PARADIGM_OF.get(config.get("distributed_type"))
+        for key, value in (getattr(config, section, None) or {}).items():
+            values[key if key.startswith(prefix) else prefix + key] = value
+    flag = _PARADIGM_OF.get(config.distributed_type)
     if flag:
         values[flag] = True
+    values["gpu_ids"] = values.get("gpu_ids") or "all"
     return values
 
 
 def _fill_from_config(args: argparse.Namespace) -> argparse.Namespace:
-    """Return ``args`` with the options left at their default taken from the config file, then 1.15's defaults."""
+    """Return ``args`` with the options left at their default taken from the config file, then 1.15's defaults.
+
+    A config key that is no launch option (``tpu_name``, ``commands``...) is carried onto ``args`` as is.
+    """
     path = args.config_file or (default_config_file if os.path.isfile(default_config_file) else None)
-    config = load_config_from_file(path).to_dict() if path is not None else {}
+    config = load_config_from_file(path) if path is not None else None
+    values = _config_values(config) if config is not None else {}
     defaults = _option_defaults()
-    for name, value in _config_values(config).items():
-        if name in defaults and getattr(args, name, None) in (defaults[name], None) and value is not None:
+    for name, value in values.items():
+        if name not in defaults or (getattr(args, name) in (defaults[name], None) and value is not None):
             setattr(args, name, value)
-    args.use_cpu = bool(args.cpu)
+    args.use_cpu = bool(args.cpu or values.get("use_cpu"))
     args.debug = bool(args.debug)
     args.num_machines = args.num_machines or 1
-    args.num_processes = 0 if args.num_processes is None else args.num_processes
+    args.num_processes = 0 if args.num_processes in (None, -1) else args.num_processes
     args.mixed_precision = args.mixed_precision or "no"
     args.dynamo_backend = args.dynamo_backend or "no"
     if args.num_cpu_threads_per_process is None:
         local = max(1, args.num_processes // args.num_machines)
         args.num_cpu_threads_per_process = max(1, (os.cpu_count() or 1) // local) if args.use_cpu else 1
     if not hasattr(args, "deepspeed_fields_from_accelerate_config"):
-        args.deepspeed_fields_from_accelerate_config = sorted(config.get("deepspeed_config") or {})
+        args.deepspeed_fields_from_accelerate_config = sorted(getattr(config, "deepspeed_config", None) or {})
     return args
 
 
