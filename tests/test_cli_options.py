@@ -23,7 +23,11 @@ from notebook_accel.commands import launch as launch_module
 from notebook_accel.commands import tpu as tpu_module
 from notebook_accel.commands.launch import launch_command, launch_command_parser
 from notebook_accel.commands.tpu import tpu_command_parser
-from notebook_accel.utils.imports import is_megatron_lm_available
+from notebook_accel.utils.imports import (
+    is_megatron_lm_available,
+    is_sagemaker_available,
+    is_torch_xla_available,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = json.loads((ROOT / "tests" / "data" / "cli_options_1_15.json").read_text(encoding="utf-8"))
@@ -132,6 +136,47 @@ def test_megatron_builds_its_environment_then_names_what_to_install(monkeypatch,
     with pytest.raises(ImportError, match="pip install megatron-core"):
         launch_command(launch_command_parser().parse_args(argv))
     assert seen["env"]["MEGATRON_LM_TP_DEGREE"] == "2" and seen["env"]["ACCELERATE_USE_MEGATRON_LM"] == "true"
+
+
+@pytest.mark.skipif(is_sagemaker_available(), reason="the sagemaker SDK is installed")
+def test_sagemaker_builds_the_estimator_arguments_then_names_the_sdk(monkeypatch, tmp_path):
+    seen = {}
+    real = launch_module.prepare_sagemager_args_inputs
+    monkeypatch.setattr(
+        launch_module, "prepare_sagemager_args_inputs", lambda c, a: seen.setdefault("kw", real(c, a))
+    )
+    config = tmp_path / "sm.json"
+    config.write_text(json.dumps({"compute_environment": "AMAZON_SAGEMAKER", "distributed_type": "DATA_PARALLEL",
+                                  "mixed_precision": "bf16", "use_cpu": False, "debug": False,
+                                  "ec2_instance_type": "ml.p3.2xlarge", "iam_role_name": "role"}))  # fmt: skip
+    argv = ["--config_file", str(config), "train.py", "--lr", "3"]
+    with pytest.raises(ImportError, match="pip install sagemaker"):
+        launch_command(launch_command_parser().parse_args(argv))
+    kwargs, _ = seen["kw"]
+    assert (kwargs["entry_point"], kwargs["hyperparameters"], kwargs["role"]) == (
+        "train.py",
+        {"lr": 3},
+        "role",
+    )
+
+
+@pytest.mark.skipif(is_torch_xla_available(), reason="torch_xla is installed")
+def test_tpu_pod_builds_the_pod_fields_then_names_torch_xla(monkeypatch, tmp_path):
+    # as in 1.15, the pod's VMs and name come from the config file (tpu_vm, tpu_name)
+    seen = {}
+    real = launch_module.prepare_tpu
+    monkeypatch.setattr(
+        launch_module, "prepare_tpu", lambda a, e, pod=False: seen.setdefault("tpu", real(a, e, pod))
+    )
+    config = tmp_path / "tpu.json"
+    config.write_text(json.dumps({"compute_environment": "LOCAL_MACHINE", "distributed_type": "XLA",
+                                  "mixed_precision": "no", "use_cpu": False, "debug": True, "tpu_use_cluster": True,
+                                  "tpu_name": "pod", "tpu_vm": ["w0", "w1"]}))  # fmt: skip
+    with pytest.raises(ImportError, match="pip install torch_xla"):
+        launch_command(launch_command_parser().parse_args(["--config_file", str(config), "s.py", "--x"]))
+    args, env = seen["tpu"]
+    assert (args.vm, args.tpu_name, args.positional) == (["w0", "w1"], "pod", ["s.py", "--x"])
+    assert env["ACCELERATE_DEBUG_MODE"] == "true"
 
 
 # --- tpu-config ----------------------------------------------------------------------------------------

@@ -165,7 +165,8 @@ def _option_defaults() -> dict[str, object]:
     for _, _, rows in LAUNCH_OPTION_GROUPS:
         for flags, settings in rows:
             long_flag = next(flag for flag in flags if flag.startswith("--"))
-            out[settings.get("dest", clean_option(long_flag))] = settings.get("default")
+            # the first option of a destination gives its default, as argparse does
+            out.setdefault(settings.get("dest", clean_option(long_flag)), settings.get("default"))
     return out
 
 
