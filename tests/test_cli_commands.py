@@ -233,7 +233,10 @@ def test_config_default_writes_1_15s_file(tmp_path):
 def test_launch_runs_a_script_on_two_cpu_processes(tmp_path):
     (tmp_path / "s.py").write_text(
         "import sys\nfrom notebook_accel import Accelerator\na = Accelerator()\n"
-        "print(f'rank={a.process_index} world={a.num_processes} type={a.distributed_type.value} args={sys.argv[1:]}')\n"
+        # one write per line: with PYTHONUNBUFFERED, print() writes the text and the newline apart, and the
+        # two ranks' lines could interleave on the shared pipe
+        "sys.stdout.write(f'rank={a.process_index} world={a.num_processes} type={a.distributed_type.value} "
+        "args={sys.argv[1:]}\\n')\n"
     )
     proc = _cli("launch", "--cpu", "--num_processes", "2", "--main_process_port", str(_free_port()), "s.py",
                 "--lr", "3", cwd=tmp_path)  # fmt: skip
