@@ -184,7 +184,9 @@ UPWARD_ALLOWED: dict[tuple[str, str, str], str] = {
     **_upward_entries("utils.random", ("state",), "accelerate.utils.random.AcceleratorState"),
     **_upward_entries("utils.tqdm", ("state",), "accelerate.utils.tqdm.PartialState"),
     **_upward_entries(
-        "utils.launch", ("commands.config.config_args",), "accelerate.utils.launch.SageMakerConfig"
+        "utils.launch",
+        ("commands.launch_env",),
+        "accelerate.utils.launch.{prepare_multi_gpu_env,prepare_deepspeed_cmd_env,SageMakerConfig,...}",
     ),
     **_upward_entries("hooks", ("state",), "accelerate.hooks.PartialState"),
     **_upward_entries("accelerator", ("hooks.offloaded",), "accelerate.accelerator.has_offloaded_params"),

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from notebook_accel.utils import launch as L
+from notebook_accel.commands import launch_env as L
+from notebook_accel.utils import launch as utils_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = json.loads((ROOT / "tests" / "data" / "goldens" / "cli_prepare.json").read_text(encoding="utf-8"))
@@ -232,7 +233,10 @@ def test_config_default_writes_1_15s_file(tmp_path):
 def test_launch_runs_a_script_on_two_cpu_processes(tmp_path):
     (tmp_path / "s.py").write_text(
         "import sys\nfrom notebook_accel import Accelerator\na = Accelerator()\n"
-        "print(f'rank={a.process_index} world={a.num_processes} type={a.distributed_type.value} args={sys.argv[1:]}')\n"
+        # one write per line: with PYTHONUNBUFFERED, print() writes the text and the newline apart, and the
+        # two ranks' lines could interleave on the shared pipe
+        "sys.stdout.write(f'rank={a.process_index} world={a.num_processes} type={a.distributed_type.value} "
+        "args={sys.argv[1:]}\\n')\n"
     )
     proc = _cli("launch", "--cpu", "--num_processes", "2", "--main_process_port", str(_free_port()), "s.py",
                 "--lr", "3", cwd=tmp_path)  # fmt: skip
@@ -289,3 +293,13 @@ def test_no_command_prints_help_and_returns_1(capsys):
 
     assert main([]) == 1
     assert "estimate-memory" in capsys.readouterr().out
+
+
+def test_utils_launch_serves_the_builders_from_the_commands_package():
+    # Accelerate's path keeps working: every name of accelerate.utils.launch, the same objects as ours
+    recorded = json.loads((ROOT / "tests" / "data" / "accelerate_surface.json").read_text(encoding="utf-8"))
+    names = set(recorded["modules"]["accelerate.utils.launch"]["names"])
+    assert names <= set(utils_launch.__all__)
+    for name in names - {"PrepareForLaunch"}:
+        assert getattr(utils_launch, name) is getattr(L, name), name
+    assert utils_launch._convert_nargs_to_dict is L._convert_nargs_to_dict

@@ -1,6 +1,6 @@
 """The ``notebook-accel`` command (``python -m notebook_accel.commands``): Accelerate's CLI commands.
 
-``notebook-accel config|env|estimate-memory|launch|merge-weights|test|to-fsdp2 ...`` takes the
+``notebook-accel config|env|estimate-memory|launch|merge-weights|test|to-fsdp2|tpu-config ...`` takes the
 arguments of ``accelerate <command>`` (1.15) and prints the same outputs. (The real ``accelerate``
 script may be installed beside this package; ours has its own name.)
 """
@@ -16,6 +16,7 @@ from .launch import launch_command_parser
 from .merge import merge_command_parser
 from .test import test_command_parser
 from .to_fsdp2 import to_fsdp2_command_parser
+from .tpu import tpu_command_parser
 
 __all__ = ["main", "parser"]
 
@@ -33,6 +34,7 @@ def parser() -> argparse.ArgumentParser:
     merge_command_parser(subparsers=commands)
     test_command_parser(subparsers=commands)
     to_fsdp2_command_parser(subparsers=commands)
+    tpu_command_parser(subparsers=commands)
     return top
 
 

@@ -10,13 +10,14 @@ reads. DeepSpeed, SageMaker and TPU launches check their requirements and name w
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import subprocess
 import sys
 
 from ..utils.constants import DEEPSPEED_MULTINODE_LAUNCHERS, TORCH_DYNAMO_MODES
-from ..utils.enums import MIXED_PRECISION_CHOICES, ComputeEnvironment, DistributedType
+from ..utils.enums import ComputeEnvironment, DistributedType
 from ..utils.environment import (
     check_cuda_p2p_ib_support,
     convert_dict_to_env_variables,
@@ -28,6 +29,7 @@ from ..utils.imports import (
     is_bf16_available,
     is_deepspeed_available,
     is_hpu_available,
+    is_megatron_lm_available,
     is_mlu_available,
     is_musa_available,
     is_neuron_available,
@@ -38,7 +40,8 @@ from ..utils.imports import (
     is_torch_xla_available,
     is_xpu_available,
 )
-from ..utils.launch import (
+from .config.config_args import SageMakerConfig, default_config_file, load_config_from_file
+from .launch_env import (
     PrepareForLaunch,
     prepare_deepspeed_cmd_env,
     prepare_multi_gpu_env,
@@ -46,7 +49,7 @@ from ..utils.launch import (
     prepare_simple_launcher_cmd_env,
     prepare_tpu,
 )
-from .config.config_args import SageMakerConfig, default_config_file, load_config_from_file
+from .launch_options import LAUNCH_OPTION_GROUPS, add_launch_options
 from .utils import CustomArgumentParser
 
 __all__ = [
@@ -140,84 +143,91 @@ class CustomHelpFormatter(argparse.HelpFormatter):
 
 
 def launch_command_parser(subparsers=None):
-    """Return the ``launch`` parser (a subparser of ``subparsers`` when given); its ``func`` is ``launch_command``."""
+    """Return the ``launch`` parser (a subparser of ``subparsers`` when given); its ``func`` is ``launch_command``.
+
+    Every option of 1.15's ``accelerate launch`` in its help group (``launch_options``).
+    """
     description = "Launch a python script in a distributed scenario."
     if subparsers is not None:
-        parser = subparsers.add_parser("launch", description=description, add_help=True)
+        parser = subparsers.add_parser("launch", description=description, add_help=True,
+                                       formatter_class=CustomHelpFormatter, allow_abbrev=False)  # fmt: skip
     else:
         parser = CustomArgumentParser("Accelerate launch command", description=description, add_help=True,
-                                      formatter_class=CustomHelpFormatter)  # fmt: skip
-    add = parser.add_argument
-    add(
-        "--config_file",
-        default=None,
-        help="Config file to take unset options from (default: the default one).",
-    )
-    add("--quiet", "-q", action="store_true", help="Print less from torchrun.")
-    add("--cpu", action="store_true", help="Run on the CPU even when accelerators are visible.")
-    add("--multi_gpu", action="store_true", help="Data parallel over several processes.")
-    add("--tpu", action="store_true", help="Launch on TPU (needs torch_xla).")
-    add("--use_deepspeed", action="store_true", help="Launch through DeepSpeed (needs deepspeed).")
-    add("--use_fsdp", action="store_true", help="Use FullyShardedDataParallel in the Accelerator.")
-    add("--use_megatron_lm", action="store_true", help="Use Megatron-LM (needs megatron-core).")
-    add(
-        "--mixed_precision", choices=list(MIXED_PRECISION_CHOICES), default=None, help="Mixed precision mode."
-    )
-    add("--num_processes", type=int, default=None, help="Processes to start in all (over all machines).")
-    add("--num_machines", type=int, default=None, help="Machines taking part.")
-    add("--machine_rank", type=int, default=None, help="This machine's rank (0 is the main one).")
-    add("--main_process_ip", type=str, default=None, help="Address of the machine of rank 0.")
-    add("--main_process_port", type=int, default=None, help="Rendezvous port on the machine of rank 0.")
-    add("--rdzv_backend", type=str, default=None, help="torchrun rendezvous backend: static or c10d.")
-    add("--gpu_ids", default=None, help="GPU ids to use on this machine, comma separated.")
-    add("--same_network", action="store_true", default=None, help="All machines share a network.")
-    add(
-        "--debug",
-        action="store_true",
-        default=None,
-        help="Check collectives' shapes (ACCELERATE_DEBUG_MODE).",
-    )
-    add("--dynamo_backend", type=str, default=None, help="torch.compile backend, or 'no'.")
-    add("--dynamo_mode", choices=TORCH_DYNAMO_MODES, default="default", help="torch.compile mode.")
-    add("--deepspeed_config_file", default=None, help="DeepSpeed config file (with --use_deepspeed).")
-    add("--zero_stage", type=int, default=None, help="DeepSpeed ZeRO stage (with --use_deepspeed).")
-    add("--deepspeed_multinode_launcher", choices=DEEPSPEED_MULTINODE_LAUNCHERS, default=None,
-        help="DeepSpeed's launcher across machines.")  # fmt: skip
-    add("--module", "-m", action="store_true", help="Run the script as a module (python -m).")
-    add("--no_python", action="store_true", help="Run the script as an executable, not with Python.")
-    add("training_script", type=str, help="The script (or module, or executable) to launch.")
-    add("training_script_args", nargs=argparse.REMAINDER, help="Arguments of the training script.")
+                                      formatter_class=CustomHelpFormatter, allow_abbrev=False)  # fmt: skip
+    add_launch_options(parser)
     parser.set_defaults(func=launch_command)
     return parser
 
 
+def _option_defaults() -> dict[str, object]:
+    """Return each launch option's destination and default."""
+    out = {}
+    for _, _, rows in LAUNCH_OPTION_GROUPS:
+        for flags, settings in rows:
+            long_flag = next(flag for flag in flags if flag.startswith("--"))
+            # the first option of a destination gives its default, as argparse does
+            out.setdefault(settings.get("dest", clean_option(long_flag)), settings.get("default"))
+    return out
+
+
+# A config file's nested sections, and the prefix their keys get as launch options.
+_CONFIG_SECTIONS = {"fsdp_config": "", "deepspeed_config": "", "megatron_lm_config": "", "fp8_config": "fp8_",
+                    "dynamo_config": "", "mpirun_config": "", "parallelism_config": "parallelism_config_"}  # fmt: skip
+_PARADIGM_OF = {DistributedType.DEEPSPEED: "use_deepspeed", DistributedType.FSDP: "use_fsdp",
+                DistributedType.MEGATRON_LM: "use_megatron_lm", DistributedType.XLA: "tpu",
+                DistributedType.MULTI_GPU: "multi_gpu"}  # fmt: skip
+
+
+def _config_values(config) -> dict[str, object]:
+    """Return what a loaded config gives the launch namespace: its fields (unset ones too, as 1.15 carries
+    them), the nested sections' keys as options, and the paradigm flag of its distributed type."""
+    values = {
+        field.name: getattr(config, field.name)
+        for field in dataclasses.fields(config)
+        if field.name not in ("compute_environment", "distributed_type", *_CONFIG_SECTIONS)
+    }
+    for section, prefix in _CONFIG_SECTIONS.items():
+        for key, value in (getattr(config, section, None) or {}).items():
+            values[key if key.startswith(prefix) else prefix + key] = value
+    flag = _PARADIGM_OF.get(config.distributed_type)
+    if flag:
+        values[flag] = True
+    values["gpu_ids"] = values.get("gpu_ids") or "all"
+    return values
+
+
 def _fill_from_config(args: argparse.Namespace) -> argparse.Namespace:
-    """Return ``args`` with unset options taken from the config file (when one exists), then defaults."""
+    """Return ``args`` with the options left at their default taken from the config file, then 1.15's defaults.
+
+    A config key that is no launch option (``tpu_name``, ``commands``...) is carried onto ``args`` as is.
+    """
     path = args.config_file or (default_config_file if os.path.isfile(default_config_file) else None)
-    config = load_config_from_file(path).to_dict() if path is not None else {}
-    for key in _FROM_CONFIG:
-        name = "cpu" if key == "use_cpu" else key
-        if getattr(args, name, None) in (None, False) and key in config:
-            setattr(args, name, config[key])
-    if config.get("distributed_type") == DistributedType.DEEPSPEED:
-        args.use_deepspeed = True
-    if config.get("distributed_type") == DistributedType.FSDP:
-        args.use_fsdp = True
-    args.num_processes = 1 if args.num_processes in (None, -1) else args.num_processes
+    config = load_config_from_file(path) if path is not None else None
+    values = _config_values(config) if config is not None else {}
+    defaults = _option_defaults()
+    for name, value in values.items():
+        if name not in defaults or (getattr(args, name) in (defaults[name], None) and value is not None):
+            setattr(args, name, value)
+    args.use_cpu = bool(args.cpu or values.get("use_cpu"))
+    args.debug = bool(args.debug)
     args.num_machines = args.num_machines or 1
-    args.machine_rank = args.machine_rank or 0
+    args.num_processes = 0 if args.num_processes in (None, -1) else args.num_processes
     args.mixed_precision = args.mixed_precision or "no"
-    args.main_process_ip = args.main_process_ip or "127.0.0.1"
-    args.main_process_port = 29500 if args.main_process_port is None else args.main_process_port
-    args.rdzv_backend = args.rdzv_backend or "static"
+    args.dynamo_backend = args.dynamo_backend or "no"
+    if args.num_cpu_threads_per_process is None:
+        local = max(1, args.num_processes // args.num_machines)
+        args.num_cpu_threads_per_process = max(1, (os.cpu_count() or 1) // local) if args.use_cpu else 1
+    if not hasattr(args, "deepspeed_fields_from_accelerate_config"):
+        args.deepspeed_fields_from_accelerate_config = sorted(getattr(config, "deepspeed_config", None) or {})
     return args
 
 
 def _check(args: argparse.Namespace) -> None:
-    if args.num_processes < 1 or args.num_machines < 1 or not 0 <= args.machine_rank < args.num_machines:
+    rank = args.machine_rank or 0
+    if args.num_processes < 0 or args.num_machines < 1 or not 0 <= rank < args.num_machines:
         raise ValueError(
-            f"num_processes={args.num_processes}, num_machines={args.num_machines}, machine_rank={args.machine_rank}: "
-            "use at least one process and machine, and a machine rank in [0, num_machines)."
+            f"num_processes={args.num_processes}, num_machines={args.num_machines}, machine_rank={rank}: "
+            "use at least one machine, and a machine rank in [0, num_machines)."
         )
     if args.num_processes % args.num_machines:
         raise ValueError(
@@ -226,32 +236,8 @@ def _check(args: argparse.Namespace) -> None:
         )
 
 
-def _accelerate_env(args: argparse.Namespace) -> dict[str, str]:
-    """Return the ACCELERATE_* variables the script's Accelerator / PartialState read."""
-    env = {"ACCELERATE_MIXED_PRECISION": str(args.mixed_precision)}
-    if args.cpu:
-        env["ACCELERATE_USE_CPU"] = "true"
-    if args.debug:
-        env["ACCELERATE_DEBUG_MODE"] = "true"
-    if args.use_fsdp:
-        env["ACCELERATE_USE_FSDP"] = "true"
-    if args.dynamo_backend and str(args.dynamo_backend).lower() != "no":
-        env["ACCELERATE_DYNAMO_BACKEND"] = str(args.dynamo_backend).upper()
-        env["ACCELERATE_DYNAMO_MODE"] = args.dynamo_mode
-    if args.gpu_ids not in (None, "all"):
-        env["CUDA_VISIBLE_DEVICES"] = str(args.gpu_ids)
-    return env
-
-
-def _script_cmd(args: argparse.Namespace) -> list[str]:
-    if args.no_python:
-        return [args.training_script, *args.training_script_args]
-    head = [sys.executable, "-m"] if args.module else [sys.executable]
-    return [*head, args.training_script, *args.training_script_args]
-
-
 def _run(cmd: list[str], env: dict[str, str]) -> None:
-    process = subprocess.run(cmd, env={**os.environ, **env})  # the builders' env already holds os.environ
+    process = subprocess.run(cmd, env=env)  # the builders' env holds os.environ and the launch variables
     if process.returncode != 0:
         raise subprocess.CalledProcessError(returncode=process.returncode, cmd=cmd)
 
@@ -262,55 +248,58 @@ def simple_launcher(args):
     The command and environment come from ``prepare_simple_launcher_cmd_env`` (what 1.15 builds).
     """
     cmd, env = prepare_simple_launcher_cmd_env(args)
-    if args.use_fsdp:
-        env["ACCELERATE_USE_FSDP"] = "true"
     _run(cmd, env)
+
+
+def _torchrun_cmd(args: argparse.Namespace) -> list[str]:
+    """Return ``python -m torch.distributed.run`` with the fields the builders set on ``args``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.nproc_per_node}"]
+    if getattr(args, "nnodes", None):
+        cmd += [f"--nnodes={args.nnodes}", f"--node_rank={args.node_rank}", f"--rdzv_endpoint={args.rdzv_endpoint}",
+                f"--rdzv_backend={args.rdzv_backend}"]  # fmt: skip
+    elif getattr(args, "standalone", False):
+        cmd.append("--standalone")
+    else:
+        cmd += [f"--master_addr={args.main_process_ip or '127.0.0.1'}", f"--master_port={args.master_port}"]
+    cmd += [f"--max_restarts={args.max_restarts}", f"--monitor_interval={args.monitor_interval}",
+            f"--role={args.role}", f"--tee={args.tee}"]  # fmt: skip
+    if args.rdzv_conf:
+        cmd.append(f"--rdzv_conf={args.rdzv_conf}")
+    if args.log_dir:
+        cmd.append(f"--log_dir={args.log_dir}")
+    if args.module:
+        cmd.append("--module")
+    if args.no_python:
+        cmd.append("--no-python")
+    return [*cmd, args.training_script, *args.training_script_args]
 
 
 def multi_gpu_launcher(args):
     """Return None after running the script on ``num_processes`` workers through torchrun.
 
-    The environment comes from ``prepare_multi_gpu_env`` (what 1.15 builds for the same options).
+    The environment and torchrun's fields come from ``prepare_multi_gpu_env`` (what 1.15 builds).
     """
-    per_machine = args.num_processes // args.num_machines
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={per_machine}",
-           f"--nnodes={args.num_machines}", f"--node_rank={args.machine_rank}",
-           f"--master_addr={args.main_process_ip}", f"--master_port={args.main_process_port}",
-           f"--rdzv_backend={args.rdzv_backend}"]  # fmt: skip
-    if args.rdzv_backend == "c10d":
-        cmd.append(f"--rdzv_endpoint={args.main_process_ip}:{args.main_process_port}")
-    if args.module:
-        cmd.append("--module")
-    if args.no_python:
-        cmd.append("--no-python")
-    cmd += [args.training_script, *args.training_script_args]
-    env = prepare_multi_gpu_env(argparse.Namespace(**vars(args)))
-    if args.cpu:
+    env = prepare_multi_gpu_env(args)
+    if args.use_megatron_lm and not is_megatron_lm_available():
+        raise ImportError(
+            "--use_megatron_lm trains with Megatron-LM: `pip install megatron-core` (CUDA machines); "
+            "the options parse and the environment is built, but the script needs the engine."
+        )
+    if args.use_cpu:
         env["ACCELERATE_USE_CPU"] = "true"
-    if "OMP_NUM_THREADS" not in os.environ and getattr(args, "num_cpu_threads_per_process", None) is None:
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // per_machine))
-    _run(cmd, env)
+    _run(_torchrun_cmd(args), env)
 
 
 def deepspeed_launcher(args):
     """Return None after launching through DeepSpeed; ImportError naming ``pip install deepspeed`` without it."""
     if args.zero_stage is not None and args.zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"--zero_stage {args.zero_stage} is not a ZeRO stage: use 0, 1, 2 or 3.")
+    cmd, env = prepare_deepspeed_cmd_env(args)
     if not is_deepspeed_available():
         raise ImportError(
             "--use_deepspeed launches through DeepSpeed: `pip install deepspeed` (CUDA machines)."
         )
-    env = {**_accelerate_env(args), "ACCELERATE_USE_DEEPSPEED": "true"}
-    if args.deepspeed_config_file:
-        env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str(args.deepspeed_config_file)
-    if args.zero_stage is not None:
-        env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] = str(args.zero_stage)
-    if args.num_machines > 1 and args.deepspeed_multinode_launcher not in (None, "standard"):
-        _run(["deepspeed", f"--num_nodes={args.num_machines}", f"--launcher={args.deepspeed_multinode_launcher}",
-              *_script_cmd(args)[1:]], env)  # fmt: skip
-        return
-    with patch_environment(**env):
-        multi_gpu_launcher(args)
+    _run(cmd if cmd is not None else _torchrun_cmd(args), env)
 
 
 def _needs_xla(what: str) -> None:
@@ -322,35 +311,32 @@ def _needs_xla(what: str) -> None:
 
 def tpu_launcher(args):
     """Return None after running the script on this TPU host's cores (needs torch_xla)."""
+    args, env = prepare_tpu(args, os.environ.copy())
     _needs_xla("--tpu")
-    _run(_script_cmd(args), {**_accelerate_env(args), "ACCELERATE_USE_XLA": "true"})
+    cmd, _ = prepare_simple_launcher_cmd_env(args)
+    _run(cmd, {**env, "ACCELERATE_USE_XLA": "true"})
 
 
 def tpu_pod_launcher(args):
     """Return None after running the script on every host of a TPU pod (needs torch_xla)."""
+    args, env = prepare_tpu(args, os.environ.copy(), pod=True)
     _needs_xla("A TPU pod launch")
-    _run(["python", "-m", "torch_xla.distributed.xla_dist", "--", *_script_cmd(args)],
-         {**_accelerate_env(args), "ACCELERATE_USE_XLA": "true"})  # fmt: skip
+    cmd = [sys.executable, "-m", "torch_xla.distributed.xla_dist", f"--tpu={args.tpu_name}"]
+    _run([*cmd, "--", *prepare_simple_launcher_cmd_env(args)[0]], {**env, "ACCELERATE_USE_XLA": "true"})
 
 
 def sagemaker_launcher(sagemaker_config, args):
     """Return None after submitting the script as a SageMaker training job (needs the ``sagemaker`` SDK)."""
     if not isinstance(sagemaker_config, SageMakerConfig):
         raise TypeError(f"sagemaker_launcher takes a SageMakerConfig, not {type(sagemaker_config).__name__}.")
+    kwargs, inputs = prepare_sagemager_args_inputs(sagemaker_config, args)
     if not is_sagemaker_available():
         raise ImportError(
             "Launching on Amazon SageMaker needs its SDK: `pip install sagemaker`, and AWS credentials."
         )
     from sagemaker.huggingface import HuggingFace
 
-    estimator = HuggingFace(
-        entry_point=args.training_script, source_dir=".", role=sagemaker_config.iam_role_name,
-        instance_count=sagemaker_config.num_machines, instance_type=sagemaker_config.ec2_instance_type,
-        transformers_version=sagemaker_config.transformers_version, pytorch_version=sagemaker_config.pytorch_version,
-        py_version=sagemaker_config.py_version, base_job_name=sagemaker_config.base_job_name,
-        environment=_accelerate_env(args),
-    )  # fmt: skip
-    estimator.fit()
+    HuggingFace(**kwargs).fit(inputs=inputs)
 
 
 def launch_command(args):
@@ -365,8 +351,14 @@ def launch_command(args):
     if args.use_deepspeed:
         deepspeed_launcher(args)
     elif args.tpu:
-        (tpu_pod_launcher if args.num_machines > 1 else tpu_launcher)(args)
-    elif args.num_processes > 1 or args.num_machines > 1 or args.multi_gpu or args.use_fsdp:
+        (tpu_pod_launcher if args.tpu_use_cluster else tpu_launcher)(args)
+    elif (
+        args.num_processes > 1
+        or args.num_machines > 1
+        or args.multi_gpu
+        or args.use_fsdp
+        or args.use_megatron_lm
+    ):
         multi_gpu_launcher(args)
     else:
         simple_launcher(args)
