@@ -12,12 +12,10 @@ This package never imports hooks, big_modeling or the launcher (see docs/archite
 from __future__ import annotations
 
 from .._lazy import attach
-from ..data_loader import DataLoaderDispatcher, prepare_data_loader, skip_first_batches
 from ..logging import get_logger
 from ..optimizer import AcceleratedOptimizer
 from ..scheduler import AcceleratedScheduler
 from ..state import AcceleratorState, GradientState, PartialState
-from ..tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, filter_trackers
 from ..utils.compilation import (
     compile_regions,
     compile_regions_deepspeed,
@@ -226,6 +224,11 @@ _REEXPORTED_LAZILY.update(
         "notebook_accel.integrations.fp8.recipes",
     )
     | dict.fromkeys(("convert_model_to_fp8_ao",), "notebook_accel.integrations.fp8.ao")
+    # The data loaders and the trackers load when a DataLoader is prepared or a tracker named (#21).
+    | dict.fromkeys(
+        ("DataLoaderDispatcher", "prepare_data_loader", "skip_first_batches"), "notebook_accel.data_loader"
+    )
+    | dict.fromkeys(("GeneralTracker", "LOGGER_TYPE_TO_CLASS", "filter_trackers"), "notebook_accel.tracking")
     | dict.fromkeys(
         ("apply_fp8_autowrap", "convert_model"), "notebook_accel.integrations.fp8.transformer_engine"
     )

@@ -19,11 +19,9 @@ from typing import Any
 import torch
 
 from .._lazy import LazyModule
-from ..data_loader import prepare_data_loader
 from ..optimizer import AcceleratedOptimizer
 from ..scheduler import AcceleratedScheduler
 from ..state import AcceleratorState, GradientState
-from ..tracking import GeneralTracker, filter_trackers
 from ..utils import operations as _ops
 from ..utils.compilation import is_compiled_module
 from ..utils.enums import DistributedType, PrecisionType
@@ -46,6 +44,9 @@ __all__ = ["Accelerator"]
 # FSDP wrapping loads torch.distributed.fsdp: imported when a model is prepared for FSDP.
 _fsdp = LazyModule("notebook_accel.integrations.fsdp.wrap")
 _fsdp_plugin = LazyModule("notebook_accel.integrations.fsdp.plugin")
+# Data loaders and trackers load when the first DataLoader is prepared / the first tracker is named.
+_data_loader = LazyModule("notebook_accel.data_loader")
+_tracking = LazyModule("notebook_accel.tracking")
 
 logger = logging.getLogger(__name__)
 
@@ -186,8 +187,9 @@ class Accelerator(_ProcessMixin, _SavingMixin, _TrackingMixin, _TrainingMixin, _
     def _set_up_training(self, flags: AcceleratorFlags) -> None:
         """Create the gradient bookkeeping, precision, trackers and the registries of prepared objects."""
         self.gradient_state = GradientState(gradient_accumulation_plugin=flags.accumulation_plugin)
-        self.log_with = filter_trackers(flags.log_with, self.logging_dir)
-        self.trackers: list[GeneralTracker] = []
+        log_with = flags.log_with
+        self.log_with = [] if log_with is None else _tracking.filter_trackers(log_with, self.logging_dir)
+        self.trackers: list[Any] = []  # GeneralTracker objects, from init_trackers
         self.precision = Precision(self.state.mixed_precision, self.device.type, self.autocast_handler)
         self.native_amp = self.precision.native_amp
         self.scaler = self.precision.grad_scaler(self.distributed_type, self.scaler_handler)
@@ -325,7 +327,7 @@ class Accelerator(_ProcessMixin, _SavingMixin, _TrackingMixin, _TrainingMixin, _
         cfg = self.dataloader_config
         # Ranks of one tensor-parallel group share their batches: shard over data-parallel ranks only.
         num_processes, process_index = self.data_parallel_world()
-        prepared = prepare_data_loader(
+        prepared = _data_loader.prepare_data_loader(
             data_loader,
             self.device,
             num_processes=num_processes,
