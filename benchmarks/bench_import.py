@@ -5,13 +5,13 @@
 Each statement runs ``--runs`` times in a fresh interpreter as
 ``python -X importtime -c "import torch; <statement>"``. torch is imported first so that its own
 cost (seconds, and the same for every statement) is booked on the ``torch`` line; the figure is the
-sum of the cumulative times of every other top-level import, i.e. what the statement adds on top of
-torch (our modules, safetensors, and whatever heavy library they drag in). The median of the runs is
-reported, with the modules that should not be on the path (the process state, sympy, FSDP) when the
-statement loaded them. Runs of all statements are interleaved so that other load hits them alike;
-note the load average printed at the top and bottom. ``--baseline REV`` also measures the package as
-it was at git revision REV (exported to a temporary folder put first on ``PYTHONPATH``), run for run
-interleaved with the working tree's, and prints the ratio.
+sum of the cumulative times of the top-level imports after it (not the interpreter's start-up), i.e.
+what the statement adds on top of torch (our modules, safetensors, and whatever heavy library they
+drag in). The median of the runs is reported, with the modules that should not be on the path (the
+process state, sympy, FSDP) when the statement loaded them. Runs of all statements are interleaved so
+that other load hits them alike; note the load average printed at the top and bottom. ``--baseline
+REV`` also measures the package as it was at git revision REV (exported to a temporary folder put
+first on ``PYTHONPATH``), run for run interleaved with the working tree's, and prints the ratio.
 
 Side by side with Accelerate 1.15 (installed in the same environment): ``from notebook_accel import
 Accelerator; Accelerator(cpu=True)`` and the same line with ``accelerate``, run after run in fresh
@@ -79,13 +79,16 @@ def _run(statement: str, source: str | None = None) -> tuple[float, list[str]]:
         cwd="/",  # not the checkout: '' on sys.path would find its notebook_accel first
     )
     total_us = 0
+    after_torch = False  # the interpreter's own start-up imports (encodings, site...) come before torch
     for line in out.stderr.splitlines():
         if not line.startswith("import time:") or "cumulative" in line:
             continue
         _, cumulative, name = line.split("|")
         # Top-level imports have no indentation after the "| " separator.
-        if not name[1:].startswith(" ") and name.strip() != "torch":
-            total_us += int(cumulative)
+        if not name[1:].startswith(" "):
+            if after_torch:
+                total_us += int(cumulative)
+            after_torch = after_torch or name.strip() == "torch"
     return total_us / 1000, eval(out.stdout.strip().splitlines()[-1])  # noqa: S307 - our own print
 
 
@@ -141,7 +144,7 @@ def _compile(folder: str) -> None:
 
 
 def _clear_bytecode(folder: str) -> None:
-    """Remove the ``__pycache__`` folders of the ``notebook_accel`` package in ``folder`` (``--from-source``)."""
+    """Remove the ``__pycache__`` folders of the package in ``folder`` (``--from-source``)."""
     for cache in Path(folder, "notebook_accel").rglob("__pycache__"):
         shutil.rmtree(cache)
 
