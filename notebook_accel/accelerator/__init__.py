@@ -57,14 +57,6 @@ from ..utils.kwargs import (
     ProfileKwargs,
 )
 from ..utils.memory import release_memory
-from ..utils.operations import (
-    convert_outputs_to_fp32,
-    gather,
-    gather_object,
-    pad_across_processes,
-    recursively_apply,
-    reduce,
-)
 from ..utils.other import (
     check_os_kernel,
     clean_state_dict_for_safetensors,
@@ -224,7 +216,18 @@ _REEXPORTED_LAZILY.update(
         "notebook_accel.integrations.fp8.recipes",
     )
     | dict.fromkeys(("convert_model_to_fp8_ao",), "notebook_accel.integrations.fp8.ao")
-    # The data loaders and the trackers load when a DataLoader is prepared or a tracker named (#21).
+    # The tensor operations, the data loaders and the trackers load at first use (issue 21).
+    | dict.fromkeys(
+        (
+            "convert_outputs_to_fp32",
+            "gather",
+            "gather_object",
+            "pad_across_processes",
+            "recursively_apply",
+            "reduce",
+        ),
+        "notebook_accel.utils.operations",
+    )
     | dict.fromkeys(
         ("DataLoaderDispatcher", "prepare_data_loader", "skip_first_batches"), "notebook_accel.data_loader"
     )

@@ -22,7 +22,6 @@ from .._lazy import LazyModule
 from ..optimizer import AcceleratedOptimizer
 from ..scheduler import AcceleratedScheduler
 from ..state import AcceleratorState, GradientState
-from ..utils import operations as _ops
 from ..utils.compilation import is_compiled_module
 from ..utils.enums import DistributedType, PrecisionType
 from ..utils.memory import release_memory
@@ -47,6 +46,7 @@ _fsdp_plugin = LazyModule("notebook_accel.integrations.fsdp.plugin")
 # Data loaders and trackers load when the first DataLoader is prepared / the first tracker is named.
 _data_loader = LazyModule("notebook_accel.data_loader")
 _tracking = LazyModule("notebook_accel.tracking")
+_ops = LazyModule("notebook_accel.utils.operations")  # the collectives: at the first gather/reduce
 
 logger = logging.getLogger(__name__)
 
