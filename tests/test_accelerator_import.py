@@ -1,11 +1,12 @@
-"""``Accelerator(cpu=True)`` loads the data loaders, the trackers and the tensor operations at first use.
+"""``Accelerator(cpu=True)`` loads data loaders, trackers, tensor operations and file writers at first use.
 
 Creating an Accelerator is the first line of every training script (and of every launched worker);
 ``notebook_accel.data_loader`` (samplers, dispatch, stateful loaders), ``notebook_accel.tracking`` (nine
-tracker services and their package probes) and ``utils.operations`` (the collectives and the nested-structure
-helpers) were over half of what that line imported after torch (issue 21, benchmarks/bench_import.py). They
-now load when a DataLoader is prepared (or skipped into), a tracker is named, or a tensor is first gathered,
-reduced, moved or cast. Each check runs in a fresh interpreter: this session has imported them all.
+tracker services and their package probes), ``utils.operations`` (the collectives and the nested-structure
+helpers) and ``utils.other`` (the file writers) were over half of what that line imported after torch
+(issue 21, benchmarks/bench_import.py). They now load when a DataLoader is prepared (or skipped into), a
+tracker is named, a tensor is first gathered, reduced, moved or cast, and at the first save or unwrap.
+Each check runs in a fresh interpreter: this session has imported them all.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import sys
 
 import pytest
 
-WATCHED = (
+LOADERS, TRACKERS, OTHER = (
     "notebook_accel.data_loader",
     "notebook_accel.tracking",
-    "notebook_accel.utils.operations",
-    "notebook_accel.utils._ops_structure",
+    "notebook_accel.utils.other",
 )
+OPERATIONS = ("notebook_accel.utils._ops_structure", "notebook_accel.utils.operations")
+WATCHED = (LOADERS, TRACKERS, OTHER, *OPERATIONS)
 
 
 def _loaded_after(code: str) -> list[str]:
@@ -55,7 +57,7 @@ def test_preparing_a_data_loader_loads_the_data_loaders() -> None:
         "assert [b.tolist() for b in dl] == [[0, 1], [2, 3], [4, 5]]\n"
         "assert [b.tolist() for b in a.skip_first_batches(dl, 2)] == [[4, 5]]"
     )
-    assert _loaded_after(code) == sorted(WATCHED[:1] + WATCHED[2:])  # the loaders use the tensor operations
+    assert _loaded_after(code) == sorted([LOADERS, *OPERATIONS])  # the loaders use the tensor operations
 
 
 def test_naming_a_tracker_loads_the_trackers(tmp_path) -> None:
@@ -77,7 +79,7 @@ def test_the_accelerator_path_still_serves_the_moved_names() -> None:
         "for name in ('GeneralTracker', 'filter_trackers', 'LOGGER_TYPE_TO_CLASS'):\n"
         "    assert getattr(acc, name) is getattr(tr, name), name"
     )
-    assert _loaded_after(code) == sorted(WATCHED)
+    assert _loaded_after(code) == sorted([LOADERS, TRACKERS, *OPERATIONS])
 
 
 def test_a_collective_loads_the_tensor_operations() -> None:
@@ -86,7 +88,17 @@ def test_a_collective_loads_the_tensor_operations() -> None:
         "assert a.gather(torch.arange(3)).tolist() == [0, 1, 2]\n"
         "assert a.reduce(torch.ones(2), reduction='sum').tolist() == [1.0, 1.0]"
     )
-    assert _loaded_after(code) == sorted(WATCHED[2:])
+    assert _loaded_after(code) == sorted(OPERATIONS)
+
+
+def test_saving_loads_the_file_writers(tmp_path) -> None:
+    code = (
+        "import torch\nfrom notebook_accel import Accelerator\na = Accelerator(cpu=True)\n"
+        f"a.save({{'w': torch.ones(2)}}, {str(tmp_path / 'w.pt')!r})\n"
+        f"assert torch.load({str(tmp_path / 'w.pt')!r})['w'].tolist() == [1.0, 1.0]\n"
+        "assert a.unwrap_model(torch.nn.Linear(1, 1)).in_features == 1"
+    )
+    assert OTHER in _loaded_after(code)
 
 
 def test_init_kwargs_for_an_unnamed_tracker_still_fail() -> None:

@@ -57,16 +57,6 @@ from ..utils.kwargs import (
     ProfileKwargs,
 )
 from ..utils.memory import release_memory
-from ..utils.other import (
-    check_os_kernel,
-    clean_state_dict_for_safetensors,
-    extract_model_from_parallel,
-    get_model_tp_size,
-    get_pretty_name,
-    model_has_dtensor,
-    save,
-    wait_for_everyone,
-)
 from ..utils.package_checks import (
     is_bitsandbytes_multi_backend_available,
     is_deepspeed_available,
@@ -227,6 +217,19 @@ _REEXPORTED_LAZILY.update(
             "reduce",
         ),
         "notebook_accel.utils.operations",
+    )
+    | dict.fromkeys(
+        (
+            "check_os_kernel",
+            "clean_state_dict_for_safetensors",
+            "extract_model_from_parallel",
+            "get_model_tp_size",
+            "get_pretty_name",
+            "model_has_dtensor",
+            "save",
+            "wait_for_everyone",
+        ),
+        "notebook_accel.utils.other",
     )
     | dict.fromkeys(
         ("DataLoaderDispatcher", "prepare_data_loader", "skip_first_batches"), "notebook_accel.data_loader"

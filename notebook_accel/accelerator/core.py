@@ -25,7 +25,6 @@ from ..state import AcceleratorState, GradientState
 from ..utils.compilation import is_compiled_module
 from ..utils.enums import DistributedType, PrecisionType
 from ..utils.memory import release_memory
-from ..utils.other import extract_model_from_parallel
 from . import mesh as _mesh
 from . import profiling as _profiling
 from . import wrapping as _model
@@ -47,6 +46,7 @@ _fsdp_plugin = LazyModule("notebook_accel.integrations.fsdp.plugin")
 _data_loader = LazyModule("notebook_accel.data_loader")
 _tracking = LazyModule("notebook_accel.tracking")
 _ops = LazyModule("notebook_accel.utils.operations")  # the collectives: at the first gather/reduce
+_other = LazyModule("notebook_accel.utils.other")
 
 logger = logging.getLogger(__name__)
 
@@ -560,7 +560,7 @@ class Accelerator(_ProcessMixin, _SavingMixin, _TrackingMixin, _TrainingMixin, _
         self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
     ) -> torch.nn.Module:
         """Return ``model`` without its DDP/FSDP/DeepSpeed wrapper (and fp32/compile wrappers when asked)."""
-        return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
+        return _other.extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
 
     def free_memory(self, *objects: Any) -> Any:
         """Forget the prepared objects, release ``objects`` and the device cache; return the released list."""

@@ -16,7 +16,6 @@ from torch.utils.hooks import RemovableHandle
 
 from .._lazy import LazyModule
 from ..utils.enums import DistributedType
-from ..utils.other import save
 from .checkpoint import _full_options
 
 __all__: list[str] = []
@@ -25,6 +24,7 @@ __all__: list[str] = []
 _modeling = LazyModule("notebook_accel.utils.modeling")
 # The data loaders load when one is skipped into (or prepared), not with the Accelerator.
 _data_loader = LazyModule("notebook_accel.data_loader")
+_other = LazyModule("notebook_accel.utils.other")  # the file writers: at the first save
 
 
 class _SavingMixin:
@@ -34,7 +34,7 @@ class _SavingMixin:
     def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
         """Save ``obj`` to ``f`` once per machine (see ``utils.save``)."""
         on_each_node = self.project_configuration.save_on_each_node
-        save(obj, f, save_on_each_node=on_each_node, safe_serialization=safe_serialization)
+        _other.save(obj, f, save_on_each_node=on_each_node, safe_serialization=safe_serialization)
 
     def save_model(
         self,
