@@ -1,12 +1,13 @@
-"""``Accelerator(cpu=True)`` loads data loaders, trackers, tensor operations and file writers at first use.
+"""``Accelerator(cpu=True)`` loads the modules it does not use only when they are first used.
 
 Creating an Accelerator is the first line of every training script (and of every launched worker);
 ``notebook_accel.data_loader`` (samplers, dispatch, stateful loaders), ``notebook_accel.tracking`` (nine
 tracker services and their package probes), ``utils.operations`` (the collectives and the nested-structure
-helpers) and ``utils.other`` (the file writers) were over half of what that line imported after torch
-(issue 21, benchmarks/bench_import.py). They now load when a DataLoader is prepared (or skipped into), a
-tracker is named, a tensor is first gathered, reduced, moved or cast, and at the first save or unwrap.
-Each check runs in a fresh interpreter: this session has imported them all.
+helpers), ``utils.other`` (the file writers) and ``utils.kwargs`` (the handlers) were over half of what
+that line imported after torch (issue 21, benchmarks/bench_import.py). They now load when a DataLoader is
+prepared (or skipped into), a tracker is named, a tensor is first gathered, reduced, moved or cast, at the
+first save or unwrap, and when a kwargs handler is passed. Each check runs in a fresh interpreter: this
+session has imported them all.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ LOADERS, TRACKERS, OTHER = (
     "notebook_accel.utils.other",
 )
 OPERATIONS = ("notebook_accel.utils._ops_structure", "notebook_accel.utils.operations")
-WATCHED = (LOADERS, TRACKERS, OTHER, *OPERATIONS)
+KWARGS = "notebook_accel.utils.kwargs"
+WATCHED = (LOADERS, TRACKERS, OTHER, KWARGS, *OPERATIONS)
 
 
 def _loaded_after(code: str) -> list[str]:
@@ -99,6 +101,18 @@ def test_saving_loads_the_file_writers(tmp_path) -> None:
         "assert a.unwrap_model(torch.nn.Linear(1, 1)).in_features == 1"
     )
     assert OTHER in _loaded_after(code)
+
+
+def test_a_kwargs_handler_loads_the_handlers() -> None:
+    # The plugins the state reads share only the handlers' base class (utils._kwargs_base).
+    code = (
+        "from notebook_accel import Accelerator\nfrom notebook_accel.utils import GradScalerKwargs\n"
+        "a = Accelerator(cpu=True, kwargs_handlers=[GradScalerKwargs(init_scale=8.0)])\n"
+        "assert a.scaler_handler.to_kwargs() == {'init_scale': 8.0}\n"
+        "import notebook_accel.accelerator as acc, notebook_accel.utils.kwargs as kw\n"
+        "assert acc.ProfileKwargs is kw.ProfileKwargs and acc.KwargsHandler is kw.KwargsHandler"
+    )
+    assert KWARGS in _loaded_after(code)
 
 
 def test_init_kwargs_for_an_unnamed_tracker_still_fail() -> None:

@@ -48,14 +48,6 @@ from ..utils.imports import (
     is_torch_xla_available,
     is_xpu_available,
 )
-from ..utils.kwargs import (
-    AutocastKwargs,
-    DistributedDataParallelKwargs,
-    GradScalerKwargs,
-    InitProcessGroupKwargs,
-    KwargsHandler,
-    ProfileKwargs,
-)
 from ..utils.memory import release_memory
 from ..utils.package_checks import (
     is_bitsandbytes_multi_backend_available,
@@ -217,6 +209,17 @@ _REEXPORTED_LAZILY.update(
             "reduce",
         ),
         "notebook_accel.utils.operations",
+    )
+    | dict.fromkeys(
+        (
+            "AutocastKwargs",
+            "DistributedDataParallelKwargs",
+            "GradScalerKwargs",
+            "InitProcessGroupKwargs",
+            "KwargsHandler",
+            "ProfileKwargs",
+        ),
+        "notebook_accel.utils.kwargs",
     )
     | dict.fromkeys(
         (
