@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
+from ._lazy import LazyModule, attach
 from .state import AcceleratorState, GradientState
 from .utils.enums import DistributedType
 from .utils.imports import is_torch_xla_available
-from .utils.operations import honor_type, send_to_device
 from .utils.package_checks import is_lomo_available
 
 __all__ = ["AcceleratedOptimizer", "move_to_device", "patch_optimizer_step"]
@@ -25,10 +25,14 @@ __all__ += [
     "AcceleratorState",
     "DistributedType",
     "GradientState",
-    "honor_type",
     "is_lomo_available",
     "is_torch_xla_available",
 ]
+# The tensor operations load when an optimizer state is first moved, not with the Accelerator.
+_ops = LazyModule("notebook_accel.utils.operations")
+_SERVED_LAZILY = {"honor_type": "notebook_accel.utils.operations"}
+__all__ += sorted(_SERVED_LAZILY)
+__getattr__, __dir__ = attach(__name__, _SERVED_LAZILY)
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):
@@ -96,7 +100,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if self.device_placement:
-            state_dict = send_to_device(state_dict, self.accelerator_state.device)
+            state_dict = _ops.send_to_device(state_dict, self.accelerator_state.device)
         self.optimizer.load_state_dict(state_dict)
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
@@ -159,7 +163,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
 def move_to_device(state: Any, device: int | str | torch.device) -> Any:
     """Return ``state`` (an optimizer state: nested lists/tuples/dicts) with every tensor on ``device``."""
-    return send_to_device(state, device)
+    return _ops.send_to_device(state, device)
 
 
 def patch_optimizer_step(accelerated_optimizer: AcceleratedOptimizer, method: Callable) -> Callable:

@@ -12,13 +12,11 @@ This package never imports hooks, big_modeling or the launcher (see docs/archite
 from __future__ import annotations
 
 from .._lazy import attach
-from ..data_loader import DataLoaderDispatcher, prepare_data_loader, skip_first_batches
 from ..logging import get_logger
 from ..optimizer import AcceleratedOptimizer
 from ..parallelism_config import ParallelismConfig
 from ..scheduler import AcceleratedScheduler
 from ..state import AcceleratorState, GradientState, PartialState
-from ..tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, filter_trackers
 from ..utils.compilation import (
     compile_regions,
     compile_regions_deepspeed,
@@ -51,33 +49,7 @@ from ..utils.imports import (
     is_torch_xla_available,
     is_xpu_available,
 )
-from ..utils.kwargs import (
-    AutocastKwargs,
-    DistributedDataParallelKwargs,
-    GradScalerKwargs,
-    InitProcessGroupKwargs,
-    KwargsHandler,
-    ProfileKwargs,
-)
 from ..utils.memory import release_memory
-from ..utils.operations import (
-    convert_outputs_to_fp32,
-    gather,
-    gather_object,
-    pad_across_processes,
-    recursively_apply,
-    reduce,
-)
-from ..utils.other import (
-    check_os_kernel,
-    clean_state_dict_for_safetensors,
-    extract_model_from_parallel,
-    get_model_tp_size,
-    get_pretty_name,
-    model_has_dtensor,
-    save,
-    wait_for_everyone,
-)
 from ..utils.package_checks import (
     is_bitsandbytes_multi_backend_available,
     is_deepspeed_available,
@@ -226,6 +198,46 @@ _REEXPORTED_LAZILY.update(
         "notebook_accel.integrations.fp8.recipes",
     )
     | dict.fromkeys(("convert_model_to_fp8_ao",), "notebook_accel.integrations.fp8.ao")
+    # The tensor operations, the data loaders and the trackers load at first use (issue 21).
+    | dict.fromkeys(
+        (
+            "convert_outputs_to_fp32",
+            "gather",
+            "gather_object",
+            "pad_across_processes",
+            "recursively_apply",
+            "reduce",
+        ),
+        "notebook_accel.utils.operations",
+    )
+    | dict.fromkeys(
+        (
+            "AutocastKwargs",
+            "DistributedDataParallelKwargs",
+            "GradScalerKwargs",
+            "InitProcessGroupKwargs",
+            "KwargsHandler",
+            "ProfileKwargs",
+        ),
+        "notebook_accel.utils.kwargs",
+    )
+    | dict.fromkeys(
+        (
+            "check_os_kernel",
+            "clean_state_dict_for_safetensors",
+            "extract_model_from_parallel",
+            "get_model_tp_size",
+            "get_pretty_name",
+            "model_has_dtensor",
+            "save",
+            "wait_for_everyone",
+        ),
+        "notebook_accel.utils.other",
+    )
+    | dict.fromkeys(
+        ("DataLoaderDispatcher", "prepare_data_loader", "skip_first_batches"), "notebook_accel.data_loader"
+    )
+    | dict.fromkeys(("GeneralTracker", "LOGGER_TYPE_TO_CLASS", "filter_trackers"), "notebook_accel.tracking")
     | dict.fromkeys(
         ("apply_fp8_autowrap", "convert_model"), "notebook_accel.integrations.fp8.transformer_engine"
     )

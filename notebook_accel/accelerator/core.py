@@ -19,16 +19,12 @@ from typing import Any
 import torch
 
 from .._lazy import LazyModule
-from ..data_loader import prepare_data_loader
 from ..optimizer import AcceleratedOptimizer
 from ..scheduler import AcceleratedScheduler
 from ..state import AcceleratorState, GradientState
-from ..tracking import GeneralTracker, filter_trackers
-from ..utils import operations as _ops
 from ..utils.compilation import is_compiled_module
 from ..utils.enums import DistributedType, PrecisionType
 from ..utils.memory import release_memory
-from ..utils.other import extract_model_from_parallel
 from . import mesh as _mesh
 from . import profiling as _profiling
 from . import wrapping as _model
@@ -46,6 +42,11 @@ __all__ = ["Accelerator"]
 # FSDP wrapping loads torch.distributed.fsdp: imported when a model is prepared for FSDP.
 _fsdp = LazyModule("notebook_accel.integrations.fsdp.wrap")
 _fsdp_plugin = LazyModule("notebook_accel.integrations.fsdp.plugin")
+# Data loaders and trackers load when the first DataLoader is prepared / the first tracker is named.
+_data_loader = LazyModule("notebook_accel.data_loader")
+_tracking = LazyModule("notebook_accel.tracking")
+_ops = LazyModule("notebook_accel.utils.operations")  # the collectives: at the first gather/reduce
+_other = LazyModule("notebook_accel.utils.other")
 
 logger = logging.getLogger(__name__)
 
@@ -186,8 +187,9 @@ class Accelerator(_ProcessMixin, _SavingMixin, _TrackingMixin, _TrainingMixin, _
     def _set_up_training(self, flags: AcceleratorFlags) -> None:
         """Create the gradient bookkeeping, precision, trackers and the registries of prepared objects."""
         self.gradient_state = GradientState(gradient_accumulation_plugin=flags.accumulation_plugin)
-        self.log_with = filter_trackers(flags.log_with, self.logging_dir)
-        self.trackers: list[GeneralTracker] = []
+        log_with = flags.log_with
+        self.log_with = [] if log_with is None else _tracking.filter_trackers(log_with, self.logging_dir)
+        self.trackers: list[Any] = []  # GeneralTracker objects, from init_trackers
         self.precision = Precision(self.state.mixed_precision, self.device.type, self.autocast_handler)
         self.native_amp = self.precision.native_amp
         self.scaler = self.precision.grad_scaler(self.distributed_type, self.scaler_handler)
@@ -325,7 +327,7 @@ class Accelerator(_ProcessMixin, _SavingMixin, _TrackingMixin, _TrainingMixin, _
         cfg = self.dataloader_config
         # Ranks of one tensor-parallel group share their batches: shard over data-parallel ranks only.
         num_processes, process_index = self.data_parallel_world()
-        prepared = prepare_data_loader(
+        prepared = _data_loader.prepare_data_loader(
             data_loader,
             self.device,
             num_processes=num_processes,
@@ -558,7 +560,7 @@ class Accelerator(_ProcessMixin, _SavingMixin, _TrackingMixin, _TrainingMixin, _
         self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
     ) -> torch.nn.Module:
         """Return ``model`` without its DDP/FSDP/DeepSpeed wrapper (and fp32/compile wrappers when asked)."""
-        return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
+        return _other.extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
 
     def free_memory(self, *objects: Any) -> Any:
         """Forget the prepared objects, release ``objects`` and the device cache; return the released list."""

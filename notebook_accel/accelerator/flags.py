@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._lazy import LazyModule
-from ..utils import kwargs as kw
 from ..utils.configs import DataLoaderConfiguration, ProjectConfiguration
 from ..utils.enums import PrecisionType, check_mixed_precision
 from ..utils.environment import parse_flag_from_env
@@ -33,6 +32,8 @@ __all__ = ["AcceleratorFlags", "resolve_flags"]
 _deepspeed = LazyModule("notebook_accel.integrations.deepspeed.plugin")
 _fsdp = LazyModule("notebook_accel.integrations.fsdp.plugin")
 _recipes = LazyModule("notebook_accel.integrations.fp8.recipes")
+# The kwargs handlers load when the user passes one (the plugins share only their base class).
+kw = LazyModule("notebook_accel.utils.kwargs")
 
 
 class _FromDataLoaderConfig:

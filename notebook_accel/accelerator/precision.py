@@ -18,10 +18,13 @@ from typing import Any
 
 import torch
 
+from .._lazy import LazyModule
 from ..utils.enums import DistributedType
-from ..utils.operations import convert_outputs_to_fp32
 
 __all__ = ["Precision"]
+
+# The tensor operations load when a model is first wrapped for mixed precision.
+_ops = LazyModule("notebook_accel.utils.operations")
 
 # Modes torch.autocast runs natively, with the dtype it computes in. fp8 runs through an engine
 # (Transformer Engine, torchao, MS-AMP) and "no" is plain fp32.
@@ -96,7 +99,7 @@ class Precision:
                 with _autocast(device_type, dtype, kwargs):
                     return function(module, *args, **kw)
 
-            wrapped: Any = types.MethodType(convert_outputs_to_fp32(forward), model)
+            wrapped: Any = types.MethodType(_ops.convert_outputs_to_fp32(forward), model)
         else:
 
             @functools.wraps(original)
@@ -104,7 +107,7 @@ class Precision:
                 with _autocast(device_type, dtype, kwargs):
                     return original(*args, **kw)
 
-            wrapped = convert_outputs_to_fp32(forward)
+            wrapped = _ops.convert_outputs_to_fp32(forward)
         model._original_forward = original
         model.forward = wrapped
 

@@ -11,13 +11,18 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..utils.kwargs import ProfileKwargs
+from .._lazy import LazyModule
+
+if TYPE_CHECKING:
+    from ..utils.kwargs import ProfileKwargs
 
 __all__ = ["profile", "trace_path"]
 
 logger = logging.getLogger(__name__)
+# The handlers load at the first profiled block, not with the Accelerator.
+_kwargs = LazyModule("notebook_accel.utils.kwargs")
 
 
 def trace_path(output_trace_dir: str, process_index: int) -> str:
@@ -29,8 +34,8 @@ def trace_path(output_trace_dir: str, process_index: int) -> str:
 def profile(handler: ProfileKwargs | None, process_index: int) -> Iterator[Any]:
     """Yield a running ``torch.profiler.profile`` built from ``handler`` (defaults when None); export on exit."""
     if handler is None:
-        handler = ProfileKwargs()
-    elif not isinstance(handler, ProfileKwargs):
+        handler = _kwargs.ProfileKwargs()
+    elif not isinstance(handler, _kwargs.ProfileKwargs):
         raise TypeError(f"profile_handler must be a ProfileKwargs, got {type(handler).__name__}")
     profiler = handler.build()
     with profiler:

@@ -15,15 +15,16 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from .._lazy import LazyModule
-from ..data_loader import skip_first_batches
 from ..utils.enums import DistributedType
-from ..utils.other import save
 from .checkpoint import _full_options
 
 __all__: list[str] = []
 
 # Offloaded models (cpu_offload / disk_offload hooks) are read back only when save_model meets one.
 _modeling = LazyModule("notebook_accel.utils.modeling")
+# The data loaders load when one is skipped into (or prepared), not with the Accelerator.
+_data_loader = LazyModule("notebook_accel.data_loader")
+_other = LazyModule("notebook_accel.utils.other")  # the file writers: at the first save
 
 
 class _SavingMixin:
@@ -33,7 +34,7 @@ class _SavingMixin:
     def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
         """Save ``obj`` to ``f`` once per machine (see ``utils.save``)."""
         on_each_node = self.project_configuration.save_on_each_node
-        save(obj, f, save_on_each_node=on_each_node, safe_serialization=safe_serialization)
+        _other.save(obj, f, save_on_each_node=on_each_node, safe_serialization=safe_serialization)
 
     def save_model(
         self,
@@ -103,7 +104,7 @@ class _SavingMixin:
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """Return ``dataloader`` resuming after its first ``num_batches`` batches (mid-epoch resume)."""
-        return skip_first_batches(dataloader, num_batches=num_batches)
+        return _data_loader.skip_first_batches(dataloader, num_batches=num_batches)
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """Return the full state dict of ``model`` (gathered from shards under FSDP / ZeRO-3)."""

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..tracking import GeneralTracker, start_trackers
+from .._lazy import LazyModule
 
 __all__: list[str] = []
+
+# The trackers (and their services' probes) load when the accelerator first starts or looks one up.
+_tracking = LazyModule("notebook_accel.tracking")
 
 
 class _TrackingMixin:
@@ -19,7 +22,10 @@ class _TrackingMixin:
         self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: dict | None = None
     ) -> None:
         """Start the ``log_with`` trackers for ``project_name`` and record ``config`` in them."""
-        self.trackers = start_trackers(
+        if not self.log_with and not init_kwargs:
+            self.trackers = []  # nothing to start: the trackers need not even be imported
+            return
+        self.trackers = _tracking.start_trackers(
             self.log_with, project_name, self.logging_dir, self.is_main_process, config, init_kwargs or {}
         )
 
@@ -30,7 +36,7 @@ class _TrackingMixin:
                 return tracker.tracker if unwrap else tracker
         wanted = {str(getattr(t, "name", t)) for t in self.log_with}
         if name in wanted:
-            return GeneralTracker(_blank=True)  # a process where that tracker does not run
+            return _tracking.GeneralTracker(_blank=True)  # a process where that tracker does not run
         raise ValueError(f"no tracker named {name!r}; started trackers: {[t.name for t in self.trackers]}")
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict | None = None) -> None:

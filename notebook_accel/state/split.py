@@ -12,9 +12,12 @@ from typing import Any
 
 import torch
 
-from ..utils._ops_structure import _rebuild_mapping
+from .._lazy import LazyModule
 
 __all__ = ["share_bounds", "take_share"]
+
+# The nested-structure helpers load when a dict is first split, not with the process state.
+_structure = LazyModule("notebook_accel.utils._ops_structure")
 
 
 def share_bounds(length: int, num_processes: int, process_index: int) -> tuple[int, int, int]:
@@ -90,7 +93,7 @@ def take_share(inputs: Any, num_processes: int, process_index: int, apply_paddin
     start, end, padded = share_bounds(length, num_processes, process_index)
     pad_to = padded if apply_padding else None
     if isinstance(inputs, Mapping):
-        return _rebuild_mapping(
+        return _structure._rebuild_mapping(
             inputs, {key: _slice(value, start, end, pad_to) for key, value in inputs.items()}
         )
     return _slice(inputs, start, end, pad_to)

@@ -60,6 +60,7 @@ __all__ = [
     "DVCLiveTracker",
     "GeneralTracker",
     "JSONLinesTracker",
+    "LOGGER_TYPE_TO_CLASS",
     "MLflowTracker",
     "NotebookTracker",
     "SwanLabTracker",

@@ -6,12 +6,12 @@ changed, so torch's own defaults apply to everything else.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
+from ._kwargs_base import KwargsHandler
 from ._validation import choice
 from .enums import DDPCommunicationHookType
 
@@ -27,26 +27,6 @@ __all__ = [
     "ProfileKwargs",
 ]
 # The FP8 recipes (KwargsHandler subclasses) live with the fp8 integration: integrations/fp8/recipes.py.
-
-
-class KwargsHandler:
-    """Base of the kwargs handlers: ``to_kwargs()`` gives the fields changed from their defaults."""
-
-    # Fields that configure the handler itself, not the torch object it builds.
-    _not_kwargs: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return every field as a ``{name: value}`` dict (a deep copy)."""
-        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
-
-    def to_kwargs(self) -> dict[str, Any]:
-        """Return ``{name: value}`` for the fields whose value differs from the class default."""
-        defaults = self.__class__().to_dict()
-        return {
-            name: value
-            for name, value in self.to_dict().items()
-            if name not in self._not_kwargs and defaults[name] != value
-        }
 
 
 @dataclass

@@ -16,12 +16,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from ._kwargs_base import KwargsHandler
 from ._validation import choice as _choice
 from ._validation import env as _env
 from ._validation import positive_int as _positive_int
 from .enums import DynamoBackend
 from .environment import parse_flag_from_env
-from .kwargs import KwargsHandler
 
 __all__ = [
     "GradientAccumulationPlugin",
