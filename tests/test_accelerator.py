@@ -277,6 +277,17 @@ def test_find_executable_batch_size_around_accelerator() -> None:
     assert tried == [64, 57, 51, 45]  # Accelerate 1.15: int(size * 0.9) after each out-of-memory error
 
 
+def _hide_package(name: str, monkeypatch, request) -> None:
+    """Make ``name`` not importable for this test, with the trackers extra installed or not."""
+    import sys
+
+    from notebook_accel.utils.package_checks import is_package_available
+
+    monkeypatch.setitem(sys.modules, name, None)
+    is_package_available.cache_clear()  # the probe caches its answers: forget them now and after the test
+    request.addfinalizer(is_package_available.cache_clear)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "exc", "match"),
     [
@@ -292,9 +303,10 @@ def test_find_executable_batch_size_around_accelerator() -> None:
         ({"project_config": "dir"}, TypeError, "ProjectConfiguration"),
     ],
 )
-def test_bad_constructor_arguments(kwargs: dict, exc: type, match: str) -> None:
+def test_bad_constructor_arguments(kwargs: dict, exc: type, match: str, monkeypatch, request) -> None:
     from notebook_accel import Accelerator
 
+    _hide_package("wandb", monkeypatch, request)
     with pytest.raises(exc, match=match):
         Accelerator(cpu=True, **kwargs)
 
@@ -335,16 +347,28 @@ def test_bad_prepare_and_step_arguments() -> None:
 
 def test_json_lines_tracker(tmp_path) -> None:
     import json
+    import subprocess
+    import sys
+    from pathlib import Path
 
     from notebook_accel import Accelerator
-    from notebook_accel.tracking import GeneralTracker
+    from notebook_accel.tracking import GeneralTracker, get_available_trackers
 
-    acc = Accelerator(cpu=True, project_dir=tmp_path, log_with=["jsonl", "all"])
-    acc.init_trackers("run1", config={"lr": 0.1})
-    acc.log({"loss": torch.tensor(0.5), "acc": 1}, step=3)
-    tracker = acc.get_tracker("jsonl")
-    assert acc.get_tracker("jsonl", unwrap=True) is tracker.run
-    acc.end_training()
+    # "all" starts every installed tracker library (the trackers extra), whose patches of logging,
+    # stdout and imports outlive their runs: it runs in a child, offline (tests.tracker_programs).
+    root = str(Path(__file__).resolve().parents[1])
+    code = (
+        f"import json, sys; sys.path.insert(0, {root!r}); from tests.tracker_programs import jsonl_beside_all; "
+        f"print(json.dumps(jsonl_beside_all({str(tmp_path)!r})))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    child = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert child == {
+        "trackers": ["jsonl", *(t.value for t in get_available_trackers())],
+        "unwrapped_is_run": True,
+        "refused": [],
+    }
     lines = (tmp_path / "run1" / "metrics.jsonl").read_text().splitlines()
     record = json.loads(lines[0])
     assert record["loss"] == 0.5 and record["step"] == 3
@@ -497,14 +521,11 @@ def test_fsdp_on_cpu_processes_matches_full_batch_training_and_checkpoints(tmp_p
 
 
 @pytest.mark.parametrize("name", ["tensorboard", "wandb", "comet_ml", "aim", "mlflow", "clearml", "dvclive"])
-def test_tracker_without_its_package_names_it(name: str, tmp_path) -> None:
-    import importlib.util
-
+def test_tracker_without_its_package_names_it(name: str, tmp_path, monkeypatch, request) -> None:
     from notebook_accel import Accelerator
     from notebook_accel.tracking import LOGGER_TYPE_TO_CLASS
 
-    if importlib.util.find_spec(name) is not None:
-        pytest.skip(f"{name} is installed here")
+    _hide_package(name, monkeypatch, request)
     with pytest.raises(ImportError, match=f"pip install {name}"):
         Accelerator(cpu=True, project_dir=tmp_path, log_with=name)
     with pytest.raises(ImportError, match=f"requires `{name}`"):

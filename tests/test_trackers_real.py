@@ -3,8 +3,10 @@
 tests/tracker_programs.py holds the calls (``init_trackers`` with a config, three ``log`` calls with
 scalars, a text and a dict of scalars, ``end_training``) and the readers that turn what each
 library wrote into JSON; tests/data/goldens/trackers.json is what they read after 1.15 ran them
-(scripts/record_tracker_goldens.py). A tracker whose library is not installed is skipped, naming the
-package (``pip install notebook-accel[trackers]``).
+(scripts/record_tracker_goldens.py), with the ``log`` calls that raised (Aim refuses a string and a
+dict, as its library does under 1.15). A tracker whose library is not installed is skipped, naming the
+package (``pip install notebook-accel[trackers]``). Every run is offline: the libraries' offline switches
+(``tracker_env``) and, in the process, ``network_guards`` refusing any address beyond the loopback.
 """
 
 from __future__ import annotations
@@ -18,22 +20,28 @@ from pathlib import Path
 
 import pytest
 
-from tests.tracker_programs import PACKAGES, READERS, tracker_env
+from tests.tracker_programs import PACKAGES, READERS, go_offline, read_errors, tracker_env
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = json.loads((ROOT / "tests" / "data" / "goldens" / "trackers.json").read_text(encoding="utf-8"))
+# The refused connections are printed at exit, after the libraries' own exit handlers (registered later).
 RUN = (
-    "import sys; sys.path.insert(0, {root!r}); import notebook_accel; "
-    "from tests.tracker_programs import run_program; run_program(notebook_accel, {tracker!r}, {workdir!r})"
+    "import atexit, json, sys; sys.path.insert(0, {root!r}); import notebook_accel; "
+    "from tests.tracker_programs import network_guards, run_program; refused = []; "
+    "[setattr(owner, name, value) for owner, name, value in network_guards(refused)]; "
+    "atexit.register(lambda: print(json.dumps(refused))); "
+    "run_program(notebook_accel, {tracker!r}, {workdir!r})"
 )
 
 
 def _run_ours(tracker: str, workdir: Path) -> None:
-    env = {**os.environ, **tracker_env(str(workdir))}
+    # without pytest's own variable, which MLflow takes as "no telemetry": the switches must do that
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}, **tracker_env(str(workdir))}
     code = RUN.format(root=str(ROOT), tracker=tracker, workdir=str(workdir))
     proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=env, capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]", f"went to the network: {proc.stdout[-500:]}"
 
 
 @pytest.mark.parametrize("tracker", sorted(PACKAGES))
@@ -44,11 +52,28 @@ def test_tracker_writes_what_1_15_writes(tracker, tmp_path, monkeypatch):
     if tracker not in GOLDEN:
         pytest.skip(f"no 1.15 golden recorded for {tracker} (scripts/record_tracker_goldens.py)")
     _run_ours(tracker, tmp_path)
-    for key, value in tracker_env(str(tmp_path)).items():
-        monkeypatch.setenv(key, value)
+    refused = go_offline(monkeypatch, str(tmp_path))  # the readers use the libraries too
     assert READERS[tracker](str(tmp_path)) == GOLDEN[tracker]["written"]
+    assert read_errors(str(tmp_path)) == GOLDEN[tracker].get("errors", [])
+    assert refused == []
 
 
 def test_goldens_come_from_1_15_and_cover_the_installed_trackers():
     assert all(entry["accelerate_version"].startswith("1.15") for entry in GOLDEN.values())
-    assert {"tensorboard", "mlflow", "wandb", "comet_ml", "clearml"} <= set(GOLDEN)
+    assert {"tensorboard", "mlflow", "wandb", "comet_ml", "clearml", "aim", "dvclive"} <= set(GOLDEN)
+    assert set(GOLDEN) == set(PACKAGES) == set(READERS)
+
+
+def test_dvclive_warns_about_a_value_it_cannot_log_and_logs_the_rest(tmp_path, monkeypatch, caplog):
+    if importlib.util.find_spec("dvclive") is None:
+        pytest.skip("the dvclive tracker needs `dvclive` (pip install notebook-accel[trackers])")
+    from notebook_accel.tracking import DVCLiveTracker
+
+    refused = go_offline(monkeypatch, str(tmp_path))
+    tracker = DVCLiveTracker("run")
+    with caplog.at_level("WARNING", logger="notebook_accel.tracking.services"):
+        tracker.log({"per_class": {"a": 0.5}, "note": "ok", "loss": 1.5}, step=4)
+    tracker.finish()
+    assert "'per_class' is a dict, which DVCLive cannot log" in caplog.text
+    metrics = json.loads((tmp_path / "dvclive" / "metrics.json").read_text())
+    assert metrics == {"note": "ok", "loss": 1.5, "step": 4} and refused == []

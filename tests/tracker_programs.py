@@ -32,16 +32,162 @@ def tracker_env(workdir: str) -> dict[str, str]:
         "COMET_START_ONLINE": "0",
         "CLEARML_OFFLINE_MODE": "1",
         "COMET_OFFLINE_DIRECTORY": os.path.join(workdir, "comet"),
+        "DVC_NO_ANALYTICS": "1",
+        "DVC_STUDIO_OFFLINE": "1",
+        # Comet, even offline, reports its own errors to Sentry and asks the cloud metadata address
+        # (169.254.169.254) which cloud it runs on, unless told not to.
+        "COMET_ERROR_TRACKING_ENABLE": "false",
+        "COMET_AUTO_LOG_ENV_DETAILS": "false",
+        "MLFLOW_DISABLE_TELEMETRY": "true",  # else MLflow asks config.mlflow-telemetry.io
+        "DO_NOT_TRACK": "1",
     }
 
 
+ERRORS_FILE = "program_errors.json"
+# Trackers whose 1.15 class has ``log_images``: the program logs one small image (with a caption) to them.
+IMAGE_TRACKERS = {"aim"}
+
+
+def _image() -> Any:
+    import numpy as np
+
+    return (np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3) * 2, "a gradient")
+
+
+def _is_local(host: Any) -> bool:
+    import ipaddress
+
+    name = host.decode() if isinstance(host, bytes) else host
+    if name in (None, "", "localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def network_guards(refused: list) -> list[tuple[Any, str, Any]]:
+    """Return ``(owner, attribute, replacement)`` triples that keep this process off the network.
+
+    The replacements of ``socket.socket.connect`` / ``connect_ex`` and ``socket.getaddrinfo`` refuse
+    (``OSError`` / ``socket.gaierror``) any address or name beyond the loopback and record it in
+    ``refused``; a Unix socket (W&B's service) passes. ClearML asks updates.clear.ml for a newer
+    release at ``Task.init``, offline or not, with no switch to turn that off: its check is marked done.
+    """
+    import importlib.util
+    import socket
+
+    def guard(method: Any) -> Any:
+        def connect(sock: socket.socket, address: Any) -> Any:
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and not _is_local(address[0]):
+                refused.append(list(address[:2]))
+                raise OSError(f"tracker tests: connection to {address[:2]} refused (the tests run offline)")
+            return method(sock, address)
+
+        return connect
+
+    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _is_local(host):
+            refused.append([host, args[0] if args else None])
+            raise socket.gaierror(socket.EAI_NONAME, f"tracker tests: no lookup of {host!r} (offline)")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    real_getaddrinfo = socket.getaddrinfo
+    guards = [
+        (socket.socket, "connect", guard(socket.socket.connect)),
+        (socket.socket, "connect_ex", guard(socket.socket.connect_ex)),
+        (socket, "getaddrinfo", getaddrinfo),
+    ]
+    if importlib.util.find_spec("clearml") is not None:
+        from clearml.utilities.check_updates import CheckPackageUpdates
+
+        guards.append((CheckPackageUpdates, "_package_version_checked", True))
+    return guards
+
+
+def go_offline(monkeypatch: Any, workdir: str) -> list:
+    """Return the list of refused connections; keep this test's tracker libraries on this machine.
+
+    Sets every tracker library's offline switch (``tracker_env``: W&B, Comet and ClearML offline, MLflow's
+    file store, DVC without analytics, ``HOME`` in ``workdir``), runs in ``workdir`` (DVCLive and MLflow
+    write to the current folder) and puts ``network_guards`` in place, so a library that goes out anyway
+    is refused and shows up in the list (the test asserts it empty) instead of reaching the network.
+    """
+    for key, value in tracker_env(workdir).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(workdir)
+    refused: list = []
+    for owner, attribute, replacement in network_guards(refused):
+        monkeypatch.setattr(owner, attribute, replacement)
+    return refused
+
+
+def jsonl_beside_all(workdir: str) -> dict:
+    """Run ``log_with=["jsonl", "all"]`` offline in ``workdir`` (in a child: the libraries patch the process).
+
+    Return the started trackers' names, whether ``get_tracker("jsonl", unwrap=True)`` is the jsonl run,
+    and the connections refused. Two library settings differ from their defaults: ClearML's repository
+    detection (git in a thread) is off, and so is Aim's terminal capture: with Comet's beside it, the two
+    stdout wrappers end up calling each other and ``end_training`` dies of a RecursionError (1.15 too).
+    """
+    import torch
+
+    import notebook_accel
+    from notebook_accel.utils.package_checks import is_aim_available, is_clearml_available
+
+    for key, value in tracker_env(workdir).items():
+        os.environ[key] = value
+    os.chdir(workdir)
+    refused: list = []
+    for owner, attribute, replacement in network_guards(refused):
+        setattr(owner, attribute, replacement)
+    init_kwargs: dict = {}
+    if is_clearml_available():
+        init_kwargs["clearml"] = {"auto_connect_frameworks": {"detect_repository": False}}
+    if is_aim_available():
+        init_kwargs["aim"] = {"capture_terminal_logs": False}
+    accelerator = notebook_accel.Accelerator(cpu=True, project_dir=workdir, log_with=["jsonl", "all"])
+    accelerator.init_trackers("run1", config={"lr": 0.1}, init_kwargs=init_kwargs)
+    accelerator.log({"loss": torch.tensor(0.5), "acc": 1}, step=3)
+    unwrapped = accelerator.get_tracker("jsonl", unwrap=True) is accelerator.get_tracker("jsonl").run
+    names = [tracker.name for tracker in accelerator.trackers]
+    accelerator.end_training()
+    return {"trackers": names, "unwrapped_is_run": unwrapped, "refused": refused}
+
+
 def run_program(lib: Any, tracker: str, workdir: str) -> None:
-    """Run the tracker calls with library ``lib`` (``accelerate`` or ``notebook_accel``) in ``workdir``."""
+    """Run the tracker calls with library ``lib`` (``accelerate`` or ``notebook_accel``) in ``workdir``.
+
+    A ``log`` call that raises (Aim refuses a string, as its library does under 1.15) is written to
+    ``workdir/program_errors.json`` as ``[step, exception type, message]`` and the program goes on.
+    """
+    import json
+
     accelerator = lib.Accelerator(log_with=tracker, project_dir=workdir)
     accelerator.init_trackers("golden_run", config=dict(CONFIG))
+    errors = []
     for values, step in LOGS:
-        accelerator.log(values, step=step)
+        try:
+            accelerator.log(values, step=step)
+        except Exception as error:  # noqa: BLE001 - the error is the fact compared
+            errors.append([step, type(error).__name__, str(error)])
+    if tracker in IMAGE_TRACKERS:
+        accelerator.get_tracker(tracker).log_images({"sample": _image()}, step=3)
     accelerator.end_training()
+    if errors:
+        with open(os.path.join(workdir, ERRORS_FILE), "w", encoding="utf-8") as handle:
+            json.dump(errors, handle)
+
+
+def read_errors(workdir: str) -> list:
+    """Return the ``[step, exception type, message]`` of each ``log`` call that raised ([] if none did)."""
+    import json
+
+    path = os.path.join(workdir, ERRORS_FILE)
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
 
 
 def _round(value: float) -> float:
@@ -220,8 +366,71 @@ def read_clearml(workdir: str) -> dict:
     return {"offline_sessions": sessions}
 
 
+def _aim_image(image: Any) -> list:
+    """Return an ``aim.Image``'s caption, format, size and a digest of its pixels."""
+    import hashlib
+
+    pixels = image.to_pil_image()
+    return [image.caption, image.format, [image.width, image.height], pixels.mode,
+            hashlib.sha256(pixels.tobytes()).hexdigest()[:16]]  # fmt: skip
+
+
+def read_aim(workdir: str) -> dict:
+    """Return the Aim repo's runs, read back through Aim's API: name, hparams, metrics and images by name.
+
+    A closed run is read once Aim has indexed it (what ``aim up`` does in the background): the reader
+    asks Aim's index manager for it. Aim's own system metrics (``__system__*``: CPU, memory) are left out.
+    """
+    import aim
+    from aim.sdk.index_manager import RepoIndexManager
+
+    repo = aim.Repo(workdir)
+    runs = []
+    for run_hash in repo.list_all_runs():
+        RepoIndexManager.get_index_manager(repo).index(run_hash)
+        run = aim.Run(run_hash, repo=workdir, read_only=True)
+        metrics, images = {}, {}
+        for metric in sorted(run.metrics(), key=lambda m: (m.name, str(m.context.to_dict()))):
+            if metric.name.startswith("__system__"):
+                continue
+            steps, (values,) = metric.data.view("val").items_list()
+            metrics[metric.name] = {"context": metric.context.to_dict(),
+                                    "values": [[s, _round(v)] for s, v in zip(steps, values)]}  # fmt: skip
+        for name, context, _ in run.iter_sequence_info_by_type(aim.Images.allowed_dtypes()):
+            steps, (values,) = run.get_image_sequence(name, context).data.view("val").items_list()
+            images[name] = {"context": context.to_dict(),
+                            "values": [[s, _aim_image(v)] for s, v in zip(steps, values)]}  # fmt: skip
+        runs.append({"name": run.name, "experiment": run.experiment, "active": run.active,
+                     "hparams": run.get("hparams"), "metrics": metrics, "images": images})  # fmt: skip
+    return {"runs": runs}
+
+
+def read_dvclive(workdir: str) -> dict:
+    """Return DVCLive's files under ``workdir`` (the program's cwd): dvc.yaml, metrics.json, params.yaml, plots."""
+    import yaml
+
+    out: dict = {"files": []}
+    for folder, _, files in sorted(os.walk(workdir)):
+        rel = os.path.relpath(folder, workdir)
+        if rel.split(os.sep)[0] in (".cache", ".config", ".local"):  # HOME is workdir: other tools' caches
+            continue
+        out["files"] += sorted(os.path.normpath(os.path.join(rel, f)).replace(os.sep, "/") for f in files)
+    out["files"] = sorted(f for f in out["files"] if f != ERRORS_FILE)
+    for name in out["files"]:
+        path = os.path.join(workdir, name)
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        if name.endswith((".yaml", ".json")):
+            out[name] = yaml.safe_load(text)  # JSON is YAML; key order kept out of the comparison
+        elif name.endswith(".tsv"):
+            out[name] = [line.split("\t") for line in text.splitlines()]
+    return out
+
+
 READERS = {
+    "aim": read_aim,
     "clearml": read_clearml,
+    "dvclive": read_dvclive,
     "tensorboard": read_tensorboard,
     "mlflow": read_mlflow,
     "wandb": read_wandb,
@@ -229,6 +438,8 @@ READERS = {
 }
 # The package each tracker needs, for the skip reason when it is missing.
 PACKAGES = {
+    "aim": "aim",
+    "dvclive": "dvclive",
     "tensorboard": "tensorboard",
     "mlflow": "mlflow",
     "wandb": "wandb",

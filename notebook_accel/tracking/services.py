@@ -394,6 +394,9 @@ class DVCLiveTracker(GeneralTracker):
     def __init__(self, run_name: str | None = None, live: Any = None, **kwargs: Any) -> None:
         super().__init__()
         dvclive = _require("dvclive", "dvclive", self.name)
+        from dvclive.error import InvalidDataTypeError
+
+        self._refused = InvalidDataTypeError
         self.run_name = run_name
         self.run = live if live is not None else dvclive.Live(**kwargs)
 
@@ -401,12 +404,24 @@ class DVCLiveTracker(GeneralTracker):
         self.run.log_params(values)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log each value DVCLive takes as a metric (a number, a bool, a string); warn about and skip the rest.
+
+        A 0-d tensor or numpy scalar is logged as its number (1.15 drops a tensor). Each call ends
+        DVCLive's step (``Live.next_step``: the summary in ``metrics.json``); ``step`` sets it first.
+        """
         if step is not None:
             self.run.step = step
         for key, value in values.items():
             value = _plain(value)
-            if isinstance(value, (int, float)):
+            try:
                 self.run.log_metric(key, value, **kwargs)
+            except self._refused:
+                logger.warning(
+                    "DVCLiveTracker: %r is a %s, which DVCLive cannot log as a metric (a number or a string): "
+                    "not logged",
+                    key,
+                    type(value).__name__,
+                )
         self.run.next_step()
 
     def finish(self) -> None:
