@@ -58,7 +58,9 @@ def main() -> None:
     handle_module.StackCollector.collect = counting
     off, on = [], []
     for _ in range(args.rounds):
-        off.append(notebook_launcher(_work, (args.seconds,), num_processes=2, sinks=[], hang_timeout=math.inf)[0])
+        off.append(
+            notebook_launcher(_work, (args.seconds,), num_processes=2, sinks=[], hang_timeout=math.inf)[0]
+        )
         before = len(dumps)
         on.append(notebook_launcher(_work, (args.seconds,), num_processes=2, sinks=[], hang_timeout=10.0)[0])
         per_launch = len(dumps) - before

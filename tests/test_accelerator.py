@@ -361,7 +361,9 @@ def test_json_lines_tracker(tmp_path) -> None:
         f"import json, sys; sys.path.insert(0, {root!r}); from tests.tracker_programs import jsonl_beside_all; "
         f"print(json.dumps(jsonl_beside_all({str(tmp_path)!r})))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     child = json.loads(proc.stdout.strip().splitlines()[-1])
     assert child == {
@@ -605,6 +607,10 @@ def test_deepspeed_installed_on_cpu_without_oneccl_names_the_way_out(monkeypatch
     from notebook_accel.utils import imports
 
     monkeypatch.setattr(imports, "is_deepspeed_available", lambda: True)
-    monkeypatch.setattr(imports, "is_package_available", lambda name, *a: name != "oneccl_bindings_for_pytorch")
-    with pytest.raises(RuntimeError, match=r"needs Intel's oneCCL bindings.*ParallelismConfig\(dp_shard_size=N\)"):
+    monkeypatch.setattr(
+        imports, "is_package_available", lambda name, *a: name != "oneccl_bindings_for_pytorch"
+    )
+    with pytest.raises(
+        RuntimeError, match=r"needs Intel's oneCCL bindings.*ParallelismConfig\(dp_shard_size=N\)"
+    ):
         Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))

@@ -54,12 +54,19 @@ def test_clean_option_matches_accelerate(option, expected):
 def test_options_take_dashes_or_underscores():
     parser = launch_command_parser()
     a = parser.parse_args(["--num-processes", "2", "--mixed_precision", "bf16", "s.py", "--lr", "1"])
-    assert (a.num_processes, a.mixed_precision, a.training_script, a.training_script_args) == (2, "bf16", "s.py", ["--lr", "1"])
+    assert (a.num_processes, a.mixed_precision, a.training_script, a.training_script_args) == (
+        2,
+        "bf16",
+        "s.py",
+        ["--lr", "1"],
+    )
 
 
 def test_one_process(tmp_path, script):
     _launch("--cpu", "--mixed_precision", "bf16", str(script), str(tmp_path), "--flag")
-    assert _ranks(tmp_path) == [{"rank": 0, "world": 1, "type": "NO", "precision": "bf16", "argv": [str(tmp_path), "--flag"]}]
+    assert _ranks(tmp_path) == [
+        {"rank": 0, "world": 1, "type": "NO", "precision": "bf16", "argv": [str(tmp_path), "--flag"]}
+    ]
 
 
 @pytest.mark.timeout(240)
@@ -71,7 +78,8 @@ def test_two_processes_through_torchrun_with_the_config_file(tmp_path, script):
             str(tmp_path))  # fmt: skip
     got = _ranks(tmp_path)
     assert [(r["rank"], r["world"], r["type"], r["precision"]) for r in got] == [
-        (0, 2, "MULTI_CPU", "fp16"), (1, 2, "MULTI_CPU", "fp16"),
+        (0, 2, "MULTI_CPU", "fp16"),
+        (1, 2, "MULTI_CPU", "fp16"),
     ]
 
 
@@ -86,7 +94,11 @@ def test_a_failing_script_raises(tmp_path):
     "argv, exc, match",
     [
         (["--num_processes", "3", "--num_machines", "2"], ValueError, "must divide evenly by num_machines=2"),
-        (["--machine_rank", "2", "--num_machines", "2", "--num_processes", "2"], ValueError, "machine_rank=2"),
+        (
+            ["--machine_rank", "2", "--num_machines", "2", "--num_processes", "2"],
+            ValueError,
+            "machine_rank=2",
+        ),
         (["--use_deepspeed", "--zero_stage", "5"], ValueError, "--zero_stage 5 is not a ZeRO stage"),
     ],
 )

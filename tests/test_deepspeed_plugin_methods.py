@@ -141,7 +141,9 @@ def test_set_moe_leaf_modules_marks_the_named_classes(monkeypatch) -> None:
     DeepSpeedPlugin(zero_stage=3, transformer_moe_cls_names="_Experts, _Router").set_moe_leaf_modules(model)
     assert calls == [(model, [_Experts, _Router])]
     with pytest.raises(ValueError, match=r"names \['Mixtral'\] but the model has no module of that class"):
-        DeepSpeedPlugin(zero_stage=3, transformer_moe_cls_names="_Experts,Mixtral").set_moe_leaf_modules(model)
+        DeepSpeedPlugin(zero_stage=3, transformer_moe_cls_names="_Experts,Mixtral").set_moe_leaf_modules(
+            model
+        )
 
 
 def test_set_moe_leaf_modules_without_deepspeed_names_it(monkeypatch) -> None:

@@ -24,8 +24,14 @@ def test_strings_are_converted_in_the_callers_dict():
 @pytest.mark.parametrize(
     "value, expected",
     [
-        ("5Mb", 625_000), ("5kib", 5120), ("5KIB", 5120), ("5Gib", 5 * 2**30), ("5 kb", 625),
-        ("1.5GB", 1_500_000_000), ("5 GB", 5 * 10**9), (1000, 1000),
+        ("5Mb", 625_000),
+        ("5kib", 5120),
+        ("5KIB", 5120),
+        ("5Gib", 5 * 2**30),
+        ("5 kb", 625),
+        ("1.5GB", 1_500_000_000),
+        ("5 GB", 5 * 10**9),
+        (1000, 1000),
     ],
 )
 def test_units_match_accelerate(value, expected):

@@ -23,7 +23,11 @@ from notebook_accel.utils.deepspeed import (
 )
 
 ZERO3 = {
-    "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "none"}},
+    "zero_optimization": {
+        "stage": 3,
+        "offload_param": {"device": "cpu"},
+        "offload_optimizer": {"device": "none"},
+    },
     "fp16": {"enabled": "auto"},
     "bf16": {"enabled": False},
 }
@@ -50,9 +54,15 @@ def test_config_sources_and_queries(tmp_path, form):
 
 
 def test_offload_needs_zero2_or_3_and_a_real_device():
-    assert HfDeepSpeedConfig({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}}).is_offload()
-    assert not HfDeepSpeedConfig({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}}).is_offload()
-    assert not HfDeepSpeedConfig({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}}).is_offload()
+    assert HfDeepSpeedConfig(
+        {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}}
+    ).is_offload()
+    assert not HfDeepSpeedConfig(
+        {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}}
+    ).is_offload()
+    assert not HfDeepSpeedConfig(
+        {"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}}
+    ).is_offload()
     empty = HfDeepSpeedConfig({})
     assert empty._stage == -1 and not empty.is_offload()
 
@@ -70,9 +80,17 @@ def test_config_is_a_copy_and_sub_trees_can_be_deleted():
 @pytest.mark.parametrize(
     "source, exc, match",
     [
-        ("/no/such/ds.json", ValueError, r"Expected a string path to an existing deepspeed config.*/no/such/ds.json"),
+        (
+            "/no/such/ds.json",
+            ValueError,
+            r"Expected a string path to an existing deepspeed config.*/no/such/ds.json",
+        ),
         (5, TypeError, r"HfDeepSpeedConfig takes a dict, a path to a JSON file .* not int 5"),
-        ({"zero_optimization": {"stage": 4}}, ValueError, r"zero_optimization.stage=4 is not a ZeRO stage: use 0, 1, 2, 3"),
+        (
+            {"zero_optimization": {"stage": 4}},
+            ValueError,
+            r"zero_optimization.stage=4 is not a ZeRO stage: use 0, 1, 2, 3",
+        ),
     ],
 )
 def test_bad_configs_raise(source, exc, match):
@@ -92,7 +110,12 @@ def test_dummies_keep_their_arguments():
     optim = DummyOptim(params, lr=0.1, foo=1)
     assert (optim.params, optim.lr, optim.weight_decay, optim.kwargs) == (params, 0.1, 0, {"foo": 1})
     sched = DummyScheduler(optim, total_num_steps=10, warmup_num_steps=2, bar=3)
-    assert (sched.optimizer, sched.total_num_steps, sched.warmup_num_steps, sched.kwargs) == (optim, 10, 2, {"bar": 3})
+    assert (sched.optimizer, sched.total_num_steps, sched.warmup_num_steps, sched.kwargs) == (
+        optim,
+        10,
+        2,
+        {"bar": 3},
+    )
     with pytest.raises(TypeError, match="lr_scheduler_callable must be a function optimizer -> scheduler"):
         DummyScheduler(optim, lr_scheduler_callable=5)
 
@@ -112,8 +135,12 @@ def test_active_plugin():
     plugin = object()
     state = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED, deepspeed_plugin=plugin)
     assert get_active_deepspeed_plugin(state) is plugin
-    with pytest.raises(ValueError, match="Couldn't retrieve the active `DeepSpeedPlugin` as none were enabled"):
-        get_active_deepspeed_plugin(SimpleNamespace(distributed_type=DistributedType.NO, deepspeed_plugin=None))
+    with pytest.raises(
+        ValueError, match="Couldn't retrieve the active `DeepSpeedPlugin` as none were enabled"
+    ):
+        get_active_deepspeed_plugin(
+            SimpleNamespace(distributed_type=DistributedType.NO, deepspeed_plugin=None)
+        )
 
 
 class _FakeEngine:
@@ -141,7 +168,11 @@ def test_engine_wrapper_steps_only_at_the_boundary():
     wrapper.backward(weight.sum(), sync_gradients=False, retain_graph=True)
     wrapper.backward(weight.sum())
     assert engine.calls == [
-        ("boundary", False), ("backward", {"retain_graph": True}), ("boundary", True), ("backward", {}), ("step",),
+        ("boundary", False),
+        ("backward", {"retain_graph": True}),
+        ("boundary", True),
+        ("backward", {}),
+        ("step",),
     ]
     assert wrapper.get_global_grad_norm() == 2.5
 

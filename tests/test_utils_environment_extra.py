@@ -43,7 +43,9 @@ def test_cpu_distributed_information_reads_launcher_variables(monkeypatch) -> No
     monkeypatch.setenv("PMI_SIZE", "4")
     monkeypatch.setenv("MPI_LOCALRANKID", "1")
     monkeypatch.setenv("MPI_LOCALNRANKS", "2")
-    assert get_cpu_distributed_information() == CPUInformation(rank=3, world_size=4, local_rank=1, local_world_size=2)
+    assert get_cpu_distributed_information() == CPUInformation(
+        rank=3, world_size=4, local_rank=1, local_world_size=2
+    )
 
 
 def test_purge_accelerate_environment_on_a_function(monkeypatch) -> None:

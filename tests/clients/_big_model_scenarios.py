@@ -80,9 +80,7 @@ def _peft_on_offloaded(single, ids, offload_root) -> dict:
     # peft's own path for an offloaded base: it re-dispatches the model with the adapter weights,
     # writing those of disk-offloaded layers into the offload folder.
     offload = tempfile.mkdtemp(dir=offload_root)
-    dispatched = PeftModel.from_pretrained(
-        base, adapter, max_memory=dict(SMALL), offload_dir=offload
-    ).eval()
+    dispatched = PeftModel.from_pretrained(base, adapter, max_memory=dict(SMALL), offload_dir=offload).eval()
     summary = _summary(dispatched, ids, ref, inner=dispatched.get_base_model())
     summary["lora_changes_output"] = float((ref - base_ref).abs().max())
     return summary
@@ -110,7 +108,11 @@ def main(mode: str = "ours") -> None:
     for device_map in ("auto", "sequential", "balanced"):
         for budget in (None, SMALL):
             name = f"from_pretrained[{device_map},{'budget' if budget else 'no budget'}]"
-            _run(results, name, lambda d=device_map, b=budget: _summary(_from_pretrained(single, d, b, root), ids, ref))
+            _run(
+                results,
+                name,
+                lambda d=device_map, b=budget: _summary(_from_pretrained(single, d, b, root), ids, ref),
+            )
 
     _run(results, "explicit_disk_map", lambda: _summary(_explicit(sharded, root), ids, ref))
 
@@ -120,7 +122,11 @@ def main(mode: str = "ours") -> None:
         with torch.no_grad():
             want = model.generate(ids, **kwargs).tolist()
             got = offloaded.generate(ids, **kwargs).tolist()
-        return {"same": want == got, "tokens": got[0][-8:], "devices": sorted(set(offloaded.hf_device_map.values()))}
+        return {
+            "same": want == got,
+            "tokens": got[0][-8:],
+            "devices": sorted(set(offloaded.hf_device_map.values())),
+        }
 
     _run(results, "generate_offloaded", generate)
 
@@ -128,15 +134,22 @@ def main(mode: str = "ours") -> None:
         with init_empty_weights():
             empty = AutoModelForCausalLM.from_config(model.config)
         loaded = load_checkpoint_and_dispatch(
-            empty, folder, device_map=device_map, max_memory=dict(SMALL),
-            no_split_module_classes=["LlamaDecoderLayer"], offload_folder=tempfile.mkdtemp(dir=root),
+            empty,
+            folder,
+            device_map=device_map,
+            max_memory=dict(SMALL),
+            no_split_module_classes=["LlamaDecoderLayer"],
+            offload_folder=tempfile.mkdtemp(dir=root),
         ).eval()
         loaded.hf_device_map = loaded.hf_device_map if hasattr(loaded, "hf_device_map") else {"": "cpu"}
         return _summary(loaded, ids, ref)
 
     _run(results, "load_checkpoint_and_dispatch[sharded,auto]", lambda: dispatch(sharded, "auto"))
-    _run(results, "load_checkpoint_and_dispatch[single,sequential]",
-         lambda: dispatch(os.path.join(single, "model.safetensors"), "sequential"))
+    _run(
+        results,
+        "load_checkpoint_and_dispatch[single,sequential]",
+        lambda: dispatch(os.path.join(single, "model.safetensors"), "sequential"),
+    )
     _run(results, "peft_lora_on_offloaded", lambda: _peft_on_offloaded(single, ids, root))
 
     def missing_module() -> dict:

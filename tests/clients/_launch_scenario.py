@@ -52,7 +52,9 @@ def main(mode: str = "ours") -> None:
         notebook_accel.install_as_accelerate()
     namespace: dict = {}
     exec(compile(TRAIN_SOURCE, "<train>", "exec"), namespace)
-    handle = notebook_accel.notebook_launcher(namespace["train_ranks"], num_processes=2, block=False, sinks=[])
+    handle = notebook_accel.notebook_launcher(
+        namespace["train_ranks"], num_processes=2, block=False, sinks=[]
+    )
     from notebook_accel.widgets import LaunchPanel
 
     panel = LaunchPanel(handle)

@@ -11,7 +11,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_python(code: str, *, timeout: float = 280, cwd: str | os.PathLike | None = None, env: dict | None = None) -> str:
+def run_python(
+    code: str, *, timeout: float = 280, cwd: str | os.PathLike | None = None, env: dict | None = None
+) -> str:
     """Return the stdout of ``python -c code`` (offline, CPU); fail the test with its output if it exits non-zero."""
     full_env = {
         **os.environ,

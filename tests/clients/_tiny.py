@@ -31,7 +31,14 @@ def tiny_gpt2(seed: int = 0):
 
     # No dropout: runs that should be equal (accumulation vs a big batch, resumed vs straight) are.
     config = GPT2Config(
-        vocab_size=VOCAB, n_positions=32, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+        vocab_size=VOCAB,
+        n_positions=32,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
     )
     torch.manual_seed(seed)
     return GPT2LMHeadModel(config)

@@ -20,8 +20,16 @@ def _args(out: str, **kwargs):
     from transformers import TrainingArguments
 
     base = dict(
-        output_dir=out, use_cpu=True, report_to=[], seed=0, data_seed=0, learning_rate=1e-2,
-        per_device_train_batch_size=8, logging_steps=1, save_strategy="no", disable_tqdm=True,
+        output_dir=out,
+        use_cpu=True,
+        report_to=[],
+        seed=0,
+        data_seed=0,
+        learning_rate=1e-2,
+        per_device_train_batch_size=8,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
         dataloader_num_workers=0,
     )
     base.update(kwargs)
@@ -32,7 +40,12 @@ def _trainer(out: str, model=None, **kwargs):
     from transformers import Trainer
 
     train = lm_dataset(32)
-    return Trainer(model=model or tiny_gpt2(), args=_args(out, **kwargs), train_dataset=train, eval_dataset=lm_dataset(8, seed=1))
+    return Trainer(
+        model=model or tiny_gpt2(),
+        args=_args(out, **kwargs),
+        train_dataset=train,
+        eval_dataset=lm_dataset(8, seed=1),
+    )
 
 
 def _weights(model) -> dict:
@@ -51,7 +64,9 @@ def loss_falls(root) -> dict:
 
 
 def accumulation(root) -> dict:
-    a = _trainer(tempfile.mkdtemp(dir=root), max_steps=3, per_device_train_batch_size=4, gradient_accumulation_steps=2)
+    a = _trainer(
+        tempfile.mkdtemp(dir=root), max_steps=3, per_device_train_batch_size=4, gradient_accumulation_steps=2
+    )
     a.train()
     b = _trainer(tempfile.mkdtemp(dir=root), max_steps=3, per_device_train_batch_size=8)
     b.train()
@@ -117,11 +132,20 @@ def auto_batch(root) -> dict:
 
     model.forward = forward
     # remove_unused_columns=False: the wrapper's (*args, **kwargs) signature would hide the real columns.
-    trainer = _trainer(tempfile.mkdtemp(dir=root), model=model, max_steps=2, per_device_train_batch_size=16,
-                       auto_find_batch_size=True, remove_unused_columns=False)
+    trainer = _trainer(
+        tempfile.mkdtemp(dir=root),
+        model=model,
+        max_steps=2,
+        per_device_train_batch_size=16,
+        auto_find_batch_size=True,
+        remove_unused_columns=False,
+    )
     trainer.train()
-    return {"tried": sorted(set(tried), reverse=True), "final": trainer._train_batch_size,
-            "steps": trainer.state.global_step}
+    return {
+        "tried": sorted(set(tried), reverse=True),
+        "final": trainer._train_batch_size,
+        "steps": trainer.state.global_step,
+    }
 
 
 def main(mode: str = "ours") -> None:

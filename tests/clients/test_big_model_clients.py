@@ -85,10 +85,14 @@ def test_peft_lora_on_dispatched_partly_offloaded_base(ours):
 
 def test_map_naming_a_missing_module_raises_value_error(ours):
     got = _ok(ours, "missing_module_map")
-    assert got["type"] == "ValueError" and "'model.nope'" in got["message"] and "Closest names" in got["message"]
+    assert (
+        got["type"] == "ValueError" and "'model.nope'" in got["message"] and "Closest names" in got["message"]
+    )
 
 
-@pytest.mark.skipif(not REAL_INSTALLED, reason="needs the real accelerate installed (the clients extra pulls it)")
+@pytest.mark.skipif(
+    not REAL_INSTALLED, reason="needs the real accelerate installed (the clients extra pulls it)"
+)
 def test_device_maps_match_the_real_accelerate(ours, tmp_path):
     real = json.loads(last_line(run_python(SCENARIO.format(mode="real"), cwd=tmp_path)))
     assert real["accelerate"] == "accelerate"
@@ -96,7 +100,12 @@ def test_device_maps_match_the_real_accelerate(ours, tmp_path):
     for name, got in ours.items():
         theirs = real.get(name)
         # Where Accelerate 1.15 itself fails (a "disk" budget in get_balanced_memory), there is nothing to compare.
-        if isinstance(got, dict) and "device_map" in got and isinstance(theirs, dict) and "device_map" in theirs:
+        if (
+            isinstance(got, dict)
+            and "device_map" in got
+            and isinstance(theirs, dict)
+            and "device_map" in theirs
+        ):
             assert got["device_map"] == theirs["device_map"], name
             compared += 1
     assert compared >= 8

@@ -46,7 +46,9 @@ def test_resume_from_checkpoint_continues_at_the_right_step(ours):
     got = _ok(ours, "resume")
     assert got["global_step"] == 6 and got["steps_run_after_resume"] == [4, 5, 6]
     assert got["max_diff_vs_straight"] < 1e-6
-    assert {"optimizer.pt", "scheduler.pt", "rng_state.pth", "model.safetensors"} <= set(got["checkpoint_files"])
+    assert {"optimizer.pt", "scheduler.pt", "rng_state.pth", "model.safetensors"} <= set(
+        got["checkpoint_files"]
+    )
 
 
 def test_evaluate_and_predict(ours):
@@ -61,10 +63,14 @@ def test_auto_find_batch_size_shrinks_on_out_of_memory(ours):
     assert got["tried"] == [16, 14, 12, 10, 9, 8, 7, 6, 5, 4] and got["final"] == 4 and got["steps"] == 2
 
 
-@pytest.mark.skipif(not REAL_INSTALLED, reason="needs the real accelerate installed (the clients extra pulls it)")
+@pytest.mark.skipif(
+    not REAL_INSTALLED, reason="needs the real accelerate installed (the clients extra pulls it)"
+)
 def test_numbers_match_the_real_accelerate(ours):
     real = json.loads(last_line(run_python(SCENARIO.format(mode="real"))))
     assert real["accelerate"] == "accelerate"
     for name in ("loss_falls", "evaluate_predict", "auto_batch"):
         assert _ok(real, name) == _ok(ours, name), name
-    assert _ok(ours, "accumulation")["max_diff"] == pytest.approx(_ok(real, "accumulation")["max_diff"], abs=1e-6)
+    assert _ok(ours, "accumulation")["max_diff"] == pytest.approx(
+        _ok(real, "accumulation")["max_diff"], abs=1e-6
+    )

@@ -39,7 +39,9 @@ def test_trainer_in_launcher_from_a_script_on_notebook_accel(ours_from_script):
     assert ours_from_script["panel_state"] == "succeeded" and ours_from_script["panel_has_loss"]
 
 
-@pytest.mark.skipif(not REAL_INSTALLED, reason="needs the real accelerate installed (the clients extra pulls it)")
+@pytest.mark.skipif(
+    not REAL_INSTALLED, reason="needs the real accelerate installed (the clients extra pulls it)"
+)
 def test_our_launcher_and_panel_drive_a_real_accelerate_trainer(ours_from_script):
     got = json.loads(last_line(run_python(SCENARIO.format(mode="real"))))
     _check_ranks(got, "accelerate")
@@ -79,7 +81,9 @@ def test_trainer_in_launcher_from_a_jupyter_kernel(monkeypatch):
             timeout=240,
         )
         assert status == "ok", err
-        got = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT ") :])
+        got = json.loads(
+            next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT ") :]
+        )
         _check_ranks(got, "notebook_accel")
         assert "[rank 1] rank 1 trained 4 steps" in out  # per-rank output streamed into the cell
     finally:
