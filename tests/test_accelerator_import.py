@@ -12,11 +12,9 @@ session has imported them all.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
+
+from tests.import_probe import modules_after
 
 LOADERS, TRACKERS, OTHER = (
     "notebook_accel.data_loader",
@@ -30,10 +28,8 @@ WATCHED = (LOADERS, TRACKERS, OTHER, KWARGS, *OPERATIONS)
 
 def _loaded_after(code: str) -> list[str]:
     """Return which of WATCHED (a package with its submodules) a fresh interpreter running ``code`` loaded."""
-    watched = f"{{w for w in {WATCHED!r} for m in sys.modules if m == w or m.startswith(w + '.')}}"
-    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted({watched})))\n"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    loaded = modules_after(code)
+    return sorted({w for w in WATCHED for m in loaded if m == w or m.startswith(w + ".")})
 
 
 @pytest.mark.parametrize(

@@ -9,11 +9,9 @@ benchmarks/bench_import.py). Each check runs in a fresh interpreter: this sessio
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
+
+from tests.import_probe import modules_after
 
 FORBIDDEN_PREFIXES = (
     "notebook_accel.integrations",
@@ -24,12 +22,7 @@ FORBIDDEN_PREFIXES = (
 
 
 def _loaded_after(code: str) -> list[str]:
-    probe = (
-        f"{code}\nimport json, sys\n"
-        f"print(json.dumps(sorted(m for m in sys.modules if m.startswith({FORBIDDEN_PREFIXES!r}))))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return sorted(m for m in modules_after(code) if m.startswith(FORBIDDEN_PREFIXES))
 
 
 @pytest.mark.parametrize(
