@@ -53,6 +53,11 @@ def main() -> None:
     )
     accelerator.print("**Training**\\nAll processes hold the same weights.")
     accelerator.wait_for_everyone()
+    # The DDP model's reducer holds the process group: release it (and the other prepared objects) while the
+    # group is alive, so end_training's destroy stops gloo's threads here and not in interpreter teardown,
+    # where torch can abort ("terminate called without an active exception") on a loaded machine.
+    del model, optimizer, loader
+    accelerator.free_memory()
     accelerator.end_training()
 
 
