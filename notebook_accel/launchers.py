@@ -385,7 +385,7 @@ def _serve(request: LaunchRequest, handle: LaunchHandle | RestartingHandle) -> l
 
 
 def _with_workers(plan: LaunchPlan) -> LaunchPlan:
-    check_cuda_not_initialised(plan.start_method)
+    check_cuda_not_initialised(plan.start_method, plan.device_type)
     dist_type = "MULTI_GPU" if plan.device_type == "cuda" else "MULTI_CPU"
     return replace(plan, in_process=False, distributed_type=dist_type)
 

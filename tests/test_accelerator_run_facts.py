@@ -38,6 +38,7 @@ def test_run_facts_of_a_single_process_accelerator() -> None:
 
 
 def test_use_stateful_dataloader_follows_the_dataloader_config() -> None:
+    pytest.importorskip("torchdata")
     acc = Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
     assert acc.use_stateful_dataloader is True
 
@@ -233,6 +234,7 @@ def test_get_and_set_sampler_of_prepared_loaders(dispatch) -> None:
 
 
 def test_adjust_state_dict_for_prefetch_acts_on_dl_state_dict() -> None:
+    pytest.importorskip("torchdata")
     class ReadsOneAhead(DataLoaderAdapter):
         def adjust_state_dict_for_prefetch(self) -> None:
             self.dl_state_dict["_num_yielded"] -= 1

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from notebook_accel.commands import launch_env as L
 from notebook_accel.utils import launch as utils_launch
@@ -60,6 +61,8 @@ def test_prepare_builders_match_1_15(case, builder, monkeypatch, tmp_path):
         monkeypatch.delenv(key)
     for key, value in CLEAN_ENV.items():
         monkeypatch.setenv(key, value)
+    # recorded on a machine without a GPU (with the environment cleared, a GPU would show again)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     recorded = CASES[case]
     expected = recorded[builder]
     before = {k: _jsonable(v) for k, v in recorded["namespace"].items()}

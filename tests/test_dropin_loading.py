@@ -112,6 +112,8 @@ def test_split_batches_refuses_a_loader_without_a_fixed_batch_size(dispatch: boo
 @pytest.mark.parametrize("stateful", [False, True])
 @pytest.mark.parametrize("dispatch", [False, True])
 def test_a_dropped_prepared_loader_is_released(dispatch: bool, stateful: bool) -> None:
+    if stateful:
+        pytest.importorskip("torchdata")
     config = DataLoaderConfiguration(dispatch_batches=dispatch, use_stateful_dataloader=stateful)
     acc = Accelerator(dataloader_config=config)
     loader = acc.prepare(DataLoader(TensorDataset(torch.arange(10)), batch_size=2))

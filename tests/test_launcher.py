@@ -440,13 +440,25 @@ def test_spawn_and_forkserver_ship_notebook_functions_by_value(method):
     assert sink.texts(0) == ["spawned 0"] and method in sink.announced[0]
 
 
-def test_refuses_to_fork_after_cuda_was_initialised(monkeypatch):
+def test_refuses_to_fork_gpu_workers_after_cuda_was_initialised(monkeypatch):
+    monkeypatch.setattr("notebook_accel.launch.plan._cuda_device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setitem(sys.modules, "bitsandbytes", type(sys)("bitsandbytes"))
     with pytest.raises(
         RuntimeError, match=r"CUDA is already initialised.*bitsandbytes.*start_method=\"spawn\""
     ):
         notebook_launcher(_allreduce_rank, num_processes=2, sinks=[])
+
+
+def test_cpu_workers_may_be_forked_after_cuda_was_initialised(monkeypatch):
+    # As DataLoader workers are: they never touch the parent's CUDA context (seen on a GPU machine:
+    # debug_launcher was refused once any earlier cell had used CUDA).
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert [r["sum"].item() for r in debug_launcher(_allreduce_rank, num_processes=2)] == [3.0, 3.0]
+    assert [r["sum"].item() for r in notebook_launcher(_allreduce_rank, num_processes=2, sinks=[])] == [
+        3.0,
+        3.0,
+    ]
 
 
 @pytest.mark.parametrize(
@@ -667,6 +679,34 @@ def test_launch_error_root_cause_first_and_traceback_cap():
     assert text.startswith("rank 3 (pid 13) Signal: killed by SIGKILL")
     assert "4 other rank(s) also failed" in text and "(2 more traceback(s) hidden" in text
     assert LaunchError(ordered).root_cause is killed and str(LaunchError([], "stopped")) == "stopped"
+
+
+def _backward_on_each_rank() -> float:
+    x = torch.ones(3, requires_grad=True)
+    (x * 2).sum().backward()
+    return float(x.grad.sum())
+
+
+def _raise_torchs_fork_error() -> None:
+    # What torch raises in a forked rank when the launching process started autograd's device threads
+    # (any backward on a machine with a GPU; seen there, see tests/test_cuda.py for the real one).
+    raise RuntimeError(
+        "Unable to handle autograd's threading in combination with fork-based multiprocessing. "
+        "See https://github.com/pytorch/pytorch/wiki/Autograd-and-Fork"
+    )
+
+
+def test_a_failure_caused_by_the_launching_process_says_what_to_do():
+    with pytest.raises(
+        LaunchError,
+        match=r"(?s)Unable to handle autograd.*Cause: this process ran a backward pass.*"
+        r"start_method=\"spawn\"",
+    ):
+        debug_launcher(_raise_torchs_fork_error, num_processes=2)
+    with pytest.raises(LaunchError) as info:
+        notebook_launcher(_fail_on_rank_1, num_processes=2, sinks=[])
+    assert "Cause:" not in str(info.value)  # the rank's own bug gets no such line
+    assert debug_launcher(_backward_on_each_rank, num_processes=2) == [6.0, 6.0]
 
 
 def test_line_splitter_cuts_lines_across_chunks():

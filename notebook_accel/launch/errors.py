@@ -33,6 +33,22 @@ _COLLATERAL_MARKERS = (
 )
 
 
+# Errors whose cause lies in the launching process, not in the rank's code: (part of the message, what to do).
+_CAUSES_IN_THE_CALLER = (
+    (
+        "autograd's threading in combination with fork-based multiprocessing",
+        "this process ran a backward pass before the ranks were forked, and on a machine with a GPU autograd "
+        "then keeps threads that a forked process cannot use. Restart the kernel and launch before any cell "
+        'calls .backward(), or start the ranks with start_method="spawn" (notebook_launcher, start_ranks)',
+    ),
+    (
+        "Cannot re-initialize CUDA in forked subprocess",
+        'CUDA was initialised in this process before the ranks were forked. Pass start_method="spawn", or '
+        "restart the kernel and launch before anything touches CUDA",
+    ),
+)
+
+
 @dataclass
 class RankFailure:
     """What went wrong on one rank: the exception it raised, or the signal/exit code it died with."""
@@ -57,6 +73,10 @@ class RankFailure:
             return False
         text = f"{self.exc_type} {self.message}".lower()
         return any(marker in text for marker in _COLLATERAL_MARKERS)
+
+    def advice(self) -> str | None:
+        """Return what to do when the failure is caused by the launching process (None otherwise)."""
+        return next((fix for part, fix in _CAUSES_IN_THE_CALLER if part in self.message), None)
 
     def headline(self) -> str:
         """Return a one-line summary: rank, pid, type and message."""
@@ -142,6 +162,8 @@ class LaunchError(ChildFailedError, RuntimeError):
         lines = [f"{root.headline()}" + (f"  [{self.summary}]" if self.summary else "")]
         if root.traceback:
             lines += ["", f"Traceback of rank {root.rank}:", root.traceback.rstrip()]
+        if root.advice():
+            lines += ["", f"Cause: {root.advice()}."]
         if n > 1:
             lines += ["", f"{n - 1} other rank(s) also failed:"]
             for i, other in enumerate(self.failures[1:]):

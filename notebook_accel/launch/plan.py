@@ -88,9 +88,13 @@ def _cuda_device_count() -> int:
     return cuda_device_count()
 
 
-def check_cuda_not_initialised(start_method: str) -> None:
-    """Raise RuntimeError when CUDA is initialised here and ``start_method`` is ``"fork"``."""
-    if start_method != "fork":
+def check_cuda_not_initialised(start_method: str, device_type: str) -> None:
+    """Raise RuntimeError when CUDA is initialised here and forked workers would use it.
+
+    Workers on the CPU (``debug_launcher``, a CPU plan) may be forked after CUDA was initialised, as
+    DataLoader workers are: they never touch the parent's CUDA context.
+    """
+    if start_method != "fork" or device_type != "cuda":
         return
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
@@ -218,7 +222,7 @@ def resolve_plan(request: LaunchRequest) -> LaunchPlan:
         env["ACCELERATE_USE_CPU"] = "1"
     in_process = n == 1 and num_nodes == 1
     if not in_process:
-        check_cuda_not_initialised(request.start_method)
+        check_cuda_not_initialised(request.start_method, device)
     return LaunchPlan(
         num_processes=n,
         backend=backend,
