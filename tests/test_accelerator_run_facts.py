@@ -235,6 +235,7 @@ def test_get_and_set_sampler_of_prepared_loaders(dispatch) -> None:
 
 def test_adjust_state_dict_for_prefetch_acts_on_dl_state_dict() -> None:
     pytest.importorskip("torchdata")
+
     class ReadsOneAhead(DataLoaderAdapter):
         def adjust_state_dict_for_prefetch(self) -> None:
             self.dl_state_dict["_num_yielded"] -= 1
