@@ -16,20 +16,18 @@ import os
 import pickle
 import random
 import re
-import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from .checkpoint_folder import recover_directory
 from .data_loader import SeedableRandomSampler
 from .data_loader.loader_adapter import find_sampler
 from .logging import get_logger
 from .state import PartialState
-from .utils.atomic_files import NoSpaceError, atomic_write, fsync_tree
+from .utils.atomic_files import NoSpaceError, atomic_write
 from .utils.checkpoint_io.checkpoints import shard_checkpoint
 from .utils.checkpoint_io.file_checks import safetensors_keys, torch_load_named
 from .utils.constants import (
@@ -59,10 +57,8 @@ from .utils.other import get_pretty_name, load, save
 from .utils.versions import is_torch_version
 
 __all__ = [
-    "atomic_directory",
     "load_accelerator_state",
     "load_custom_state",
-    "recover_directory",
     "save_accelerator_state",
     "save_custom_state",
     "save_model_weights",
@@ -508,82 +504,6 @@ def load_custom_state(obj: Any, path: str | os.PathLike, index: int = 0) -> None
     target = Path(path) / f"custom_checkpoint_{index}.pkl"
     _require(target, f"registered object {index} ({type(obj).__name__})")
     obj.load_state_dict(_torch_load(target))
-
-
-@contextmanager
-def atomic_directory(final: str | os.PathLike, state: Any, is_writer: bool) -> Iterator[Path]:
-    """Yield a temporary folder that replaces ``final`` once every process has written into it.
-
-    All processes must enter; ``state`` provides ``wait_for_everyone``. The writer creates the
-    temporary folder and, after the last process is done, swaps it into place: a complete old
-    or a complete new folder exists at every moment.
-    """
-    final = Path(final)
-    tmp = final.parent / f".{final.name}.partial"
-    if is_writer:
-        recover_directory(final)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-    state.wait_for_everyone()
-    tmp.mkdir(parents=True, exist_ok=True)  # a process on a node without the shared folder
-    try:
-        yield tmp
-    except BaseException:
-        # What a failed save wrote goes at once (a full disk stays full otherwise, failing the next
-        # save elsewhere too); the earlier checkpoint at ``final`` was never touched.
-        if is_writer:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    state.wait_for_everyone()
-    if is_writer:
-        _swap_into_place(final, tmp)
-    state.wait_for_everyone()
-
-
-def _swap_into_place(final: Path, tmp: Path) -> None:
-    """Replace ``final`` by the complete folder ``tmp``; a kill at any point leaves a recoverable state."""
-    old = final.parent / f".{final.name}.old"
-    marker = final.parent / f".{final.name}.swapping"
-    fsync_tree(tmp)  # the data is on disk before any name points at it
-    if old.exists():
-        shutil.rmtree(old)
-    # The marker says "tmp is complete": recover_directory then finishes the swap instead of
-    # reverting to the old folder.
-    atomic_write(os.fspath(marker), lambda t: Path(t).write_text(tmp.name))
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    fsync_tree(final.parent, files=False)
-    marker.unlink()
-    if old.exists():
-        shutil.rmtree(old)
-
-
-def recover_directory(final: str | os.PathLike) -> bool:
-    """Return True after putting back a checkpoint folder that a kill between two renames left hidden.
-
-    A kill after the old folder was moved aside leaves ``.NAME.old`` (complete) and, once the new
-    folder was fully written, ``.NAME.swapping`` beside a complete ``.NAME.partial``: the newer
-    complete folder wins. Run before every save into and every load from ``final``.
-    """
-    final = Path(final)
-    if final.exists():
-        return False
-    tmp, old = final.parent / f".{final.name}.partial", final.parent / f".{final.name}.old"
-    marker = final.parent / f".{final.name}.swapping"
-    source = tmp if marker.exists() and tmp.is_dir() else old if old.is_dir() else None
-    if source is None:
-        return False
-    try:
-        os.replace(source, final)
-    except FileNotFoundError:  # another process of the same run restored it first
-        return final.exists()
-    logger.warning("checkpoint %s was hidden by an interrupted save; restored it from %s", final, source.name)
-    marker.unlink(missing_ok=True)
-    for leftover in (tmp, old):  # the other one is stale (older, or not known complete)
-        shutil.rmtree(leftover, ignore_errors=True)
-    return True
 
 
 def checkpoint_folders(project_dir: str | os.PathLike) -> list[Path]:

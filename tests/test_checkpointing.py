@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -234,6 +236,42 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path) -> None:
         "optimizer.bin",
         "random_states_0.pkl",
     ]
+
+
+def _save_fails_on_one_rank(out: str, failing: int) -> dict:
+    from notebook_accel import Accelerator
+
+    acc = Accelerator(cpu=True)
+    acc.prepare(torch.nn.Linear(2, 2))
+    acc.save_state(out)  # a good checkpoint first
+    before = {name: (Path(out) / name).read_bytes() for name in sorted(os.listdir(out))}
+
+    def broken(models, weights, output_dir):
+        if acc.process_index == failing:
+            raise OSError(f"disk full on rank {failing}")
+
+    acc.register_save_state_pre_hook(broken)
+    try:
+        acc.save_state(out)
+        error = None
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    acc.wait_for_everyone()  # the group still works after the failed save
+    after = {name: (Path(out) / name).read_bytes() for name in sorted(os.listdir(out))}
+    return {"error": error, "unchanged": after == before, "beside": sorted(os.listdir(Path(out).parent))}
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_a_save_failing_on_one_process_raises_on_every_process(tmp_path, failing: int) -> None:
+    # Before, the other process waited forever at the barrier after the write.
+    out = tmp_path / "state"
+    results = run_distributed(_save_fails_on_one_rank, nprocs=2, args=(str(out), failing), timeout=40)
+    assert results[failing]["error"] == f"OSError: disk full on rank {failing}"
+    other = results[1 - failing]["error"]
+    assert other.startswith(
+        f"RuntimeError: save_state failed on process(es) [{failing}] while writing its part"
+    )
+    assert all(r["unchanged"] and r["beside"] == ["state"] for r in results), results  # no partial folder
 
 
 def test_checkpoint_errors(tmp_path) -> None:

@@ -30,6 +30,7 @@ __all__ = ["Checkpointer", "PreparedObjects"]
 _dcp_state = LazyModule("torch.distributed.checkpoint.state_dict")
 # The checkpoint file formats (with safetensors and the weight-file readers) load at the first save or load.
 _ckpt = LazyModule("notebook_accel.checkpointing")
+_folder = LazyModule("notebook_accel.checkpoint_folder")
 _fsdp_ckpt = LazyModule("notebook_accel.integrations.fsdp.checkpoints")
 
 
@@ -171,7 +172,7 @@ class Checkpointer:
         writer, prepared = self.is_writer(), self.prepared
         fsdp = self.state.distributed_type == DistributedType.FSDP
         optimizers = [] if fsdp else prepared.optimizers
-        with _ckpt.atomic_directory(target, self.state, writer) as tmp:
+        with _folder.atomic_directory(target, self.state, writer) as tmp:
             for hook in prepared.save_hooks.values():
                 hook(list(prepared.models), weights, str(tmp))
             if fsdp:  # Accelerate's FSDP layout: the plugin's state_dict_type says full file or shards
@@ -223,7 +224,7 @@ class Checkpointer:
         config = self.config
         if input_dir is not None:
             source = Path(input_dir).expanduser()
-            _ckpt.recover_directory(source)  # a save killed between its two renames hid it
+            _folder.recover_directory(source)  # a save killed between its two renames hid it
             if not source.is_dir():
                 raise FileNotFoundError(f"load_state: checkpoint folder {str(source)!r} does not exist")
             return source
