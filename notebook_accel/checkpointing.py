@@ -16,6 +16,7 @@ import os
 import pickle
 import random
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -263,6 +264,7 @@ def load_accelerator_state(
     load_kwargs: dict | None = None,
     *,
     custom_objects: list[Any] | None = None,
+    before_restore: Callable[[], None] | None = None,
     **load_model_func_kwargs: Any,
 ) -> dict[str, Any]:
     """Restore the state written by :func:`save_accelerator_state`; return attributes to restore (``step``).
@@ -271,7 +273,8 @@ def load_accelerator_state(
     anything is restored, so a bad file leaves the run as it was. ``load_kwargs`` go to every
     ``torch.load`` of optimizer, scheduler, sampler, scaler and RNG files (e.g. ``mmap=True``); they
     always load with ``weights_only=True``. ``load_model_func_kwargs`` go to ``load_state_dict`` of each
-    model (e.g. ``strict=False``). ``custom_objects`` (registered objects) are restored last.
+    model (e.g. ``strict=False``). ``custom_objects`` (registered objects) are restored last;
+    ``before_restore`` runs once all was read, before any restore (FSDP shards load there).
     """
     load_kwargs = dict(load_kwargs or {})
     if load_kwargs.pop("weights_only", True) is not True:
@@ -305,7 +308,8 @@ def load_accelerator_state(
         files.required(f"custom_checkpoint_{i}.pkl", f"registered object {i} ({type(obj).__name__})")
         for i, obj in enumerate(custom_objects or ())
     ]
-    # Everything was read: restore in one go.
+    if before_restore is not None:  # everything was read: restore in one go
+        before_restore()
     for model, state in zip(models, model_states):
         _load_into(model, state, **load_model_func_kwargs)
     for optimizer, state in zip(optimizers, optimizer_states):

@@ -94,6 +94,53 @@ def test_fsdp_resumes_in_new_processes_to_the_uninterrupted_weights(tmp_path) ->
             assert "optimizer.bin" not in files and "model.safetensors" not in files, (case, files)
 
 
+def _load_with_a_file_missing_worker(folder: str) -> dict:
+    acc, model, opt = _case(2, "SHARDED_STATE_DICT", "adamw")
+    scheduler = acc.prepare(torch.optim.lr_scheduler.StepLR(opt, step_size=1))
+    _step(acc, model, opt, 0)
+    scheduler.step()
+    acc.save_state(folder)
+    if acc.is_main_process:
+        os.remove(os.path.join(folder, "scheduler.bin"))
+    acc.wait_for_everyone()
+    _step(acc, model, opt, 1)
+    before = acc.get_state_dict(model)
+    try:
+        acc.load_state(folder)
+        error = None
+    except FileNotFoundError as exc:
+        error = str(exc)
+    after = acc.get_state_dict(model)
+    out = {"error": error, "untouched": all(torch.equal(before[k], after[k]) for k in before)}
+    # A file missing for one process only (an object registered on rank 1 alone): the other process
+    # must not wait for it in the shards' collective load.
+    complete = os.path.join(folder, "complete")
+    acc.save_state(complete)
+    if acc.process_index == 1:
+        acc.register_for_checkpointing(torch.nn.Linear(1, 1))
+    try:
+        acc.load_state(complete)
+    except Exception as exc:
+        out["one_rank"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def test_fsdp_load_checks_every_file_before_loading_the_shards(tmp_path) -> None:
+    # Before, the shards were loaded first: a missing scheduler file then left new weights with an
+    # old optimizer step count and the rest of the run as it was.
+    results = run_distributed(_load_with_a_file_missing_worker, nprocs=2, args=(str(tmp_path),), timeout=120)
+    for result in results:
+        assert "scheduler.bin for scheduler 0" in result["error"], result
+        assert result["untouched"], result
+    assert (
+        results[1]["one_rank"].startswith("FileNotFoundError")
+        and "registered object 0" in results[1]["one_rank"]
+    )
+    assert results[0]["one_rank"].startswith(
+        "RuntimeError: load_state failed on process(es) [1] while reading"
+    )
+
+
 @pytest.mark.parametrize("bad", ["LOCAL_STATE_DICT"])
 def test_local_state_dict_checkpoints_are_refused_with_the_way_out(bad: str) -> None:
     from notebook_accel.utils import FullyShardedDataParallelPlugin, save_fsdp_model

@@ -258,19 +258,37 @@ class Checkpointer:
         remaining = list(prepared.models)
         for hook in prepared.load_hooks.values():
             hook(remaining, str(source))
-        if fsdp:
+        shards_started = []
+
+        def load_shards() -> None:
+            # The other files were read and checked on this process; the shards load collectively, so
+            # every process first learns whether all the others got this far.
+            shards_started.append(True)
+            failed = _folder.failed_processes(self.state, True)
+            if failed:
+                raise RuntimeError(
+                    f"load_state failed on process(es) {failed} while reading {str(source)!r} (the error is "
+                    "raised there); nothing was restored"
+                )
             self._load_fsdp(source)
-        override = _ckpt.load_accelerator_state(
-            source,
-            [] if fsdp else [unwrap(m) for m in remaining],
-            [] if fsdp else prepared.optimizers,
-            prepared.schedulers,
-            prepared.dataloaders,
-            self.state.process_index,
-            scaler=scaler,
-            custom_objects=prepared.custom_objects,
-            **load_model_func_kwargs,
-        )
+
+        try:
+            override = _ckpt.load_accelerator_state(
+                source,
+                [] if fsdp else [unwrap(m) for m in remaining],
+                [] if fsdp else prepared.optimizers,
+                prepared.schedulers,
+                prepared.dataloaders,
+                self.state.process_index,
+                scaler=scaler,
+                custom_objects=prepared.custom_objects,
+                before_restore=load_shards if fsdp else None,
+                **load_model_func_kwargs,
+            )
+        except BaseException:
+            if fsdp and not shards_started:  # this process failed reading: the others must not wait for it
+                _folder.failed_processes(self.state, False)
+            raise
         if self.config.automatic_checkpoint_naming and source.name.startswith("checkpoint_"):
             self.config.iteration = int(source.name.split("_")[-1]) + 1
         return override
