@@ -423,18 +423,25 @@ def _host_stores(plan: LaunchPlan, explicit_port: bool) -> tuple[LaunchPlan, lis
     return replace(plan, master_port=store.port, dry_run_port=dry_run_port, env=env), stores
 
 
-def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2) -> list[Any]:
+def debug_launcher(
+    function: Callable, args: tuple = (), num_processes: int = 2, *, start_method: str = "fork"
+) -> list[Any]:
     """Return each rank's return value after running ``function(*args)`` on ``num_processes`` CPU processes.
 
     Meant for tests of distributed code on a machine without accelerators: the workers use gloo on
     the CPU (ACCELERATE_USE_CPU=1) even where CUDA devices exist.
 
     Args:
-        function: The function each process runs (picklable: defined at module level).
+        function: The function each process runs.
         args: The positional arguments it receives.
         num_processes: How many CPU processes to start (default 2).
+        start_method: "fork" (default), or "spawn"/"forkserver" for fresh interpreters: on a machine
+            with a GPU, ranks forked after a backward ran in this process cannot run one themselves.
     """
-    return _launch(LaunchRequest(function=function, args=args, num_processes=num_processes, force_cpu=True))
+    request = LaunchRequest(
+        function=function, args=args, num_processes=num_processes, force_cpu=True, start_method=start_method
+    )
+    return _launch(request)
 
 
 def test_launch() -> None:

@@ -707,6 +707,10 @@ def test_a_failure_caused_by_the_launching_process_says_what_to_do():
         notebook_launcher(_fail_on_rank_1, num_processes=2, sinks=[])
     assert "Cause:" not in str(info.value)  # the rank's own bug gets no such line
     assert debug_launcher(_backward_on_each_rank, num_processes=2) == [6.0, 6.0]
+    # the way out the cause names, for debug_launcher too
+    assert debug_launcher(_backward_on_each_rank, num_processes=2, start_method="spawn") == [6.0, 6.0]
+    with pytest.raises(ValueError, match="start_method='thread' .*fork, spawn, forkserver"):
+        debug_launcher(_backward_on_each_rank, start_method="thread")
 
 
 def test_line_splitter_cuts_lines_across_chunks():

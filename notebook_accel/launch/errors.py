@@ -39,7 +39,7 @@ _CAUSES_IN_THE_CALLER = (
         "autograd's threading in combination with fork-based multiprocessing",
         "this process ran a backward pass before the ranks were forked, and on a machine with a GPU autograd "
         "then keeps threads that a forked process cannot use. Restart the kernel and launch before any cell "
-        'calls .backward(), or start the ranks with start_method="spawn" (notebook_launcher, start_ranks)',
+        'calls .backward(), or start the ranks with start_method="spawn" (notebook_launcher, debug_launcher, start_ranks)',
     ),
     (
         "Cannot re-initialize CUDA in forked subprocess",
