@@ -440,7 +440,7 @@ def test_a_gradient_scaler_file_with_code_is_refused(tmp_path):
 
 def _killed_between_renames(tmp_path, monkeypatch, *, after_marker: bool):
     """Save twice; make the second save die right after the first of its two renames."""
-    from notebook_accel import checkpointing
+    from notebook_accel import checkpoint_folder
 
     (acc, model, *_), out = _full_checkpoint(tmp_path)
     first = {p.name: p.read_bytes() for p in out.iterdir()}
@@ -457,8 +457,8 @@ def _killed_between_renames(tmp_path, monkeypatch, *, after_marker: bool):
             raise KeyboardInterrupt("killed between the two renames")
 
     if not after_marker:  # killed before the new folder was known complete: no marker written
-        monkeypatch.setattr(checkpointing, "atomic_write", lambda *a, **k: None)
-    monkeypatch.setattr(checkpointing.os, "replace", dying_replace)
+        monkeypatch.setattr(checkpoint_folder, "atomic_write", lambda *a, **k: None)
+    monkeypatch.setattr(checkpoint_folder.os, "replace", dying_replace)
     with pytest.raises(KeyboardInterrupt):
         acc.save_state(out, safe_serialization=False)
     monkeypatch.undo()
