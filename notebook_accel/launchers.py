@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ._lazy import LazyModule
 from .launch.cell_bars import CellBars, kernel_display
 from .launch.elastic import launch_elastic
 from .launch.handle import LaunchHandle
@@ -56,6 +57,8 @@ __all__ += [
 ]
 
 logger = logging.getLogger(__name__)
+# The launch panel (panel=True): the widgets, and ipywidgets with them, load only when one is shown.
+_widgets = LazyModule("notebook_accel.widgets")
 
 _run_counter = itertools.count()
 # Options that need the launch in a worker process: the calling process cannot be timed out, its
@@ -92,13 +95,13 @@ def _build_sinks(plan: LaunchPlan, request: LaunchRequest) -> list[Callable[[Out
 
 def _show_panel(handle: LaunchHandle | RestartingHandle) -> None:
     try:
-        from notebook_accel.widgets import LaunchPanel  # the one lazy import of the widgets (panel=True)
+        panel_class = _widgets.LaunchPanel
     except ImportError as exc:
         raise ImportError(
             "panel=True needs the launch panel (notebook_accel.widgets.LaunchPanel) and ipywidgets: "
             f"pip install 'notebook-accel[panels]' ({exc})"
         ) from exc
-    LaunchPanel(handle).display()
+    panel_class(handle).display()
 
 
 def notebook_launcher(

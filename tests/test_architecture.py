@@ -8,8 +8,7 @@ What is enforced (docs/architecture.md explains why):
   string naming one of our modules (a facade's ``attach``/``_add`` table entry, a ``LazyModule`` or
   ``forward`` target, a ``sys.modules[...]`` look-up) is read as an edge too; the upward ones are listed,
   each with its reason, in ``UPWARD_ALLOWED``;
-- imports of our own modules sit at the top of the file, never inside a function (the one lazy
-  ``panel=True`` import of the widgets is the exception);
+- imports of our own modules sit at the top of the file, never inside a function;
 - the headless core never imports ipywidgets, matplotlib or IPython when a module is imported;
 - no function longer than 80 lines;
 - no private sibling mixin files (``_accelerator_*.py``, ``_state_*.py``, ``_hooks_*.py``).
@@ -35,8 +34,6 @@ SOURCE_ROOTS = ((ROOT / "notebook_accel", "notebook_accel"), (ROOT / "widgets", 
 MAX_FUNCTION_LINES = 80
 GUI_LIBRARIES = ("ipywidgets", "matplotlib", "IPython")
 MIXIN_PREFIXES = ("_accelerator_", "_state_", "_hooks_")
-# The one import of the widgets from the core: LaunchPanel, built only when panel=True.
-LAZY_PANEL_IMPORT = ("notebook_accel.launchers", "notebook_accel.widgets")
 
 # Areas, from the bottom up. A module belongs to the first area whose prefix matches its name.
 _AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -119,9 +116,9 @@ _ENGINES_SERVED_BY_UTILS = (
 # The one allowlist of references that point up the layers: (module, module it names) -> why. A lazy
 # reference resolves at first use (a facade's table entry, a LazyModule or forward() target, a
 # sys.modules look-up), so it costs the lower module nothing at import; each is here because
-# Accelerate serves the name at that path (the path is given) or, for the two real imports, because the
-# function needs the process state. The test fails on an upward reference not listed here, and on an
-# entry nothing uses any more (delete it).
+# Accelerate serves the name at that path (the path is given), for the two real imports because the
+# function needs the process state, or (launchers -> widgets) because panel=True shows a widget. The
+# test fails on an upward reference not listed here, and on an entry nothing uses any more (delete it).
 UPWARD_ALLOWED: dict[tuple[str, str, str], str] = {
     # real imports: the collectives and the process helpers read the rank and world size
     **_upward_entries(
@@ -191,6 +188,11 @@ UPWARD_ALLOWED: dict[tuple[str, str, str], str] = {
     **_upward_entries("hooks", ("state",), "accelerate.hooks.PartialState"),
     **_upward_entries("accelerator", ("hooks.offloaded",), "accelerate.accelerator.has_offloaded_params"),
     **_upward_entries("local_sgd", ("accelerator",), "accelerate.local_sgd.Accelerator"),
+    **_upward_entries(
+        "launchers",
+        ("widgets",),
+        "panel=True shows widgets.LaunchPanel; the core loads no GUI library until then (ipywidgets is optional)",
+    ),
     **_upward_entries(
         "_alias",
         ("",),
@@ -438,10 +440,6 @@ def _upward(imp: Import) -> str | None:
         return None
     if (imp.kind, imp.source, imp.target) in UPWARD_ALLOWED:
         return None
-    if (imp.source, imp.target) == LAZY_PANEL_IMPORT or (
-        imp.source == LAZY_PANEL_IMPORT[0] and imp.target.startswith(LAZY_PANEL_IMPORT[1] + ".")
-    ):
-        return None
     what = "upward import" if imp.kind == "import" else "upward lazy reference"
     return f"{what}: {imp.source} -> {imp.target} ({source_area} may not import {target_area})"
 
@@ -462,8 +460,7 @@ def violations(result: Scan) -> dict[str, dict[str, str]]:
         message = _upward(imp)
         if message:
             found["upward imports"].setdefault(message, f"line {imp.line}")
-        lazy_panel = imp.source == LAZY_PANEL_IMPORT[0] and imp.target.startswith(LAZY_PANEL_IMPORT[1])
-        if imp.kind == "import" and imp.function is not None and not lazy_panel:
+        if imp.kind == "import" and imp.function is not None:
             key = f"in-function import: {imp.source}.{imp.function} -> {imp.target}"
             found["in-function imports"].setdefault(key, f"line {imp.line}")
     for module, library, line in result.gui_imports:
