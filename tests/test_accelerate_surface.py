@@ -14,7 +14,6 @@ from __future__ import annotations
 import enum
 import fnmatch
 import importlib
-import importlib.util
 import inspect
 import json
 from pathlib import Path
@@ -23,24 +22,17 @@ from typing import Any
 import pytest
 import tomllib
 
+from tests.script_loader import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 SURFACE = json.loads((DATA / "accelerate_surface.json").read_text(encoding="utf-8"))
 EXCLUSIONS = tomllib.loads((DATA / "accelerate_surface_exclusions.toml").read_text(encoding="utf-8"))
 
 
-def _load_recorder():
-    # The recorder's value normalisation is reused so both sides are compared in one form; loading it
-    # does not import accelerate (it only does so inside its functions).
-    spec = importlib.util.spec_from_file_location(
-        "_surface_recorder", ROOT / "scripts" / "record_accelerate_surface.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-RECORDER = _load_recorder()
+# The recorder's value normalisation is reused so both sides are compared in one form; loading it
+# does not import accelerate (it only does so inside its functions).
+RECORDER = load_script("record_accelerate_surface.py")
 EXCLUDED: dict[str, str] = EXCLUSIONS.get("excluded", {})
 PENDING: dict[str, list[str]] = EXCLUSIONS.get("pending", {})
 MODULES = sorted(SURFACE["modules"])

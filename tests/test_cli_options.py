@@ -10,7 +10,6 @@ hands its builders: ours, parsed and filled in the same way, gives the same one.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -28,22 +27,14 @@ from notebook_accel.utils.imports import (
     is_sagemaker_available,
     is_torch_xla_available,
 )
+from tests.script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = json.loads((ROOT / "tests" / "data" / "cli_options_1_15.json").read_text(encoding="utf-8"))
 PREPARE = json.loads((ROOT / "tests" / "data" / "goldens" / "cli_prepare.json").read_text(encoding="utf-8"))
 
 
-def _load_recorder():
-    spec = importlib.util.spec_from_file_location(
-        "_cli_options_recorder", ROOT / "scripts" / "record_cli_options.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-RECORDER = _load_recorder()
+RECORDER = load_script("record_cli_options.py")
 
 
 def _ours(parser: argparse.ArgumentParser) -> list[dict]:

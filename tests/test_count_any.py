@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
+
+from tests.script_loader import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("count_any", ROOT / "scripts" / "count_any.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("count_any.py")
 
 
 def test_counts_bare_any_only_and_keeps_variadic_apart(tmp_path) -> None:
