@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .utils.atomic_files import atomic_write, fsync_tree
+from .utils.operations import reduce
 
 __all__ = ["atomic_directory", "failed_processes", "recover_directory"]
 
@@ -28,20 +29,13 @@ logger = logging.getLogger(__name__)
 def failed_processes(state: Any, ok: bool) -> list[int]:
     """Return the indices of the processes that arrive with ``ok`` False; every process must call it.
 
-    A barrier that carries one flag per process, so that a process whose part of a collective save
-    failed does not leave the others waiting at the next barrier forever: all learn of it and raise.
-    Without a torch.distributed group (one process) it is ``wait_for_everyone`` and the local flag.
+    A barrier that carries one flag per process (a sum over processes), so that a process whose part
+    of a collective save failed does not leave the others waiting at the next barrier forever: all
+    learn of it and raise.
     """
-    import torch.distributed as dist
-
-    if not getattr(state, "use_distributed", False) or not dist.is_available() or not dist.is_initialized():
-        state.wait_for_everyone()
-        return [] if ok else [getattr(state, "process_index", 0)]
-    on_cpu = "gloo" in str(dist.get_backend())  # gloo reduces CPU tensors; nccl and the others, the device's
-    flags = torch.zeros(state.num_processes, device="cpu" if on_cpu else state.device)
-    flags[state.process_index] = 0.0 if ok else 1.0
-    dist.all_reduce(flags)
-    return [rank for rank, flag in enumerate(flags.tolist()) if flag]
+    flags = torch.zeros(state.num_processes, dtype=torch.bool, device=state.device)
+    flags[state.process_index] = not ok
+    return torch.nonzero(reduce(flags, "sum")).flatten().tolist()
 
 
 def _agree(state: Any, final: Path, step: str) -> None:
