@@ -33,7 +33,9 @@ echo "rc=$?"
 tail -n 40 "$OUT/cuda_tests.log"
 
 echo "== 2. the rest of the suite (not marked cuda; tests/conftest.py hides the GPU from it)"
-timeout "${REST_TESTS_S:-240}" "$py" -m pytest "${pytest_args[@]}" -n "${WORKERS:-12}" -m "not cuda" \
+workers=()  # pytest-xdist, where that machine has it (it is not one of this project's dependencies)
+"$py" -c "import xdist" 2>/dev/null && workers=(-n "${WORKERS:-12}")
+timeout "${REST_TESTS_S:-240}" "$py" -m pytest "${pytest_args[@]}" "${workers[@]}" -m "not cuda" \
     --continue-on-collection-errors tests >"$OUT/rest_tests.log" 2>&1
 echo "rc=$?"
 grep -E '^(FAILED|ERROR)|passed|failed' "$OUT/rest_tests.log" | tail -n 60

@@ -258,12 +258,13 @@ class Checkpointer:
         remaining = list(prepared.models)
         for hook in prepared.load_hooks.values():
             hook(remaining, str(source))
-        shards_started = []
+        read_all = False  # set once this process read every file: from then on it has told the others
 
         def load_shards() -> None:
             # The other files were read and checked on this process; the shards load collectively, so
             # every process first learns whether all the others got this far.
-            shards_started.append(True)
+            nonlocal read_all
+            read_all = True
             failed = _folder.failed_processes(self.state, True)
             if failed:
                 raise RuntimeError(
@@ -286,7 +287,7 @@ class Checkpointer:
                 **load_model_func_kwargs,
             )
         except BaseException:
-            if fsdp and not shards_started:  # this process failed reading: the others must not wait for it
+            if fsdp and not read_all:  # this process failed reading: the others must not wait for it
                 _folder.failed_processes(self.state, False)
             raise
         if self.config.automatic_checkpoint_naming and source.name.startswith("checkpoint_"):
