@@ -138,10 +138,10 @@ def magic() -> RanksMagic:
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("", "%ranks needs a command, one of: start, stop, status, stacks, restart, pull, push, auto"),
+        ("", "%ranks needs a command, one of: start, stop, status, stacks, restart, pull, push, auto, wait, jobs"),
         (
             "launch 2",
-            "unknown command 'launch'; use one of: start, stop, status, stacks, restart, pull, push, auto",
+            "unknown command 'launch'; use one of: start, stop, status, stacks, restart, pull, push, auto, wait, jobs",
         ),
         ("0,1", r"To run code on rank\(s\) 0,1, start a cell with `%%ranks 0,1`"),
         ("start two", r"%ranks start: argument N: invalid int value: 'two'"),
@@ -395,7 +395,7 @@ def test_start_options_reach_start_ranks(kernel) -> None:
 @pytest.mark.parametrize(
     ("code", "message"),
     [
-        ("%ranks", "%ranks needs a command, one of: start, stop, status, stacks, restart, pull, push, auto"),
+        ("%ranks", "%ranks needs a command, one of: start, stop, status, stacks, restart, pull, push, auto, wait, jobs"),
         ("%ranks launch", "unknown command 'launch'; use one of: start, stop, status"),
         ("%%ranks\nrank", "%%ranks: no ranks are running. Start them first with `%ranks start N`"),
         ("%%ranks start\nrank", "%%ranks takes the ranks to run the cell on, like `%%ranks 0`"),

@@ -304,6 +304,12 @@ class LaunchPanel(_Panel):
         self.refresh()
         return self.stacks
 
+    def job_text(self) -> str:
+        """Return a line about the interactive ranks' last background job (``job 2 running 3.1 s: ...``), else ""."""
+        ranks = self.ranks_object
+        jobs = getattr(ranks, "jobs", None) if ranks is not None and ranks.handle is self.handle else None
+        return jobs[-1].line() if jobs else ""
+
     def hang_text(self) -> str:
         """Return the launch's suspected-hang report (who waits where, every rank's stacks), else ""."""
         return getattr(self.handle, "hang_report", None) or ""
@@ -401,6 +407,8 @@ class LaunchPanel(_Panel):
             cells_of_rows.append(cells)
         dropped = self.dropped_text()
         note = f"<div><i>{html.escape(dropped)}</i></div>" if dropped else ""
+        job = self.job_text()
+        note += f"<div><b>background</b> <code>{html.escape(job)}</code></div>" if job else ""
         return _table(self._headers(rows), cells_of_rows, escape=False, wrap_headers=False) + note
 
     def _bars_html(self) -> str:
@@ -449,7 +457,8 @@ class LaunchPanel(_Panel):
         attempt = f", {self.attempt_text()}" if self.attempt_text() else ""
         restarts = "".join(f"\n{line}" for line in self.restart_lines())
         dropped = f"\n{self.dropped_text()}" if self.dropped_text() else ""
-        return f"LaunchPanel({self.state}{attempt}){restarts}{dropped}\n{table}{bars}"
+        job = f"\nbackground {self.job_text()}" if self.job_text() else ""
+        return f"LaunchPanel({self.state}{attempt}){restarts}{dropped}\n{table}{job}{bars}"
 
     def _build_widget(self) -> Any:
         w = _import_ipywidgets()

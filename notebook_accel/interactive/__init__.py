@@ -11,6 +11,10 @@ the ranks stay alive unless ``error.broken`` says the group could not go on (a r
 others waited in a collective for it), and then ``restart()`` forks new ranks. ``execute`` raises
 the same way; ``RankError.results`` holds every targeted rank's ``CellResult``. ^C (the Stop
 button) interrupts the busy ranks and raises KeyboardInterrupt; the namespaces stay.
+
+Background: ``job = ranks.submit(code_or_fn, ...)`` (``%%ranks --bg``) returns a ``Job`` at once; its
+output lands in the cell that started it, ``job.result()`` waits and raises as ``run`` would,
+``job.stop()`` interrupts it. While it runs, other commands on the ranks raise ``JobRunningError``.
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ from __future__ import annotations
 import sys
 
 from .errors import NoRanksError, RankError
+from .jobs import Job, JobRunningError
 from .session import CellResult, Ranks, RankState, current, require_current, start_ranks
 
 __all__ = [
     "CellResult",
+    "Job",
+    "JobRunningError",
     "NoRanksError",
     "RankError",
     "RankState",

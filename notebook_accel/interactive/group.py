@@ -280,13 +280,20 @@ class Group:
     # ------------------------------------------------------------------ one exchange
 
     def exchange(
-        self, targets: list[int], command: tuple, on_reply: Callable[[int, tuple], None] | None = None
+        self,
+        targets: list[int],
+        command: tuple,
+        on_reply: Callable[[int, tuple], None] | None = None,
+        interrupt: threading.Event | None = None,
     ) -> dict[int, tuple]:
         """Return each target's reply to ``command`` (``(kind, *parts)``, sent as ``(kind, seq, *parts)``).
 
         Raises RankError when the group broke meanwhile, KeyboardInterrupt after ^C (every busy
-        rank interrupted, or the group stopped if one would not stop).
+        rank interrupted, or the group stopped if one would not stop). ``interrupt`` set (from
+        another thread: a background job's ``stop()``) acts as ^C does.
         """
+        if interrupt is not None and interrupt.is_set():
+            raise KeyboardInterrupt("stopped before the command was sent; no rank ran it")
         self._seq += 1
         body = pickle.dumps((command[0], self._seq, *command[1:]), protocol=pickle.HIGHEST_PROTOCOL)
         wait = _Wait(self._seq, targets)
@@ -304,6 +311,8 @@ class Group:
                     except OSError:
                         self._conns[rank].closed = True
                 while wait.pending:
+                    if interrupt is not None and interrupt.is_set():
+                        raise KeyboardInterrupt
                     self._step(wait, printer, on_reply)
             except KeyboardInterrupt:
                 self._interrupt(wait, printer, on_reply)

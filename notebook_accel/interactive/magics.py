@@ -7,6 +7,9 @@ with magics a script or a test does with ``start_ranks``:
 ==============================  ==================================================
 ``%ranks start 2``              ``start_ranks(2)`` (``--start-method``, ``--panel``, ``--hang-timeout``)
 ``%%ranks`` / ``%%ranks 0,2``   ``ranks.execute(cell, on=...)``, the values displayed per rank
+``%%ranks --bg`` (``--bg 0,2``)  the same in a background job (returned at once; output in its cell)
+``%ranks wait`` / ``wait N``    wait for the last job (job N), then show what its cell would have shown
+``%ranks jobs``                 ``ranks.jobs`` as a table (number, state, time, ranks, command)
 ``%ranks stop``                 ``ranks.stop()``
 ``%ranks status`` / ``stacks``  ``ranks.status()`` / ``ranks.stacks()``
 ``%ranks restart``              ``ranks.restart()``
@@ -30,13 +33,15 @@ import tokenize
 from typing import Any
 
 from .display import CellDisplay, StacksView, StatusTable
+from .jobs import Job, JobsTable
 from .session import current, start_ranks
 
 __all__ = ["SUBCOMMANDS", "RanksMagic", "RanksUsageError", "load_ipython_extension", "parse_ranks"]
 
-SUBCOMMANDS = ("start", "stop", "status", "stacks", "restart", "pull", "push", "auto")
+SUBCOMMANDS = ("start", "stop", "status", "stacks", "restart", "pull", "push", "auto", "wait", "jobs")
 """The words ``%ranks`` understands, in the order its help lists them."""
 
+_BACKGROUND = "--bg"  # %%ranks --bg: the cell runs as a background job
 # A cell that starts with a magic (``%ranks auto off``, ``%time``, ``%%ranks 0``) stays in the kernel
 # in auto mode: the ranks run plain Python, and ``%ranks auto off`` must reach the kernel to work.
 _KERNEL_CELL = re.compile(r"^\s*[%!]")
@@ -76,6 +81,7 @@ def _parsers() -> dict[str, _Parser]:
     for name in ("pull", "push"):
         parsers[name].add_argument("--on", default=None, metavar="RANKS")
     parsers["auto"].add_argument("switch", choices=("on", "off"), metavar="on|off")
+    parsers["wait"].add_argument("job", nargs="?", type=int, default=None, metavar="JOB")
     return parsers
 
 
@@ -128,8 +134,11 @@ class RanksMagic:
 
     # -- %%ranks ----------------------------------------------------------------------------------
 
-    def cell(self, line: str, body: str) -> CellDisplay | None:
-        """Run ``body`` on the ranks ``line`` names; return what to display (None: nothing)."""
+    def cell(self, line: str, body: str) -> CellDisplay | Job | None:
+        """Run ``body`` on the ranks ``line`` names; return what to display (None: nothing; ``--bg``: the job)."""
+        words = line.split()
+        background = _BACKGROUND in words
+        line = " ".join(word for word in words if word != _BACKGROUND)
         on = parse_ranks(line)
         ranks = self._ranks("%%ranks")
         missing = [r for r in on or () if r >= ranks.num_processes]
@@ -138,9 +147,22 @@ class RanksMagic:
                 f"%%ranks {line.strip()}: rank {missing[0]} does not exist; these ranks are "
                 f"0..{ranks.num_processes - 1} (`%ranks status` lists them)"
             )
+        if background:
+            return self._background(ranks, body, on)
         results = ranks.execute(body, on=on)
         shown = CellDisplay(results, ranks.num_processes)
         return None if shown.empty or _ends_with_semicolon(body) else shown
+
+    @staticmethod
+    def _background(ranks: Any, body: str, on: list[int] | None) -> Job:
+        """Return the started job of a ``%%ranks --bg`` cell (``%ranks wait`` shows what the cell would)."""
+        hidden = _ends_with_semicolon(body)
+        return ranks._start_job(
+            body,
+            on,
+            lambda: CellDisplay(ranks.execute(body, on=on), ranks.num_processes),
+            lambda shown: None if shown.empty or hidden else shown,
+        )
 
     # -- %ranks -----------------------------------------------------------------------------------
 
@@ -212,6 +234,25 @@ class RanksMagic:
         # All names in one command: a value that cannot be pickled refuses the push before any is sent.
         values = {name: self.shell.user_ns[name] for name in names}
         self._ranks("%ranks push").push_many(values, on=parse_ranks(args.on))
+
+    def _wait(self, args: argparse.Namespace) -> Any:
+        jobs = self._ranks("%ranks wait").jobs
+        if not jobs:
+            raise RanksUsageError(
+                "%ranks wait: these ranks ran no background job; start one with `%%ranks --bg` "
+                "(or ranks.submit(...))"
+            )
+        chosen = jobs[-1] if args.job is None else next((j for j in jobs if j.number == args.job), None)
+        if chosen is None:
+            raise RanksUsageError(
+                f"%ranks wait {args.job}: no job {args.job} on these ranks; their jobs are "
+                f"{', '.join(str(j.number) for j in jobs)} (`%ranks jobs` lists them)"
+            )
+        # Shown as the foreground cell would have shown it; a failed job raises its error here.
+        return chosen.shown()
+
+    def _jobs(self, args: argparse.Namespace) -> JobsTable:
+        return JobsTable(self._ranks("%ranks jobs").jobs)
 
     def _auto(self, args: argparse.Namespace) -> None:
         if args.switch == "on":

@@ -32,6 +32,7 @@ from ..launch.request import START_METHODS, LaunchRequest
 from ..launchers import start_persistent_group
 from .errors import NoRanksError, RankError
 from .group import CellSink, Group, failure_of, mark_idle
+from .jobs import Job, command_guard, start_job, stop_running
 from .rank_loop import rank_main, recv_frame, remember_source, split_code, without_globals
 
 __all__ = ["CellResult", "RankState", "Ranks", "current", "require_current", "start_ranks"]
@@ -171,6 +172,7 @@ class Ranks:
         self._books: dict[int, dict[str, Any]] = {}
         self._num_processes = num_processes
         self._known: frozenset[str] = frozenset()
+        self._jobs: list[Job] = []
 
     # ------------------------------------------------------------------ starting and stopping
 
@@ -217,6 +219,7 @@ class Ranks:
     def stop(self) -> None:
         """End the ranks (idempotent); they also end with the kernel."""
         global _current
+        stop_running(self._jobs)  # a job's thread must not read sockets closed under it
         if self._group is not None:
             self._group.stop()
         self._stopped = True
@@ -234,6 +237,7 @@ class Ranks:
                 "(ranks.stop() or %ranks stop), then restart these"
             )
         lost = list(range(self.num_processes)) if self._group is not None else []
+        stop_running(self._jobs)
         if self._group is not None:
             self._group.stop()
         self._stopped = True  # until the new ranks are up (a failed start leaves this stopped)
@@ -348,6 +352,8 @@ class Ranks:
         """Return (targets, replies) of ``command`` run on the ranks ``on`` names; raise if one failed."""
         targets = self._targets(on)
         group = self._usable()
+        # Refused while a background job runs, unless this is the job's own thread.
+        interrupt = command_guard(self._jobs)
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("another command is running on these ranks (from another thread); wait for it")
         try:
@@ -358,7 +364,7 @@ class Ranks:
                 self._books[rank].update(busy=False, failed=reply[0] == "err")
 
             try:
-                replies = group.exchange(targets, command, on_reply)
+                replies = group.exchange(targets, command, on_reply, interrupt)
             finally:
                 for r in targets:
                     self._books[r]["busy"] = False
@@ -436,6 +442,40 @@ class Ranks:
                     "a state_dict(), plain numbers)"
                 )
         return [result.value for result in results]
+
+    def submit(
+        self, code_or_fn: str | Callable, *args: Any, on: int | Iterable[int] | None = None, **kwargs: Any
+    ) -> Job:
+        """Return a started background Job running ``run(code_or_fn, *args, on=on, **kwargs)``; returns at once.
+
+        The ranks' output lands in the calling cell as it comes; ``job.result()`` waits and returns
+        what ``run`` returns (or raises what it raises), ``job.stop()`` interrupts it. While it runs,
+        other commands on these ranks raise JobRunningError; kernel cells run freely.
+        """
+        if not (isinstance(code_or_fn, str) or callable(code_or_fn)):
+            raise TypeError(
+                f"ranks.submit() takes a string of code or a callable; got {type(code_or_fn).__name__}"
+            )
+        if isinstance(code_or_fn, str) and (args or kwargs):
+            raise TypeError(
+                "ranks.submit(code) takes no arguments; pass a function to call it with arguments"
+            )
+        what = code_or_fn if isinstance(code_or_fn, str) else getattr(code_or_fn, "__qualname__", "call")
+        return self._start_job(what, on, lambda: self.run(code_or_fn, *args, on=on, **kwargs))
+
+    def _start_job(self, what: str, on: Any, call: Callable[[], Any], show: Callable = lambda v: v) -> Job:
+        """Return a started Job running ``call``; what a foreground command would refuse is raised here."""
+        targets = self._targets(on)  # bad ranks, stopped or broken ranks: raised now, not in job.result()
+        self._usable()
+        command_guard(self._jobs)  # one job at a time: the running one is named
+        if self._lock.locked():
+            raise RuntimeError("another command is running on these ranks (from another thread); wait for it")
+        return start_job(self._jobs, _short(what), None if on is None else targets, call, show)
+
+    @property
+    def jobs(self) -> list[Job]:
+        """Return the background jobs started on these ranks (``submit``, ``%%ranks --bg``), oldest first."""
+        return list(self._jobs)
 
     def push(self, name: str, value: Any, on: int | Iterable[int] | None = None) -> None:
         """Set ``name`` to ``value`` (sent from the kernel) in the namespace of every targeted rank."""
