@@ -5,7 +5,9 @@ command exactly as a foreground call does (``Ranks.run`` / ``Ranks.execute`` ove
 so the same death, collective-failure and hang watch supervise it) and returns at once. The thread
 runs in a copy of the submitting cell's context: ipykernel sends what a thread writes or displays
 under the parent header of the context that writes it, so the ranks' lines and bars land in the
-output area of the cell that started the job, whatever cell runs meanwhile.
+output area of the cell that started the job, whatever cell runs meanwhile. Where the kernel offers it
+(ipykernel's ``set_thread_parent``), the thread also names that cell as its parent explicitly, which
+holds even where a kernel stops reading the parent from a context a thread inherited.
 
 One command at a time runs on the ranks: while a job runs, any other command (a ``%%ranks`` cell,
 ``run``, ``push``, ``pull``, another job) is refused with :class:`JobRunningError`, naming the job
@@ -71,6 +73,7 @@ class Job:
         self._error: BaseException | None = None
         self._done = threading.Event()
         self._interrupt = threading.Event()
+        self._cell = _cell_parent()
         self._thread = threading.Thread(
             target=contextvars.copy_context().run,
             args=(self._body,),
@@ -81,6 +84,14 @@ class Job:
     # ------------------------------------------------------------------ the thread
 
     def _body(self) -> None:
+        if self._cell is not None:
+            shell, parent = self._cell
+            try:
+                shell.set_thread_parent(parent)
+            except Exception:  # the copied context still routes the output on kernels that read it
+                logger.debug(
+                    "could not name job %d's cell as its thread's parent", self.number, exc_info=True
+                )
         try:
             if self._interrupt.is_set():
                 raise KeyboardInterrupt(f"job {self.number} was stopped before it started")
@@ -208,6 +219,18 @@ class Job:
             raise TimeoutError(
                 f"job {self.number} did not end within {timeout:g} s of being stopped; ranks.stop() ends the ranks"
             )
+
+
+def _cell_parent() -> tuple[Any, Any] | None:
+    """Return (the kernel's shell, the running cell's parent message) where a thread's output can be routed, else None.
+
+    Nothing is imported: a kernel has imported IPython already, and outside one the core must not load it.
+    """
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or not hasattr(shell, "set_thread_parent") or not hasattr(shell, "get_parent"):
+        return None
+    return shell, shell.get_parent()
 
 
 def start_job(
