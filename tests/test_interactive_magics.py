@@ -138,7 +138,10 @@ def magic() -> RanksMagic:
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("", "%ranks needs a command, one of: start, stop, status, stacks, restart, pull, push, auto, wait, jobs"),
+        (
+            "",
+            "%ranks needs a command, one of: start, stop, status, stacks, restart, pull, push, auto, wait, jobs",
+        ),
         (
             "launch 2",
             "unknown command 'launch'; use one of: start, stop, status, stacks, restart, pull, push, auto, wait, jobs",
@@ -158,6 +161,9 @@ def magic() -> RanksMagic:
         ("pull w", r"%ranks pull: no ranks are running"),
         ("push w", r"%ranks push: no ranks are running"),
         ("auto on", r"%ranks auto on: no ranks are running"),
+        ("wait", r"%ranks wait: no ranks are running"),
+        ("wait x", r"%ranks wait: argument JOB: invalid int value: 'x'"),
+        ("jobs", r"%ranks jobs: no ranks are running"),
     ],
 )
 def test_bad_line_magic_usage_names_the_problem_and_the_fix(magic, line, message) -> None:
@@ -395,7 +401,10 @@ def test_start_options_reach_start_ranks(kernel) -> None:
 @pytest.mark.parametrize(
     ("code", "message"),
     [
-        ("%ranks", "%ranks needs a command, one of: start, stop, status, stacks, restart, pull, push, auto, wait, jobs"),
+        (
+            "%ranks",
+            "%ranks needs a command, one of: start, stop, status, stacks, restart, pull, push, auto, wait, jobs",
+        ),
         ("%ranks launch", "unknown command 'launch'; use one of: start, stop, status"),
         ("%%ranks\nrank", "%%ranks: no ranks are running. Start them first with `%ranks start N`"),
         ("%%ranks start\nrank", "%%ranks takes the ranks to run the cell on, like `%%ranks 0`"),

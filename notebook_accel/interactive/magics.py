@@ -7,7 +7,7 @@ with magics a script or a test does with ``start_ranks``:
 ==============================  ==================================================
 ``%ranks start 2``              ``start_ranks(2)`` (``--start-method``, ``--panel``, ``--hang-timeout``)
 ``%%ranks`` / ``%%ranks 0,2``   ``ranks.execute(cell, on=...)``, the values displayed per rank
-``%%ranks --bg`` (``--bg 0,2``)  the same in a background job (returned at once; output in its cell)
+``%%ranks --bg [0,2]``          the same as a background job: returns at once, output in its cell
 ``%ranks wait`` / ``wait N``    wait for the last job (job N), then show what its cell would have shown
 ``%ranks jobs``                 ``ranks.jobs`` as a table (number, state, time, ranks, command)
 ``%ranks stop``                 ``ranks.stop()``
