@@ -106,7 +106,7 @@ class Job:
     def _announce(self) -> None:
         # One line in the job's own cell (this thread runs in its context) saying how it ended.
         if self._error is None:
-            line = f"[job {self.number}] done in {self.elapsed:.1f} s; %ranks wait shows its result"
+            line = f"[job {self.number}] done in {self.elapsed:.1f} s; %ranks wait (or job.result()) shows its result"
         else:
             first = (str(self._error).strip().splitlines() or [""])[0][:160]
             line = (
