@@ -165,3 +165,21 @@ def test_stop_while_waiting_stops_the_job_and_the_namespaces_stay(kernel: Record
     assert ename == "KeyboardInterrupt" and "namespaces intact" in text, text
     kernel.pump_until(lambda: "] stopped after " in kernel.stream(bg))
     assert kernel.shown(kernel.ok("%%ranks\nkept")) == ["[rank 0] 7\n[rank 1] 8"]
+
+
+def test_a_jobs_progress_bars_are_drawn_in_its_own_cell(kernel: Recorder) -> None:
+    bg = kernel.ok(
+        "%%ranks --bg\nfrom tqdm.auto import tqdm\nfor i in tqdm(range(30), desc='steps'):\n    time.sleep(0.05)"
+    )
+    plain = kernel.ok("print('meanwhile')")
+    kernel.ok("%ranks wait")
+    kernel.pump_until(lambda: "] done in " in kernel.stream(bg))
+    kinds = ("display_data", "update_display_data")
+    bars = [
+        (parent, m["content"]["data"].get("text/plain", ""))
+        for parent, messages in kernel.by_parent.items()
+        for m in messages
+        if m["msg_type"] in kinds and "steps:" in m["content"]["data"].get("text/plain", "")
+    ]
+    assert bars and {parent for parent, _ in bars} == {bg}, bars  # redrawn live, in the job's cell only
+    assert "[rank 0] steps: 100%" in kernel.stream(bg) and "steps" not in kernel.stream(plain)
