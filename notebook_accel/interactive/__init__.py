@@ -18,14 +18,20 @@ from __future__ import annotations
 import sys
 
 from .errors import NoRanksError, RankError
+from .rank_shell import NoInputOnRanksError
 from .session import CellResult, Ranks, RankState, current, require_current, start_ranks
+from .stale import StaleGlobalWarning
+from .values import ValueOnRankError
 
 __all__ = [
     "CellResult",
+    "NoInputOnRanksError",
     "NoRanksError",
     "RankError",
     "RankState",
     "Ranks",
+    "StaleGlobalWarning",
+    "ValueOnRankError",
     "current",
     "interactive",
     "require_current",
