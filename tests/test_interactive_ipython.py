@@ -99,7 +99,7 @@ def test_display_html_arrives_as_html_under_the_rank_label(kernel: Kernel) -> No
     )
     html = [s for s in shown if "text/html" in s["data"]]
     assert len(html) == 2, shown
-    by_rank = {s["metadata"]["notebook_accel"]["rank"]: s["data"]["text/html"] for s in html}
+    by_rank = {s["metadata"]["notebook-accel"]["rank"]: s["data"]["text/html"] for s in html}
     assert by_rank[0] == "<div><b>[rank 0]</b></div><b>html of rank 0</b>"
     assert by_rank[1] == "<div><b>[rank 1]</b></div><b>html of rank 1</b>"
     markdown = [s["data"]["text/markdown"] for s in shown if "text/markdown" in s["data"]]
@@ -114,7 +114,7 @@ def test_a_matplotlib_figure_arrives_as_png(kernel: Kernel) -> None:
     )
     images = [s for s in shown if "image/png" in s["data"]]
     assert len(images) == 1, (out, shown)
-    assert images[0]["metadata"]["notebook_accel"] == {"rank": 1}
+    assert images[0]["metadata"]["notebook-accel"] == {"rank": 1}
     assert images[0]["data"]["image/png"].startswith("iVBOR")  # base64 of the PNG signature
     assert images[0]["data"]["text/html"].startswith("<div><b>[rank 1]</b></div><img src=")
 

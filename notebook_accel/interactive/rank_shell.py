@@ -187,7 +187,7 @@ def labelled_bundle(rank: int, data: dict[str, Any], metadata: dict[str, Any]) -
                 break
     if isinstance(out.get("text/markdown"), str):
         out["text/markdown"] = f"**{label}**\n\n{out['text/markdown']}"
-    return out, {**metadata, "notebook_accel": {"rank": rank}}
+    return out, {**metadata, "notebook-accel": {"rank": rank}}
 
 
 def show_rank_display(
