@@ -128,3 +128,44 @@ def test_input_on_a_rank_raises_at_once_naming_push(kernel: Kernel) -> None:
     assert error is not None and "getpass() cannot read on a rank" in error
     out, shown = _ok(kernel, "%%ranks\nrank + 10")  # the ranks are fine
     assert "[rank 0] 10\n[rank 1] 11" in shown[-1]["data"]["text/plain"]
+
+
+# -- without a kernel ---------------------------------------------------------------------------
+
+
+def test_plain_python_is_left_alone_and_ipython_syntax_is_transformed() -> None:
+    from notebook_accel.interactive.rank_shell import prepare_cell
+
+    assert prepare_cell("x = 1\nx % 2") == ("x = 1\nx % 2", False)
+    assert prepare_cell("await thing()") == ("await thing()", False)  # compiled with top-level await
+    python, transformed = prepare_cell("%time x = 1\nfiles = !ls\n!echo hi")
+    assert transformed and "get_ipython().run_line_magic('time', 'x = 1')" in python
+    assert "get_ipython().getoutput('ls')" in python and "get_ipython().system('echo hi')" in python
+    with pytest.raises(SyntaxError):
+        prepare_cell("x = = 1")
+
+
+def test_without_ipython_a_magic_says_it_needs_ipython(monkeypatch) -> None:
+    import sys
+
+    from notebook_accel.interactive.rank_shell import prepare_cell, rank_shell
+
+    monkeypatch.setitem(sys.modules, "IPython.core.inputtransformer2", None)  # import fails
+    monkeypatch.setitem(sys.modules, "IPython.core.interactiveshell", None)
+    with pytest.raises(SyntaxError) as info:
+        prepare_cell("%time x = 1")
+    assert "magics (%time), shell commands (!ls) and other IPython syntax need IPython" in "".join(
+        getattr(info.value, "__notes__", [])
+    )
+    with pytest.raises(ImportError, match=r"need IPython \(pip install ipython\).*\(on the ranks too\)"):
+        rank_shell({})
+
+
+def test_bad_value_limit_is_refused_before_any_rank_starts() -> None:
+    import notebook_accel
+
+    with pytest.raises(ValueError, match=r"value_limit='lots' is not a size; write it like '500KB'"):
+        notebook_accel.start_ranks(2, value_limit="lots")
+    with pytest.raises(ValueError, match=r"value_limit=-1 must be 0 or more bytes"):
+        notebook_accel.start_ranks(2, value_limit=-1)
+    assert notebook_accel.interactive.current() is None
