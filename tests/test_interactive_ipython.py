@@ -117,6 +117,12 @@ def test_a_matplotlib_figure_arrives_as_png(kernel: Kernel) -> None:
     assert images[0]["metadata"]["notebook-accel"] == {"rank": 1}
     assert images[0]["data"]["image/png"].startswith("iVBOR")  # base64 of the PNG signature
     assert images[0]["data"]["text/html"].startswith("<div><b>[rank 1]</b></div><img src=")
+    # Drawn without display(): shown at the end of the cell, as in Jupyter (once, then closed).
+    out, shown = _ok(kernel, "%%ranks\nimport matplotlib.pyplot as plt\nplt.plot([rank, 1 - rank]);")
+    images = sorted(s["metadata"]["notebook-accel"]["rank"] for s in shown if "image/png" in s["data"])
+    assert images == [0, 1], (out, shown)
+    out, shown = _ok(kernel, "%%ranks\nx = 1")
+    assert not [s for s in shown if "image/png" in s["data"]]
 
 
 def test_input_on_a_rank_raises_at_once_naming_push(kernel: Kernel) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..state import PartialState
 from ..utils._worker_channel import FRAME_HEADER
-from .rank_shell import forward_display, rank_shell, refuse_input, run_maybe_async
+from .rank_shell import forward_display, rank_shell, refuse_input, run_maybe_async, show_figures
 from .stale import fingerprint, stale_names
 from .values import value_payload
 
@@ -212,6 +212,7 @@ class RankLoop:
             return run_maybe_async(last, ns) if last is not None else None
 
         value = self._guarded(run)
+        show_figures()  # plt.plot(...) in a cell shows its figure, as in Jupyter
         if value is not None:
             ns["_"] = value  # as IPython's Out: a value that stayed here is pulled by this name
         return value_payload(value, limit=options.get("limit"), compare=options.get("compare", False))

@@ -21,11 +21,14 @@ import builtins
 import getpass
 import html
 import inspect
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from ..launch.cell_bars import kernel_display
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "NoInputOnRanksError",
@@ -35,6 +38,7 @@ __all__ = [
     "rank_shell",
     "refuse_input",
     "run_maybe_async",
+    "show_figures",
     "show_rank_display",
 ]
 
@@ -100,6 +104,17 @@ def run_maybe_async(code: Any, namespace: dict[str, Any]) -> Any:
     if code.co_flags & inspect.CO_COROUTINE:
         return _loop().run_until_complete(result)
     return result
+
+
+def show_figures() -> None:
+    """Show the figures a cell drew with matplotlib's inline backend, as a Jupyter cell does at its end."""
+    backend = sys.modules.get("matplotlib_inline.backend_inline")
+    if backend is None:
+        return
+    try:
+        backend.flush_figures()
+    except Exception:
+        logger.debug("showing the cell's figures failed", exc_info=True)
 
 
 _LOOPS: list[asyncio.AbstractEventLoop] = []
