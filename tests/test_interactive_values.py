@@ -79,7 +79,7 @@ def test_a_value_over_the_limit_stays_on_its_rank_until_pulled(kernel: Kernel) -
     # The kernel got the display only: no value object.
     assert "SHIPPED [False, False] [None, None]" in out
     assert "STAYED the values of rank(s) [0, 1] stayed on the ranks" in out
-    assert "ranks.pull('_', on=0)" in out and "%ranks value-limit 500MB" in out
+    assert "ranks.pull('_', on=[0, 1]) (%ranks pull _ --on 0,1)" in out and "%ranks value-limit 500MB" in out
     assert "PULLED [1, 2] cpu" in out
     # Raised, the same cell's values come.
     assert (

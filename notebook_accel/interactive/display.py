@@ -72,12 +72,13 @@ class CellDisplay:
         Raises ValueOnRankError when some rank's value stayed there (over the value limit), saying
         how to pull it.
         """
-        stayed = [r for r in self.results if r.stayed is not None]
+        stayed = [r.rank for r in self.results if r.stayed is not None]
         if stayed:
-            ranks = [r.rank for r in stayed]
+            on = stayed[0] if len(stayed) == 1 else stayed
             raise ValueOnRankError(
-                f"the values of rank(s) {ranks} stayed on the ranks (over the value limit); "
-                f"{stayed[0].stayed.split('stayed on the rank: ', 1)[-1]}"
+                f"the values of rank(s) {stayed} stayed on the ranks (over the value limit); fetch them with "
+                f"ranks.pull('_', on={on}) (%ranks pull _ --on {','.join(map(str, stayed))}): a rank keeps a "
+                "cell's last value as _. Or raise the limit: %ranks value-limit 500MB (ranks.value_limit = '500MB')"
             )
         return [r.value for r in self.results]
 
