@@ -16,6 +16,10 @@ Each variant runs in its own ipykernel (started through jupyter_client, history 
 (the magic's or the API's own cost); "round trip" times the same empty cell from the client, execute
 request to the kernel going idle, interleaved with a plain ``pass`` cell of the same kernel (Jupyter's own
 floor, "pass cell").
+"200 MB value" (``--big-mb``): a fresh kernel, 2 ranks each holding a 200 MB tensor (``torch.zeros``), then
+the cell ``%%ranks`` / ``big`` whose last value it is: seconds in the kernel and how much the kernel's peak
+memory (``ru_maxrss``) grew, with the default value limit (the ranks send its text and a digest of its
+contents) and with no limit (``%ranks value-limit none``: the whole value comes, as before the limit).
 nbdistributed is never installed in the project's venv: give the python of a separate venv, e.g.
 ``python3 -m venv /work/wt/venv-nbd && /work/wt/venv-nbd/bin/pip install torch nbdistributed ipykernel``.
 """
@@ -195,6 +199,41 @@ def measure(python: str, variant: dict, n: int, cycles: int) -> dict:
         kernel.close()
 
 
+_BIG = """
+    import resource, torch
+    def _peak_mb():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    ip.run_line_magic("load_ext", "notebook_accel")
+    ip.run_line_magic("ranks", "start 2")
+    ip.run_cell_magic("ranks", "", "big = torch.zeros({numel}); None")
+    figures = {{}}
+    for limit in ("1MB", "none"):
+        ip.run_line_magic("ranks", f"value-limit {{limit}}")
+        before = _peak_mb()
+        t0 = time.perf_counter()
+        shown = ip.run_cell_magic("ranks", "", "big")
+        figures[limit] = (time.perf_counter() - t0, _peak_mb() - before)
+        assert "[all 2 ranks] tensor([0., 0., 0.,  ..., 0., 0., 0.])" in repr(shown), repr(shown)
+        del shown
+    ip.run_line_magic("ranks", "stop")
+    print("JSON", json.dumps(figures))
+    """
+
+
+def measure_big(python: str, megabytes: int) -> dict:
+    """Return {limit: (seconds, kernel peak growth MB)} of a cell whose value is a ``megabytes`` tensor per rank."""
+    kernel = _Kernel(python)
+    try:
+        kernel.cell(_SETUP)
+        out = kernel.cell(_BIG.format(numel=megabytes * 1_000_000 // 4))
+        line = [ln for ln in out.splitlines() if ln.startswith("JSON ")]
+        if not line:
+            raise RuntimeError(f"no timing line in:\n{out[-2000:]}")
+        return json.loads(line[-1][5:])
+    finally:
+        kernel.close()
+
+
 def _ms(values: list[float]) -> str:
     return f"{statistics.median(values) * 1e3:9.2f}"
 
@@ -204,6 +243,7 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=100, help="empty cells per variant (default 100)")
     parser.add_argument("--cycles", type=int, default=5, help="start/stop cycles per variant (default 5)")
     parser.add_argument("--nbdistributed-python", default=None, help="python of a venv with nbdistributed")
+    parser.add_argument("--big-mb", type=int, default=200, help="MB of the big value per rank (0: skip it)")
     args = parser.parse_args()
     rows: list[tuple[str, dict | str]] = [
         ("notebook_accel %ranks magic", measure(sys.executable, _MAGIC, args.n, args.cycles)),
@@ -242,6 +282,14 @@ def main() -> None:
             f"nbdistributed / %ranks magic: start->first x{ratios['first']:.1f}, empty cell x{ratios['empty']:.0f}, "
             f"round trip x{ratios['trip']:.1f}"
         )
+    if args.big_mb:
+        big = measure_big(sys.executable, args.big_mb)
+        for limit, label in (("1MB", "default value limit (1 MB)"), ("none", "no value limit")):
+            seconds, grew = big[limit]
+            print(
+                f"a {args.big_mb} MB tensor per rank as a cell's value, {label}: {seconds:.3f} s, "
+                f"kernel peak memory +{grew:.0f} MB"
+            )
     print("start->first: start 2 ranks and get a cell's value back; empty cell: `pass` on both ranks")
     print("round trip: the empty cell from the client (execute -> idle); pass cell: a plain cell, the floor")
 

@@ -48,9 +48,11 @@ def test_cell_functions_and_all_reduce_on_the_ranks(kernel: Kernel) -> None:
     # the ranks' lines land in the running cell, before the result
     assert out.index("[rank 0] reduced 3.0") < out.index("[3.0, 3.0]")
     assert "[rank 1] reduced 3.0" in out
-    # IPython's display() on a rank prints the value's text in the cell (not into the kernel's sockets)
-    out = _ok(kernel, "ranks.run('from IPython.display import display\\ndisplay(\"shown\", rank)')")
-    assert "[rank 0] 'shown'" in out and "[rank 1] 1" in out
+    # IPython's display() on a rank shows in the cell, labelled (not into the kernel's forked sockets)
+    out, shown = _run_collecting_displays(
+        kernel, "ranks.run('from IPython.display import display\\ndisplay(\"shown\", rank)')"
+    )
+    assert "[rank 0] 'shown'" in shown and "[rank 1] 1" in shown, (out, shown)
 
 
 def test_stop_button_interrupts_every_rank_and_the_next_cell_works(kernel: Kernel) -> None:

@@ -14,20 +14,15 @@ from typing import Any
 
 import pytest
 
+from notebook_accel.interactive import CellResult, ValueOnRankError
 from notebook_accel.interactive.display import CellDisplay, StacksView, StatusTable, rank_label
 from notebook_accel.interactive.magics import SUBCOMMANDS, RanksMagic, RanksUsageError, parse_ranks
 from tests.launcher_helpers import StartedKernel
 
 
-@dataclass
-class _Result:
-    """What ``Ranks.execute`` gives per rank (the fields the display reads)."""
-
-    rank: int
-    value: Any
-    text: str | None
-    html: str | None = None
-    ok: bool = True
+def _Result(rank: int, value: Any, text: str | None, html: str | None = None, ok: bool = True) -> CellResult:  # noqa: N802
+    """What ``Ranks.execute`` gives per rank for a value that came to the kernel (compared with ``==``)."""
+    return CellResult(rank, value, text, html, ok, shipped=value is not None)
 
 
 def _results(*values: Any) -> list[_Result]:
@@ -92,6 +87,65 @@ def test_html_values_render_once_with_their_label() -> None:
     assert "<pre>&lt;2&gt;</pre>" in mixed and "[rank 1]" in mixed
 
 
+def test_values_that_print_alike_but_differ_are_shown_apart_and_said_to_differ() -> None:
+    text = "tensor([0., 0., 0.,  ..., 0., 0., 0.])"
+    # Values that stayed on their ranks: compared by the digests the ranks computed.
+    differ = [CellResult(r, text=text, digest=d, stayed="pull it") for r, d in ((0, "aa"), (1, "bb"))]
+    shown = CellDisplay(differ, world_size=2)
+    assert not shown.all_equal
+    assert (
+        repr(shown)
+        == f"[rank 0] {text}\n[rank 1] {text}\n(ranks 0 and 1 print alike but their values differ)"
+    )
+    assert (
+        "print alike but their values differ"
+        in CellDisplay(
+            [
+                CellResult(0, text="t", html="<b>t</b>", digest="a"),
+                CellResult(1, text="t", html="<b>t</b>", digest="b"),
+            ],
+            world_size=2,
+        )._repr_html_()
+    )
+    same = [CellResult(r, text=text, digest="aa", stayed="pull it") for r in range(3)]
+    assert repr(CellDisplay(same, world_size=3)) == f"[all 3 ranks] {text}"
+    # Three ranks: two equal, one apart though it prints the same.
+    mixed = [CellResult(r, text="x", digest=d) for r, d in ((0, "a"), (1, "b"), (2, "a"))]
+    assert (
+        repr(CellDisplay(mixed, world_size=3))
+        == "[ranks 0,2] x\n[rank 1] x\n(ranks 0, 1 and 2 print alike but their values differ)"
+    )
+    # No digest and no value here: never taken for equal.
+    unknown = [CellResult(r, text="x") for r in range(2)]
+    assert "print alike" in repr(CellDisplay(unknown, world_size=2))
+
+
+def test_values_that_came_are_compared_with_eq_and_those_that_stayed_say_how_to_pull() -> None:
+    # Equal by == though their digests differ (dicts in another order).
+    a, b = {"x": 1, "y": 2}, {"y": 2, "x": 1}
+    shown = CellDisplay([_Result(0, a, repr(a)), _Result(1, b, repr(b))], world_size=2)
+    assert shown.all_equal and shown.values == [a, b]
+    stayed = CellDisplay(
+        [
+            CellResult(
+                0,
+                text="t",
+                digest="d",
+                stayed="the value of rank 0 stayed on the rank: use ranks.pull('_', on=0)",
+            )
+        ]
+        + [CellResult(1, 5, "5", shipped=True)],
+        world_size=2,
+    )
+    with pytest.raises(
+        ValueOnRankError, match=r"rank\(s\) \[0\] stayed on the ranks.*ranks\.pull\('_', on=0\)"
+    ):
+        _ = stayed.values
+    with pytest.raises(ValueOnRankError, match="ranks.pull"):
+        _ = stayed.results[0].value
+    assert stayed.results[1].value == 5
+
+
 def test_status_table_and_stacks_view() -> None:
     rows = [
         SimpleNamespace(rank=0, pid=11, state="idle", cell=None, cpu_percent=0.0, rss=50 * 2**20),
@@ -140,11 +194,11 @@ def magic() -> RanksMagic:
     [
         (
             "",
-            "%ranks needs a command, one of: start, stop, status, stacks, restart, pull, push, auto, wait, jobs",
+            "%ranks needs a command, one of: start, stop, status, stacks, restart, pull, push, auto, value-limit, wait, jobs",
         ),
         (
             "launch 2",
-            "unknown command 'launch'; use one of: start, stop, status, stacks, restart, pull, push, auto, wait, jobs",
+            "unknown command 'launch'; use one of: start, stop, status, stacks, restart, pull, push, auto, value-limit, wait, jobs",
         ),
         ("0,1", r"To run code on rank\(s\) 0,1, start a cell with `%%ranks 0,1`"),
         ("start two", r"%ranks start: argument N: invalid int value: 'two'"),
@@ -403,7 +457,7 @@ def test_start_options_reach_start_ranks(kernel) -> None:
     [
         (
             "%ranks",
-            "%ranks needs a command, one of: start, stop, status, stacks, restart, pull, push, auto, wait, jobs",
+            "%ranks needs a command, one of: start, stop, status, stacks, restart, pull, push, auto, value-limit, wait, jobs",
         ),
         ("%ranks launch", "unknown command 'launch'; use one of: start, stop, status"),
         ("%%ranks\nrank", "%%ranks: no ranks are running. Start them first with `%ranks start N`"),

@@ -23,16 +23,22 @@ import sys
 
 from .errors import NoRanksError, RankError
 from .jobs import Job, JobRunningError
+from .rank_shell import NoInputOnRanksError
 from .session import CellResult, Ranks, RankState, current, require_current, start_ranks
+from .stale import StaleGlobalWarning
+from .values import ValueOnRankError
 
 __all__ = [
     "CellResult",
     "Job",
     "JobRunningError",
+    "NoInputOnRanksError",
     "NoRanksError",
     "RankError",
     "RankState",
     "Ranks",
+    "StaleGlobalWarning",
+    "ValueOnRankError",
     "current",
     "interactive",
     "require_current",

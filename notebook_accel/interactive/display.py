@@ -1,9 +1,11 @@
 """What a ``%%ranks`` cell shows: each rank's last expression, equal values shown once.
 
 A plain-Python model with a text form (``repr``) and an HTML form (``_repr_html_``), so a notebook renders
-it the way Jupyter renders a cell's value, and tests read it without a kernel. Values are compared by
-their text and HTML forms: two ranks holding equal tensors show one block, labelled with the ranks that
-hold it (``[all 2 ranks]`` when every rank of the group does).
+it the way Jupyter renders a cell's value, and tests read it without a kernel. Values are grouped only
+when they are equal (``values.same_value``: the same digest, computed on the ranks from the contents,
+or ``==`` True on values that came to the kernel): ranks holding equal tensors show one block, labelled
+with the ranks that hold it (``[all 2 ranks]`` when every rank of the group does). Ranks whose values
+print alike but differ are shown apart, with a line saying so.
 """
 
 from __future__ import annotations
@@ -14,8 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .group import IdleRankStack
+from .values import ValueOnRankError, same_value
 
-__all__ = ["CellDisplay", "RankValues", "StacksView", "StatusTable", "rank_label"]
+__all__ = [
+    "CellDisplay",
+    "RankValues",
+    "StacksView",
+    "StatusTable",
+    "rank_label",
+]
 
 
 def rank_label(ranks: Sequence[int], world_size: int) -> str:
@@ -38,33 +47,62 @@ class RankValues:
     """The value's ``_repr_html_``, where it has one."""
 
 
+def _and(ranks: Sequence[int]) -> str:
+    names = [str(r) for r in ranks]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 class CellDisplay:
     """The last expression of a cell on each rank that ran it, grouped by equal value.
 
-    Built from the ``CellResult`` list of ``Ranks.execute`` (anything with ``rank``, ``value``,
-    ``text`` and ``html``). Ranks whose cell ended in a statement or in ``None`` (``text`` is None)
-    show nothing, as in Jupyter; ``values`` keeps every targeted rank's value, in rank order.
+    Built from the ``CellResult`` list of ``Ranks.execute``. Ranks whose cell ended in a statement or
+    in ``None`` (``text`` is None) show nothing, as in Jupyter; ``values`` holds every targeted rank's
+    value, in rank order. ``notes`` says which ranks print alike but hold different values.
     """
 
     def __init__(self, results: Iterable[Any], world_size: int) -> None:
         self.results = sorted(results, key=lambda r: r.rank)
         self.world_size = world_size
-        self.values = [r.value for r in self.results]
-        """The value of the last expression on each targeted rank (None after a statement)."""
-        self.groups = self._group()
+        self.groups, self.notes = self._group()
 
-    def _group(self) -> list[RankValues]:
-        order: list[tuple[str, str | None]] = []
-        ranks: dict[tuple[str, str | None], list[int]] = {}
+    @property
+    def values(self) -> list[Any]:
+        """Return the value of the last expression on each targeted rank (None after a statement).
+
+        Raises ValueOnRankError when some rank's value stayed there (over the value limit), saying
+        how to pull it.
+        """
+        stayed = [r.rank for r in self.results if r.stayed is not None]
+        if stayed:
+            on = stayed[0] if len(stayed) == 1 else stayed
+            raise ValueOnRankError(
+                f"the values of rank(s) {stayed} stayed on the ranks (over the value limit); fetch them with "
+                f"ranks.pull('_', on={on}) (%ranks pull _ --on {','.join(map(str, stayed))}): a rank keeps a "
+                "cell's last value as _. Or raise the limit: %ranks value-limit 500MB (ranks.value_limit = '500MB')"
+            )
+        return [r.value for r in self.results]
+
+    def _group(self) -> tuple[list[RankValues], list[str]]:
+        members: list[list[Any]] = []  # results with equal values, first one standing for them
         for result in self.results:
             if result.text is None:
                 continue
-            key = (result.text, result.html)
-            if key not in ranks:
-                order.append(key)
-                ranks[key] = []
-            ranks[key].append(result.rank)
-        return [RankValues(tuple(ranks[key]), key[0], key[1]) for key in order]
+            for group in members:
+                if same_value(group[0], result):
+                    group.append(result)
+                    break
+            else:
+                members.append([result])
+        groups = [RankValues(tuple(r.rank for r in g), g[0].text, g[0].html) for g in members]
+        alike: dict[tuple[str, str | None], list[RankValues]] = {}
+        for group in groups:
+            alike.setdefault((group.text, group.html), []).append(group)
+        notes = []
+        for same_print in alike.values():
+            if len(same_print) > 1:
+                ranks = sorted(r for g in same_print for r in g.ranks)
+                notes.append(f"ranks {_and(ranks)} print alike but their values differ")
+        return groups, notes
 
     @property
     def empty(self) -> bool:
@@ -87,6 +125,7 @@ class CellDisplay:
             # A one-line value stays beside its label; a longer one starts under it, as Out[] does.
             sep = "\n" if "\n" in group.text else " "
             blocks.append(f"{label}{sep}{group.text}")
+        blocks.extend(f"({note})" for note in self.notes)
         return "\n".join(blocks)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
@@ -100,6 +139,7 @@ class CellDisplay:
         for group in self.groups:
             body = group.html if group.html is not None else f"<pre>{_html.escape(group.text)}</pre>"
             parts.append(f"<div><b>{_html.escape(self.label(group))}</b></div>{body}")
+        parts.extend(f"<div><i>({_html.escape(note)})</i></div>" for note in self.notes)
         parts.append("</div>")
         return "".join(parts)
 

@@ -30,6 +30,7 @@ from ..launch.handle import LaunchHandle
 from ..launch.output import OutputLine, PrintSink
 from .errors import RankError
 from .rank_loop import send_frame
+from .rank_shell import show_rank_display
 
 __all__ = ["CellSink", "Group"]
 
@@ -249,6 +250,7 @@ class _Wait:
         self.samples: list[dict[int, str | None]] = []
         self.next_sample = 0.0
         self.bars: _CommandBars | None = None
+        self.printer: PrintSink | None = None
 
 
 class Group:
@@ -299,7 +301,7 @@ class Group:
         wait = _Wait(self._seq, targets)
         if len(targets) < len(self._conns):
             wait.first_idle = time.monotonic()  # the ranks not asked wait for their next command
-        printer = self.sink.printer()
+        printer = wait.printer = self.sink.printer()
         bars = wait.bars = _command_bars(self.handle, self.sink.printing)
         self.sink.begin()
         self.handle.watch_for_hangs(True)
@@ -330,6 +332,11 @@ class Group:
         for sock in ready:
             rank = socks[sock]
             for message in self._conns[rank].read():
+                if message[0] == "display" and message[1] == wait.seq:
+                    if wait.printer is not None:  # after the lines the rank printed before it
+                        self._drain([rank], wait.printer)
+                    show_rank_display(rank, message[2], message[3], self.sink.printing)
+                    continue
                 if message[1] != wait.seq:
                     continue  # a late reply to an exchange given up on
                 now = time.monotonic()

@@ -5,7 +5,8 @@ magic named ``ranks``. Every subcommand maps to one call of the Python API, so w
 with magics a script or a test does with ``start_ranks``:
 
 ==============================  ==================================================
-``%ranks start 2``              ``start_ranks(2)`` (``--start-method``, ``--panel``, ``--hang-timeout``)
+``%ranks start 2``              ``start_ranks(2)`` (``--start-method``, ``--panel``, ``--hang-timeout``,
+                                ``--value-limit``)
 ``%%ranks`` / ``%%ranks 0,2``   ``ranks.execute(cell, on=...)``, the values displayed per rank
 ``%%ranks --bg [0,2]``          the same as a background job: returns at once, output in its cell
 ``%ranks wait`` / ``wait N``    wait for the last job (job N), then show what its cell would have shown
@@ -16,6 +17,7 @@ with magics a script or a test does with ``start_ranks``:
 ``%ranks pull NAME``            ``NAME = ranks.pull("NAME")`` in the kernel
 ``%ranks push NAME``            ``ranks.push("NAME", NAME)``
 ``%ranks auto on|off``          every following cell runs as a ``%%ranks`` cell
+``%ranks value-limit [SIZE]``   ``ranks.value_limit = SIZE`` (no SIZE: show it)
 ==============================  ==================================================
 
 The magic logic (:class:`RanksMagic`) is plain Python; IPython is imported only when the extension is
@@ -35,10 +37,23 @@ from typing import Any
 from .display import CellDisplay, StacksView, StatusTable
 from .jobs import Job, JobsTable
 from .session import current, start_ranks
+from .values import format_size, parse_size
 
 __all__ = ["SUBCOMMANDS", "RanksMagic", "RanksUsageError", "load_ipython_extension", "parse_ranks"]
 
-SUBCOMMANDS = ("start", "stop", "status", "stacks", "restart", "pull", "push", "auto", "wait", "jobs")
+SUBCOMMANDS = (
+    "start",
+    "stop",
+    "status",
+    "stacks",
+    "restart",
+    "pull",
+    "push",
+    "auto",
+    "value-limit",
+    "wait",
+    "jobs",
+)
 """The words ``%ranks`` understands, in the order its help lists them."""
 
 _BACKGROUND = "--bg"  # %%ranks --bg: the cell runs as a background job
@@ -76,6 +91,8 @@ def _parsers() -> dict[str, _Parser]:
     start.add_argument("--start-method", default="fork")
     start.add_argument("--panel", action="store_true")
     start.add_argument("--hang-timeout", type=float, default=60.0, metavar="SECONDS")
+    start.add_argument("--value-limit", default=None, metavar="SIZE")
+    parsers["value-limit"].add_argument("size", nargs="?", default=None, metavar="SIZE")
     parsers["pull"].add_argument("name", metavar="NAME")
     parsers["push"].add_argument("names", nargs="+", metavar="NAME")
     for name in ("pull", "push"):
@@ -183,7 +200,7 @@ class RanksMagic:
                 f"%ranks: unknown command {command!r}; use one of: {', '.join(SUBCOMMANDS)}.{hint}"
             )
         args = self._parsers[command].parse_args(rest)
-        return getattr(self, f"_{command}")(args)
+        return getattr(self, f"_{command.replace('-', '_')}")(args)
 
     def _start(self, args: argparse.Namespace) -> Any:
         running = current()
@@ -193,11 +210,17 @@ class RanksMagic:
                 "Use them, or `%ranks stop` (or `%ranks restart`) first."
             )
         # Shown as Out[] (``<Ranks 2 rank(s), alive>``), and ``ranks = %ranks start 2`` keeps the object.
+        limit = (
+            {}
+            if args.value_limit is None
+            else {"value_limit": _size(args.value_limit, "start --value-limit")}
+        )
         return start_ranks(
             args.num_processes,
             start_method=args.start_method,
             panel=args.panel,
             hang_timeout=args.hang_timeout,
+            **limit,
         )
 
     def _stop(self, args: argparse.Namespace) -> None:
@@ -254,6 +277,12 @@ class RanksMagic:
     def _jobs(self, args: argparse.Namespace) -> JobsTable:
         return JobsTable(self._ranks("%ranks jobs").jobs)
 
+    def _value_limit(self, args: argparse.Namespace) -> str:
+        ranks = self._ranks("%ranks value-limit")
+        if args.size is not None:
+            ranks.value_limit = _size(args.size, "value-limit")
+        return f"cell values up to {format_size(ranks.value_limit)} (pickled) come to the kernel"
+
     def _auto(self, args: argparse.Namespace) -> None:
         if args.switch == "on":
             self._ranks("%ranks auto on")  # switching on with nothing to run on would break every cell
@@ -285,6 +314,15 @@ def _ends_with_semicolon(source: str) -> bool:
     except (tokenize.TokenError, SyntaxError):
         return False  # the ranks refuse code that does not tokenize; nothing to show anyway
     return last is not None and last.string == ";"
+
+
+def _size(text: str, command: str) -> int | None:
+    try:
+        return parse_size(text, "size")
+    except (TypeError, ValueError) as err:
+        raise RanksUsageError(
+            f"%ranks {command} {text}: {err}; e.g. `%ranks {command} 50MB` (or `none`: no limit)"
+        ) from None
 
 
 def _identifier(name: str, command: str) -> str:

@@ -5,9 +5,10 @@ socket, forms the process group (``PartialState()``, so the first collective is 
 ``Accelerator()`` / ``torch.distributed`` calls use it), says it is ready, then serves commands
 until the kernel closes the connection. Messages both ways are length-prefixed pickles.
 
-Commands: ``("exec", seq, source, filename)``, ``("call", seq, blob)``, ``("push", seq, blob)``,
-``("pull", seq, name)``. Replies: ``("ok", seq, payload)``, ``("err", seq, type, message,
-traceback)`` or ``("interrupted", seq, traceback)``.
+Commands: ``("exec", seq, source, filename[, options])``, ``("call", seq, blob[, check, forked])``,
+``("push", seq, blob[, tokens])``, ``("pull", seq, name)``. Replies: ``("ok", seq, payload)``, ``("err",
+seq, type, message, traceback)`` or ``("interrupted", seq, traceback)``; while a command runs, a rank may
+also send ``("display", seq, data, metadata)``: a ``display()`` bundle for the running cell.
 
 SIGINT raises KeyboardInterrupt only while a command's own code runs: one arriving while the rank
 waits for work (or sends a reply) is ignored, so the Stop button never ends the loop itself.
@@ -22,13 +23,17 @@ import pickle
 import signal
 import socket
 import sys
+import threading
 import traceback
 import types
+from collections.abc import Callable
 from typing import Any
 
-from ..launch.worker import to_cpu
 from ..state import PartialState
 from ..utils._worker_channel import FRAME_HEADER
+from .rank_shell import forward_display, rank_shell, refuse_input, run_maybe_async, show_figures
+from .stale import fingerprint, stale_names
+from .values import value_payload
 
 __all__ = ["rank_main", "recv_frame", "send_frame", "split_code"]
 
@@ -64,14 +69,16 @@ def recv_frame(sock: socket.socket) -> Any:
 def split_code(source: str, filename: str) -> tuple[types.CodeType, types.CodeType | None]:
     """Return ``(statements, last expression or None)`` compiled from ``source`` (SyntaxError if it has one).
 
-    As in IPython, a cell whose last statement is an expression gives that expression's value.
+    As in IPython, a cell whose last statement is an expression gives that expression's value; top-level
+    ``await`` is allowed (such code evaluates to a coroutine: ``rank_shell.run_maybe_async`` runs it).
     """
     tree = ast.parse(source, filename, "exec")
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    body = compile(tree, filename, "exec")
-    return body, (compile(last, filename, "eval") if last is not None else None)
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    body = compile(tree, filename, "exec", flags=flags)
+    return body, (compile(last, filename, "eval", flags=flags) if last is not None else None)
 
 
 def remember_source(source: str, filename: str) -> None:
@@ -104,6 +111,16 @@ class RankLoop:
         self.namespace: dict[str, Any] = main.__dict__ if main is not None else {}
         self.namespace["rank"] = rank
         self.namespace["world_size"] = world_size
+        self.seq: int | None = None
+        """The command running now (a ``display()`` bundle goes with it)."""
+        self._send_lock = threading.Lock()  # a display() from another thread must not split a reply
+        # What the kernel gave this rank, by name: the object the rank got and the kernel's fingerprint
+        # of it (the fork copied every name; push and functions' globals give more later).
+        self.given: dict[str, tuple[int, Any, str]] = {
+            name: (id(value), fingerprint(value), "fork")
+            for name, value in self.namespace.items()
+            if not name.startswith("__")
+        }
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         if self.busy:
@@ -112,19 +129,20 @@ class RankLoop:
     def serve(self) -> None:
         """Form the group, say ready, then run commands until the kernel closes the connection."""
         signal.signal(signal.SIGINT, self._on_sigint)
-        _plain_display()
+        refuse_input()
+        forward_display(self._send_display)
         problem = _init_group()
         self._send(("ready", self.rank, os.getpid(), problem))
         while True:
             message = recv_frame(self.sock)
             if message is None or message[0] == "stop":
                 return
-            reply = self._handle(message)
-            for stream in (sys.stdout, sys.stderr):  # every line of this command reaches the kernel first
-                try:
-                    stream.flush()
-                except Exception:
-                    pass
+            self.seq = message[1]
+            try:
+                reply = self._handle(message)
+            finally:
+                self.seq = None
+            _flush_streams()  # every line of this command reaches the kernel first
             self._send(reply)
 
     def _send(self, reply: tuple) -> None:
@@ -132,18 +150,32 @@ class RankLoop:
             body = pickle.dumps(reply, protocol=_PROTOCOL)
         except Exception as exc:  # a payload made of plain parts always pickles: this is a bug of ours
             body = pickle.dumps(("err", reply[1], "TypeError", f"reply could not be pickled: {exc}", ""))
-        send_frame(self.sock, body)
+        with self._send_lock:
+            send_frame(self.sock, body)
+
+    def _send_display(self, data: dict, metadata: dict) -> bool:
+        """Send a ``display()`` bundle to the running command's cell; return False when none runs."""
+        seq = self.seq
+        if seq is None:
+            return False
+        try:
+            body = pickle.dumps(("display", seq, data, metadata), protocol=_PROTOCOL)
+        except Exception:
+            return False  # not plain data: shown as its text instead
+        _flush_streams()  # the lines printed before the display() come before it in the cell
+        with self._send_lock:
+            send_frame(self.sock, body)
+        return True
 
     def _handle(self, message: tuple) -> tuple:
         kind, seq = message[0], message[1]
         try:
             if kind == "exec":
-                payload = self._exec(message[2], message[3])
+                payload = self._exec(message[2], message[3], *message[4:])
             elif kind == "call":
-                payload = self._call(message[2])
+                payload = self._call(message[2], *message[3:])
             elif kind == "push":
-                self.namespace.update(pickle.loads(message[2]))
-                payload = {}
+                payload = self._push(message[2], *message[3:])
             elif kind == "pull":
                 payload = self._pull(message[2])
             else:
@@ -165,28 +197,51 @@ class RankLoop:
         finally:
             self.busy = False
 
-    def _exec(self, source: str, filename: str) -> dict[str, Any]:
-        body, last = split_code(source, filename)
-        remember_source(source, filename)
+    def _exec(self, source: str, filename: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Run a cell; return its last value's payload (``options``: ``limit``, ``compare``, ``ipython``)."""
+        options = options or {}
+        python = options.get("python", source)  # the cell as IPython transformed it, if it did
+        body, last = split_code(python, filename)
+        remember_source(source, filename)  # tracebacks show the cell as written
+        if options.get("ipython"):
+            rank_shell(self.namespace)
         ns = self.namespace
 
         def run() -> Any:
-            exec(body, ns)
-            return eval(last, ns) if last is not None else None
+            run_maybe_async(body, ns)
+            return run_maybe_async(last, ns) if last is not None else None
 
         value = self._guarded(run)
-        return _value_payload(value)
+        show_figures()  # plt.plot(...) in a cell shows its figure, as in Jupyter
+        if value is not None:
+            ns["_"] = value  # as IPython's Out: a value that stayed here is pulled by this name
+        return value_payload(value, limit=options.get("limit"), compare=options.get("compare", False))
 
-    def _call(self, blob: bytes) -> dict[str, Any]:
+    def _call(self, blob: bytes, check: dict[str, Any] | None = None, forked: bool = False) -> dict[str, Any]:
         function, args, kwargs = pickle.loads(blob)
-        function = _in_namespace(function, self.namespace)
+        check = check or {}
+        stale = stale_names(self.namespace, self.given, check, forked)  # before the function brings new names
+
+        def installed(name: str, value: Any) -> None:
+            self.given[name] = (id(value), check.get(name), "call")
+
+        function = _in_namespace(function, self.namespace, installed)
         value = self._guarded(lambda: function(*args, **kwargs))
-        return _value_payload(value)
+        payload = value_payload(value)
+        payload["stale"] = stale
+        return payload
+
+    def _push(self, blob: bytes, tokens: dict[str, Any] | None = None) -> dict[str, Any]:
+        values = pickle.loads(blob)
+        self.namespace.update(values)
+        for name, value in values.items():
+            self.given[name] = (id(value), (tokens or {}).get(name), "push")
+        return {}
 
     def _pull(self, name: str) -> dict[str, Any]:
         if name not in self.namespace:
             raise NameError(f"name {name!r} is not defined on rank {self.rank}")
-        return _value_payload(self.namespace[name], with_repr=False)
+        return value_payload(self.namespace[name], with_repr=False)
 
 
 def _user_traceback(exc: BaseException) -> str:
@@ -195,31 +250,6 @@ def _user_traceback(exc: BaseException) -> str:
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb))
-
-
-def _value_payload(value: Any, with_repr: bool = True) -> dict[str, Any]:
-    """Return what the kernel gets of a value: the value pickled (if it can be), its repr and HTML."""
-    import cloudpickle  # by value for classes defined in a rank's __main__ (the kernel does not have them)
-
-    payload: dict[str, Any] = {"text": None, "html": None}
-    if with_repr and value is not None:
-        try:
-            payload["text"] = repr(value)
-        except Exception as exc:
-            payload["text"] = f"<repr of {type(value).__name__} failed: {exc!r}>"
-        html = getattr(value, "_repr_html_", None)
-        if callable(html) and not isinstance(value, type):
-            try:
-                payload["html"] = html()
-            except Exception:
-                payload["html"] = None
-    try:
-        payload["value"] = cloudpickle.dumps(to_cpu(value), protocol=_PROTOCOL)
-    except Exception as exc:
-        payload["value"] = None
-        payload["type"] = f"{type(value).__module__}.{type(value).__qualname__}"
-        payload["unpicklable"] = f"{type(exc).__name__}: {exc}"
-    return payload
 
 
 def is_cell_function(value: Any) -> bool:
@@ -250,12 +280,15 @@ def without_globals(function: Any, known: frozenset[str]) -> Any:
     return copy
 
 
-def _in_namespace(function: Any, namespace: dict[str, Any]) -> Any:
+def _in_namespace(
+    function: Any, namespace: dict[str, Any], installed: Callable[[str, Any], None] | None = None
+) -> Any:
     """Return ``function`` looking its global names up in the rank's namespace (as code run there does).
 
     A function from the kernel's ``__main__`` arrives with the kernel's values of the globals it
     uses (those the ranks did not get at the fork); names the rank lacks are taken from those,
-    names the rank has keep the rank's values. Functions among them are rebound the same way.
+    names the rank has keep the rank's values. Functions among them are rebound the same way;
+    ``installed(name, value)`` hears of each name taken from the function.
     """
     if not is_cell_function(function):
         return function
@@ -263,7 +296,9 @@ def _in_namespace(function: Any, namespace: dict[str, Any]) -> Any:
         if name.startswith("__") or name in namespace:
             continue
         namespace[name] = value  # first: a function referring back to this one finds it
-        namespace[name] = _in_namespace(value, namespace)
+        namespace[name] = _in_namespace(value, namespace, installed)
+        if installed is not None:
+            installed(name, namespace[name])
     rebound = types.FunctionType(
         function.__code__, namespace, function.__name__, function.__defaults__, function.__closure__
     )
@@ -273,25 +308,12 @@ def _in_namespace(function: Any, namespace: dict[str, Any]) -> Any:
     return rebound
 
 
-def _plain_display() -> None:
-    """Make IPython's ``display()`` in this rank print the value's text as an output line.
-
-    A rank forked from a kernel has the kernel's shell, whose display publisher would write to
-    the kernel's sockets (the forked copy of which nobody reads): the value would be lost.
-    """
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    publisher = getattr(shell, "display_pub", None)
-    if publisher is None:
-        return
-
-    def publish(data: Any = None, metadata: Any = None, *args: Any, **kwargs: Any) -> None:
-        text = data.get("text/plain") if isinstance(data, dict) else None
-        if text is not None:
-            print(text, flush=True)
-
-    publisher.publish = publish
-    publisher.clear_output = lambda *args, **kwargs: None
+def _flush_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
 
 
 def _init_group() -> str | None:

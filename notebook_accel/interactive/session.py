@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -34,6 +35,9 @@ from .errors import NoRanksError, RankError
 from .group import CellSink, Group, failure_of, mark_idle
 from .jobs import Job, command_guard, start_job, stop_running
 from .rank_loop import rank_main, recv_frame, remember_source, split_code, without_globals
+from .rank_shell import prepare_cell
+from .stale import StaleGlobalWarning, fingerprint, global_tokens, stale_message
+from .values import DEFAULT_VALUE_LIMIT, CellResult, cell_result, parse_size
 
 __all__ = ["CellResult", "RankState", "Ranks", "current", "require_current", "start_ranks"]
 
@@ -46,24 +50,6 @@ _cells = itertools.count(1)
 _current: Ranks | None = None
 _current_lock = threading.RLock()
 _LIVE: weakref.WeakSet[Ranks] = weakref.WeakSet()
-
-
-@dataclass
-class CellResult:
-    """What one rank gave back for a piece of code."""
-
-    rank: int
-    value: Any = None
-    """The last expression's value (None without one, or when it could not be pickled back)."""
-    text: str | None = None
-    """``repr`` of the value (None when there is no last expression or it is None)."""
-    html: str | None = None
-    """``value._repr_html_()`` where the value has one."""
-    ok: bool = True
-    """False when the code raised on this rank (``error`` holds its traceback)."""
-    error: str | None = None
-    unpicklable: str | None = None
-    """Why the value could not be sent back (its type and pickle's complaint), if it could not."""
 
 
 @dataclass
@@ -103,6 +89,7 @@ def start_ranks(
     start_method: str = "fork",
     panel: bool = False,
     hang_timeout: float = 60,
+    value_limit: int | str | None = DEFAULT_VALUE_LIMIT,
     **more: Any,
 ) -> Ranks:
     """Return ``num_processes`` ranks forked from this process into one process group, waiting for commands.
@@ -114,6 +101,9 @@ def start_ranks(
         panel: show the launch panel (status, CPU, memory, stacks, output per rank).
         hang_timeout: seconds a rank may sit in a collective while another is elsewhere before the
             command is given up (math.inf: never).
+        value_limit: bytes (or a size like ``"50MB"``; None: no limit) up to which a cell's last value
+            comes to the kernel (``execute``, ``%%ranks``); a bigger one stays on its rank, shown by its
+            display forms, fetched with ``pull``. ``Ranks.value_limit`` changes it later.
         **more: ``mixed_precision``, ``use_port``, ``master_addr``, ``log_dir``,
             ``log_line_prefix_template`` and ``progress_bars``, as for ``notebook_launcher``.
 
@@ -126,7 +116,7 @@ def start_ranks(
     if unknown:
         raise TypeError(
             f"start_ranks() got unknown option(s) {unknown}; it takes num_processes, start_method, panel, "
-            f"hang_timeout and {', '.join(_MORE)}"
+            f"hang_timeout, value_limit and {', '.join(_MORE)}"
         )
     with _current_lock:
         running = current()
@@ -138,7 +128,12 @@ def start_ranks(
         if running is not None:
             running.stop()  # broken: nothing left to lose
         ranks = Ranks(
-            num_processes, start_method=start_method, panel=panel, hang_timeout=hang_timeout, **more
+            num_processes,
+            start_method=start_method,
+            panel=panel,
+            hang_timeout=hang_timeout,
+            value_limit=value_limit,
+            **more,
         )
         ranks._start()
         _current = ranks
@@ -155,8 +150,10 @@ class Ranks:
         start_method: str = "fork",
         panel: bool = False,
         hang_timeout: float = 60,
+        value_limit: int | str | None = DEFAULT_VALUE_LIMIT,
         **more: Any,
     ) -> None:
+        self.value_limit = value_limit
         self._options = dict(more, num_processes=num_processes, start_method=start_method, panel=panel)
         self._options["hang_timeout"] = hang_timeout
         if start_method not in START_METHODS:
@@ -264,6 +261,15 @@ class Ranks:
         return f"<Ranks {self.num_processes} rank(s), {state}>"
 
     # ------------------------------------------------------------------ facts
+
+    @property
+    def value_limit(self) -> int | None:
+        """Return the bytes (pickled) up to which a cell's last value comes to the kernel (None: no limit)."""
+        return self._value_limit
+
+    @value_limit.setter
+    def value_limit(self, size: int | str | None) -> None:
+        self._value_limit = parse_size(size)
 
     @property
     def num_processes(self) -> int:
@@ -380,7 +386,9 @@ class Ranks:
         now = time.monotonic()
         failures = [failure_of(r, self._group.pid(r), replies[r], now) for r in failed]
         results = [
-            CellResult(r, ok=False, error=replies[r][4]) if r in failed else _cell_result(r, replies[r][2])
+            CellResult(r, ok=False, error=replies[r][4])
+            if r in failed
+            else cell_result(r, replies[r][2], self._value_limit)
             for r in targets
         ]
         raise RankError(
@@ -394,17 +402,26 @@ class Ranks:
 
         ``code`` is compiled here first (a SyntaxError is raised before any rank runs it); the
         value of its last expression comes back, as in IPython. Raises RankError when it raised
-        on some rank (``.results`` holds every rank's CellResult).
+        on some rank (``.results`` holds every rank's CellResult). A value over ``value_limit``
+        stays on its rank (its ``CellResult`` has its display forms; ``.value`` says how to pull it).
         """
+        return self._execute(code, on, self._value_limit)
+
+    def _execute(self, code: str, on: Any, limit: int | None) -> list[CellResult]:
         if not isinstance(code, str):
             raise TypeError(
                 f"code must be a string of Python; got {type(code).__name__} (ranks.run() takes functions)"
             )
         filename = f"<rank cell {next(_cells)}>"
-        split_code(code, filename)  # a SyntaxError stops here, before any rank sees the code
+        python, transformed = prepare_cell(code)  # %time, !ls ...: IPython's input transformations
+        split_code(python, filename)  # a SyntaxError stops here, before any rank sees the code
         remember_source(code, filename)  # stacks taken here show the cell's lines
-        targets, replies = self._command(on, ("exec", code, filename), _short(code))
-        return [_cell_result(r, replies[r][2]) for r in targets]
+        # Values are compared (digests, on the ranks) only where several ranks show theirs side by side.
+        options = {"limit": limit, "compare": len(self._targets(on)) > 1, "ipython": transformed}
+        if transformed:
+            options["python"] = python
+        targets, replies = self._command(on, ("exec", code, filename, options), _short(code))
+        return [cell_result(r, replies[r][2], limit) for r in targets]
 
     def run(
         self, code_or_fn: str | Callable, *args: Any, on: int | Iterable[int] | None = None, **kwargs: Any
@@ -412,24 +429,29 @@ class Ranks:
         """Return one value per targeted rank (rank order): of the code's last expression, or of ``fn(*args, **kwargs)``.
 
         A function from the kernel runs in each rank's namespace (its global names are the
-        rank's; names a rank lacks come from the kernel). Raises RankError when it raised on
-        some rank; the ranks stay alive unless the error says the group is broken.
+        rank's; names a rank lacks come from the kernel): where it reads a global the kernel
+        changed since the ranks got theirs, a StaleGlobalWarning says to push it. The values
+        come whatever their size (CUDA tensors as CPU tensors). Raises RankError when it raised
+        on some rank; the ranks stay alive unless the error says the group is broken.
         """
         if isinstance(code_or_fn, str):
             if args or kwargs:
                 raise TypeError(
                     "ranks.run(code) takes no arguments; pass a function to call it with arguments"
                 )
-            results = self.execute(code_or_fn, on)
+            results = self._execute(code_or_fn, on, None)  # asked for the values: they all come
         elif callable(code_or_fn):
             function = without_globals(code_or_fn, self._known)
             blob = _dumps(
                 (function, args, kwargs), "the function and its arguments", "pass picklable arguments"
             )
-            targets, replies = self._command(
-                on, ("call", blob), _short(getattr(code_or_fn, "__qualname__", "call"))
-            )
-            results = [_cell_result(r, replies[r][2]) for r in targets]
+            forked = self._options["start_method"] == "fork"
+            command = ("call", blob, global_tokens(code_or_fn), forked)
+            targets, replies = self._command(on, command, _short(getattr(code_or_fn, "__qualname__", "call")))
+            results = [cell_result(r, replies[r][2]) for r in targets]
+            stale = stale_message(code_or_fn, {r: replies[r][2].get("stale", ()) for r in targets})
+            if stale is not None:
+                warnings.warn(stale, StaleGlobalWarning, stacklevel=2)
         else:
             raise TypeError(
                 f"ranks.run() takes a string of code or a callable; got {type(code_or_fn).__name__}"
@@ -494,7 +516,8 @@ class Ranks:
         for name, value in values.items():
             _dumps(value, f"{name} (a {type(value).__module__}.{type(value).__qualname__})", _PUSH_FIX)
         blob = _dumps(values, "the values", _PUSH_FIX)
-        self._command(on, ("push", blob), f"push {', '.join(values)}")
+        tokens = {name: fingerprint(value) for name, value in values.items()}
+        self._command(on, ("push", blob, tokens), f"push {', '.join(values)}")
         if on is None:
             self._known |= frozenset(values)
 
@@ -503,7 +526,7 @@ class Ranks:
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"{name!r} is not a Python name; pull a variable of the ranks by its name")
         targets, replies = self._command(on, ("pull", name), f"pull {name}")
-        results = [_cell_result(r, replies[r][2]) for r in targets]
+        results = [cell_result(r, replies[r][2]) for r in targets]
         for result in results:
             if result.unpicklable is not None:
                 raise TypeError(
@@ -540,18 +563,6 @@ def _dumps(value: Any, what: str, fix: str) -> bytes:
         raise TypeError(
             f"{what} cannot be pickled to send to the ranks ({type(exc).__name__}: {exc}); {fix}"
         ) from exc
-
-
-def _cell_result(rank: int, payload: dict[str, Any]) -> CellResult:
-    result = CellResult(rank, text=payload.get("text"), html=payload.get("html"))
-    if payload.get("unpicklable"):
-        result.unpicklable = f"a {payload.get('type')}: {payload['unpicklable']}"
-    elif payload.get("value") is not None:
-        try:
-            result.value = pickle.loads(payload["value"])
-        except Exception as exc:
-            result.unpicklable = f"unpickling it here failed: {type(exc).__name__}: {exc}"
-    return result
 
 
 def _accept(listener: socket.socket, handle: LaunchHandle, sink: CellSink) -> dict[int, socket.socket]:
