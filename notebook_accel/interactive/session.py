@@ -167,7 +167,7 @@ class Ranks:
         LaunchRequest(function=_placeholder, args=("", None), **self._options)
         self._group: Group | None = None
         self._stopped = True
-        self._lock = threading.Lock()
+        self._claims: dict[str, object] = {}  # "command": the token of the command running
         self._books: dict[int, dict[str, Any]] = {}
         self._num_processes = num_processes
         self._known: frozenset[str] = frozenset()
@@ -348,9 +348,14 @@ class Ranks:
         """Return (targets, replies) of ``command`` run on the ranks ``on`` names; raise if one failed."""
         targets = self._targets(on)
         group = self._usable()
-        if not self._lock.acquire(blocking=False):
-            raise RuntimeError("another command is running on these ranks (from another thread); wait for it")
+        me = object()  # this command's claim token
         try:
+            # One command at a time. The claim is taken inside the try (a Stop landing just after it is
+            # released below), with one atomic dict call, so no lock can stay taken.
+            if self._claims.setdefault("command", me) is not me:
+                raise RuntimeError(
+                    "another command is running on these ranks (from another thread); wait for it"
+                )
             for r in targets:
                 self._books[r].update(busy=True, cell=cell)
 
@@ -363,7 +368,8 @@ class Ranks:
                 for r in targets:
                     self._books[r]["busy"] = False
         finally:
-            self._lock.release()
+            if self._claims.get("command") is me:
+                del self._claims["command"]
         self._raise_failures(targets, replies)
         return targets, replies
 

@@ -96,7 +96,7 @@ class LaunchHandle(Completion, LaunchViews):
         self._events = EventHub(live_bar_ranks)
         self._usage = UsageSampler()
         self._collector = StackCollector()
-        self._hang = HangWatch(hang_timeout)
+        self._hang = HangWatch(hang_timeout, device_sync=plan.backend == "nccl")
         self._hang_active = True
         self._on_hang = on_hang
         self._stop_stacks: dict[int, RankStack] | None = None
@@ -109,6 +109,11 @@ class LaunchHandle(Completion, LaunchViews):
     def num_processes(self) -> int:
         """Return the number of worker processes of this launch."""
         return len(self._ranks)
+
+    @property
+    def hang_timeout(self) -> float:
+        """Return the seconds of waiting after which the hang watch reports (math.inf: never)."""
+        return self._hang.timeout
 
     @property
     def pids(self) -> list[int | None]:
@@ -393,7 +398,7 @@ class LaunchHandle(Completion, LaunchViews):
         with self._lock:
             if active and not self._hang_active:
                 reported = self._hang.reported
-                self._hang = HangWatch(self._hang.timeout)
+                self._hang = HangWatch(self._hang.timeout, self._hang.device_sync)
                 self._hang.reported = reported
             self._hang_active = active
 
