@@ -5,7 +5,7 @@ magic named ``ranks``. Every subcommand maps to one call of the Python API, so w
 with magics a script or a test does with ``start_ranks``:
 
 ==============================  ==================================================
-``%ranks start 2``              ``start_ranks(2)`` (``--start-method``, ``--panel``, ``--hang-timeout``)
+``%ranks start 2``              ``start_ranks(2)`` (``--start-method``, ``--panel``, ``--hang-timeout``, ``--gpus``)
 ``%%ranks`` / ``%%ranks 0,2``   ``ranks.execute(cell, on=...)``, the values displayed per rank
 ``%ranks stop``                 ``ranks.stop()``
 ``%ranks status`` / ``stacks``  ``ranks.status()`` / ``ranks.stacks()``
@@ -30,6 +30,7 @@ import tokenize
 from typing import Any
 
 from .display import CellDisplay, StacksView, StatusTable
+from .gpus import parse_gpus
 from .session import current, start_ranks
 
 __all__ = ["SUBCOMMANDS", "RanksMagic", "RanksUsageError", "load_ipython_extension", "parse_ranks"]
@@ -64,11 +65,19 @@ class _Parser(argparse.ArgumentParser):
         raise RanksUsageError(f"{self.prog}: {message}\n{self.format_usage().strip()}")
 
 
+def _gpu_list(text: str) -> list[int]:
+    try:
+        return parse_gpus(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None  # argparse shows this message, not its own
+
+
 def _parsers() -> dict[str, _Parser]:
     parsers = {name: _Parser(prog=f"%ranks {name}", add_help=False) for name in SUBCOMMANDS}
     start = parsers["start"]
     start.add_argument("num_processes", nargs="?", type=int, default=2, metavar="N")
-    start.add_argument("--start-method", default="fork")
+    start.add_argument("--start-method", default=None)
+    start.add_argument("--gpus", type=_gpu_list, default=None, metavar="0,1")
     start.add_argument("--panel", action="store_true")
     start.add_argument("--hang-timeout", type=float, default=60.0, metavar="SECONDS")
     parsers["pull"].add_argument("name", metavar="NAME")
@@ -176,6 +185,7 @@ class RanksMagic:
             start_method=args.start_method,
             panel=args.panel,
             hang_timeout=args.hang_timeout,
+            gpus=args.gpus,
         )
 
     def _stop(self, args: argparse.Namespace) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 from ..launch.worker import to_cpu
 from ..state import PartialState
 from ..utils._worker_channel import FRAME_HEADER
+from .gpus import use_gpus
 
 __all__ = ["rank_main", "recv_frame", "send_frame", "split_code"]
 
@@ -114,6 +115,8 @@ class RankLoop:
         signal.signal(signal.SIGINT, self._on_sigint)
         _plain_display()
         problem = _init_group()
+        if problem is None:
+            self.namespace["device"] = _own_device()
         self._send(("ready", self.rank, os.getpid(), problem))
         while True:
             message = recv_frame(self.sock)
@@ -303,6 +306,16 @@ def _init_group() -> str | None:
     return None
 
 
+def _own_device() -> Any:
+    """Return the rank's device (``PartialState().device``), made CUDA's current device on a GPU rank."""
+    device = PartialState().device
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.set_device(device)  # bare .cuda() and new CUDA tensors land on the rank's own GPU
+    return device
+
+
 def _close_inherited(listener_fd: int | None, address: str) -> None:
     """Close the kernel's listening socket, inherited through fork (a spawned rank has none)."""
     if listener_fd is None:
@@ -321,8 +334,9 @@ def _close_inherited(listener_fd: int | None, address: str) -> None:
         os.close(listener_fd)
 
 
-def rank_main(address: str, listener_fd: int | None = None) -> None:
+def rank_main(address: str, listener_fd: int | None = None, gpus: tuple[int, ...] | None = None) -> None:
     """Serve the kernel's commands in this rank until it closes the connection (run by the launcher)."""
+    use_gpus(gpus)  # before anything starts CUDA here: rank r then uses cuda:r, which is gpus[r]
     _close_inherited(listener_fd, address)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(address)

@@ -207,7 +207,7 @@ def classify_wait(frames: tuple[Frame, ...], device_sync: bool = False) -> str |
 
 def _is_library(path: str) -> bool:
     """Return True for a frame of torch, of ours, of an installed package or of the standard library."""
-    parts = ("torch", "notebook_accel", "site-packages", "dist-packages")
+    parts = ("torch", __name__.partition(".")[0], "site-packages", "dist-packages")  # ours: this package
     return any(f"{_SEP}{part}{_SEP}" in path for part in parts) or path.startswith(_STDLIB)
 
 
