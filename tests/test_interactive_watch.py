@@ -137,3 +137,24 @@ def test_samples_thin_out_while_a_rank_is_busy() -> None:
         now += step
         times.append(round(step, 1))
     assert times == [1.0, 2.0, 4.0, 6.0, 6.0, 6.0, 6.0, 6.0]
+
+
+def test_on_nccl_a_rank_stuck_in_a_sync_after_a_peer_raised_is_given_up() -> None:
+    watch = ProgressWatch(60.0, started=0.0, device_sync=True)
+    stacks = {0: _stack(0, (CELL, 2, "<module>"))}  # rank 0 in loss.item(): its all_reduce never completes
+    assert watch.observe(1.0, stacks, {0}, idle=True, last_sign=0.0, raised=True) is None
+    verdict = watch.observe(1.5, stacks, {0}, idle=True, last_sign=0.0, raised=True)
+    assert verdict is not None and verdict.kind == "broken" and verdict.where == "rank 0 in .item()"
+
+
+def test_a_gpu_bound_loop_waiting_in_item_most_of_the_time_is_never_given_up() -> None:
+    watch = ProgressWatch(5.0, started=0.0, device_sync=True)
+    stacks = {r: _stack(r, (CELL, 2, "<module>")) for r in (0, 1)}  # every sample lands in .item()
+    assert [watch.observe(float(now), stacks, {0, 1}, idle=False, last_sign=0.0) for now in range(1, 40)] == [
+        None
+    ] * 39
+    alone = ProgressWatch(5.0, started=0.0, device_sync=True)  # %%ranks 0: rank 1 not asked
+    one = {0: stacks[0]}
+    assert [alone.observe(float(now), one, {0}, idle=True, last_sign=0.0) for now in range(1, 40)] == [
+        None
+    ] * 39

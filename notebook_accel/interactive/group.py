@@ -331,8 +331,9 @@ class Group:
         sample = wait.sampler.result()
         if sample is not None:
             when, stacks = sample
+            raised = any(reply[0] == "err" for reply in wait.replies.values())
             verdict = wait.watch.observe(
-                when, stacks, set(wait.pending), wait.first_idle is not None, last_sign
+                when, stacks, set(wait.pending), wait.first_idle is not None, last_sign, raised
             )
             if verdict is not None:
                 self._judged(wait, verdict, printer)

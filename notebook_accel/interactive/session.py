@@ -121,11 +121,12 @@ def start_ranks(
         hang_timeout: seconds without progress after which a wait is judged (math.inf: never). A
             rank computing while the others wait (``main_process_first()``, a checkpoint written by
             one rank) is honest work: after ``hang_timeout`` the cell shows one report (which ranks
-            wait, where the busy one is, its stack) and goes on waiting; only Stop ends it. When every
-            rank waits (a collective, ``send``/``recv``, on nccl a synchronisation such as ``.item()``)
-            and none has moved for ``hang_timeout``, the command is given up with every rank's stack
-            (a deadlock); ranks waiting for an idle one (it raised, finished or was not asked) are
-            given up at once, in about two seconds. Given up, the group is stopped (``restart()``).
+            wait, where the busy one is, its stack) and goes on waiting; only Stop ends it. When
+            every rank waits (a collective, ``send``/``recv``) and none has moved for
+            ``hang_timeout``, the command is given up with every rank's stack (a deadlock); ranks
+            waiting for an idle one (it raised, finished or was not asked) are given up at once, in
+            about two seconds (on nccl, a rank in ``.item()``/``synchronize()`` too once a rank
+            raised). Given up, the group is stopped (``restart()`` forks new ranks).
         **more: ``mixed_precision``, ``use_port``, ``master_addr``, ``log_dir``,
             ``log_line_prefix_template`` and ``progress_bars``, as for ``notebook_launcher``.
 

@@ -3,9 +3,12 @@
 The rule (the guide's "When a command hangs" says the same):
 
 - A rank is *waiting* when its main thread sits in a torch.distributed collective or point-to-point
-  call (``barrier``, ``all_reduce``, ``recv``...); on nccl, whose collectives return at once, also in a
-  synchronisation with the device (``torch.cuda.synchronize``, ``.item()``, ``work.wait()``). Any
-  other rank is *busy*: computing, reading, writing or sleeping, which a stack cannot tell apart.
+  call (``barrier``, ``all_reduce``, ``recv``...). Any other rank is *busy*: computing, reading,
+  writing or sleeping, which a stack cannot tell apart.
+- On nccl a collective returns at once and its wait shows up in a later synchronisation with the
+  device (``torch.cuda.synchronize``, ``.item()``, ``work.wait()``). A GPU-bound loop spends nearly
+  all its time there too, so such a rank counts as waiting only while some rank of the command has
+  raised (the collective-failure case); otherwise it is busy, and never given up.
 - A waiting rank made *progress* between two samples when it moved to another wait or line, or read
   or wrote bytes (a gloo collective that completes does); a busy rank, and a line of output, are
   progress.
@@ -32,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..launch.doctor import RankStack
+from ..launch.doctor import COLLECTIVES, RankStack
 
 __all__ = ["GRACE_SECONDS", "ProgressWatch", "StackSampler", "Verdict"]
 
@@ -109,11 +112,24 @@ class ProgressWatch:
         return self.timeout != float("inf")  # without one, only an idle rank can make waiting certain
 
     def observe(
-        self, now: float, stacks: dict[int, RankStack], pending: set[int], idle: bool, last_sign: float
+        self,
+        now: float,
+        stacks: dict[int, RankStack],
+        pending: set[int],
+        idle: bool,
+        last_sign: float,
+        raised: bool = False,
     ) -> Verdict | None:
-        """Record one sample of the ``pending`` ranks' stacks; return what it shows, or None to keep waiting."""
+        """Record one sample of the ``pending`` ranks' stacks; return what it shows, or None to keep waiting.
+
+        ``idle``: some rank of the group has nothing to do; ``raised``: some rank's command raised.
+        """
         positions = {r: _position(stacks.get(r), self.device_sync) for r in pending}
-        waiting = {r for r, p in positions.items() if p is not None and p.wait is not None}
+        waiting = {
+            r
+            for r, p in positions.items()
+            if p is not None and p.wait is not None and (p.wait in COLLECTIVES or raised)
+        }
         busy = sorted(set(pending) - waiting)
         stalled = {r for r in waiting if _stalled(self._before.get(r), positions[r])}
         for r in waiting - stalled:

@@ -96,7 +96,7 @@ class LaunchHandle(Completion, LaunchViews):
         self._events = EventHub(live_bar_ranks)
         self._usage = UsageSampler()
         self._collector = StackCollector()
-        self._hang = HangWatch(hang_timeout, device_sync=plan.backend == "nccl")
+        self._hang = HangWatch(hang_timeout)
         self._hang_active = True
         self._on_hang = on_hang
         self._stop_stacks: dict[int, RankStack] | None = None
