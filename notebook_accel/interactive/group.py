@@ -3,8 +3,9 @@
 ``Group.exchange`` sends a command to some ranks and waits for their replies in the calling thread,
 printing the ranks' lines meanwhile (in a kernel: into the running cell). While it waits it watches
 for what would otherwise hang the cell: a rank that died (the launcher stops the others), ranks
-sitting in a collective for a rank that already failed, the launcher's hang report, and the Stop
-button (SIGINT to the busy ranks; ranks that do not stop within a few seconds break the group).
+waiting in a collective for a rank that already failed or for each other (``watch.ProgressWatch``
+says when: a busy rank is honest work, reported once, never a hang), and the Stop button (SIGINT
+to the busy ranks; ranks that do not stop within a few seconds break the group).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..launch.output import OutputLine, PrintSink
 from .errors import RankError
 from .rank_loop import send_frame
 from .rank_shell import show_rank_display
+from .watch import ProgressWatch, StackSampler, Verdict, report_text
 
 __all__ = ["CellSink", "Group"]
 
@@ -38,11 +40,10 @@ logger = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.05
 _INTERRUPT_SECONDS = 3.0  # after SIGINT, how long busy ranks get to stop before the group is given up
-_IDLE_GRACE = 1.0  # after a rank went idle, how long the others run before their stacks are looked at
-_SAMPLE_SECONDS = 0.5
 _DRAIN_SECONDS = 1.0
 _DEATH_SECONDS = 5.0
 _LAST_LINES = 15
+_DEADLOCK_NOTE = "every rank waits for another and none has moved, so none will return"
 _GLOO_NOTE = (
     "gloo cannot abort a collective without losing the ranks, so the group was stopped and every rank's "
     "namespace is lost; ranks.restart() (%ranks restart) forks new ranks from the kernel"
@@ -82,12 +83,15 @@ class CellSink:
         self._queue: collections.deque[OutputLine] | None = None
         self.printing = printing
         self._template, self._n = prefix_template, num_processes
+        self.last_line: dict[int, float] = {}
+        """When each rank last wrote a line (``time.monotonic()``): a sign that it is not stuck."""
 
     def printer(self) -> PrintSink:
         """Return a PrintSink bound to the calling thread's streams now (a kernel's: the running cell)."""
         return PrintSink(prefix_template=self._template, num_processes=self._n)
 
     def __call__(self, line: OutputLine) -> None:
+        self.last_line[line.rank] = time.monotonic()
         with self._lock:
             if self._queue is not None:
                 self._queue.append(line)
@@ -191,26 +195,6 @@ def _idle_ranks(wait: _Wait, world: int) -> str:
     return "; ".join(f"rank(s) {ranks}, {why}" for why, ranks in groups.items() if ranks)
 
 
-def _position(stack: RankStack | None) -> tuple[str | None, int | None, int]:
-    """Return (the collective a rank waits in, its I/O byte count, the size of the dump that told)."""
-    if stack is None:
-        return None, None, 0
-    return stack.collective(), stack.io, len(stack.text.encode())
-
-
-def _waited(before: tuple | None, now: tuple) -> bool:
-    """Return True when a rank sat in the same collective at both samples, moving no byte in between.
-
-    A collective that completes moves bytes (gloo's sockets): the same one seen twice with bytes
-    moved is a new call (a loop of collectives among the other ranks), not a wait.
-    """
-    if before is None or now[0] is None or before[0] != now[0]:
-        return False
-    if before[1] is None or now[1] is None:
-        return True
-    return now[1] - before[1] - now[2] <= 0
-
-
 class _Conn:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -247,8 +231,8 @@ class _Wait:
         self.times: dict[int, float] = {}
         self.first_idle: float | None = None
         """When some rank of the group first had nothing to do (replied, or not asked): now or never."""
-        self.samples: list[dict[int, str | None]] = []
-        self.next_sample = 0.0
+        self.watch: ProgressWatch | None = None
+        self.sampler: StackSampler | None = None
         self.bars: _CommandBars | None = None
         self.printer: PrintSink | None = None
 
@@ -261,14 +245,12 @@ class Group:
         self.sink = sink
         self._conns = {rank: _Conn(sock) for rank, sock in conns.items()}
         self.broken = False
-        self.hang_report: str | None = None
-        self._unsubscribe = handle.subscribe_events(self._on_event)
-        handle.watch_for_hangs(False)  # on while a command runs
+        # The launcher's watch reports any rank in a collective while another is elsewhere; a command's
+        # own ProgressWatch tells honest work from a hang instead (and its reports end with the command).
+        handle.watch_for_hangs(False)
+        self.hang_timeout = handle.hang_timeout
+        self.device_sync = handle.plan.backend == "nccl"
         self._seq = 0
-
-    def _on_event(self, kind: str, rank: int, item: Any) -> None:
-        if kind == "hang":
-            self.hang_report = item
 
     @property
     def alive(self) -> bool:
@@ -299,12 +281,14 @@ class Group:
         self._seq += 1
         body = pickle.dumps((command[0], self._seq, *command[1:]), protocol=pickle.HIGHEST_PROTOCOL)
         wait = _Wait(self._seq, targets)
+        started = time.monotonic()
         if len(targets) < len(self._conns):
-            wait.first_idle = time.monotonic()  # the ranks not asked wait for their next command
+            wait.first_idle = started  # the ranks not asked wait for their next command
+        wait.watch = ProgressWatch(self.hang_timeout, started, self.device_sync)
+        wait.sampler = StackSampler(self._take_stacks)
         printer = wait.printer = self.sink.printer()
         bars = wait.bars = _command_bars(self.handle, self.sink.printing)
         self.sink.begin()
-        self.handle.watch_for_hangs(True)
         try:
             try:
                 for rank in targets:
@@ -320,7 +304,6 @@ class Group:
                 self._interrupt(wait, printer, on_reply)
             self._drain(targets, printer)
         finally:
-            self.handle.watch_for_hangs(False)
             if bars is not None:
                 bars.close()
             self.sink.end(printer)
@@ -356,30 +339,35 @@ class Group:
             return
         if self.handle.done or any(self._conns[r].closed for r in wait.pending):
             raise self._death(wait, printer)
-        if self.hang_report is not None:
-            raise self._give_up(wait, self.hang_report, self._take_stacks())
-        if wait.first_idle is not None and time.monotonic() - wait.first_idle >= _IDLE_GRACE:
-            self._watch_waiters(wait)
+        self._watch(wait, printer)
 
-    def _watch_waiters(self, wait: _Wait) -> None:
-        """Give the group up once the ranks still busy sit in a collective twice in a row while another rank is idle.
-
-        An idle rank (it raised, finished, or was not asked) joins no collective, and ranks that
-        all wait in collectives moving no byte wait for one that will not come.
-        """
-        now = time.monotonic()
-        if now < wait.next_sample:
-            return
-        wait.next_sample = now + _SAMPLE_SECONDS
-        stacks = self._take_stacks()
-        sample = {r: _position(stacks.get(r)) for r in wait.pending}
-        wait.samples.append(sample)
-        if len(wait.samples) >= 2 and all(_waited(wait.samples[-2].get(r), now) for r, now in sample.items()):
-            where = ", ".join(f"rank {r} in {name}" for r, (name, _, _) in sorted(sample.items()))
-            reason = (
-                f"the group is broken: {where} waits for {_idle_ranks(wait, len(self._conns))}; " + _GLOO_NOTE
+    def _watch(self, wait: _Wait, printer: PrintSink) -> None:
+        """Judge the last stack sample (give up, report once, or go on), and start the next one when due."""
+        last_sign = max((self.sink.last_line.get(r, 0.0) for r in wait.pending), default=0.0)
+        sample = wait.sampler.result()
+        if sample is not None:
+            when, stacks = sample
+            raised = any(reply[0] == "err" for reply in wait.replies.values())
+            verdict = wait.watch.observe(
+                when, stacks, set(wait.pending), wait.first_idle is not None, last_sign, raised
             )
-            raise self._give_up(wait, reason, stacks)
+            if verdict is not None:
+                self._judged(wait, verdict, printer)
+        if wait.watch.due(time.monotonic(), last_sign, wait.first_idle) and not wait.sampler.running:
+            wait.sampler.start()
+
+    def _judged(self, wait: _Wait, verdict: Verdict, printer: PrintSink) -> None:
+        if verdict.kind == "report":
+            printer.announce(report_text(verdict, self.hang_timeout))
+            return
+        if verdict.kind == "broken":
+            why = f"{verdict.where} waits for {_idle_ranks(wait, len(self._conns))}"
+        else:
+            why = (
+                f"deadlock: no rank has made progress for hang_timeout={self.hang_timeout:g} s: "
+                f"{verdict.where}; {_DEADLOCK_NOTE}"
+            )
+        raise self._give_up(wait, f"the group is broken: {why}; {_GLOO_NOTE}", verdict.stacks)
 
     def _take_stacks(self) -> dict[int, RankStack]:
         try:
@@ -486,4 +474,3 @@ class Group:
             if not self.handle.wait(timeout):
                 self.handle.kill()
                 self.handle.wait(timeout)
-        self._unsubscribe()

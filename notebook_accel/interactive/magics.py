@@ -6,7 +6,7 @@ with magics a script or a test does with ``start_ranks``:
 
 ==============================  ==================================================
 ``%ranks start 2``              ``start_ranks(2)`` (``--start-method``, ``--panel``, ``--hang-timeout``,
-                                ``--value-limit``)
+                                ``--gpus``, ``--value-limit``)
 ``%%ranks`` / ``%%ranks 0,2``   ``ranks.execute(cell, on=...)``, the values displayed per rank
 ``%%ranks --bg [0,2]``          the same as a background job: returns at once, output in its cell
 ``%ranks wait`` / ``wait N``    wait for the last job (job N), then show what its cell would have shown
@@ -35,6 +35,7 @@ import tokenize
 from typing import Any
 
 from .display import CellDisplay, StacksView, StatusTable
+from .gpus import parse_gpus
 from .jobs import Job, JobsTable
 from .session import current, start_ranks
 from .values import format_size, parse_size
@@ -84,11 +85,19 @@ class _Parser(argparse.ArgumentParser):
         raise RanksUsageError(f"{self.prog}: {message}\n{self.format_usage().strip()}")
 
 
+def _gpu_list(text: str) -> list[int]:
+    try:
+        return parse_gpus(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None  # argparse shows this message, not its own
+
+
 def _parsers() -> dict[str, _Parser]:
     parsers = {name: _Parser(prog=f"%ranks {name}", add_help=False) for name in SUBCOMMANDS}
     start = parsers["start"]
     start.add_argument("num_processes", nargs="?", type=int, default=2, metavar="N")
-    start.add_argument("--start-method", default="fork")
+    start.add_argument("--start-method", default=None)
+    start.add_argument("--gpus", type=_gpu_list, default=None, metavar="0,1")
     start.add_argument("--panel", action="store_true")
     start.add_argument("--hang-timeout", type=float, default=60.0, metavar="SECONDS")
     start.add_argument("--value-limit", default=None, metavar="SIZE")
@@ -221,6 +230,7 @@ class RanksMagic:
             panel=args.panel,
             hang_timeout=args.hang_timeout,
             **limit,
+            gpus=args.gpus,
         )
 
     def _stop(self, args: argparse.Namespace) -> None:

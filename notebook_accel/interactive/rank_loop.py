@@ -31,6 +31,7 @@ from typing import Any
 
 from ..state import PartialState
 from ..utils._worker_channel import FRAME_HEADER
+from .gpus import use_gpus
 from .rank_shell import forward_display, rank_shell, refuse_input, run_maybe_async, show_figures
 from .stale import fingerprint, stale_names
 from .values import value_payload
@@ -132,6 +133,8 @@ class RankLoop:
         refuse_input()
         forward_display(self._send_display)
         problem = _init_group()
+        if problem is None:
+            self.namespace["device"] = _own_device()
         self._send(("ready", self.rank, os.getpid(), problem))
         while True:
             message = recv_frame(self.sock)
@@ -325,6 +328,16 @@ def _init_group() -> str | None:
     return None
 
 
+def _own_device() -> Any:
+    """Return the rank's device (``PartialState().device``), made CUDA's current device on a GPU rank."""
+    device = PartialState().device
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.set_device(device)  # bare .cuda() and new CUDA tensors land on the rank's own GPU
+    return device
+
+
 def _close_inherited(listener_fd: int | None, address: str) -> None:
     """Close the kernel's listening socket, inherited through fork (a spawned rank has none)."""
     if listener_fd is None:
@@ -343,8 +356,9 @@ def _close_inherited(listener_fd: int | None, address: str) -> None:
         os.close(listener_fd)
 
 
-def rank_main(address: str, listener_fd: int | None = None) -> None:
+def rank_main(address: str, listener_fd: int | None = None, gpus: tuple[int, ...] | None = None) -> None:
     """Serve the kernel's commands in this rank until it closes the connection (run by the launcher)."""
+    use_gpus(gpus)  # before anything starts CUDA here: rank r then uses cuda:r, which is gpus[r]
     _close_inherited(listener_fd, address)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(address)

@@ -31,7 +31,9 @@ from ..launch.doctor import RankStack
 from ..launch.handle import LaunchHandle
 from ..launch.request import START_METHODS, LaunchRequest
 from ..launchers import start_persistent_group
+from ..utils.imports import cuda_device_count
 from .errors import NoRanksError, RankError
+from .gpus import check_gpus, choose_start_method, cuda_initialised
 from .group import CellSink, Group, failure_of, mark_idle
 from .jobs import Job, command_guard, start_job, stop_running
 from .rank_loop import rank_main, recv_frame, remember_source, split_code, without_globals
@@ -86,10 +88,11 @@ def require_current() -> Ranks:
 def start_ranks(
     num_processes: int | None = 2,
     *,
-    start_method: str = "fork",
+    start_method: str | None = None,
     panel: bool = False,
     hang_timeout: float = 60,
     value_limit: int | str | None = DEFAULT_VALUE_LIMIT,
+    gpus: list[int] | None = None,
     **more: Any,
 ) -> Ranks:
     """Return ``num_processes`` ranks forked from this process into one process group, waiting for commands.
@@ -97,10 +100,21 @@ def start_ranks(
     Args:
         num_processes: ranks on this machine (None: one per CUDA device, or 1 on a CPU).
         start_method: "fork" (the ranks start with this process's imports, functions and
-            variables), "spawn" or "forkserver" (fresh interpreters: push what they need).
+            variables), "spawn" or "forkserver" (fresh interpreters: push what they need). None
+            (the default): fork, or spawn with a warning once CUDA is initialised in this process
+            (a forked rank cannot use CUDA then), for the first start and each ``restart()``.
+        gpus: one CUDA device index per rank (``[0, 1]``): rank ``r`` sees only those devices and
+            uses ``gpus[r]`` (``cuda:r`` there), held in its namespace as ``device``.
         panel: show the launch panel (status, CPU, memory, stacks, output per rank).
-        hang_timeout: seconds a rank may sit in a collective while another is elsewhere before the
-            command is given up (math.inf: never).
+        hang_timeout: seconds without progress after which a wait is judged (math.inf: never). A
+            rank computing while the others wait (``main_process_first()``, a checkpoint written by
+            one rank) is honest work: after ``hang_timeout`` the cell shows one report (which ranks
+            wait, where the busy one is, its stack) and goes on waiting; only Stop ends it. When
+            every rank waits (a collective, ``send``/``recv``) and none has moved for
+            ``hang_timeout``, the command is given up with every rank's stack (a deadlock); ranks
+            waiting for an idle one (it raised, finished or was not asked) are given up at once, in
+            about two seconds (on nccl, a rank in ``.item()``/``synchronize()`` too once a rank
+            raised). Given up, the group is stopped (``restart()`` forks new ranks).
         value_limit: bytes (or a size like ``"50MB"``; None: no limit) up to which a cell's last value
             comes to the kernel (``execute``, ``%%ranks``); a bigger one stays on its rank, shown by its
             display forms, fetched with ``pull``. ``Ranks.value_limit`` changes it later.
@@ -116,7 +130,7 @@ def start_ranks(
     if unknown:
         raise TypeError(
             f"start_ranks() got unknown option(s) {unknown}; it takes num_processes, start_method, panel, "
-            f"hang_timeout, value_limit and {', '.join(_MORE)}"
+            f"hang_timeout, gpus, value_limit and {', '.join(_MORE)}"
         )
     with _current_lock:
         running = current()
@@ -133,6 +147,7 @@ def start_ranks(
             panel=panel,
             hang_timeout=hang_timeout,
             value_limit=value_limit,
+            gpus=gpus,
             **more,
         )
         ranks._start()
@@ -147,25 +162,32 @@ class Ranks:
         self,
         num_processes: int | None = 2,
         *,
-        start_method: str = "fork",
+        start_method: str | None = None,
         panel: bool = False,
         hang_timeout: float = 60,
         value_limit: int | str | None = DEFAULT_VALUE_LIMIT,
+        gpus: list[int] | None = None,
         **more: Any,
     ) -> None:
         self.value_limit = value_limit
-        self._options = dict(more, num_processes=num_processes, start_method=start_method, panel=panel)
+        self._options = dict(
+            more, num_processes=num_processes, start_method=start_method or "fork", panel=panel
+        )
         self._options["hang_timeout"] = hang_timeout
-        if start_method not in START_METHODS:
+        self._start_method = start_method  # None: chosen at each start (gpus.choose_start_method)
+        if start_method is not None and start_method not in START_METHODS:
             raise ValueError(
                 f"start_method={start_method!r} is not supported; choose one of {', '.join(START_METHODS)} "
-                "(fork: the ranks start with the kernel's names)"
+                "(fork: the ranks start with the kernel's names), or None (fork, spawn once CUDA is initialised)"
             )
+        self._gpus = check_gpus(gpus, num_processes, cuda_device_count() if gpus is not None else 0)
+        if num_processes is None and self._gpus is not None:
+            self._options["num_processes"] = num_processes = len(self._gpus)
         # Every option checked now, before anything starts (the function and its args are replaced later).
-        LaunchRequest(function=_placeholder, args=("", None), **self._options)
+        LaunchRequest(function=_placeholder, args=("", None, None), **self._options)
         self._group: Group | None = None
         self._stopped = True
-        self._lock = threading.Lock()
+        self._claims: dict[str, object] = {}  # "command": the token of the command running
         self._books: dict[int, dict[str, Any]] = {}
         self._num_processes = num_processes
         self._known: frozenset[str] = frozenset()
@@ -174,6 +196,11 @@ class Ranks:
     # ------------------------------------------------------------------ starting and stopping
 
     def _start(self) -> None:
+        uses_cuda = self._gpus is not None or cuda_device_count() > 0
+        method, note = choose_start_method(self._start_method, uses_cuda, cuda_initialised())
+        self._options["start_method"] = method
+        if note is not None:
+            logger.warning("%s", note)
         folder = tempfile.mkdtemp(prefix="notebook_accel-ranks-")
         address = os.path.join(folder, "ranks.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -187,7 +214,7 @@ class Ranks:
             )
             request = LaunchRequest(
                 function=rank_main,
-                args=(address, listener.fileno()),
+                args=(address, listener.fileno(), self._gpus),
                 block=False,
                 sinks=[sink],
                 **self._options,
@@ -360,9 +387,14 @@ class Ranks:
         group = self._usable()
         # Refused while a background job runs, unless this is the job's own thread.
         interrupt = command_guard(self._jobs)
-        if not self._lock.acquire(blocking=False):
-            raise RuntimeError("another command is running on these ranks (from another thread); wait for it")
+        me = object()  # this command's claim token
         try:
+            # One command at a time. The claim is taken inside the try (a Stop landing just after it is
+            # released below), with one atomic dict call, so no lock can stay taken.
+            if self._claims.setdefault("command", me) is not me:
+                raise RuntimeError(
+                    "another command is running on these ranks (from another thread); wait for it"
+                )
             for r in targets:
                 self._books[r].update(busy=True, cell=cell)
 
@@ -375,7 +407,8 @@ class Ranks:
                 for r in targets:
                     self._books[r]["busy"] = False
         finally:
-            self._lock.release()
+            if self._claims.get("command") is me:
+                del self._claims["command"]
         self._raise_failures(targets, replies)
         return targets, replies
 
@@ -490,7 +523,7 @@ class Ranks:
         targets = self._targets(on)  # bad ranks, stopped or broken ranks: raised now, not in job.result()
         self._usable()
         command_guard(self._jobs)  # one job at a time: the running one is named
-        if self._lock.locked():
+        if "command" in self._claims:
             raise RuntimeError("another command is running on these ranks (from another thread); wait for it")
         return start_job(self._jobs, _short(what), None if on is None else targets, call, show)
 
@@ -542,7 +575,7 @@ _PUSH_FIX = (
 )
 
 
-def _placeholder(address: str, listener_fd: int | None) -> None:
+def _placeholder(address: str, listener_fd: int | None, gpus: tuple[int, ...] | None) -> None:
     """Stands for ``rank_main`` while the options are checked."""
 
 

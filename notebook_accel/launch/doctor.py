@@ -24,6 +24,7 @@ import linecache
 import os
 import re
 import signal
+import sysconfig
 import tempfile
 import threading
 import time
@@ -31,7 +32,16 @@ from dataclasses import dataclass, field
 
 from .worker import STACKS_SIGNAL
 
-__all__ = ["COLLECTIVES", "Frame", "HangWatch", "RankStack", "StackCollector", "ThreadStack", "parse_dump"]
+__all__ = [
+    "COLLECTIVES",
+    "Frame",
+    "HangWatch",
+    "RankStack",
+    "StackCollector",
+    "ThreadStack",
+    "classify_wait",
+    "parse_dump",
+]
 
 COLLECTIVES = frozenset(
     {
@@ -43,6 +53,17 @@ COLLECTIVES = frozenset(
     }
 )  # fmt: skip
 """torch.distributed functions in which a rank waits for its peers."""
+
+CUDA_WAITS = frozenset({"synchronize", "wait_event", "wait_stream", "wait"})
+"""torch.cuda functions (``torch.cuda.synchronize``, ``Stream``/``Event`` methods) in which a rank waits for its device."""
+
+# Calls that block until the device finished what was queued (an nccl collective included) but leave no
+# Python frame of their own: the rank's innermost Python frame is the line that made them.
+_SYNC_CALL = re.compile(
+    r"\.(item|tolist|cpu|numpy|wait|synchronize)\(\s*\)|\.to\(\s*['\"]cpu['\"]|\.to\(\s*device\s*=\s*['\"]cpu['\"]"
+)
+_SEP = os.sep
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 
 _HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)(?: \[.*\])? \(most recent call first\):$")
 _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
@@ -131,18 +152,14 @@ class RankStack:
                 return thread
         return self.threads[0] if self.threads else None
 
-    def collective(self) -> str | None:
-        """Return the collective the main thread waits in (``"all_reduce"``), or None."""
+    def collective(self, device_sync: bool = False) -> str | None:
+        """Return what the main thread waits in for its peers (``"all_reduce"``), or None when it does not wait.
+
+        With ``device_sync`` (ranks on CUDA with nccl, whose collectives return before they complete)
+        a synchronisation with the device counts too: ``"torch.cuda.synchronize"``, ``".item()"``.
+        """
         main = self.main
-        if main is None:
-            return None
-        for frame in main.frames:
-            if (
-                f"{os.sep}torch{os.sep}distributed{os.sep}" in frame.filename
-                and frame.function in COLLECTIVES
-            ):
-                return frame.function
-        return None
+        return classify_wait(main.frames, device_sync) if main is not None else None
 
     def user_frame(self) -> Frame | None:
         """Return the innermost frame of the main thread outside torch and notebook_accel."""
@@ -165,6 +182,33 @@ class RankStack:
             return "in no Python frame"
         source = frame.source
         return f"in {frame.function} at {frame.where()}" + (f" ({source})" if source else "")
+
+
+def classify_wait(frames: tuple[Frame, ...], device_sync: bool = False) -> str | None:
+    """Return the wait a stack (innermost frame first) sits in, or None when it is elsewhere (computing, sleeping).
+
+    A torch.distributed collective or point-to-point call is named by its function (``"barrier"``,
+    ``"recv"``). With ``device_sync``, also a wait for the device: a ``torch.cuda`` synchronisation
+    (``"torch.cuda.synchronize"``), or, since ``tensor.item()`` and ``work.wait()`` are C calls with
+    no Python frame, a user line whose innermost call is one of those (``".item()"``, ``".wait()"``).
+    """
+    for frame in frames:
+        path = frame.filename
+        if f"{_SEP}torch{_SEP}distributed{_SEP}" in path and frame.function in COLLECTIVES:
+            return frame.function
+        if device_sync and f"{_SEP}torch{_SEP}cuda{_SEP}" in path and frame.function in CUDA_WAITS:
+            return f"torch.cuda.{frame.function}"
+    if device_sync and frames and not _is_library(frames[0].filename):
+        match = _SYNC_CALL.search(frames[0].source)
+        if match is not None:
+            return f".{match.group(1)}()" if match.group(1) else '.to("cpu")'
+    return None
+
+
+def _is_library(path: str) -> bool:
+    """Return True for a frame of torch, of ours, of an installed package or of the standard library."""
+    parts = ("torch", __name__.partition(".")[0], "site-packages", "dist-packages")  # ours: this package
+    return any(f"{_SEP}{part}{_SEP}" in path for part in parts) or path.startswith(_STDLIB)
 
 
 def parse_dump(text: str) -> tuple[ThreadStack, ...]:
@@ -303,8 +347,9 @@ def hang_message(stacks: dict[int, RankStack], sitting: list[int], timeout: floa
 class HangWatch:
     """Decides when to sample stacks, and whether the samples show a hang."""
 
-    def __init__(self, hang_timeout: float) -> None:
+    def __init__(self, hang_timeout: float, device_sync: bool = False) -> None:
         self.timeout = hang_timeout
+        self.device_sync = device_sync  # nccl: a wait shows up in a later synchronisation with the device
         # Silence before sampling starts: a tenth of the timeout (1-10 s), so that a rank's time in a
         # collective, counted from its last sign of life, is overestimated by at most that much.
         self.quiet = min(10.0, max(1.0, hang_timeout / 10))
@@ -336,7 +381,7 @@ class HangWatch:
 
     def observe(self, now: float, stacks: dict[int, RankStack], last_activity: dict[int, float]) -> list[int]:
         """Record one sample; return the ranks that sat in a collective for ``timeout`` while another did not."""
-        collectives = {rank: s.collective() for rank, s in stacks.items() if s.answered}
+        collectives = {rank: s.collective(self.device_sync) for rank, s in stacks.items() if s.answered}
         # Once a second while some rank waits in a collective; otherwise the interval doubles up to
         # ``quiet`` (a long silent computation is sampled ever more rarely).
         waiting = any(name is not None for name in collectives.values())

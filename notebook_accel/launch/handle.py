@@ -111,6 +111,11 @@ class LaunchHandle(Completion, LaunchViews):
         return len(self._ranks)
 
     @property
+    def hang_timeout(self) -> float:
+        """Return the seconds of waiting after which the hang watch reports (math.inf: never)."""
+        return self._hang.timeout
+
+    @property
     def pids(self) -> list[int | None]:
         """Return each rank's pid (None before it started)."""
         return [r.status.pid for r in self._ranks]
@@ -393,7 +398,7 @@ class LaunchHandle(Completion, LaunchViews):
         with self._lock:
             if active and not self._hang_active:
                 reported = self._hang.reported
-                self._hang = HangWatch(self._hang.timeout)
+                self._hang = HangWatch(self._hang.timeout, self._hang.device_sync)
                 self._hang.reported = reported
             self._hang_active = active
 
