@@ -71,6 +71,7 @@ def test_dvclive_warns_about_a_value_it_cannot_log_and_logs_the_rest(tmp_path, m
 
     refused = go_offline(monkeypatch, str(tmp_path))
     tracker = DVCLiveTracker("run")
+    tracker.start()
     with caplog.at_level("WARNING", logger="notebook_accel.tracking.services"):
         tracker.log({"per_class": {"a": 0.5}, "note": "ok", "loss": 1.5}, step=4)
     tracker.finish()
