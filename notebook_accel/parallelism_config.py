@@ -62,7 +62,12 @@ class TorchContextParallelConfig:
     def __post_init__(self) -> None:
         if self.cp_comm_strategy is None:
             self.cp_comm_strategy = _env("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "allgather")
-        _choice("TorchContextParallelConfig", "cp_comm_strategy", self.cp_comm_strategy, _CP_STRATEGIES)
+        if self.cp_comm_strategy not in _CP_STRATEGIES:
+            # 1.15's text first (code matches on it), then where the value came from.
+            raise ValueError(
+                f"Invalid cp_comm_strategy: {self.cp_comm_strategy}. Must be one of 'allgather' or 'alltoall'.\n"
+                "Set TorchContextParallelConfig(cp_comm_strategy=...) or PARALLELISM_CONFIG_CP_COMM_STRATEGY."
+            )
 
 
 @dataclass
@@ -265,7 +270,7 @@ class ParallelismConfig:
             ("dp_cp", self.dp_cp_dim_names),
         ):
             if parts:
-                mesh[tuple(parts)]._flatten(joint)
+                mesh[list(parts)]._flatten(joint)  # a list of names, as 1.15 indexes the mesh
         self.device_mesh = mesh
         return mesh
 

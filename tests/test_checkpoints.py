@@ -280,7 +280,8 @@ def test_errors_name_the_way_out(tmp_path) -> None:
     checkpoint = save_checkpoint(folder, _state(original), "index-safetensors")
     with pytest.raises(ValueError, match="'disk'.*pass `offload_folder`"):
         load_checkpoint_in_model(meta_net(), checkpoint, device_map={"": "cpu", "layers": "disk"})
-    with pytest.raises(ValueError, match="Closest names: 'layers"):
+    # A key naming nothing in the model is ignored with 1.15's warning (ours adds the closest names).
+    with pytest.warns(UserWarning, match=r"do not match any submodules in the model: \['layer'\]\nClosest names: 'layer': 'layers"):
         load_checkpoint_in_model(meta_net(), checkpoint, device_map={"": "cpu", "layer": "cpu"})
     shard = json.loads(open(checkpoint).read())["weight_map"]["norm.weight"]
     os.remove(folder / shard)
@@ -319,7 +320,7 @@ def test_shape_mismatch_names_tensor_and_shapes(tmp_path) -> None:
     with pytest.raises(
         ValueError,
         match=r"shape torch.Size\(\[4, 8\]\) in \"weight\" \(which has shape torch.Size\(\[8, 8\]\)\), this looks "
-        r"incorrect: 'layers\.0\.0\.weight' of Net has shape \(8, 8\), the value \(4, 8\)",
+        r"incorrect\.\n'layers\.0\.0\.weight' of Net has shape \(8, 8\), the value \(4, 8\)",
     ):
         load_checkpoint_in_model(meta_net(), checkpoint)
     with pytest.raises(

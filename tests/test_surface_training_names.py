@@ -102,6 +102,8 @@ def test_mlflow_tracker_takes_the_1_15_arguments(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "mlflow", fake)
     monkeypatch.setenv("MLFLOW_TAGS", '{"team": "a"}')
     tracker = MLflowTracker("proj", logging_dir="/tmp/ml", run_name="r1", nested_run=True, description="d")
+    assert calls == {}  # built, not started: MLflow is not touched before start() (as 1.15)
+    tracker.start()
     assert calls["uri"] == "/tmp/ml" and calls["created"] == "proj" and tracker.run_name == "r1"
     assert calls["run"] == {
         "run_id": None,

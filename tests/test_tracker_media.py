@@ -68,6 +68,7 @@ def test_tensorboard_log_images_adds_each_batch(monkeypatch) -> None:
     _module(monkeypatch, "tensorboard")
     _module(monkeypatch, "torch.utils.tensorboard", SummaryWriter=lambda *a, **k: _Recorder(calls, "writer."))
     tracker = TensorBoardTracker("run", "logs")
+    tracker.start()
     batch = np.stack([IMAGE, IMAGE])
     tracker.log_images({"samples": batch}, step=3, dataformats="NCHW")
     (name, args, kwargs), flush = calls
@@ -88,7 +89,9 @@ def wandb_run(monkeypatch):
         Image=lambda image: _Wrapped("Image", image),
         Table=lambda **kwargs: _Wrapped("Table", **kwargs),
     )
-    return WandBTracker("project"), calls
+    tracker = WandBTracker("project")
+    tracker.start()
+    return tracker, calls
 
 
 def test_wandb_log_images_wraps_every_image(wandb_run) -> None:
@@ -127,6 +130,7 @@ def test_aim_log_images_with_captions_and_split_kwargs(monkeypatch) -> None:
         Image=lambda *a, **k: _Wrapped("Image", *a, **k),
     )
     tracker = AimTracker("run", "repo")
+    tracker.start()
     tracker.log_images(
         {"a": (IMAGE, "first"), "b": IMAGE},
         step=1,
@@ -144,8 +148,14 @@ def test_aim_log_images_with_captions_and_split_kwargs(monkeypatch) -> None:
 def clearml_logger(monkeypatch):
     calls: list = []
     task = types.SimpleNamespace(get_logger=lambda: _Recorder(calls, "logger."))
-    _module(monkeypatch, "clearml", Task=types.SimpleNamespace(init=lambda **kwargs: task))
-    return ClearMLTracker("project"), calls
+    _module(
+        monkeypatch,
+        "clearml",
+        Task=types.SimpleNamespace(init=lambda **kwargs: task, current_task=lambda: None),
+    )
+    tracker = ClearMLTracker("project")
+    tracker.start()
+    return tracker, calls
 
 
 def test_clearml_log_images_reports_each_image(clearml_logger) -> None:
@@ -192,6 +202,7 @@ def test_mlflow_artifacts_and_figures(monkeypatch, tmp_path) -> None:
         log_figure=fake.log_figure,
     )
     tracker = MLflowTracker()
+    tracker.start()
     (tmp_path / "weights.bin").write_bytes(b"x")
     tracker.log_artifact(str(tmp_path / "weights.bin"), artifact_path="ckpt")
     tracker.log_artifacts(str(tmp_path))
@@ -224,6 +235,7 @@ def test_swanlab_log_images_wraps_every_image(monkeypatch) -> None:
         Image=lambda image: _Wrapped("Image", image),
     )
     tracker = SwanLabTracker("project")
+    tracker.start()
     tracker.log_images({"gen": [IMAGE]}, step=7, print_to_console=True)
     ((name, (logged,), kwargs),) = calls
     assert name == "run.log" and kwargs == {"step": 7, "print_to_console": True}
@@ -250,6 +262,8 @@ def test_project_run_trackers_start_log_configure_and_finish(
         finish=lambda: calls.append(("finish", (), {})),
     )
     tracker = cls("my-project", mode="offline")
+    assert calls == []  # built, not started: no run yet (as 1.15)
+    tracker.start()
     tracker.store_init_configuration({"lr": 0.1})
     tracker.log({"loss": 1.5}, step=3)
     tracker.finish()

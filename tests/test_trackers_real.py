@@ -71,9 +71,50 @@ def test_dvclive_warns_about_a_value_it_cannot_log_and_logs_the_rest(tmp_path, m
 
     refused = go_offline(monkeypatch, str(tmp_path))
     tracker = DVCLiveTracker("run")
+    tracker.start()
     with caplog.at_level("WARNING", logger="notebook_accel.tracking.services"):
         tracker.log({"per_class": {"a": 0.5}, "note": "ok", "loss": 1.5}, step=4)
     tracker.finish()
     assert "'per_class' is a dict, which DVCLive cannot log" in caplog.text
     metrics = json.loads((tmp_path / "dvclive" / "metrics.json").read_text())
     assert metrics == {"note": "ok", "loss": 1.5, "step": 4} and refused == []
+
+
+START_GOLDEN = json.loads(
+    (ROOT / "tests" / "data" / "goldens" / "tracker_start.json").read_text(encoding="utf-8")
+)
+
+
+@pytest.mark.parametrize("program", sorted(START_GOLDEN["programs"]))
+def test_trackers_start_when_1_15_starts_them(program, tmp_path):
+    """Building a tracker does no run work; TensorBoard/Aim without a dir, DVCLive's steps, ClearML's close: 1.15's."""
+    from tests.tracker_start_programs import NEEDS, PACKAGES, run_in_child
+
+    missing = [p for p in NEEDS[program] if importlib.util.find_spec(p) is None]
+    if missing:
+        pytest.skip(f"{program} needs {missing} (pip install notebook-accel[trackers])")
+    ours = run_in_child(sys.executable, "notebook_accel", program, str(tmp_path), str(ROOT))
+    expected = START_GOLDEN["programs"][program]
+    if program == "build_without_start":  # compared for the libraries installed here
+        expected = {cls: fact for cls, fact in expected.items() if importlib.util.find_spec(PACKAGES[cls])}
+    assert START_GOLDEN["accelerate_version"].startswith("1.15")
+    assert ours == expected
+
+
+def test_aim_takes_its_repository_from_a_repo_keyword(tmp_path, monkeypatch):
+    """``AimTracker(..., repo=...)``: the keyword names the repository (1.15 raises Run()'s duplicate 'repo')."""
+    if importlib.util.find_spec("aim") is None:
+        pytest.skip("the aim tracker needs `aim` (pip install notebook-accel[trackers])")
+    from notebook_accel.tracking import AimTracker
+
+    refused = go_offline(monkeypatch, str(tmp_path))
+    tracker = AimTracker(
+        "named", str(tmp_path / "ignored"), repo=str(tmp_path / "chosen"), capture_terminal_logs=False
+    )
+    assert tracker.tracker is None and not (tmp_path / "chosen").exists()
+    tracker.start()
+    tracker.log({"loss": 0.5}, step=1)
+    assert os.path.realpath(tracker.tracker.repo.path) == os.path.realpath(tmp_path / "chosen" / ".aim")
+    assert tracker.tracker.name == "named"
+    tracker.finish()
+    assert refused == [] and not (tmp_path / "ignored").exists()

@@ -40,7 +40,7 @@ from ..utils.package_checks import (
     is_wandb_available,
 )
 from ..utils.versions import compare_versions
-from .base import GeneralTracker, _plain, on_main_process
+from .base import GeneralTracker, _plain, logging_dir_message, on_main_process
 from .services import (
     AimTracker,
     ClearMLTracker,
@@ -284,10 +284,7 @@ def filter_trackers(log_with: Any, logging_dir: str | os.PathLike | None = None)
                 f"log_with={name!r} requires `{_PACKAGES[name]}`: pip install {_PACKAGES[name]}"
             )
         if cls.requires_logging_directory and logging_dir is None:
-            raise ValueError(
-                f"log_with={name!r} writes to a logging directory: pass Accelerator(project_dir=...) "
-                "or ProjectConfiguration(logging_dir=...)"
-            )
+            raise ValueError(logging_dir_message(name))
         if name not in chosen:
             chosen.append(name)
     return chosen
@@ -322,7 +319,9 @@ def start_trackers(
         kwargs = dict(init_kwargs.get(item, {}))
         if cls.requires_logging_directory:
             kwargs["logging_dir"] = logging_dir
-        trackers.append(cls(project_name, **kwargs))
+        tracker = cls(project_name, **kwargs)
+        tracker.start()  # as 1.15: built, then started, on the processes that log
+        trackers.append(tracker)
     if config is not None:
         for tracker in trackers:
             tracker.store_init_configuration(config)

@@ -37,6 +37,7 @@ class GeneralTracker:
     name: str = ""
     requires_logging_directory: bool = False
     main_process_only: bool = True
+    run: Any = None  # the service's run object, set by ``start()``
 
     def __init__(self, _blank: bool = False) -> None:
         # The base class supplies defaults for every attribute; an empty name means a subclass set none.
@@ -53,7 +54,20 @@ class GeneralTracker:
         return getattr(self, "run", None)
 
     def start(self) -> None:
-        """Open the run (the constructors of the built-in trackers already do)."""
+        """Open the run: ``Accelerator.init_trackers`` calls it on the processes that log.
+
+        As in Accelerate 1.15, building a tracker only records its arguments; nothing talks to the
+        service (no run, no API key asked, no file written) before ``start()``. A second call does nothing.
+        """
+
+    def _active(self) -> Any:
+        """Return the run ``start()`` opened; raise RuntimeError naming the tracker when it was not started."""
+        if self.run is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no run yet: call tracker.start() first "
+                "(Accelerator.init_trackers starts the trackers of log_with)"
+            )
+        return self.run
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """Record the hyper-parameters of the run."""
@@ -63,6 +77,14 @@ class GeneralTracker:
 
     def finish(self) -> None:
         """Close the run and flush what is buffered."""
+
+
+def logging_dir_message(name: str) -> str:
+    """Return the error text for tracker ``name`` started without a logging directory (1.15's first line)."""
+    return (
+        f"Logging with `{name}` requires a `logging_dir` to be passed in.\n"
+        "Pass Accelerator(project_dir=...) or ProjectConfiguration(logging_dir=...)."
+    )
 
 
 def _plain(value: Any) -> Any:

@@ -1,7 +1,10 @@
 """The trackers of the hosted services: TensorBoard, W&B, Comet ML, Aim, MLflow, ClearML, DVCLive, SwanLab, Trackio.
 
 Each imports its package when built (ImportError naming it when missing) and logs through that
-package's own API. Re-exported by ``notebook_accel.tracking`` (where Accelerate serves them).
+package's own API. As in Accelerate 1.15, building a tracker only records its arguments: the run
+(a writer, a W&B/Comet/Aim/MLflow run, a ClearML task, a DVCLive ``Live``) opens in ``start()``,
+which ``Accelerator.init_trackers`` calls on the processes that log, so a tracker built before the
+Accelerator asks for no API key, writes no file and holds no task. Re-exported by ``notebook_accel.tracking`` (where Accelerate serves them).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import os
 from typing import Any
 
 from ..utils.environment import str_to_bool
-from .base import GeneralTracker, _plain, _require, on_main_process
+from .base import GeneralTracker, _plain, _require, logging_dir_message, on_main_process
 
 __all__ = [
     "AimTracker",
@@ -60,21 +63,35 @@ class TensorBoardTracker(GeneralTracker):
     name = "tensorboard"
     requires_logging_directory = True
 
-    def __init__(self, run_name: str, logging_dir: str | os.PathLike, **kwargs: Any) -> None:
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike | None, **kwargs: Any) -> None:
         super().__init__()
         _require("tensorboard", "tensorboard", self.name)
+        self.run_name = run_name
+        self.logging_dir_param = logging_dir
+        self.logging_dir = None if logging_dir is None else os.path.join(logging_dir, run_name)
+        self.init_kwargs = kwargs
+
+    @property
+    def writer(self) -> Any:
+        """Return the ``SummaryWriter`` ``start()`` opened (None before)."""
+        return self.run
+
+    def start(self) -> None:
+        """Open the ``SummaryWriter`` in ``logging_dir/run_name``; ValueError (1.15's text) without a logging dir."""
+        if self.run is not None:
+            return
+        if self.logging_dir is None:
+            raise ValueError(logging_dir_message(self.name))
         from torch.utils.tensorboard import SummaryWriter
 
-        self.run_name = run_name
-        self.logging_dir = os.path.join(logging_dir, run_name)
-        self.writer = SummaryWriter(self.logging_dir, **kwargs)
-        self.run = self.writer
+        self.run = SummaryWriter(self.logging_dir, **self.init_kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self.writer.add_hparams(values, metric_dict={})
+        self._active().add_hparams(values, metric_dict={})
         self.writer.flush()
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self._active()
         for key, value in values.items():
             if isinstance(value, (int, float)) or (hasattr(value, "item") and getattr(value, "ndim", 1) == 0):
                 self.writer.add_scalar(key, _plain(value), global_step=step, **kwargs)
@@ -88,11 +105,11 @@ class TensorBoardTracker(GeneralTracker):
     def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
         """Return None; write each ``{name: batch of images}`` with ``SummaryWriter.add_images`` (``kwargs`` passed on)."""
         for key, images in values.items():
-            self.writer.add_images(key, images, global_step=step, **kwargs)
+            self._active().add_images(key, images, global_step=step, **kwargs)
         self.writer.flush()
 
     def finish(self) -> None:
-        self.writer.close()
+        self._active().close()
 
 
 class _ProjectRunTracker(GeneralTracker):
@@ -104,16 +121,22 @@ class _ProjectRunTracker(GeneralTracker):
         super().__init__()
         self._library = _require(self.name, self.name, self.name)
         self.run_name = run_name
-        self.run = self._library.init(project=run_name, **kwargs)
+        self.init_kwargs = kwargs
+
+    def start(self) -> None:
+        """Start the library's run: ``init(project=run_name, **kwargs)``."""
+        if self.run is None:
+            self.run = self._library.init(project=self.run_name, **self.init_kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self._active()
         self._library.config.update(values)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        self.run.log(values, step=step, **kwargs)
+        self._active().log(values, step=step, **kwargs)
 
     def finish(self) -> None:
-        self.run.finish()
+        self._active().finish()
 
 
 class _ImageRunTracker(_ProjectRunTracker):
@@ -126,7 +149,7 @@ class _ImageRunTracker(_ProjectRunTracker):
             key: [self._library.Image(image) for image in _image_list(key, images)]
             for key, images in values.items()
         }
-        self.run.log(logged, step=step, **kwargs)
+        self._active().log(logged, step=step, **kwargs)
 
 
 class WandBTracker(_ImageRunTracker):
@@ -135,7 +158,7 @@ class WandBTracker(_ImageRunTracker):
     name = "wandb"
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self.run.config.update(values, allow_val_change=True)
+        self._active().config.update(values, allow_val_change=True)
 
     @on_main_process
     def log_table(
@@ -150,7 +173,7 @@ class WandBTracker(_ImageRunTracker):
         """Return None; log a ``wandb.Table`` (``columns`` + ``data`` rows, or a ``dataframe``) under ``table_name``."""
         _check_table("WandBTracker", columns, data, dataframe)
         table = self._library.Table(columns=columns, data=data, dataframe=dataframe)
-        self.run.log({table_name: table}, step=step, **kwargs)
+        self._active().log({table_name: table}, step=step, **kwargs)
 
 
 class CometMLTracker(GeneralTracker):
@@ -161,14 +184,25 @@ class CometMLTracker(GeneralTracker):
 
     def __init__(self, run_name: str, **kwargs: Any) -> None:
         super().__init__()
-        comet_ml = _require("comet_ml", "comet_ml", self.name)
+        self._comet_ml = _require("comet_ml", "comet_ml", self.name)
         self.run_name = run_name
-        self.run = comet_ml.start(project_name=run_name, **kwargs)
+        self.init_kwargs = kwargs
+
+    @property
+    def writer(self) -> Any:
+        """Return the Comet experiment ``start()`` opened (None before), 1.15's attribute name."""
+        return self.run
+
+    def start(self) -> None:
+        """Start the experiment: ``comet_ml.start(project_name=run_name, **kwargs)``."""
+        if self.run is None:
+            self.run = self._comet_ml.start(project_name=self.run_name, **self.init_kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self.run.log_parameters(values)
+        self._active().log_parameters(values)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self._active()
         if step is not None:
             self.run.set_step(step)
         for key, value in values.items():
@@ -180,7 +214,7 @@ class CometMLTracker(GeneralTracker):
                 self.run.log_metrics(value, step=step, **kwargs)
 
     def finish(self) -> None:
-        self.run.end()
+        self._active().end()
 
 
 class AimTracker(GeneralTracker):
@@ -189,19 +223,36 @@ class AimTracker(GeneralTracker):
     name = "aim"
     requires_logging_directory = True
 
-    def __init__(self, run_name: str, logging_dir: str | os.PathLike = ".", **kwargs: Any) -> None:
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = ".", **kwargs: Any) -> None:
         super().__init__()
-        aim = _require("aim", "aim", self.name)
+        _require("aim", "aim", self.name)
         self.run_name = run_name
-        self.run = aim.Run(repo=str(logging_dir), **kwargs)
-        self.run.name = run_name
+        # A `repo` among the keyword arguments names the repository itself (1.15 passes both to
+        # aim.Run, which raises "got multiple values for keyword argument 'repo'").
+        self.aim_repo_path = str(kwargs.pop("repo", "." if logging_dir is None else logging_dir))
+        self.init_kwargs = kwargs
+
+    @property
+    def writer(self) -> Any:
+        """Return the ``aim.Run`` ``start()`` opened (None before), 1.15's attribute name."""
+        return self.run
+
+    def start(self) -> None:
+        """Open an ``aim.Run`` in the repository ``logging_dir`` (or ``repo=``), named ``run_name``."""
+        if self.run is not None:
+            return
+        import aim
+
+        self.run = aim.Run(repo=self.aim_repo_path, **self.init_kwargs)
+        self.run.name = self.run_name
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self.run["hparams"] = values
+        self._active()["hparams"] = values
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        run = self._active()
         for key, value in values.items():
-            self.run.track(_plain(value), name=key, step=step, **kwargs)
+            run.track(_plain(value), name=key, step=step, **kwargs)
 
     @on_main_process
     def log_images(
@@ -222,10 +273,10 @@ class AimTracker(GeneralTracker):
         for key, value in values.items():
             image, caption = value if isinstance(value, tuple) else (value, "")
             aim_image = aim.Image(image, caption=caption, **kwargs.get("aim_image", {}))
-            self.run.track(aim_image, name=key, step=step, **kwargs.get("track", {}))
+            self._active().track(aim_image, name=key, step=step, **kwargs.get("track", {}))
 
     def finish(self) -> None:
-        self.run.close()
+        self._active().close()
 
 
 class MLflowTracker(GeneralTracker):
@@ -263,21 +314,39 @@ class MLflowTracker(GeneralTracker):
             if "MLFLOW_NESTED_RUN" in os.environ
             else nested_run
         )
-        if logging_dir is not None:
-            mlflow.set_tracking_uri(str(logging_dir))
-        experiment = mlflow.get_experiment_by_name(experiment_name) if experiment_name else None
-        if experiment_name and experiment is None:
-            experiment_id = mlflow.create_experiment(experiment_name)
+        self.experiment_name = experiment_name
+        self.logging_dir = logging_dir
+        self.run_id = run_id
+        self.tags = tags
+        self.nested_run = nested_run
+        self.run_name = run_name
+        self.description = description
+
+    @property
+    def active_run(self) -> Any:
+        """Return the MLflow run ``start()`` opened (None before), 1.15's attribute name."""
+        return self.run
+
+    def start(self) -> None:
+        """Point MLflow at ``logging_dir``, create the experiment if new, and start (or resume) the run."""
+        if self.run is not None:
+            return
+        mlflow = self._mlflow
+        if self.logging_dir is not None:
+            mlflow.set_tracking_uri(str(self.logging_dir))
+        name = self.experiment_name
+        experiment = mlflow.get_experiment_by_name(name) if name else None
+        if name and experiment is None:
+            experiment_id = mlflow.create_experiment(name)
         else:
             experiment_id = experiment.experiment_id if experiment else None
-        self.run_name = run_name
         self.run = mlflow.start_run(
-            run_id=run_id,
+            run_id=self.run_id,
             experiment_id=experiment_id,
-            run_name=run_name,
-            nested=bool(nested_run),
-            tags=tags,
-            description=description,
+            run_name=self.run_name,
+            nested=bool(self.nested_run),
+            tags=self.tags,
+            description=self.description,
         )
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
@@ -285,9 +354,11 @@ class MLflowTracker(GeneralTracker):
         kept = {k: v for k, v in values.items() if len(str(v)) <= 500}
         for key in set(values) - set(kept):
             logger.warning("MLflow: parameter %r is longer than 500 characters and was not logged", key)
+        self._active()
         self._mlflow.log_params(kept)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self._active()
         metrics = {k: _plain(v) for k, v in values.items() if isinstance(_plain(v), (int, float))}
         self._mlflow.log_metrics(metrics, step=step)
 
@@ -311,6 +382,7 @@ class MLflowTracker(GeneralTracker):
         self._mlflow.log_figure(figure=figure, artifact_file=artifact_file, **save_kwargs)
 
     def finish(self) -> None:
+        self._active()
         self._mlflow.end_run()
 
 
@@ -322,17 +394,39 @@ class ClearMLTracker(GeneralTracker):
 
     def __init__(self, run_name: str | None = None, **kwargs: Any) -> None:
         super().__init__()
-        clearml = _require("clearml", "clearml", self.name)
+        self._clearml = _require("clearml", "clearml", self.name)
         self.run_name = run_name
-        kwargs.setdefault("project_name", run_name)
-        kwargs.setdefault("task_name", run_name)
-        self.run = clearml.Task.init(**kwargs)
+        self.init_kwargs = kwargs
+        self._initialized_externally = False
+
+    @property
+    def task(self) -> Any:
+        """Return the ClearML task ``start()`` opened or joined (None before), 1.15's attribute name."""
+        return self.run
+
+    def start(self) -> None:
+        """Join the task already running in this process, or ``Task.init`` one named by ``run_name``.
+
+        A task this tracker opened is closed by ``finish()`` (``Accelerator.end_training``), so the next
+        run may open another (another project name included); a task opened before is left open.
+        """
+        if self.run is not None:
+            return
+        current = self._clearml.Task.current_task()
+        self._initialized_externally = current is not None
+        if current is not None:
+            self.run = current
+            return
+        kwargs = dict(self.init_kwargs)
+        kwargs.setdefault("project_name", self.run_name)
+        kwargs.setdefault("task_name", self.run_name)
+        self.run = self._clearml.Task.init(**kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self.run.connect_configuration(values)
+        self._active().connect_configuration(values)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        reporter = self.run.get_logger()
+        reporter = self._active().get_logger()
         for key, value in values.items():
             value = _plain(value)
             if not isinstance(value, (int, float)):
@@ -350,7 +444,7 @@ class ClearMLTracker(GeneralTracker):
     @on_main_process
     def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
         """Return None; report each image of ``{"title/series": images}`` with ``Logger.report_image``."""
-        reporter = self.run.get_logger()
+        reporter = self._active().get_logger()
         for key, images in values.items():
             title, series = _title_series(key)
             for image in _image_list(key, images):
@@ -377,12 +471,15 @@ class ClearMLTracker(GeneralTracker):
             else ([list(columns)] if columns else []) + [list(row) for row in data]
         )
         title, series = _title_series(table_name)
-        self.run.get_logger().report_table(
+        self._active().get_logger().report_table(
             title=title, series=series, iteration=step, table_plot=table, **kwargs
         )
 
     def finish(self) -> None:
-        self.run.close()
+        task = self._active()
+        if not self._initialized_externally:
+            task.close()
+        self.run = None  # a later start() opens (or joins) a task again
 
 
 class DVCLiveTracker(GeneralTracker):
@@ -393,15 +490,28 @@ class DVCLiveTracker(GeneralTracker):
 
     def __init__(self, run_name: str | None = None, live: Any = None, **kwargs: Any) -> None:
         super().__init__()
-        dvclive = _require("dvclive", "dvclive", self.name)
+        self._dvclive = _require("dvclive", "dvclive", self.name)
         from dvclive.error import InvalidDataTypeError
 
         self._refused = InvalidDataTypeError
         self.run_name = run_name
-        self.run = live if live is not None else dvclive.Live(**kwargs)
+        self._given_live = live
+        self.init_kwargs = kwargs
+
+    @property
+    def live(self) -> Any:
+        """Return the ``dvclive.Live`` in use: the one given, or the one ``start()`` made (1.15's attribute)."""
+        return self.run if self.run is not None else self._given_live
+
+    def start(self) -> None:
+        """Use the ``live`` given, or open ``dvclive.Live(**kwargs)`` (which writes ``dvclive/``)."""
+        if self.run is None:
+            self.run = (
+                self._given_live if self._given_live is not None else self._dvclive.Live(**self.init_kwargs)
+            )
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        self.run.log_params(values)
+        self._active().log_params(values)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """Log each value DVCLive takes as a metric (a number, a bool, a string); warn about and skip the rest.
@@ -409,12 +519,13 @@ class DVCLiveTracker(GeneralTracker):
         A 0-d tensor or numpy scalar is logged as its number (1.15 drops a tensor). Each call ends
         DVCLive's step (``Live.next_step``: the summary in ``metrics.json``); ``step`` sets it first.
         """
+        live = self._active()
         if step is not None:
-            self.run.step = step
+            live.step = step
         for key, value in values.items():
             value = _plain(value)
             try:
-                self.run.log_metric(key, value, **kwargs)
+                live.log_metric(key, value, **kwargs)
             except self._refused:
                 logger.warning(
                     "DVCLiveTracker: %r is a %s, which DVCLive cannot log as a metric (a number or a string): "
@@ -422,10 +533,10 @@ class DVCLiveTracker(GeneralTracker):
                     key,
                     type(value).__name__,
                 )
-        self.run.next_step()
+        live.next_step()
 
     def finish(self) -> None:
-        self.run.end()
+        self._active().end()
 
 
 class SwanLabTracker(_ImageRunTracker):

@@ -249,6 +249,8 @@ def slice_tensors(
 
 def concatenate(data: list | tuple, dim: int = 0) -> Any:
     """Return one structure whose tensors are those of the structures in ``data`` concatenated along ``dim``."""
+    if isinstance(data, str):  # 1.15 reads a string as the sequence of its characters: a str leaf
+        raise TypeError(f"Can only concatenate tensors but got {str}")
     if not isinstance(data, (list, tuple)):
         raise TypeError(f"concatenate takes a list or tuple of structures, got {type(data).__name__}")
     if not data:

@@ -8,7 +8,6 @@ import logging
 import os
 import platform
 import sys
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -215,8 +214,9 @@ def save(
                 "save(safe_serialization=True) needs a state dict mapping str to torch.Tensor; "
                 f"got {type(obj).__name__} (use safe_serialization=False for other objects)"
             )
-        if isinstance(obj, OrderedDict):
-            obj = dict(obj)
+        # Tensors sharing memory (tied weights) are de-duplicated first, as 1.15 does for a model's
+        # state dict, instead of failing in safetensors; the caller's dict is left as it was.
+        obj = clean_state_dict_for_safetensors(dict(obj))
     state = _state()
     should_save = state.is_local_main_process if save_on_each_node else state.is_main_process
     if not should_save:
@@ -324,11 +324,14 @@ def clean_state_dict_for_safetensors(state_dict: dict) -> dict:
     """Return ``state_dict`` ready for safetensors: repeated names of one tensor dropped, shared views copied.
 
     safetensors refuses two entries over one memory. A name for the very same tensor as an earlier
-    one (tied weights: an embedding and a head) is removed, with a warning; a different view of memory
-    already written (a slice) becomes its own copy. The dict is changed in place and returned.
+    one (tied weights: an embedding and a head) is removed; the removed names are logged in one warning,
+    1.15's ("Removed shared tensor {...} while saving..."). A different view of memory already written
+    (a slice, a reshaped view) becomes its own copy, where 1.15 drops it. The dict is changed in place and
+    returned.
     """
     storages: set[tuple] = set()
     exact: dict[tuple, str] = {}
+    removed: list[str] = []
     for name in list(state_dict):
         tensor = state_dict[name]
         if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta":
@@ -336,13 +339,19 @@ def clean_state_dict_for_safetensors(state_dict: dict) -> dict:
         storage = _tensors.id_tensor_storage(tensor)
         view = (storage, tensor.data_ptr(), tuple(tensor.shape), tensor.stride())
         if view in exact:
-            logger.warning("Removed %s from the state dict: it is the same tensor as %s", name, exact[view])
+            removed.append(name)
             del state_dict[name]
             continue
         exact[view] = name
         if storage in storages:
             state_dict[name] = tensor.clone()
         storages.add(storage)
+    if removed:
+        names = "{" + ", ".join(repr(name) for name in removed) + "}"
+        logger.warning(
+            f"Removed shared tensor {names} while saving. This should be OK, but check by verifying that you "
+            "don't receive any warning while reloading"
+        )
     return state_dict
 
 
@@ -358,13 +367,13 @@ def check_os_kernel() -> None:
     except ValueError:
         return
     if version < (5, 5):
-        # Starts as Accelerate 1.15's message (tests and log filters match on it), then the full release.
+        # 1.15's message, formatted before it is logged so that the record's own ``msg`` names the version
+        # (handlers and tests read record.msg), then the full release.
         logger.warning(
-            "Detected kernel version %s, which is below the recommended minimum of 5.5.0; this can cause the "
-            "process to hang. It is recommended to upgrade the kernel to the minimum version or higher "
-            "(running kernel: %s).",
-            numbers, release,
-        )  # fmt: skip
+            f"Detected kernel version {numbers}, which is below the recommended minimum of 5.5.0; this can cause "
+            "the process to hang. It is recommended to upgrade the kernel to the minimum version or higher. "
+            f"(running kernel: {release})"
+        )
 
 
 # What ``load`` allows beyond tensors: numpy arrays (saved random states hold them).

@@ -23,7 +23,8 @@ class CheckpointNotFoundError(FileNotFoundError, ValueError):
 def _read_index(index_path: str) -> tuple[list[str], dict[str, str]]:
     """Return ``(shard files, weight map)`` of an index after checking it against its shards.
 
-    Every shard must stay inside the index's folder, exist and (safetensors: read from its header, which
+    The index is ``{"weight_map": {name: shard}, ...}`` or that map alone. Every shard must stay inside
+    the index's folder, exist and (safetensors: read from its header, which
     costs no data read) hold the tensors the index maps to it.
     """
     try:
@@ -32,9 +33,12 @@ def _read_index(index_path: str) -> tuple[list[str], dict[str, str]]:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"The checkpoint index {index_path} is not valid JSON: {err}") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if weight_map is None and isinstance(index, dict) and index and all(isinstance(v, str) for v in index.values()):
+        weight_map = index  # a flat index: weight name -> shard file, with no "weight_map" key (1.15 reads it too)
     if not isinstance(weight_map, dict):
         raise ValueError(
-            f"The checkpoint index {index_path} has no 'weight_map' dict of weight name -> shard file."
+            f"The checkpoint index {index_path} has no 'weight_map' dict of weight name -> shard file "
+            "(nor is it such a dict itself)."
         )
     folder = os.path.dirname(index_path)
     by_file: dict[str, list[str]] = {}

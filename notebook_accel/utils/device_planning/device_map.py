@@ -151,6 +151,7 @@ def plan_device_map(
     )
     planner = DevicePlanner(tree, budget, offload_buffers, fallback_allocation, verbose).run()
     planner.warn_buffers_on_gpu()
+    planner.log_unfilled()
     # Entries in model order (node ids are preorder), whatever order they were placed in.
     device_map: dict[str, Device] = {
         tree.names[n]: d for n, d in sorted(planner.placed, key=lambda item: item[0])

@@ -11,6 +11,7 @@ a missing folder is written here only.
 from __future__ import annotations
 
 import difflib
+import warnings
 import weakref
 from collections.abc import Iterable
 from typing import Union
@@ -91,32 +92,38 @@ def _uncovered(state_keys: Iterable[str], covered: set[str]) -> list[str]:
 
 
 def check_device_map(model: nn.Module, device_map: DeviceMap) -> None:
-    """Raise ``ValueError`` when ``device_map`` names something ``model`` lacks or leaves a tensor unplaced.
+    """Raise ``ValueError`` when ``device_map`` leaves a parameter or buffer of ``model`` unplaced.
 
     Devices are not checked against this machine here (a map may be planned for another one);
     ``DevicePlacement.check``, which the loaders use, does that.
 
-    An unknown name comes with the closest existing names; uncovered parameters/buffers are all listed.
+    Keys naming nothing in the model (no module, parameter or buffer) are ignored with one UserWarning
+    listing them, 1.15's text followed by the closest existing names; uncovered tensors are all listed.
     """
     if not isinstance(device_map, dict):
         raise TypeError(
             f"device_map must be a dict of module name -> device, not {type(device_map).__name__}."
         )
     names, state_keys = _model_names(model)
-    for key in device_map:
-        if key != "" and key not in names:
+    unknown = [key for key in device_map if key != "" and key not in names]
+    if unknown:
+        hints = []
+        for key in unknown:
             close = _closest_names(key, names)
-            hint = f" Closest names: {', '.join(repr(c) for c in close)}." if close else ""
-            raise ValueError(
-                f"device_map names {key!r}, which is not a module, parameter or buffer of the model.{hint}"
-            )
+            if close:
+                hints.append(f"{key!r}: {', '.join(repr(c) for c in close)}")
+        closest = f"\nClosest names: {'; '.join(hints)}." if hints else ""
+        warnings.warn(
+            f"The following device_map keys do not match any submodules in the model: {unknown}{closest}",
+            UserWarning,
+            stacklevel=2,
+        )
     if "" in device_map:
         return
     missing = _uncovered(state_keys, set(device_map))
     if missing:
         raise ValueError(
-            "The device_map provided does not give any device for the following parameters/buffers: "
-            + ", ".join(missing)
+            "The device_map provided does not give any device for the following parameters: " + ", ".join(missing)
         )
 
 

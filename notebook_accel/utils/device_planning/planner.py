@@ -57,6 +57,8 @@ class DevicePlanner:
         self.device_bytes: dict[DeviceKey, int] = {}
         self.reserved: dict[DeviceKey, int] = {}
         self.offloaded_buffers = 0
+        # Devices left empty because the first entry tried there did not fit: bytes that entry needed.
+        self.unfilled: dict[DeviceKey, int] = {}
         self.index = 0  # the device being filled
         self.used = 0  # bytes placed on it so far
         self.fallback_done = -1  # one fallback search per device, so a pick that no longer fits cannot loop
@@ -188,6 +190,8 @@ class DevicePlanner:
         name = self.tree.names[node]
         if self.verbose:
             self._say(f"{name!r} ({needed} bytes) cannot be split and does not fit on {device}: next device")
+        if self.used == 0 and device != "disk":
+            self.unfilled.setdefault(device, needed + reserve)
         self.device_bytes.setdefault(device, self.used)
         self.reserved[device] = max(self.reserved.get(device, 0), reserve)
         self.index += 1
@@ -215,16 +219,29 @@ class DevicePlanner:
             f"{names[node]!r}{extra} ({needed} bytes) -> {device}; {self.used} of {limit} used, {reserve} reserved"
         )
 
+    def log_unfilled(self) -> None:
+        """Log (INFO, 1.15's text) the devices that got nothing, each with the bytes its first entry needed."""
+        if not self.unfilled:
+            return
+        lines = "".join(f"\n  - {device}: {needed} bytes required" for device, needed in self.unfilled.items())
+        logger.info(
+            "Based on the current allocation process, no modules could be assigned to the following devices due "
+            f"to insufficient memory:{lines}\nThese minimum requirements are specific to this allocation attempt "
+            "and may vary. Consider increasing the available memory for these devices to at least the specified "
+            "minimum, or adjusting the model config."
+        )
+
     def warn_buffers_on_gpu(self) -> None:
         """Warn when the offloaded entries' buffers (kept on the GPU) fit no GPU's remaining memory.
 
-        A GPU's remaining memory is its budget less what was placed on it and less the room kept for the
-        model's largest layer, as Accelerate 1.15 counts it; the warning is a ``UserWarning`` with its text.
+        A GPU's remaining memory is its budget less what was placed on it and, on the main (first) GPU
+        only, less the room kept for the model's largest layer, as Accelerate 1.15 counts it; the warning
+        is a ``UserWarning`` with its text.
         """
         if not (self.offloaded_buffers and self.gpus):
             return
         free = [
-            self.budget[g] - self.device_bytes.get(g, 0) - self.largest_layer
+            self.budget[g] - self.device_bytes.get(g, 0) - (self.largest_layer if g in self.main_devices else 0)
             for g in self.gpus
             if g in self.budget
         ]
