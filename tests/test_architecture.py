@@ -42,6 +42,8 @@ _AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("utils", ("notebook_accel.utils",)),
     ("state", ("notebook_accel.state", "notebook_accel._state_")),
     ("launch", ("notebook_accel.launch",)),
+    # Several machines: the per-node agent and the kernel's side of it, over the launcher's own parts.
+    ("nodes", ("notebook_accel.nodes",)),
     # The telemetry bus is the hooks' events module; prefetching serves the offloading hooks.
     (
         "hooks",
@@ -72,6 +74,7 @@ _ALLOWED: dict[str, frozenset[str]] = {
     "utils": frozenset({"base", "utils"}),
     "state": frozenset({"base", "utils", "state"}),
     "launch": frozenset({"base", "utils", "launch"}),
+    "nodes": frozenset({"base", "utils", "launch", "nodes"}),
     "hooks": frozenset({"base", "utils", "hooks"}),
     "big_modeling": frozenset({"base", "utils", "state", "hooks", "big_modeling"}),
     "inference": frozenset({"base", "utils", "state", "inference"}),
@@ -79,9 +82,10 @@ _ALLOWED: dict[str, frozenset[str]] = {
     "integrations": frozenset(
         {"base", "utils", "state", "hooks", "big_modeling", "training", "integrations"}
     ),
-    "accelerator": _EVERYTHING - {"hooks", "big_modeling", "launch", "launchers", "widgets", "facade"},
-    "launchers": frozenset({"base", "utils", "state", "launch", "launchers"}),
-    "interactive": frozenset({"base", "utils", "state", "launch", "launchers", "interactive"}),
+    "accelerator": _EVERYTHING
+    - {"hooks", "big_modeling", "launch", "nodes", "launchers", "widgets", "facade"},
+    "launchers": frozenset({"base", "utils", "state", "launch", "nodes", "launchers"}),
+    "interactive": frozenset({"base", "utils", "state", "launch", "nodes", "launchers", "interactive"}),
     "widgets": _EVERYTHING - {"facade"},
     "facade": _EVERYTHING - {"widgets"},
 }
