@@ -42,7 +42,7 @@ _AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("utils", ("notebook_accel.utils",)),
     ("state", ("notebook_accel.state", "notebook_accel._state_")),
     ("launch", ("notebook_accel.launch",)),
-    # Several machines: the per-node agent and the kernel's side of it, over the launcher's own parts.
+    # Several machines: the Nodes spec, the placement engines, the agent and its channel, over launch.
     ("nodes", ("notebook_accel.nodes",)),
     # The telemetry bus is the hooks' events module; prefetching serves the offloading hooks.
     (
@@ -74,7 +74,6 @@ _ALLOWED: dict[str, frozenset[str]] = {
     "utils": frozenset({"base", "utils"}),
     "state": frozenset({"base", "utils", "state"}),
     "launch": frozenset({"base", "utils", "launch"}),
-    "nodes": frozenset({"base", "utils", "launch", "nodes"}),
     "hooks": frozenset({"base", "utils", "hooks"}),
     "big_modeling": frozenset({"base", "utils", "state", "hooks", "big_modeling"}),
     "inference": frozenset({"base", "utils", "state", "inference"}),
@@ -82,8 +81,8 @@ _ALLOWED: dict[str, frozenset[str]] = {
     "integrations": frozenset(
         {"base", "utils", "state", "hooks", "big_modeling", "training", "integrations"}
     ),
-    "accelerator": _EVERYTHING
-    - {"hooks", "big_modeling", "launch", "nodes", "launchers", "widgets", "facade"},
+    "accelerator": _EVERYTHING - {"hooks", "big_modeling", "launch", "nodes", "launchers", "widgets", "facade"},
+    "nodes": frozenset({"base", "utils", "launch", "nodes"}),
     "launchers": frozenset({"base", "utils", "state", "launch", "nodes", "launchers"}),
     "interactive": frozenset({"base", "utils", "state", "launch", "nodes", "launchers", "interactive"}),
     "widgets": _EVERYTHING - {"facade"},
