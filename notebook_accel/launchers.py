@@ -31,6 +31,7 @@ from .launch.request import LaunchRequest
 from .launch.restarts import RestartingHandle
 from .launch.xla import launch_xla
 from .nodes.plan import join_nodes, node_plan
+from .nodes.spec import Nodes
 from .state import AcceleratorState, PartialState
 from .utils.constants import ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION
 from .utils.device_info import check_cuda_p2p_ib_support, get_current_device_type, get_gpu_info
@@ -41,6 +42,7 @@ from .utils.launch import PrepareForLaunch
 from .utils.versions import is_torch_version
 
 __all__ = ["PrepareForLaunch", "debug_launcher", "notebook_launcher", "test_launch"]
+__all__ += ["Nodes"]  # notebook_launcher(nodes=Nodes(...)): served beside the function that takes it
 # Accelerate 1.15 serves these names at this path too (defined elsewhere).
 __all__ += [
     "AcceleratorState",

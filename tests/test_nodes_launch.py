@@ -152,7 +152,7 @@ def test_versions_that_differ_are_refused_before_any_rank_starts(monkeypatch):
     placement = LocalPlacement(("n1", "n2"))
     with pytest.raises(
         NodeJoinError,
-        match=r"node n1 \(node 0\) runs other versions than this kernel: torch .* there, 0.0.1-kernel here",
+        match=r"node n[12] \(node [01]\) runs other versions than this kernel: torch .* there, 0.0.1-kernel here",
     ):
         NodeGroup.join(placement, NodeSettings.of(placement.nodes))
     assert all(proc.wait(30) is not None for proc in placement.popens)

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,11 +32,10 @@ from .channel import Channel, ChannelError, accept_channel, new_secret
 from .relay import StreamRelay
 from .workers import RemoteStacks, RemoteUsage, RemoteWorkerProcess
 
-__all__ = ["AGENT_MODULE", "NodeGroup", "NodeJoinError", "NodeSettings"]
+__all__ = ["NodeGroup", "NodeJoinError", "NodeSettings"]
 
 logger = logging.getLogger(__name__)
 
-AGENT_MODULE = "notebook_accel.nodes.agent"
 _START_SECONDS = 60.0  # how long starting one rank may take on its node (spawn + its pipes)
 _STACKS_SECONDS = 3.0
 
@@ -48,21 +46,17 @@ class NodeJoinError(RuntimeError):
 
 @dataclass(frozen=True)
 class NodeSettings:
-    """What the kernel side needs of ``Nodes``: the Python to run there, timeouts, heartbeat."""
+    """What the kernel side needs of ``Nodes``: how long a node may take to join, and the heartbeat."""
 
-    python: str | None = None
     join_timeout: float = 60.0
     heartbeat: float = 2.0
+    """Seconds between heartbeats, both ways; ``LOST_AFTER`` of them silent and the node counts as lost."""
 
     @classmethod
     def of(cls, nodes: Any) -> NodeSettings:
-        """Return the settings of a ``Nodes`` (or anything with those attributes; missing ones keep their defaults)."""
-        values = {
-            name: getattr(nodes, name)
-            for name in ("python", "join_timeout", "heartbeat")
-            if hasattr(nodes, name)
-        }
-        return cls(**{k: v for k, v in values.items() if v is not None or k == "python"})
+        """Return the settings of a ``Nodes`` (None, or a missing attribute: the default)."""
+        given = {name: getattr(nodes, name, None) for name in ("join_timeout", "heartbeat")}
+        return cls(**{name: float(value) for name, value in given.items() if value is not None})
 
 
 @dataclass
@@ -77,7 +71,6 @@ class _Node:
     procs: dict[int, RemoteWorkerProcess] = field(default_factory=dict)
     last_heard: float = field(default_factory=time.monotonic)
     lost: str | None = None
-    stderr_tail: deque = field(default_factory=lambda: deque(maxlen=20))
 
     def send_quietly(self, message: tuple) -> None:
         """Send ``message`` to the agent; a lost node is handled by the reader, not here."""
@@ -112,12 +105,6 @@ class NodeGroup:
         self._threads.append(
             threading.Thread(target=self._beat, name="notebook_accel-heartbeat", daemon=True)
         )
-        self._threads += [
-            threading.Thread(
-                target=_drain, args=(node,), name=f"notebook_accel-agent-{node.index}", daemon=True
-            )
-            for node in nodes
-        ]
         for thread in self._threads:
             thread.start()
 
@@ -132,11 +119,11 @@ class NodeGroup:
     def join(cls, placement: Any, settings: NodeSettings) -> NodeGroup:
         """Return the group once an agent on every node of ``placement`` joined; NodeJoinError otherwise."""
         hosts = list(placement.hosts())
-        address = placement.kernel_address()
+        address = placement.kernel_address(hosts)
         secret = new_secret()
-        listener = socket.create_server((address, 0))
+        listener = socket.create_server((address, 0))  # this address only, never every interface
         port = listener.getsockname()[1]
-        argv = [settings.python or sys.executable, "-m", AGENT_MODULE]
+        argv = placement.agent_argv()
         nodes: list[_Node] = []
         try:
             for index, host in enumerate(hosts):
@@ -151,7 +138,7 @@ class NodeGroup:
                     pass  # it ended at once: the join reports the engine's message
             _accept_all(listener, secret, nodes, placement, settings.join_timeout)
         except BaseException:
-            _end_agents(nodes)
+            _end_agents(placement, nodes)
             raise
         finally:
             listener.close()
@@ -222,7 +209,7 @@ class NodeGroup:
         self._closing = True
         for node in self.nodes:
             node.send_quietly(("end",))
-        _end_agents(self.nodes)
+        _end_agents(self.placement, self.nodes)
         self.relay.close()
 
     # ----------------------------------------------------------------- threads
@@ -288,27 +275,13 @@ class NodeGroup:
         logger.warning("node %s lost: %s", node.host, reason)
         if node.channel is not None:
             node.channel.close()
-        said = " | ".join(node.stderr_tail)
+        said = " | ".join(self.placement.stderr_text(node.index).strip().splitlines()[-5:])
         text = f"node {node.host} (node {node.index}) was lost: {reason}" + (
             f"; its agent said: {said}" if said else ""
         )
         for proc in list(node.procs.values()):
             proc.lost(text)
         self.relay.node_lost(node)
-
-
-def _drain(node: _Node) -> None:
-    """Keep the agent's stderr (its last lines name a crash) and discard its stdout, so neither pipe fills."""
-    stream = node.popen.stderr
-    if stream is None:
-        return
-    try:
-        for line in stream:
-            text = line.decode(errors="replace").rstrip()
-            node.stderr_tail.append(text)
-            logger.debug("agent of node %s: %s", node.host, text)
-    except (OSError, ValueError):  # closed by _end_agents
-        pass
 
 
 def _accept_all(
@@ -363,31 +336,24 @@ def _check_versions(node: _Node, expected: dict[str, str], got: dict[str, str]) 
 
 
 def _not_joined(node: _Node, placement: Any, why: str) -> str:
-    if node.popen.poll() is None:
-        node.popen.kill()
-        try:
-            node.popen.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
-    engine = placement.failure(node.index, node.host, node.popen)
+    engine = placement.failure(node.index, node.host, node.popen)  # it stops an engine still running
     return (
         f"node {node.host} (node {node.index}) did not join the launch: {why}. "
         f"{getattr(placement, 'name', 'the placement engine')} said: {engine or '(nothing)'}"
     )
 
 
-def _end_agents(nodes: list[_Node], wait: float = 5.0) -> None:
+def _end_agents(placement: Any, nodes: list[_Node], wait: float = 5.0) -> None:
     """Close every agent's channel and make sure its process (the engine's step) ends."""
     for node in nodes:
         if node.channel is not None:
             node.channel.close()
     deadline = time.monotonic() + wait
     for node in nodes:
-        try:
+        try:  # an agent whose channel closed ends its ranks and exits by itself
             node.popen.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            node.popen.kill()
-            node.popen.wait()
-        for stream in (node.popen.stdin, node.popen.stdout, node.popen.stderr):
+            placement.stop(node.popen)
+        for stream in (node.popen.stdin, node.popen.stdout):
             if stream is not None:
                 stream.close()
