@@ -5,11 +5,12 @@ line (JSON: kernel address and port, the launch's secret in hex, node index, hea
 stdin, so the secret is on no command line. It connects back, proves the secret (``channel``), then
 reports its versions and serves the kernel's messages:
 
-- ``("start", spec, sys_path)``: start one rank with the launcher's own ``start_worker("spawn", ...)``
+- ``("start", spec, sys_path, id)``: start one rank with the launcher's own ``start_worker("spawn", ...)``
   (the function travels by value in ``spec.payload``); its stdout, stderr and result pipe are
-  relayed as ``("out", rank, kind, bytes)`` / ``("eof", rank, kind)``, its end as ``("exit", rank, code)``;
-- ``("signal", rank, signum)``: to the rank's process group (stop, interrupt, kill);
-- ``("stacks", id, ranks)``: ``STACKS_SIGNAL`` to those ranks, their dumps sent back as ``RankStack``s;
+  relayed as ``("out", id, kind, bytes)`` / ``("eof", id, kind)``, its end as ``("exit", id, code)``
+  (``id`` names one start of a rank: a restarted rank is a new one);
+- ``("signal", id, signum)``: to the rank's process group (stop, interrupt, kill);
+- ``("stacks", request, ids)``: ``STACKS_SIGNAL`` to those ranks, their dumps sent back as ``RankStack``s;
 - ``("listen", token)``: a Unix socket here whose connections travel as streams to the kernel
   (``open_stream`` / ``stream`` / ``close_stream``), for the interactive ranks;
 - ``("hb",)``: heartbeats, sent back as often; ``("end",)``: end the ranks and exit.
@@ -95,8 +96,8 @@ def route_interface(address: str) -> str | None:
 class _LocalRank:
     """One rank this agent started: its process, pipe read ends and usage figures."""
 
-    def __init__(self, rank: int, proc: WorkerProcess) -> None:
-        self.rank, self.proc = rank, proc
+    def __init__(self, rank: int, proc: WorkerProcess, wid: int) -> None:
+        self.rank, self.proc, self.wid = rank, proc, wid
         self.fds: dict[int, str] = {}
         self.exited = False
         self.usage = types.SimpleNamespace(pid=proc.pid, cpu_percent=None, rss=None, peak_rss=None)
@@ -197,9 +198,9 @@ class Agent:
         if kind == "hb":
             return
         if kind == "start":
-            self._later(lambda: self._start(message[1], message[2]))
+            self._later(lambda: self._start(*message[1:]))
         elif kind == "signal":
-            local = self.ranks.get(message[1])
+            local = self.ranks.get(message[1])  # by the start's id: a restarted rank is another process
             if local is not None and not local.exited:
                 local.proc.signal_group(message[2])
         elif kind == "stacks":
@@ -220,17 +221,22 @@ class Agent:
         else:
             logger.warning("agent: unknown message %r ignored", kind)
 
-    def _start(self, spec: WorkerSpec, sys_path: list[str]) -> None:
+    def _start(self, spec: WorkerSpec, sys_path: list[str], wid: int) -> None:
         for entry in sys_path:  # the kernel's own entries that exist here (a shared file system)
             if entry not in sys.path and os.path.isdir(entry):
                 sys.path.append(entry)
         local_count = sum(1 for r in self.ranks.values() if not r.exited) + 1
+        stacks_path = self.collector.path(spec.rank)
+        if os.path.exists(stacks_path):
+            # The file of this rank's previous attempt: it would say "handler installed" to the collector
+            # before the new process has one, and STACKS_SIGNAL would kill it.
+            os.unlink(stacks_path)
         spec = replace(
             spec,
             env={**self.env, **spec.env},
             parent_pid=os.getpid(),  # the ranks die with this agent
             close_fds=(),
-            stacks_path=self.collector.path(spec.rank),
+            stacks_path=stacks_path,
             store_ports=(),
             num_threads=threads_per_worker(max(local_count, int(spec.env.get("LOCAL_WORLD_SIZE", "1")))),
         )
@@ -241,9 +247,9 @@ class Agent:
             for read_end, write_end in pipes.values():
                 os.close(read_end)
                 os.close(write_end)
-            self._send(("start_failed", spec.rank, f"{type(exc).__name__}: {exc}"))
+            self._send(("start_failed", wid, f"{type(exc).__name__}: {exc}"))
             return
-        local = self.ranks[spec.rank] = _LocalRank(spec.rank, proc)
+        local = self.ranks[wid] = _LocalRank(spec.rank, proc, wid)
         for name, (read_end, write_end) in pipes.items():
             os.close(write_end)
             os.set_blocking(read_end, False)
@@ -252,13 +258,13 @@ class Agent:
         if proc.sentinel is not None:
             self.sel.register(proc.sentinel, selectors.EVENT_READ, ("exit", local))
         self.sampler.sample(local.usage)
-        self._send(("started", spec.rank, proc.pid))
+        self._send(("started", wid, proc.pid))
 
-    def _stacks(self, request_id: int, ranks: list[int]) -> None:
+    def _stacks(self, request_id: int, wids: list[int]) -> None:
         targets = {
-            rank: (local.proc.pid, local.proc.sentinel)
-            for rank in ranks
-            if (local := self.ranks.get(rank)) is not None and not local.exited
+            local.rank: (local.proc.pid, local.proc.sentinel)
+            for wid in wids
+            if (local := self.ranks.get(wid)) is not None and not local.exited
         }
         try:
             stacks = self.collector.collect(targets) if targets else {}
@@ -313,12 +319,13 @@ class Agent:
         except BlockingIOError:
             return
         if chunk:
-            self._send(("out", local.rank, name, chunk))
+            self._send(("out", local.wid, name, chunk))
             return
         self.sel.unregister(fd)
         os.close(fd)
         del local.fds[fd]
-        self._send(("eof", local.rank, name))
+        self._send(("eof", local.wid, name))
+        self._maybe_forget(local)
 
     def _on_exit(self, local: _LocalRank) -> None:
         local.proc.kill_leftovers()  # what the rank started, while its group id is still certainly ours
@@ -327,11 +334,18 @@ class Agent:
         local.exited = True
         self.sampler.sample(local.usage)
         self.sampler.forget(local.proc.pid)
-        self._send(("exit", local.rank, local.proc.exitcode))
+        self._send(("exit", local.wid, local.proc.exitcode))
+        self._maybe_forget(local)
+
+    def _maybe_forget(self, local: _LocalRank) -> None:
+        """Release a rank that ended and whose pipes are drained (a restart starts a new one)."""
+        if local.exited and not local.fds and self.ranks.get(local.wid) is local:
+            local.proc.close()
+            del self.ranks[local.wid]
 
     def _send_usage(self) -> None:
         figures = {}
-        for local in self.ranks.values():
+        for local in list(self.ranks.values()):
             if not local.exited:
                 self.sampler.sample(local.usage)
                 figures[local.rank] = {k: v for k, v in vars(local.usage).items() if k != "pid"}
@@ -352,7 +366,7 @@ class Agent:
 
     def _shutdown(self) -> None:
         """End every rank (SIGKILL to its group), close what is open, tell the kernel if it still listens."""
-        for local in self.ranks.values():
+        for local in list(self.ranks.values()):
             if not local.exited:
                 local.proc.kill_and_reap()
                 local.exited = True

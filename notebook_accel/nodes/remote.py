@@ -71,6 +71,8 @@ class _Node:
     procs: dict[int, RemoteWorkerProcess] = field(default_factory=dict)
     last_heard: float = field(default_factory=time.monotonic)
     lost: str | None = None
+    feeding: bool = False
+    """The reader is writing into a rank's local pipe (waiting for the handle to read): not a silent agent."""
 
     def send_quietly(self, message: tuple) -> None:
         """Send ``message`` to the agent; a lost node is handled by the reader, not here."""
@@ -152,25 +154,26 @@ class NodeGroup:
         node = self.nodes[int(spec.env["NODE_RANK"])]
         if node.lost is not None:
             raise RuntimeError(f"node {node.host} was lost: {node.lost}")
-        proc = RemoteWorkerProcess(node, spec.rank, out_w, err_w, res_w)
+        wid = next(self._ids)  # names this start: a restarted rank is another process
+        proc = RemoteWorkerProcess(node, spec.rank, out_w, err_w, res_w, wid)
         done, answer = threading.Event(), []
-        self._starts[spec.rank] = (done, answer)
-        node.procs[spec.rank] = proc
+        self._starts[wid] = (done, answer)
+        node.procs[wid] = proc
         try:
-            node.channel.send(("start", by_value(spec), [p for p in sys.path if p]))
+            node.channel.send(("start", by_value(spec), [p for p in sys.path if p], wid))
             if not done.wait(_START_SECONDS) or node.lost is not None:
                 raise RuntimeError(
                     f"node {node.host} did not start rank {spec.rank}: {node.lost or 'no answer'}"
                 )
         except BaseException:
-            node.procs.pop(spec.rank, None)
+            node.procs.pop(wid, None)
             proc.close()
             raise
         finally:
-            self._starts.pop(spec.rank, None)
+            self._starts.pop(wid, None)
         kind, value = answer
         if kind == "start_failed":
-            node.procs.pop(spec.rank, None)
+            node.procs.pop(wid, None)
             proc.close()
             raise RuntimeError(f"node {node.host} could not start rank {spec.rank}: {value}")
         proc.pid = value
@@ -188,7 +191,7 @@ class NodeGroup:
         """Return the stacks of ``ranks`` (``{rank: pid}``) that their agents sent within a few seconds."""
         waits = []
         for node in self.nodes:
-            mine = [rank for rank in ranks if rank in node.procs]
+            mine = [wid for wid, p in node.procs.items() if p.rank in ranks and p.exitcode is None]
             if mine and node.lost is None:
                 request_id = next(self._ids)
                 done, got = self._stacks[request_id] = (threading.Event(), {})
@@ -236,7 +239,11 @@ class NodeGroup:
             if proc is None:
                 return
             if kind == "out":
-                proc.feed(message[2], message[3])
+                node.feeding = True
+                try:
+                    proc.feed(message[2], message[3])
+                finally:
+                    node.feeding = False
             elif kind == "eof":
                 proc.end_stream(message[2])
             else:
@@ -264,6 +271,8 @@ class NodeGroup:
                 if node.lost is not None:
                     continue
                 node.send_quietly(("hb",))
+                if node.feeding:  # its messages wait for us, not the other way round
+                    node.last_heard = now
                 if now - node.last_heard > LOST_AFTER * period:
                     self._lose(node, f"no heartbeat from its agent for {now - node.last_heard:.1f} s")
             time.sleep(min(period, 0.5))

@@ -33,8 +33,8 @@ _REAP_SECONDS = 10.0  # how long kill_and_reap waits for the agent's word before
 class RemoteWorkerProcess:
     """A rank on another node: ``WorkerProcess``'s interface over the agent's messages."""
 
-    def __init__(self, node: Any, rank: int, out_w: int, err_w: int, res_w: int) -> None:
-        self.node, self.rank = node, rank
+    def __init__(self, node: Any, rank: int, out_w: int, err_w: int, res_w: int, wid: int) -> None:
+        self.node, self.rank, self.wid = node, rank, wid
         self.pid: int | None = None
         self.exitcode: int | None = None
         self._fds = {
@@ -122,7 +122,7 @@ class RemoteWorkerProcess:
     def signal_group(self, signum: int) -> None:
         """Have the agent send ``signum`` to the rank's process group on its node."""
         if self.exitcode is None:
-            self.node.send_quietly(("signal", self.rank, signum))
+            self.node.send_quietly(("signal", self.wid, signum))
 
     def kill_and_reap(self) -> None:
         """SIGKILL the rank's group through the agent; return once it reported the end (or is lost)."""
@@ -137,7 +137,8 @@ class RemoteWorkerProcess:
         """Nothing to do here: the agent already ended what the rank left in its group."""
 
     def close(self) -> None:
-        """Release the local pipe ends and the sentinel."""
+        """Release the local pipe ends and the sentinel; the node forgets this rank."""
+        self.node.procs.pop(self.wid, None)
         for kind in ("stdout", "stderr", "result"):
             self.end_stream(kind)
         for fd in (self.sentinel, self._sentinel_w):
