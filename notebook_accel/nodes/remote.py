@@ -352,7 +352,7 @@ def _not_joined(node: _Node, placement: Any, why: str) -> str:
     )
 
 
-def _end_agents(placement: Any, nodes: list[_Node], wait: float = 5.0) -> None:
+def _end_agents(placement: Any, nodes: list[_Node], wait: float = 10.0) -> None:
     """Close every agent's channel and make sure its process (the engine's step) ends."""
     for node in nodes:
         if node.channel is not None:
