@@ -253,8 +253,8 @@ def test_the_hang_report_holds_the_stacks_of_ranks_on_every_node():
         handle.wait(60)
     report = handle.hang_report
     assert report is not None and "suspected hang" in report
-    assert "rank 0 in barrier" in report
-    assert "Stacks of rank 1" in report and "barrier_on_rank_0" in report
+    assert "rank 0 (n1): in barrier" in report
+    assert "Stacks of rank 1 (pid" in report and ", on n2):" in report and "barrier_on_rank_0" in report
 
 
 def test_a_silent_node_is_lost_by_heartbeat_and_its_agent_ends_its_ranks_later():

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..launch.doctor import RankStack
@@ -196,13 +196,13 @@ class NodeGroup:
                 request_id = next(self._ids)
                 done, got = self._stacks[request_id] = (threading.Event(), {})
                 node.send_quietly(("stacks", request_id, mine))
-                waits.append((request_id, done, got))
+                waits.append((request_id, done, got, node.host))
         out: dict[int, RankStack] = {}
         deadline = time.monotonic() + _STACKS_SECONDS
-        for request_id, done, got in waits:
+        for request_id, done, got, host in waits:
             done.wait(max(0.0, deadline - time.monotonic()))
             self._stacks.pop(request_id, None)
-            out.update(got)
+            out.update({rank: replace(stack, node=host) for rank, stack in got.items()})
         return out
 
     def close(self) -> None:
@@ -212,8 +212,27 @@ class NodeGroup:
         self._closing = True
         for node in self.nodes:
             node.send_quietly(("end",))
-        _end_agents(self.placement, self.nodes)
+        for node in self.nodes:
+            if node.channel is not None:
+                node.channel.close()
         self.relay.close()
+        # The agents end their ranks and exit by themselves once their channel closed; waiting for that
+        # (and stopping an engine that hangs on, e.g. ssh to a node cut off) is not the launch's time.
+        self._reaper = threading.Thread(
+            target=_end_agents,
+            args=(self.placement, self.nodes),
+            name="notebook_accel-agents-end",
+            daemon=True,
+        )
+        self._reaper.start()
+
+    def wait_closed(self, timeout: float | None = None) -> bool:
+        """Return True once every agent's process (the engine's) has ended after ``close()``."""
+        reaper = getattr(self, "_reaper", None)
+        if reaper is None:
+            return False
+        reaper.join(timeout)
+        return not reaper.is_alive()
 
     # ----------------------------------------------------------------- threads
 
