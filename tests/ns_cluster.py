@@ -147,6 +147,7 @@ def _remove_network(number: int, count: int) -> None:
         _kill_namespace(namespace)
         subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
         subprocess.run(["ip", "link", "del", veth], capture_output=True)
+        shutil.rmtree(Path("/etc/netns") / namespace, ignore_errors=True)
     subprocess.run(["ip", "link", "del", f"nac{number}br"], capture_output=True)
 
 
@@ -215,6 +216,20 @@ class NsCluster:
             _run([*inside, "link", "set", "eth0", "up"])
             _run([*inside, "link", "set", "lo", "up"])
             _run([*inside, "route", "add", "default", "via", self.bridge_address])
+            self._write_hosts(namespace, node)
+
+    def _write_hosts(self, namespace: str, node: str) -> None:
+        # `ip netns exec` bind-mounts /etc/netns/<namespace>/hosts over /etc/hosts for what it starts (the
+        # daemons, hence every step and ssh session): as on a real node, the machine's own name resolves to
+        # the node's address (gloo binds the address of the host name), and the other nodes resolve by name.
+        folder = Path("/etc/netns") / namespace
+        folder.mkdir(parents=True, exist_ok=True)
+        others = [f"{address} {name}" for name, address in self.addresses.items() if name != node]
+        lines = ["127.0.0.1 localhost", f"{self.addresses[node]} {socket.gethostname()} {node}", *others, ""]
+        (folder / "hosts").write_text("\n".join(lines))
+        # No name server inside: a look-up of a name outside the cluster fails at once (refused on the node's
+        # own loopback) instead of waiting for a server nothing here may contact.
+        (folder / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
 
     def _start_ssh(self) -> None:
         keys = self.root / "ssh"
