@@ -4,18 +4,18 @@
 magic named ``ranks``. Every subcommand maps to one call of the Python API, so what a notebook does
 with magics a script or a test does with ``start_ranks``:
 
-==============================  ==================================================
-``%ranks start 2``              ``start_ranks(2)`` (``--start-method``, ``--panel``, ``--hang-timeout``)
-``%ranks start 2 --nodes slurm``  ``start_ranks(2, nodes="slurm")`` (or ``slurm:JOBID``, or a ``Nodes`` variable)
-``%ranks start 2 --hosts a,b``  ``start_ranks(2, nodes=["a", "b"])``: SSH to each host
-``%%ranks`` / ``%%ranks 0,2``   ``ranks.execute(cell, on=...)``, the values displayed per rank
-``%ranks stop``                 ``ranks.stop()``
-``%ranks status`` / ``stacks``  ``ranks.status()`` / ``ranks.stacks()``
-``%ranks restart``              ``ranks.restart()``
-``%ranks pull NAME``            ``NAME = ranks.pull("NAME")`` in the kernel
-``%ranks push NAME``            ``ranks.push("NAME", NAME)``
-``%ranks auto on|off``          every following cell runs as a ``%%ranks`` cell
-==============================  ==================================================
+==================================  ==================================================
+``%ranks start 2``                  ``start_ranks(2)`` (``--start-method``, ``--panel``, ``--hang-timeout``)
+``%ranks start 2 --nodes slurm``    ``start_ranks(2, nodes="slurm")`` (or ``slurm:JOBID``, or a ``Nodes`` variable)
+``%ranks start 2 --hosts a,b``      ``start_ranks(2, nodes=["a", "b"])``: SSH to each host
+``%%ranks`` / ``%%ranks 0,2``       ``ranks.execute(cell, on=...)``, the values displayed per rank
+``%ranks stop``                     ``ranks.stop()``
+``%ranks status`` / ``stacks``      ``ranks.status()`` / ``ranks.stacks()``
+``%ranks restart``                  ``ranks.restart()``
+``%ranks pull NAME``                ``NAME = ranks.pull("NAME")`` in the kernel
+``%ranks push NAME``                ``ranks.push("NAME", NAME)``
+``%ranks auto on|off``              every following cell runs as a ``%%ranks`` cell
+==================================  ==================================================
 
 The magic logic (:class:`RanksMagic`) is plain Python; IPython is imported only when the extension is
 loaded, so the core stays importable without it.
