@@ -1,12 +1,13 @@
 """Interactive ranks on other machines: the ``nodes=`` option of ``start_ranks`` and the rank's way home.
 
 On one machine each rank connects to the kernel's Unix socket directly. A rank on another node
-cannot: its node's agent (``notebook_accel.nodes.agent``) listens on a private Unix socket there,
-names it in the rank's environment (:data:`RELAY_ENV`), and relays each connection over the
-authenticated channel to the kernel, which connects it to the kernel's real listener. The rank first
-sends one header, the path of the kernel's listener it was given, so the kernel side knows where the
-stream goes and refuses anything that is not an interactive ranks' socket (``nodes/streams.py``).
-Everything after the header is the same frames as on one machine, so ``Group`` needs no change.
+cannot: once the nodes' agents joined, :func:`relay_hook` has every agent listen on a Unix socket of
+its own node (``NodeGroup.relay.relay_unix``), and the ranks, started after that, get the relay's
+token as a third argument of ``rank_main``; :func:`connect_rank` finds that node's socket in the
+rank's environment (``nodes.relay.relay_address``). Each connection made there travels over the
+authenticated channel to the kernel, which connects it to the kernel's listener (the one path it
+registered for that token, nothing else). The frames are the same as on one machine, so ``Group``
+needs no change.
 
 Ranks on other machines always start as fresh interpreters (spawn): their namespaces hold only
 ``rank`` and ``world_size`` until values are pushed, and functions travel by value.
@@ -14,17 +15,14 @@ Ranks on other machines always start as fresh interpreters (spawn): their namesp
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from ..nodes.spec import Nodes
-from ..nodes.streams import pack_target
 
-__all__ = ["RELAY_ENV", "connect_rank", "resolve_nodes"]
-
-RELAY_ENV = "NOTEBOOK_ACCEL_RELAY_SOCKET"
-"""Set by a node's agent for the ranks it starts: the Unix socket on that node that reaches the kernel."""
+__all__ = ["connect_rank", "relay_hook", "resolve_nodes"]
 
 
 def resolve_nodes(nodes: Any, start_method: str) -> tuple[Nodes | None, str]:
@@ -44,20 +42,25 @@ def resolve_nodes(nodes: Any, start_method: str) -> tuple[Nodes | None, str]:
     return resolved, "spawn"
 
 
-def connect_rank(address: str) -> socket.socket:
-    """Return a socket connected to the kernel's listener ``address``: directly, or through this node's agent.
+def relay_hook(request: Any, address: str) -> Callable[[Any], Any]:
+    """Return the ``on_join`` of ``start_persistent_group``: relays ``address`` on every node, gives ranks its token."""
 
-    Through the agent (:data:`RELAY_ENV` set), the first frame names ``address`` so the kernel side
-    connects the stream to it.
-    """
-    relay = os.environ.get(RELAY_ENV)
+    def on_join(group: Any) -> Any:
+        token = group.relay.relay_unix(address)
+        return dataclasses.replace(request, args=(address, None, token))
+
+    return on_join
+
+
+def connect_rank(address: str, relay: str | None = None) -> socket.socket:
+    """Return a socket connected to the kernel's listener: ``address`` directly, or relay ``relay``'s socket on this node."""
+    if relay is not None:
+        from ..nodes.relay import relay_address  # only ranks on other nodes load the channel's modules
+
+        address = relay_address(relay)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        if not relay:
-            sock.connect(address)
-            return sock
-        sock.connect(relay)
-        sock.sendall(pack_target(address))
+        sock.connect(address)
     except BaseException:
         sock.close()
         raise

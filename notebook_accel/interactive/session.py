@@ -33,7 +33,7 @@ from ..launchers import start_persistent_group
 from .errors import NoRanksError, RankError
 from .group import CellSink, Group, failure_of, mark_idle
 from .rank_loop import rank_main, recv_frame, remember_source, split_code, without_globals
-from .remote import resolve_nodes
+from .remote import relay_hook, resolve_nodes
 
 __all__ = ["CellResult", "RankState", "Ranks", "current", "require_current", "start_ranks"]
 
@@ -208,7 +208,9 @@ class Ranks:
                 sinks=[sink],
                 **self._options,
             )
-            handle = start_persistent_group(request)
+            # Across nodes the ranks start once the agents joined and relay this socket (remote.py).
+            joined = {"on_join": relay_hook(request, address)} if "nodes" in self._options else {}
+            handle = start_persistent_group(request, **joined)
             sink._n = handle.num_processes
             try:
                 conns = _accept(listener, handle, sink)
