@@ -141,3 +141,26 @@ def test_relay_hook_opens_the_relay_and_gives_the_ranks_its_token() -> None:
     # No listener fd to close on another machine; the relay's token as rank_main's third argument.
     assert started.args == ("/tmp/k.sock", None, "tok9") and started.function is rank_main
     assert request.args == ("/tmp/k.sock", 7)  # the request given is left as it was
+
+
+def test_status_table_names_each_ranks_node_across_nodes() -> None:
+    from notebook_accel.interactive.display import StatusTable
+    from notebook_accel.interactive.session import RankState
+
+    table = StatusTable(
+        [RankState(0, 11, "idle", node="n1"), RankState(1, 12, "running", "x = 1", node="n2")]
+    )
+    assert repr(table).splitlines()[0].split() == [
+        "node",
+        "rank",
+        "pid",
+        "state",
+        "cell",
+        "cpu",
+        "%",
+        "memory",
+    ]
+    assert table.cells()[1][:4] == ("n2", "1", "12", "running")
+    assert "<th>node</th>" in table._repr_html_()
+    one_machine = StatusTable([RankState(0, 11, "idle")])
+    assert one_machine.columns == StatusTable.columns and one_machine.cells()[0][0] == "0"

@@ -79,6 +79,8 @@ class RankState:
     cpu_percent: float | None = None
     rss: int | None = None
     last_line: str = ""
+    node: str | None = None
+    """The host the rank runs on, for ranks started with ``nodes=`` (None on this machine)."""
 
 
 def current() -> Ranks | None:
@@ -314,7 +316,16 @@ class Ranks:
             else:
                 state = "failed" if book.get("failed") else "idle"
             out.append(
-                RankState(s.rank, s.pid, state, book.get("cell", ""), s.cpu_percent, s.rss, s.last_line)
+                RankState(
+                    s.rank,
+                    s.pid,
+                    state,
+                    book.get("cell", ""),
+                    s.cpu_percent,
+                    s.rss,
+                    s.last_line,
+                    getattr(s, "node", None),
+                )
             )
         return out
 
