@@ -5,6 +5,7 @@ on real Unix sockets. Ranks across the namespace cluster: tests/test_interactive
 from __future__ import annotations
 
 import socket
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -164,3 +165,58 @@ def test_status_table_names_each_ranks_node_across_nodes() -> None:
     assert "<th>node</th>" in table._repr_html_()
     one_machine = StatusTable([RankState(0, 11, "idle")])
     assert one_machine.columns == StatusTable.columns and one_machine.cells()[0][0] == "0"
+
+
+# -- ranks on two "nodes": agents started here by the test placement (real agents, channel and relay) --
+
+
+def test_ranks_across_two_nodes_through_their_agents(monkeypatch) -> None:
+    from notebook_accel.interactive import session
+    from tests.nodes_helpers import LocalPlacement
+
+    groups: list = []  # the joined NodeGroup of each start, to count the relayed streams
+    real_hook = session.relay_hook
+
+    def recording_hook(request, address):
+        hook = real_hook(request, address)
+        return lambda group: groups.append(group) or hook(group)
+
+    monkeypatch.setattr(session, "relay_hook", recording_hook)
+    placement = LocalPlacement(("n1", "n2"))
+    kernel_only = "only in the kernel"  # noqa: F841 - the ranks must not see it
+    ranks = start_ranks(2, nodes=placement, hang_timeout=60)
+    try:
+        assert repr(ranks) == "<Ranks 4 rank(s), alive>"
+        # Every rank reached the kernel through its node's relay socket (these "nodes" could reach it directly).
+        assert len(groups) == 1 and len(groups[0].relay._streams) == 4
+        assert [(s.rank, s.node, s.state) for s in ranks.status()] == [
+            (0, "n1", "idle"),
+            (1, "n1", "idle"),
+            (2, "n2", "idle"),
+            (3, "n2", "idle"),
+        ]
+        # Spawned: the namespaces hold rank and world_size, nothing of the kernel.
+        assert (
+            ranks.run("sorted(k for k in globals() if not k.startswith('_'))") == [["rank", "world_size"]] * 4
+        )
+        with pytest.raises(Exception, match=r"NameError.*kernel_only"):
+            ranks.execute("kernel_only")
+        ranks.push("factor", 10)
+        code = "import torch, torch.distributed as dist\nt = torch.ones(1) * rank * factor\ndist.all_reduce(t)\nt.item()"
+        assert ranks.run(code) == [60.0] * 4
+        assert ranks.run("rank", on=[0, 3]) == [0, 3]
+        assert ranks.run(divmod, 7, 2) == [(3, 1)] * 4  # a function travels by value
+        assert [t.item() for t in ranks.pull("t")] == [60.0] * 4
+        with pytest.raises(Exception, match=r"raised on rank\(s\) \[2\]; the ranks are alive"):
+            ranks.execute("if rank == 2:\n    raise ValueError('on n2 only')")
+        assert ranks.alive and ranks.run("factor") == [10] * 4
+        assert ranks.restart() == [0, 1, 2, 3]
+        with pytest.raises(Exception, match=r"NameError"):
+            ranks.execute("factor")  # fresh namespaces on every node
+        assert [s.node for s in ranks.status()] == ["n1", "n1", "n2", "n2"]
+    finally:
+        ranks.stop()
+    deadline = time.monotonic() + 30
+    while any(p.poll() is None for p in placement.popens) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p.poll() is not None for p in placement.popens] == [True] * 4  # both agents, twice: all ended

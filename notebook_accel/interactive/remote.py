@@ -20,12 +20,13 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from ..nodes.placement import Placement
 from ..nodes.spec import Nodes
 
 __all__ = ["connect_rank", "relay_hook", "resolve_nodes"]
 
 
-def resolve_nodes(nodes: Any, start_method: str) -> tuple[Nodes | None, str]:
+def resolve_nodes(nodes: Any, start_method: str) -> tuple[Nodes | Placement | None, str]:
     """Return ``(Nodes or None, the start method the ranks use)`` for ``start_ranks(nodes=..., start_method=...)``.
 
     Ranks on other machines cannot be forked from the kernel: with ``nodes`` the default "fork" means
@@ -33,7 +34,8 @@ def resolve_nodes(nodes: Any, start_method: str) -> tuple[Nodes | None, str]:
     """
     if nodes is None:
         return None, start_method
-    resolved = Nodes.of(nodes)
+    # A Placement is taken as is (as notebook_launcher takes it): how tests place agents on this machine.
+    resolved = nodes if isinstance(nodes, Placement) else Nodes.of(nodes)
     if start_method not in ("fork", "spawn"):
         raise ValueError(
             f"start_method={start_method!r} with nodes=: ranks on other machines always start as fresh "
