@@ -147,6 +147,7 @@ def _remove_network(number: int, count: int) -> None:
         _kill_namespace(namespace)
         subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
         subprocess.run(["ip", "link", "del", veth], capture_output=True)
+        shutil.rmtree(Path("/etc/netns") / namespace, ignore_errors=True)
     subprocess.run(["ip", "link", "del", f"nac{number}br"], capture_output=True)
 
 
@@ -215,6 +216,26 @@ class NsCluster:
             _run([*inside, "link", "set", "eth0", "up"])
             _run([*inside, "link", "set", "lo", "up"])
             _run([*inside, "route", "add", "default", "via", self.bridge_address])
+            self._write_hosts(namespace, node)
+
+    def _write_hosts(self, namespace: str, node: str) -> None:
+        # `ip netns exec` bind-mounts /etc/netns/<namespace>/hosts over /etc/hosts for what it starts (the
+        # daemons, hence every step and ssh session): as on a real node, the machine's own name resolves to
+        # the node's address (gloo binds the address of the host name), and the other nodes resolve by name.
+        folder = Path("/etc/netns") / namespace
+        folder.mkdir(parents=True, exist_ok=True)
+        others = [f"{address} {name}" for name, address in self.addresses.items() if name != node]
+        lines = [
+            "127.0.0.1 localhost",
+            f"{self.addresses[node]} {socket.gethostname()} {node}",
+            *others,
+            f"{self.bridge_address} nac-kernel",  # the root namespace, where the kernel runs
+            "",
+        ]
+        (folder / "hosts").write_text("\n".join(lines))
+        # No name server inside: a look-up of a name outside the cluster fails at once (refused on the node's
+        # own loopback) instead of waiting for a server nothing here may contact.
+        (folder / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
 
     def _start_ssh(self) -> None:
         keys = self.root / "ssh"
@@ -268,6 +289,16 @@ class NsCluster:
                 ["ip", "netns", "exec", self.namespaces[node], _which("sshd"), "-D", "-e", "-f", str(config)],
                 keys / f"sshd_{node}.log",
             )
+        # Two hosts that fail as real ones do: nothing listens on port 1 of n2 (ssh: Connection refused), and
+        # no node has the .99 address of the bridge (ssh: No route to host, after ARP gives up).
+        lines += [
+            "Host refusing",
+            f"    HostName {self.addresses[self.nodes[-1]]}",
+            "    Port 1",
+            "Host silent",
+            f"    HostName 10.231.{self.number}.99",
+            "    ConnectTimeout 3",
+        ]
         lines += [
             "Host *",
             "    User root",
@@ -478,6 +509,20 @@ class NsCluster:
         """Return the processes in ``node``'s namespace other than its sshd and slurmd."""
         daemons = self.daemon_pids(node)
         return [pid for pid in self.pids(node) if pid not in daemons]
+
+    def python_pids(self, node: str) -> list[int]:
+        """Return the Python processes in ``node``'s namespace (agents and ranks; no daemon is one)."""
+        found = []
+        for pid in self.pids(node):
+            with contextlib.suppress(OSError):
+                if "python" in os.path.basename(os.readlink(f"/proc/{pid}/exe")):
+                    found.append(pid)
+        return found
+
+    def listening(self, node: str) -> set[str]:
+        """Return the TCP and Unix addresses listening in ``node``'s namespace (``ss -Hlntx``)."""
+        done = self.exec_in(node, ["ss", "-Hlntx"], timeout=30)
+        return {" ".join(line.split()[4:5]) for line in done.stdout.splitlines() if line.strip()}
 
     def link_down(self, node: str) -> None:
         """Cut ``node`` off the bridge: no packet passes, no connection is closed."""

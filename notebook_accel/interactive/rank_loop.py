@@ -29,6 +29,7 @@ from typing import Any
 from ..launch.worker import to_cpu
 from ..state import PartialState
 from ..utils._worker_channel import FRAME_HEADER
+from .remote import connect_rank
 
 __all__ = ["rank_main", "recv_frame", "send_frame", "split_code"]
 
@@ -321,11 +322,13 @@ def _close_inherited(listener_fd: int | None, address: str) -> None:
         os.close(listener_fd)
 
 
-def rank_main(address: str, listener_fd: int | None = None) -> None:
-    """Serve the kernel's commands in this rank until it closes the connection (run by the launcher)."""
+def rank_main(address: str, listener_fd: int | None = None, relay: str | None = None) -> None:
+    """Serve the kernel's commands in this rank until it closes the connection (run by the launcher).
+
+    ``relay``: the token of the relay through which a rank on another node reaches ``address``.
+    """
     _close_inherited(listener_fd, address)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(address)
+    sock = connect_rank(address, relay)
     try:
         RankLoop(sock, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])).serve()
     finally:

@@ -33,6 +33,7 @@ from ..launchers import start_persistent_group
 from .errors import NoRanksError, RankError
 from .group import CellSink, Group, failure_of, mark_idle
 from .rank_loop import rank_main, recv_frame, remember_source, split_code, without_globals
+from .remote import relay_hook, resolve_nodes
 
 __all__ = ["CellResult", "RankState", "Ranks", "current", "require_current", "start_ranks"]
 
@@ -78,6 +79,8 @@ class RankState:
     cpu_percent: float | None = None
     rss: int | None = None
     last_line: str = ""
+    node: str | None = None
+    """The host the rank runs on, for ranks started with ``nodes=`` (None on this machine)."""
 
 
 def current() -> Ranks | None:
@@ -102,6 +105,7 @@ def start_ranks(
     start_method: str = "fork",
     panel: bool = False,
     hang_timeout: float = 60,
+    nodes: Any = None,
     **more: Any,
 ) -> Ranks:
     """Return ``num_processes`` ranks forked from this process into one process group, waiting for commands.
@@ -113,6 +117,9 @@ def start_ranks(
         panel: show the launch panel (status, CPU, memory, stacks, output per rank).
         hang_timeout: seconds a rank may sit in a collective while another is elsewhere before the
             command is given up (math.inf: never).
+        nodes: run ``num_processes`` ranks on each of several machines: ``"slurm"`` (every node of
+            this Slurm allocation), ``"slurm:<jobid>"``, a list of SSH host names, or a ``Nodes``.
+            Those ranks start as fresh interpreters (spawn): push what they need.
         **more: ``mixed_precision``, ``use_port``, ``master_addr``, ``log_dir``,
             ``log_line_prefix_template`` and ``progress_bars``, as for ``notebook_launcher``.
 
@@ -125,7 +132,7 @@ def start_ranks(
     if unknown:
         raise TypeError(
             f"start_ranks() got unknown option(s) {unknown}; it takes num_processes, start_method, panel, "
-            f"hang_timeout and {', '.join(_MORE)}"
+            f"hang_timeout, nodes and {', '.join(_MORE)}"
         )
     with _current_lock:
         running = current()
@@ -137,7 +144,12 @@ def start_ranks(
         if running is not None:
             running.stop()  # broken: nothing left to lose
         ranks = Ranks(
-            num_processes, start_method=start_method, panel=panel, hang_timeout=hang_timeout, **more
+            num_processes,
+            start_method=start_method,
+            panel=panel,
+            hang_timeout=hang_timeout,
+            nodes=nodes,
+            **more,
         )
         ranks._start()
         _current = ranks
@@ -154,8 +166,12 @@ class Ranks:
         start_method: str = "fork",
         panel: bool = False,
         hang_timeout: float = 60,
+        nodes: Any = None,
         **more: Any,
     ) -> None:
+        nodes, start_method = resolve_nodes(nodes, start_method)
+        if nodes is not None:  # only then: a LaunchRequest without the nodes option stays as it was
+            more["nodes"] = nodes
         self._options = dict(more, num_processes=num_processes, start_method=start_method, panel=panel)
         self._options["hang_timeout"] = hang_timeout
         if start_method not in START_METHODS:
@@ -188,12 +204,15 @@ class Ranks:
             )
             request = LaunchRequest(
                 function=rank_main,
-                args=(address, listener.fileno()),
+                # Ranks elsewhere inherit no listener to close (and reach this one through their agent).
+                args=(address, None if "nodes" in self._options else listener.fileno()),
                 block=False,
                 sinks=[sink],
                 **self._options,
             )
-            handle = start_persistent_group(request)
+            # Across nodes the ranks start once the agents joined and relay this socket (remote.py).
+            joined = {"on_join": relay_hook(request, address)} if "nodes" in self._options else {}
+            handle = start_persistent_group(request, **joined)
             sink._n = handle.num_processes
             try:
                 conns = _accept(listener, handle, sink)
@@ -297,7 +316,16 @@ class Ranks:
             else:
                 state = "failed" if book.get("failed") else "idle"
             out.append(
-                RankState(s.rank, s.pid, state, book.get("cell", ""), s.cpu_percent, s.rss, s.last_line)
+                RankState(
+                    s.rank,
+                    s.pid,
+                    state,
+                    book.get("cell", ""),
+                    s.cpu_percent,
+                    s.rss,
+                    s.last_line,
+                    getattr(s, "node", None),
+                )
             )
         return out
 
