@@ -24,6 +24,8 @@ _TABLE: dict[str, str] = {
     # launch and training
     "notebook_launcher": ".launchers",
     "debug_launcher": ".launchers",
+    # several machines: the nodes a launch or interactive ranks run on
+    "Nodes": ".nodes.spec",
     # interactive ranks: a process group kept alive between cells
     "start_ranks": ".interactive",
     "interactive": ".interactive",

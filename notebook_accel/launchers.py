@@ -30,6 +30,8 @@ from .launch.ports import DEFAULT_PORT, host_store
 from .launch.request import LaunchRequest
 from .launch.restarts import RestartingHandle
 from .launch.xla import launch_xla
+from .nodes.plan import join_nodes, node_plan
+from .nodes.spec import Nodes
 from .state import AcceleratorState, PartialState
 from .utils.constants import ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION
 from .utils.device_info import check_cuda_p2p_ib_support, get_current_device_type, get_gpu_info
@@ -40,6 +42,7 @@ from .utils.launch import PrepareForLaunch
 from .utils.versions import is_torch_version
 
 __all__ = ["PrepareForLaunch", "debug_launcher", "notebook_launcher", "test_launch"]
+__all__ += ["Nodes"]  # notebook_launcher(nodes=Nodes(...)): served beside the function that takes it
 # Accelerate 1.15 serves these names at this path too (defined elsewhere).
 __all__ += [
     "AcceleratorState",
@@ -90,7 +93,14 @@ def _build_sinks(plan: LaunchPlan, request: LaunchRequest) -> list[Callable[[Out
         # The panel shows every line; printing them too would fill whichever cell runs meanwhile.
         return []
     template = request.log_line_prefix_template
-    return [PrintSink(prefix_template=template, num_processes=plan.num_processes, node_rank=plan.node_rank)]
+    return [
+        PrintSink(
+            prefix_template=template,
+            num_processes=plan.num_processes,
+            node_rank=plan.node_rank,
+            hosts=plan.hosts,
+        )
+    ]
 
 
 def _show_panel(handle: LaunchHandle | RestartingHandle) -> None:
@@ -131,6 +141,7 @@ def notebook_launcher(
     hang_timeout: float | None = None,
     on_hang: str = "report",
     allow_oversubscribe: bool = False,
+    nodes: Any = None,
 ) -> list[Any] | LaunchHandle | RestartingHandle:
     """Return each rank's return value (a list indexed by rank) after running ``function(*args)`` on every process.
 
@@ -167,6 +178,8 @@ def notebook_launcher(
             a suspected hang is reported with every rank's stack (None: 60 s; math.inf: off).
         on_hang: "report" (show it once, keep running) or "stop" (stop, raise with the stacks).
         allow_oversubscribe: accept ``num_processes`` above 64 per CPU core (else refused as a likely typo).
+        nodes: run ``num_processes`` ranks on each of several machines from this kernel: ``"slurm"`` (the
+            allocation's nodes), ``"slurm:<jobid>"``, SSH host names or a ``Nodes`` (guide: "Several machines").
 
     Raises:
         LaunchError: a rank raised or died; the root cause's rank, pid, type and traceback first.
@@ -174,20 +187,18 @@ def notebook_launcher(
         ValueError / TypeError / RuntimeError: bad arguments, a taken explicit port, CUDA
             initialised before a fork.
     """
-    request = LaunchRequest(
-        function=function, args=args, num_processes=num_processes, mixed_precision=mixed_precision,
-        use_port=use_port, master_addr=master_addr, node_rank=node_rank, num_nodes=num_nodes,
-        rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf, rdzv_id=rdzv_id,
-        max_restarts=max_restarts, monitor_interval=monitor_interval, block=block, panel=panel,
-        log_line_prefix_template=log_line_prefix_template, start_method=start_method, log_dir=log_dir,
-        sinks=sinks, timeout=timeout, progress_bars=progress_bars, hang_timeout=hang_timeout,
-        on_hang=on_hang, allow_oversubscribe=allow_oversubscribe,
-    )  # fmt: skip
+    # Every parameter is the LaunchRequest field of the same name (a new one that is not fails here at once).
+    request = LaunchRequest(**locals())
     return _launch(request)
 
 
 def _launch(request: LaunchRequest) -> list[Any] | LaunchHandle | RestartingHandle:
     """Return the values (or the handle) of the launch ``request`` describes, on the path it needs."""
+    if request.nodes is not None:
+        group, plan = _join(request)
+        if request.max_restarts == 0:
+            return _launch_workers(request, plan, group)
+        return _launch_with_restarts(request, plan, group)
     plan = resolve_plan(request)
     if plan.backend == "xla":
         request.refuse_on(
@@ -221,13 +232,26 @@ def _launch(request: LaunchRequest) -> list[Any] | LaunchHandle | RestartingHand
     return _launch_with_restarts(request, plan)
 
 
-def start_persistent_group(request: LaunchRequest) -> LaunchHandle:
+def start_persistent_group(
+    request: LaunchRequest, *, on_join: Callable[[Any], LaunchRequest] | None = None
+) -> LaunchHandle:
     """Return the started handle of a group whose workers run ``request.function`` until it returns.
 
     The interactive ranks' launch (``notebook_accel.interactive``): the same plan, environment,
     sinks, log files, hang watch and panel as ``notebook_launcher(..., block=False)``, supervised by
     the handle's own thread; no bars are drawn in the calling cell (each command shows its own).
+    With ``request.nodes``, ``on_join(group)`` (a ``nodes.remote.NodeGroup``, joined, no rank started
+    yet: e.g. to open its stream relays) returns the request actually started.
     """
+    if request.nodes is not None:
+        group, plan = _join(request)
+        if on_join is not None:
+            try:
+                request = on_join(group)
+            except BaseException:
+                group.close()
+                raise
+        return _start_persistent(request, plan, group)
     plan = resolve_plan(request)
     if plan.backend == "xla" or plan.num_nodes > 1:
         raise ValueError(
@@ -236,7 +260,21 @@ def start_persistent_group(request: LaunchRequest) -> LaunchHandle:
         )
     if plan.in_process:
         plan = _with_workers(plan)
-    output = _open_output(request, plan)
+    return _start_persistent(request, plan)
+
+
+def _join(request: LaunchRequest) -> tuple[Any, LaunchPlan]:
+    """Return the joined agents of ``request.nodes`` and the plan across them (the agents end if the plan fails)."""
+    group = join_nodes(request.nodes)
+    try:
+        return group, node_plan(request, group)
+    except BaseException:
+        group.close()
+        raise
+
+
+def _start_persistent(request: LaunchRequest, plan: LaunchPlan, group: Any = None) -> LaunchHandle:
+    output = _open_output(request, plan, group)
     try:
         handle, release = _new_handle(request, plan, output, on_finish=output.close)
     except BaseException:
@@ -275,18 +313,26 @@ class _RunOutput:
     sinks: list[Callable[[OutputLine], None]]
     log_sink: LogDirSink | None = None
     log_files: dict[int, dict[str, str]] = field(default_factory=dict)
+    group: Any = None
+    """The agents of a launch across nodes (``nodes.remote.NodeGroup``): they end with the launch."""
 
     def close(self) -> None:
         if self.log_sink is not None:
             self.log_sink.close()
+        if self.group is not None:
+            self.group.close()
 
 
-def _open_output(request: LaunchRequest, plan: LaunchPlan) -> _RunOutput:
-    """Return the launch's sinks (and its log files when ``log_dir`` is given)."""
-    output = _RunOutput(_run_id(request.rdzv_id), _build_sinks(plan, request))
+def _open_output(request: LaunchRequest, plan: LaunchPlan, group: Any = None) -> _RunOutput:
+    """Return the launch's sinks (and its log files when ``log_dir`` is given); it owns ``group`` from here."""
+    try:
+        output = _RunOutput(_run_id(request.rdzv_id), _build_sinks(plan, request), group=group)
+    except BaseException:
+        if group is not None:
+            group.close()
+        raise
     if request.log_dir is not None:
-        base = plan.node_rank * plan.num_processes
-        ranks = range(base, base + plan.num_processes)
+        ranks = plan.supervised_ranks
         output.log_sink = LogDirSink(request.log_dir, output.run_id, ranks)
         output.sinks.append(output.log_sink)
         output.log_files = {
@@ -322,7 +368,7 @@ def _new_handle(
         plan, request.function, request.args, sinks=output.sinks, timeout=request.timeout,
         run_id=output.run_id, log_files=output.log_files, on_finish=release, bar_events=bar_events,
         live_bar_ranks=live_bar_ranks, hang_timeout=request.effective_hang_timeout,
-        on_hang=request.on_hang, attempt=attempt, started=started,
+        on_hang=request.on_hang, attempt=attempt, started=started, workers=output.group,
     )  # fmt: skip
     return handle, release
 
@@ -334,8 +380,8 @@ def _show_cell_bars(request: LaunchRequest, handle: LaunchHandle | RestartingHan
         CellBars(handle, display)
 
 
-def _launch_workers(request: LaunchRequest, plan: LaunchPlan) -> list[Any] | LaunchHandle:
-    output = _open_output(request, plan)
+def _launch_workers(request: LaunchRequest, plan: LaunchPlan, group: Any = None) -> list[Any] | LaunchHandle:
+    output = _open_output(request, plan, group)
     try:
         handle, release = _new_handle(request, plan, output, on_finish=output.close)
     except BaseException:
@@ -350,9 +396,11 @@ def _launch_workers(request: LaunchRequest, plan: LaunchPlan) -> list[Any] | Lau
     return _serve(request, handle)
 
 
-def _launch_with_restarts(request: LaunchRequest, plan: LaunchPlan) -> list[Any] | RestartingHandle:
+def _launch_with_restarts(
+    request: LaunchRequest, plan: LaunchPlan, group: Any = None
+) -> list[Any] | RestartingHandle:
     """Return the values (or the handle) of a launch whose group restarts after a failure."""
-    output = _open_output(request, plan)
+    output = _open_output(request, plan, group)
 
     def start_attempt(attempt: int, started: float) -> LaunchHandle:
         handle, release = _new_handle(request, plan, output, attempt=attempt, started=started)

@@ -48,3 +48,22 @@ def no_launch_leaks():
     snap = Snapshot()
     yield
     snap.assert_clean()
+
+
+@pytest.fixture(scope="session")
+def ns_cluster():
+    """Two nodes as network namespaces with real sshd and Slurm daemons (tests/ns_cluster.py), once per run.
+
+    Skips, saying why, where the machine cannot build it (not root, no `ip netns`, slurm-wlm/munge/
+    openssh-server missing); torn down at the end of the session (daemons by pid, namespaces, bridge).
+    """
+    from tests.ns_cluster import NsCluster, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    cluster = NsCluster(2).start()
+    try:
+        yield cluster
+    finally:
+        cluster.close()

@@ -42,6 +42,8 @@ _AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("utils", ("notebook_accel.utils",)),
     ("state", ("notebook_accel.state", "notebook_accel._state_")),
     ("launch", ("notebook_accel.launch",)),
+    # Several machines: the Nodes spec, the placement engines, the agent and its channel, over launch.
+    ("nodes", ("notebook_accel.nodes",)),
     # The telemetry bus is the hooks' events module; prefetching serves the offloading hooks.
     (
         "hooks",
@@ -79,9 +81,10 @@ _ALLOWED: dict[str, frozenset[str]] = {
     "integrations": frozenset(
         {"base", "utils", "state", "hooks", "big_modeling", "training", "integrations"}
     ),
-    "accelerator": _EVERYTHING - {"hooks", "big_modeling", "launch", "launchers", "widgets", "facade"},
-    "launchers": frozenset({"base", "utils", "state", "launch", "launchers"}),
-    "interactive": frozenset({"base", "utils", "state", "launch", "launchers", "interactive"}),
+    "accelerator": _EVERYTHING - {"hooks", "big_modeling", "launch", "nodes", "launchers", "widgets", "facade"},
+    "nodes": frozenset({"base", "utils", "launch", "nodes"}),
+    "launchers": frozenset({"base", "utils", "state", "launch", "nodes", "launchers"}),
+    "interactive": frozenset({"base", "utils", "state", "launch", "nodes", "launchers", "interactive"}),
     "widgets": _EVERYTHING - {"facade"},
     "facade": _EVERYTHING - {"widgets"},
 }

@@ -60,6 +60,7 @@ def test_docs_build_without_warnings(built_html: Path) -> None:
         "big_models",
         "panels",
         "hosted",
+        "several-machines",
         "multi_node",
         "migrating",
         "notebooks",

@@ -18,9 +18,10 @@ def bar_text(bar: Any) -> str:
     return _TEXT_BAR.sub("% ", bar.text, count=1)
 
 
-def bar_label(bar: Any) -> str:
-    """Return the HTML label beside a graphical bar: rank, and tqdm's line less its text bar."""
-    return f"<span style='font-family:monospace;white-space:pre'>[rank {bar.rank}] {html.escape(bar_text(bar))}</span>"
+def bar_label(bar: Any, node: str | None = None) -> str:
+    """Return the HTML label beside a graphical bar: rank (and its node, across nodes), and tqdm's line less its text bar."""
+    where = f"{node} rank {bar.rank}" if node else f"rank {bar.rank}"
+    return f"<span style='font-family:monospace;white-space:pre'>[{html.escape(where)}] {html.escape(bar_text(bar))}</span>"
 
 
 class _BarRows:
@@ -31,8 +32,8 @@ class _BarRows:
         self._rows: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
         self.box = widgets.VBox()
 
-    def update(self, bars: list[Any]) -> None:
-        """Show exactly ``bars`` (BarState), in order; a bar that left the list loses its row."""
+    def update(self, bars: list[Any], nodes: dict[int, str] | None = None) -> None:
+        """Show exactly ``bars`` (BarState), in order, labelled with their rank's node from ``nodes``; a bar that left the list loses its row."""
         w = self._w
         keep = {(b.rank, b.id) for b in bars}
         for key in [k for k in self._rows if k not in keep]:
@@ -53,7 +54,7 @@ class _BarRows:
                 progress.bar_style = "success" if bar.n >= bar.total else "info"
             else:  # no total: a full "info" bar, as tqdm.notebook shows one
                 progress.max, progress.value, progress.bar_style = 1.0, 1.0, "info"
-            label.value = bar_label(bar)
+            label.value = bar_label(bar, (nodes or {}).get(bar.rank))
             children.append(box)
         if tuple(children) != tuple(self.box.children):
             self.box.children = children

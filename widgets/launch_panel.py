@@ -12,6 +12,7 @@ from typing import Any
 from ._base import _badge, _fmt_bytes, _import_ipywidgets, _Panel, _table, _text_table, _Throttle
 from ._charts import png_img_tag
 from ._metrics_chart import metric_series, metrics_png
+from ._nodes import grouped, grouped_table_html, grouped_text_rows, node_groups, nodes_of
 from ._progress import _BarRows, bar_label
 
 __all__ = ["LaunchPanel"]
@@ -72,6 +73,11 @@ class LaunchPanel(_Panel):
     ``attempt_text()`` ("attempt 2/3") and the panel lists ``restart_lines()``, one per earlier try
     that failed (its root cause, exit code and time); lines of a later try are shown as
     ``[rank N, attempt A]``.
+
+    With a launch across several machines (``nodes=``: each ``RankStatus`` names its ``node``), the
+    status table shows a row per node (its ranks' state, summed CPU %, memory and CUDA memory) above
+    that node's ranks (``node_groups()``), and bars, output lines and tabs name the node:
+    ``[gpu-a rank 2]``. On one machine nothing changes.
     """
 
     def __init__(
@@ -111,6 +117,7 @@ class LaunchPanel(_Panel):
         self._chart_key: tuple = ()
         self._chart_at = 0.0
         self.stacks: dict[int, Any] = {}
+        self._nodes: dict[int, str] = {}  # rank -> host of a launch across nodes (empty on one machine)
         """The ranks' stacks from the last ``show_stacks()`` ("Stacks" button): ``{rank: RankStack}``."""
         self._unsubscribe_events = (
             handle.subscribe_events(self._on_event) if hasattr(handle, "subscribe_events") else (lambda: None)
@@ -222,6 +229,7 @@ class LaunchPanel(_Panel):
             out.append(
                 {
                     "rank": s.rank,
+                    "node": getattr(s, "node", None),
                     "pid": s.pid,
                     "state": state,
                     "cell": self._last_cells.get(s.rank, "") if interactive else None,
@@ -235,7 +243,17 @@ class LaunchPanel(_Panel):
                     "attempt": getattr(s, "attempt", 1),
                 }
             )
+        self._nodes = nodes_of(out)
         return out
+
+    def node_groups(self) -> list[dict[str, Any]]:
+        """Return one entry per node of a launch across nodes (node, ranks, state, summed figures); [] on one machine."""
+        return node_groups(self.rows())
+
+    def _node_map(self) -> dict[int, str]:
+        if not self._nodes:
+            self._nodes = {s.rank: s.node for s in self.handle.status() if getattr(s, "node", None)}
+        return self._nodes
 
     def bars(self) -> list[Any]:
         """Return the bars the panel shows: open bars of the live ranks, then the last finished ones kept."""
@@ -267,7 +285,12 @@ class LaunchPanel(_Panel):
         needle = self._filter.lower()
         with self._lock:
             lines = list(self.all_lines)
-        return [_line_prefix(line) + line.text for line in lines if not needle or needle in line.text.lower()]
+        nodes = self._node_map()
+        return [
+            _line_prefix(line, nodes.get(line.rank)) + line.text
+            for line in lines
+            if not needle or needle in line.text.lower()
+        ]
 
     def attempt_text(self) -> str:
         """Return ``"attempt A/N"`` for a launch with restarts (", restarting" while waiting for the next try), else ""."""
@@ -409,11 +432,16 @@ class LaunchPanel(_Panel):
         note = f"<div><i>{html.escape(dropped)}</i></div>" if dropped else ""
         job = self.job_text()
         note += f"<div><b>background</b> <code>{html.escape(job)}</code></div>" if job else ""
+        groups = node_groups(rows)
+        if groups:
+            parts = grouped(rows, cells_of_rows, groups)
+            return grouped_table_html(self._headers(rows), parts, cuda, _STATE_STYLE) + note
         return _table(self._headers(rows), cells_of_rows, escape=False, wrap_headers=False) + note
 
     def _bars_html(self) -> str:
         bars = self.bars()
-        return "".join(f"<div>{bar_label(b)}</div>" for b in bars)
+        nodes = self._node_map()
+        return "".join(f"<div>{bar_label(b, nodes.get(b.rank))}</div>" for b in bars)
 
     def _chart_html(self) -> str:
         series = self.chart_data()
@@ -452,8 +480,13 @@ class LaunchPanel(_Panel):
     def _text(self) -> str:
         rows = self.rows()
         cuda = self._uses_cuda(rows)
-        bars = "".join(f"\n[rank {b.rank}] {b.text}" for b in self.bars())
-        table = _text_table(self._headers(rows), [self._row_cells(r, cuda) for r in rows])
+        nodes = self._node_map()
+        bars = "".join(f"\n[{_where(b.rank, nodes)}] {b.text}" for b in self.bars())
+        headers, cells = self._headers(rows), [self._row_cells(r, cuda) for r in rows]
+        groups = node_groups(rows)
+        if groups:
+            cells = grouped_text_rows(grouped(rows, cells, groups), len(headers), cuda)
+        table = _text_table(headers, cells)
         attempt = f", {self.attempt_text()}" if self.attempt_text() else ""
         restarts = "".join(f"\n{line}" for line in self.restart_lines())
         dropped = f"\n{self.dropped_text()}" if self.dropped_text() else ""
@@ -485,7 +518,8 @@ class LaunchPanel(_Panel):
         self._w_tabs = w.Tab(
             children=[w.VBox([self._w_filter, self._w_merged])] + [self._w_rank_out[r] for r in self.ranks]
         )
-        self._w_tabs.titles = ["all ranks"] + [f"rank {r}" for r in self.ranks]
+        nodes = self._node_map()
+        self._w_tabs.titles = ["all ranks"] + [_where(r, nodes) for r in self.ranks]
         return w.VBox(
             [
                 w.HBox([self._w_state, self._w_stop, self._w_stacks_button]),
@@ -528,7 +562,7 @@ class LaunchPanel(_Panel):
         done = self.handle.done
         self._set_controls(self.state, done)
         self._w_status.value = self._status_html()
-        self._w_bars.update(self.bars())
+        self._w_bars.update(self.bars(), self._node_map())
         self._refresh_chart(done)
         self._w_error.value = self._error_html()
         self._w_hang.value = self._hang_html()
@@ -553,11 +587,18 @@ class LaunchPanel(_Panel):
             self.refresh()
 
 
-def _line_prefix(line: Any) -> str:
-    """Return ``[rank N] `` (``!`` after N for stderr), with ``, attempt A`` for a line of a restarted try."""
+def _line_prefix(line: Any, node: str | None = None) -> str:
+    """Return ``[rank N] `` (``!`` after N for stderr; ``[node rank N]`` across nodes), with ``, attempt A`` for a restarted try."""
     bang = "!" if line.stream == "stderr" else ""
     attempt = getattr(line, "attempt", 1)
-    return f"[rank {line.rank}{bang}] " if attempt == 1 else f"[rank {line.rank}{bang}, attempt {attempt}] "
+    where = _where(line.rank, {line.rank: node} if node else {})
+    return f"[{where}{bang}] " if attempt == 1 else f"[{where}{bang}, attempt {attempt}] "
+
+
+def _where(rank: int, nodes: dict[int, str]) -> str:
+    """Return ``rank N``, or ``HOST rank N`` for a rank of a launch across nodes."""
+    node = nodes.get(rank)
+    return f"{node} rank {rank}" if node else f"rank {rank}"
 
 
 def _is_ranks(obj: Any) -> bool:

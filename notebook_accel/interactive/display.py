@@ -156,12 +156,16 @@ def _size(num_bytes: int | None) -> str:
 
 
 class StatusTable:
-    """``Ranks.status()`` as a table: rank, pid, state, the cell it runs, CPU % and memory."""
+    """``Ranks.status()`` as a table: rank, pid, state, the cell it runs, CPU % and memory (and node, across nodes)."""
 
     columns = ("rank", "pid", "state", "cell", "cpu %", "memory")
 
     def __init__(self, rows: Iterable[Any]) -> None:
         self.rows = list(rows)
+        # Ranks on several machines: a first column names each rank's node (none on one machine).
+        self._nodes = any(getattr(row, "node", None) for row in self.rows)
+        if self._nodes:
+            self.columns = ("node", *StatusTable.columns)
 
     def cells(self) -> list[tuple[str, ...]]:
         """Return the table's rows as text, one tuple per rank."""
@@ -170,8 +174,10 @@ class StatusTable:
             cpu = getattr(row, "cpu_percent", None)
             cell = getattr(row, "cell", None)
             cell_text = "-" if cell in (None, "") else str(cell).strip().splitlines()[0][:40]
+            node = (str(getattr(row, "node", None) or "-"),) if self._nodes else ()
             out.append(
                 (
+                    *node,
                     str(row.rank),
                     "-" if row.pid is None else str(row.pid),
                     str(row.state),

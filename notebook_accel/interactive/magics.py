@@ -4,21 +4,23 @@
 magic named ``ranks``. Every subcommand maps to one call of the Python API, so what a notebook does
 with magics a script or a test does with ``start_ranks``:
 
-==============================  ==================================================
-``%ranks start 2``              ``start_ranks(2)`` (``--start-method``, ``--panel``, ``--hang-timeout``,
-                                ``--gpus``, ``--value-limit``)
-``%%ranks`` / ``%%ranks 0,2``   ``ranks.execute(cell, on=...)``, the values displayed per rank
-``%%ranks --bg [0,2]``          the same as a background job: returns at once, output in its cell
-``%ranks wait`` / ``wait N``    wait for the last job (job N), then show what its cell would have shown
-``%ranks jobs``                 ``ranks.jobs`` as a table (number, state, time, ranks, command)
-``%ranks stop``                 ``ranks.stop()``
-``%ranks status`` / ``stacks``  ``ranks.status()`` / ``ranks.stacks()``
-``%ranks restart``              ``ranks.restart()``
-``%ranks pull NAME``            ``NAME = ranks.pull("NAME")`` in the kernel
-``%ranks push NAME``            ``ranks.push("NAME", NAME)``
-``%ranks auto on|off``          every following cell runs as a ``%%ranks`` cell
-``%ranks value-limit [SIZE]``   ``ranks.value_limit = SIZE`` (no SIZE: show it)
-==============================  ==================================================
+==================================  ==================================================
+``%ranks start 2``                  ``start_ranks(2)`` (``--start-method``, ``--panel``, ``--hang-timeout``,
+                                    ``--gpus``, ``--value-limit``)
+``%ranks start 2 --nodes slurm``    ``start_ranks(2, nodes="slurm")`` (or ``slurm:JOBID``, or a ``Nodes`` variable)
+``%ranks start 2 --hosts a,b``      ``start_ranks(2, nodes=["a", "b"])``: SSH to each host
+``%%ranks`` / ``%%ranks 0,2``       ``ranks.execute(cell, on=...)``, the values displayed per rank
+``%%ranks --bg [0,2]``              the same as a background job: returns at once, output in its cell
+``%ranks wait`` / ``wait N``        wait for the last job (job N), then show what its cell would have shown
+``%ranks jobs``                     ``ranks.jobs`` as a table (number, state, time, ranks, command)
+``%ranks stop``                     ``ranks.stop()``
+``%ranks status`` / ``stacks``      ``ranks.status()`` / ``ranks.stacks()``
+``%ranks restart``                  ``ranks.restart()``
+``%ranks pull NAME``                ``NAME = ranks.pull("NAME")`` in the kernel
+``%ranks push NAME``                ``ranks.push("NAME", NAME)``
+``%ranks auto on|off``              every following cell runs as a ``%%ranks`` cell
+``%ranks value-limit [SIZE]``       ``ranks.value_limit = SIZE`` (no SIZE: show it)
+==================================  ==================================================
 
 The magic logic (:class:`RanksMagic`) is plain Python; IPython is imported only when the extension is
 loaded, so the core stays importable without it.
@@ -34,6 +36,7 @@ import sys
 import tokenize
 from typing import Any
 
+from ..nodes.spec import Nodes
 from .display import CellDisplay, StacksView, StatusTable
 from .gpus import parse_gpus
 from .jobs import Job, JobsTable
@@ -102,6 +105,8 @@ def _parsers() -> dict[str, _Parser]:
     start.add_argument("--hang-timeout", type=float, default=60.0, metavar="SECONDS")
     start.add_argument("--value-limit", default=None, metavar="SIZE")
     parsers["value-limit"].add_argument("size", nargs="?", default=None, metavar="SIZE")
+    start.add_argument("--nodes", default=None, metavar="slurm|slurm:JOBID|VARIABLE")
+    start.add_argument("--hosts", default=None, metavar="HOST,HOST")
     parsers["pull"].add_argument("name", metavar="NAME")
     parsers["push"].add_argument("names", nargs="+", metavar="NAME")
     for name in ("pull", "push"):
@@ -231,6 +236,7 @@ class RanksMagic:
             hang_timeout=args.hang_timeout,
             **limit,
             gpus=args.gpus,
+            nodes=nodes_option(args.nodes, args.hosts, self.shell.user_ns),
         )
 
     def _stop(self, args: argparse.Namespace) -> None:
@@ -333,6 +339,46 @@ def _size(text: str, command: str) -> int | None:
         raise RanksUsageError(
             f"%ranks {command} {text}: {err}; e.g. `%ranks {command} 50MB` (or `none`: no limit)"
         ) from None
+
+
+def nodes_option(nodes: str | None, hosts: str | None, user_ns: dict[str, Any]) -> Any:
+    """Return what ``%ranks start --nodes X`` / ``--hosts a,b`` passes as ``start_ranks(nodes=...)`` (None: this machine).
+
+    ``--nodes`` takes ``slurm``, ``slurm:JOBID`` or the name of a kernel variable holding a ``Nodes``;
+    ``--hosts`` a comma-separated list of SSH host names.
+    """
+    if nodes is not None and hosts is not None:
+        raise RanksUsageError(
+            f"%ranks start: --nodes {nodes} and --hosts {hosts} both say where the ranks run; give one "
+            "(--hosts a,b is --nodes for SSH hosts)"
+        )
+    if hosts is not None:
+        names = [h.strip() for h in hosts.split(",")]
+        if not all(names):
+            raise RanksUsageError(
+                f"%ranks start --hosts {hosts!r}: an empty host name; list hosts separated by commas, "
+                "like --hosts gpu-a,gpu-b"
+            )
+        return _checked_nodes(names, f"--hosts {hosts}")
+    if nodes is None:
+        return None
+    if nodes.isidentifier() and nodes != "slurm":
+        value = user_ns.get(nodes)
+        if not isinstance(value, Nodes):
+            what = "no such variable" if nodes not in user_ns else f"a {type(value).__name__}, not a Nodes"
+            raise RanksUsageError(
+                f"%ranks start --nodes {nodes}: {what}; give slurm, slurm:JOBID, or the name of a variable "
+                "holding notebook_accel.Nodes(...)"
+            )
+        return value
+    return _checked_nodes(nodes, f"--nodes {nodes}")
+
+
+def _checked_nodes(value: Any, option: str) -> Nodes:
+    try:
+        return Nodes.of(value)
+    except (TypeError, ValueError) as err:
+        raise RanksUsageError(f"%ranks start {option}: {err}") from None
 
 
 def _identifier(name: str, command: str) -> str:

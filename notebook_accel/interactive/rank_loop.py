@@ -33,6 +33,7 @@ from ..state import PartialState
 from ..utils._worker_channel import FRAME_HEADER
 from .gpus import use_gpus
 from .rank_shell import forward_display, rank_shell, refuse_input, run_maybe_async, show_figures
+from .remote import connect_rank
 from .stale import fingerprint, stale_names
 from .values import value_payload
 
@@ -356,12 +357,19 @@ def _close_inherited(listener_fd: int | None, address: str) -> None:
         os.close(listener_fd)
 
 
-def rank_main(address: str, listener_fd: int | None = None, gpus: tuple[int, ...] | None = None) -> None:
-    """Serve the kernel's commands in this rank until it closes the connection (run by the launcher)."""
+def rank_main(
+    address: str,
+    listener_fd: int | None = None,
+    gpus: tuple[int, ...] | None = None,
+    relay: str | None = None,
+) -> None:
+    """Serve the kernel's commands in this rank until it closes the connection (run by the launcher).
+
+    ``relay``: the token of the relay through which a rank on another node reaches ``address``.
+    """
     use_gpus(gpus)  # before anything starts CUDA here: rank r then uses cuda:r, which is gpus[r]
     _close_inherited(listener_fd, address)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(address)
+    sock = connect_rank(address, relay)
     try:
         RankLoop(sock, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])).serve()
     finally:

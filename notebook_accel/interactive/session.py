@@ -38,6 +38,7 @@ from .group import CellSink, Group, failure_of, mark_idle
 from .jobs import Job, command_guard, start_job, stop_running
 from .rank_loop import rank_main, recv_frame, remember_source, split_code, without_globals
 from .rank_shell import prepare_cell
+from .remote import relay_hook, resolve_nodes
 from .stale import StaleGlobalWarning, fingerprint, global_tokens, stale_message
 from .values import DEFAULT_VALUE_LIMIT, CellResult, cell_result, parse_size
 
@@ -67,6 +68,8 @@ class RankState:
     cpu_percent: float | None = None
     rss: int | None = None
     last_line: str = ""
+    node: str | None = None
+    """The host the rank runs on, for ranks started with ``nodes=`` (None on this machine)."""
 
 
 def current() -> Ranks | None:
@@ -93,6 +96,7 @@ def start_ranks(
     hang_timeout: float = 60,
     value_limit: int | str | None = DEFAULT_VALUE_LIMIT,
     gpus: list[int] | None = None,
+    nodes: Any = None,
     **more: Any,
 ) -> Ranks:
     """Return ``num_processes`` ranks forked from this process into one process group, waiting for commands.
@@ -118,6 +122,9 @@ def start_ranks(
         value_limit: bytes (or a size like ``"50MB"``; None: no limit) up to which a cell's last value
             comes to the kernel (``execute``, ``%%ranks``); a bigger one stays on its rank, shown by its
             display forms, fetched with ``pull``. ``Ranks.value_limit`` changes it later.
+        nodes: run ``num_processes`` ranks on each of several machines: ``"slurm"`` (every node of
+            this Slurm allocation), ``"slurm:<jobid>"``, a list of SSH host names, or a ``Nodes``.
+            Those ranks start as fresh interpreters (spawn): push what they need.
         **more: ``mixed_precision``, ``use_port``, ``master_addr``, ``log_dir``,
             ``log_line_prefix_template`` and ``progress_bars``, as for ``notebook_launcher``.
 
@@ -130,7 +137,7 @@ def start_ranks(
     if unknown:
         raise TypeError(
             f"start_ranks() got unknown option(s) {unknown}; it takes num_processes, start_method, panel, "
-            f"hang_timeout, gpus, value_limit and {', '.join(_MORE)}"
+            f"hang_timeout, gpus, value_limit, nodes and {', '.join(_MORE)}"
         )
     with _current_lock:
         running = current()
@@ -148,6 +155,7 @@ def start_ranks(
             hang_timeout=hang_timeout,
             value_limit=value_limit,
             gpus=gpus,
+            nodes=nodes,
             **more,
         )
         ranks._start()
@@ -167,9 +175,13 @@ class Ranks:
         hang_timeout: float = 60,
         value_limit: int | str | None = DEFAULT_VALUE_LIMIT,
         gpus: list[int] | None = None,
+        nodes: Any = None,
         **more: Any,
     ) -> None:
         self.value_limit = value_limit
+        nodes, start_method = resolve_nodes(nodes, start_method)
+        if nodes is not None:  # only then: a LaunchRequest without the nodes option stays as it was
+            more["nodes"] = nodes
         self._options = dict(
             more, num_processes=num_processes, start_method=start_method or "fork", panel=panel
         )
@@ -214,12 +226,15 @@ class Ranks:
             )
             request = LaunchRequest(
                 function=rank_main,
-                args=(address, listener.fileno(), self._gpus),
+                # Ranks elsewhere inherit no listener to close (and reach this one through their agent).
+                args=(address, None if "nodes" in self._options else listener.fileno(), self._gpus),
                 block=False,
                 sinks=[sink],
                 **self._options,
             )
-            handle = start_persistent_group(request)
+            # Across nodes the ranks start once the agents joined and relay this socket (remote.py).
+            joined = {"on_join": relay_hook(request, address)} if "nodes" in self._options else {}
+            handle = start_persistent_group(request, **joined)
             sink._n = handle.num_processes
             try:
                 conns = _accept(listener, handle, sink)
@@ -334,7 +349,16 @@ class Ranks:
             else:
                 state = "failed" if book.get("failed") else "idle"
             out.append(
-                RankState(s.rank, s.pid, state, book.get("cell", ""), s.cpu_percent, s.rss, s.last_line)
+                RankState(
+                    s.rank,
+                    s.pid,
+                    state,
+                    book.get("cell", ""),
+                    s.cpu_percent,
+                    s.rss,
+                    s.last_line,
+                    getattr(s, "node", None),
+                )
             )
         return out
 

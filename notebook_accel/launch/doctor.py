@@ -137,6 +137,8 @@ class RankStack:
     answered: bool = True
     io: int | None = None
     """Bytes the rank had read and written through system calls (``/proc/<pid>/io``), just after the dump."""
+    node: str | None = None
+    """The host the rank runs on, in a launch across nodes (``nodes=``)."""
 
     @functools.cached_property
     def text(self) -> str:
@@ -315,13 +317,18 @@ def _wait_for_dumps(paths: dict[int, str], start: dict[int, int]) -> dict[int, s
     return texts
 
 
+def _on(stack: RankStack) -> str:
+    return f" ({stack.node})" if stack.node else ""
+
+
 def describe_stacks(stacks: dict[int, RankStack]) -> str:
     """Return each rank's one-phrase position, then every rank's full stacks (for errors and reports)."""
     lines = ["Where each rank was:"]
-    lines += [f"  rank {rank}: {stack.summary()}" for rank, stack in sorted(stacks.items())]
+    lines += [f"  rank {rank}{_on(stack)}: {stack.summary()}" for rank, stack in sorted(stacks.items())]
     for rank, stack in sorted(stacks.items()):
         if stack.threads:
-            lines += ["", f"Stacks of rank {rank} (pid {stack.pid}):", stack.text]
+            where = f", on {stack.node}" if stack.node else ""
+            lines += ["", f"Stacks of rank {rank} (pid {stack.pid}{where}):", stack.text]
     return "\n".join(lines)
 
 

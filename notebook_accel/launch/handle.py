@@ -63,8 +63,12 @@ class LaunchHandle(Completion, LaunchViews):
         on_hang: str = "report",
         attempt: int = 1,
         started: float | None = None,
+        workers: Any = None,
     ) -> None:
         self.plan = plan
+        # Who starts the ranks: start_worker here, or the agents of a launch across nodes (nodes.remote.NodeGroup),
+        # whose remote ranks come with the same interfaces (process, stacks, usage).
+        self._workers = workers
         self.attempt = attempt
         """Which try of a launch with restarts this group is (1 without ``max_restarts``)."""
         self.run_id = run_id
@@ -89,13 +93,16 @@ class LaunchHandle(Completion, LaunchViews):
         # ``timeout`` counts from here: a restarted group passes the launch's first start.
         self._started = time.monotonic() if started is None else started
         self._timed_out = False
-        base = plan.node_rank * plan.num_processes
-        self._ranks = [_Rank(base + i, i, attempt) for i in range(plan.num_processes)]
+        n = plan.num_processes
+        self._ranks = [
+            _Rank(rank, rank % n, attempt, rank // n, plan.hosts[rank // n] if plan.hosts else None)
+            for rank in plan.supervised_ranks
+        ]
         self._thread: threading.Thread | None = None
         self._bar_events = bar_events
         self._events = EventHub(live_bar_ranks)
-        self._usage = UsageSampler()
-        self._collector = StackCollector()
+        self._usage = UsageSampler() if workers is None else workers.usage()
+        self._collector = StackCollector() if workers is None else workers.collector()
         self._hang = HangWatch(hang_timeout)
         self._hang_active = True
         self._on_hang = on_hang
@@ -172,6 +179,7 @@ class LaunchHandle(Completion, LaunchViews):
         store_ports = tuple(p for p in (plan.master_port, plan.dry_run_port) if p)
         parent_fds: list[int] = []
         freeze = plan.start_method == "fork"
+        starter = start_worker if self._workers is None else self._workers.start
         if freeze:
             # Objects that exist now move to the permanent generation for the forks: a worker's
             # garbage collections then never touch (and copy-on-write) the kernel's heap.
@@ -185,7 +193,7 @@ class LaunchHandle(Completion, LaunchViews):
                 spec = WorkerSpec(
                     rank=r.rank,
                     local_rank=r.local_rank,
-                    env=plan.worker_env(r.local_rank),
+                    env=plan.worker_env(r.local_rank, r.node),
                     num_threads=threads,
                     backend=plan.backend,
                     dry_run_port=plan.dry_run_port,
@@ -199,7 +207,7 @@ class LaunchHandle(Completion, LaunchViews):
                 )
                 writes = [pipes[name][1] for name in ("stdout", "stderr", "result")]
                 try:
-                    r.proc = start_worker(plan.start_method, spec, *writes)
+                    r.proc = starter(plan.start_method, spec, *writes)
                 finally:
                     for fd in writes:
                         os.close(fd)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import codecs
 import collections
 import fcntl
+import ipaddress
 import logging
 import re
 import string
@@ -34,6 +35,7 @@ __all__ = [
     "OutputLine",
     "PrintSink",
     "format_prefix",
+    "short_host",
 ]
 
 logger = logging.getLogger(__name__)
@@ -158,24 +160,46 @@ class OutputHistory:
         )
 
 
+def short_host(host: str) -> str:
+    """Return ``host`` without its domain (``gpu-b`` of ``gpu-b.cluster.org``); an IP address whole."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return host.split(".")[0]
+    return host
+
+
 def format_prefix(
-    template: str | None, rank: int, local_rank: int, role_name: str = "default", attempt: int = 1
+    template: str | None,
+    rank: int,
+    local_rank: int,
+    role_name: str = "default",
+    attempt: int = 1,
+    node: str | None = None,
 ) -> str:
     """Return the line prefix for ``rank``: ``"[rank N] "`` (``"[rank N, attempt A] "`` after a restart) or ``template`` filled in.
 
-    Both torchrun's ``${rank}`` placeholders and ``{rank}`` format fields are accepted
-    (``rank``, ``local_rank``, ``role_name``, ``attempt``).
+    A launch across nodes names the rank's node first (``"[gpu-b rank 3] "``). Both torchrun's
+    ``${rank}`` placeholders and ``{rank}`` format fields are accepted (``rank``, ``local_rank``,
+    ``role_name``, ``attempt``, ``node``).
     """
     if template is None:
-        return f"[rank {rank}] " if attempt == 1 else f"[rank {rank}, attempt {attempt}] "
-    values = {"rank": rank, "local_rank": local_rank, "role_name": role_name, "attempt": attempt}
+        where = f"{node} " if node else ""
+        return f"[{where}rank {rank}] " if attempt == 1 else f"[{where}rank {rank}, attempt {attempt}] "
+    values = {
+        "rank": rank,
+        "local_rank": local_rank,
+        "role_name": role_name,
+        "attempt": attempt,
+        "node": node or "",
+    }
     text = string.Template(template).safe_substitute(values)
     try:
         return text.format(**values)
     except (KeyError, IndexError, ValueError) as exc:
         raise ValueError(
             f"log_line_prefix_template={template!r} cannot be formatted ({exc!r}); "
-            "use the fields {rank}, {local_rank}, {role_name} and {attempt}"
+            "use the fields {rank}, {local_rank}, {role_name}, {attempt} and {node}"
         ) from None
 
 
@@ -189,6 +213,7 @@ class PrintSink:
         prefix_template: str | None = None,
         num_processes: int = 1,
         node_rank: int = 0,
+        hosts: tuple[str, ...] = (),
     ) -> None:
         # Bound now: in a kernel, sys.stdout at call time is the stream of the running cell.
         self.stdout = stdout if stdout is not None else sys.stdout
@@ -196,14 +221,16 @@ class PrintSink:
         self._template = prefix_template
         self._n = max(1, num_processes)
         self._node_rank = node_rank
+        self._hosts = hosts  # a launch across nodes: every rank, each labelled with its node's short name
         self._prefixes: dict[tuple[int, int], str] = {}
 
     def _prefix(self, rank: int, attempt: int = 1) -> str:
         prefix = self._prefixes.get((rank, attempt))
         if prefix is None:
-            local = rank - self._node_rank * self._n
+            node = short_host(self._hosts[rank // self._n]) if self._hosts else None
+            local = rank % self._n if self._hosts else rank - self._node_rank * self._n
             prefix = self._prefixes[(rank, attempt)] = format_prefix(
-                self._template, rank, local, attempt=attempt
+                self._template, rank, local, attempt=attempt, node=node
             )
         return prefix
 

@@ -140,16 +140,28 @@ class LaunchPlan:
     in_process: bool = False
     env: dict[str, str] = field(default_factory=dict)
     """Variables every worker gets on top of the torchrun ones (RANK, WORLD_SIZE, ...)."""
+    hosts: tuple[str, ...] = ()
+    """The nodes this process drives through their agents (``nodes=``), node 0 first; empty: this machine only."""
 
     @property
     def world_size(self) -> int:
         """Return the total number of processes over all nodes."""
         return self.num_processes * self.num_nodes
 
+    @property
+    def supervised_ranks(self) -> range:
+        """Return the ranks this process supervises: every rank with ``hosts``, else this node's."""
+        if self.hosts:
+            return range(self.world_size)
+        base = self.node_rank * self.num_processes
+        return range(base, base + self.num_processes)
+
     def describe(self) -> str:
         """Return the one-line summary the launcher prints before starting."""
         where = "in the calling process" if self.in_process else f"start method {self.start_method}"
         nodes = f" x {self.num_nodes} nodes (node rank {self.node_rank})" if self.num_nodes > 1 else ""
+        if self.hosts:
+            nodes = f" per node x {len(self.hosts)} node(s) ({', '.join(self.hosts)})"
         return (
             f"Launching {self.num_processes} process(es){nodes} | backend {self.backend} | device {self.device_type} "
             f"| {where} | {self.master_addr}:{self.master_port}"
@@ -161,15 +173,18 @@ class LaunchPlan:
             + (" | debug dry run" if self.debug else "")
         )
 
-    def worker_env(self, local_rank: int) -> dict[str, str]:
-        """Return the environment of the worker with ``local_rank`` (torchrun contract + ours)."""
-        rank = self.node_rank * self.num_processes + local_rank
+    def worker_env(self, local_rank: int, node: int | None = None) -> dict[str, str]:
+        """Return the environment of the worker with ``local_rank`` on ``node`` (default: this node's rank) (torchrun contract + ours)."""
+        node_rank = self.node_rank if node is None else node
+        rank = node_rank * self.num_processes + local_rank
+        extra = {"NODE_RANK": str(node_rank)} if self.hosts else {}
         return {
             "RANK": str(rank),
             "WORLD_SIZE": str(self.world_size),
             "LOCAL_RANK": str(local_rank),
             "LOCAL_WORLD_SIZE": str(self.num_processes),
-            "GROUP_RANK": str(self.node_rank),
+            "GROUP_RANK": str(node_rank),
+            **extra,
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
             **alias_worker_env(),
@@ -177,8 +192,8 @@ class LaunchPlan:
         }
 
 
-def resolve_plan(request: LaunchRequest) -> LaunchPlan:
-    """Return the ``LaunchPlan`` for ``request`` (checked already) on this machine.
+def resolve_plan(request: LaunchRequest, gpus: int | None = None) -> LaunchPlan:
+    """Return the ``LaunchPlan`` for ``request`` (checked already) on this machine (``gpus``: the devices per node, if known).
 
     Only what depends on the machine is decided (and can fail) here: the platform, the devices, the
     debug flag, whether CUDA was initialised before a fork.
@@ -207,7 +222,7 @@ def resolve_plan(request: LaunchRequest) -> LaunchPlan:
             env=env,
             **common,
         )
-    gpus = 0 if request.force_cpu else _cuda_device_count()
+    gpus = 0 if request.force_cpu else (_cuda_device_count() if gpus is None else gpus)
     if gpus > 0:
         n = asked if asked is not None else gpus
         if num_nodes == 1 and n > gpus:

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from .worker import WorkerSpec, worker_main
 
-__all__ = ["WorkerProcess", "start_worker"]
+__all__ = ["WorkerProcess", "by_value", "start_worker"]
 
 
 def _pidfd(pid: int) -> int | None:
@@ -213,8 +213,13 @@ def _fork(spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerProcess
     return WorkerProcess(pid)
 
 
-def _by_value(spec: WorkerSpec) -> WorkerSpec:
-    """Return ``spec`` with the function and its arguments cloudpickled (a fresh interpreter runs them)."""
+def by_value(spec: WorkerSpec) -> WorkerSpec:
+    """Return ``spec`` with the function and its arguments cloudpickled (a fresh interpreter runs them).
+
+    A spec that already travelled by value (a node's agent starting a rank the kernel pickled) is kept.
+    """
+    if spec.payload is not None:
+        return replace(spec, close_fds=())
     import cloudpickle
 
     payload = cloudpickle.dumps((spec.function, spec.args))
@@ -222,7 +227,7 @@ def _by_value(spec: WorkerSpec) -> WorkerSpec:
 
 
 def _spawn(spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerProcess:
-    spec = _by_value(spec)
+    spec = by_value(spec)
     header = pickle.dumps((list(sys.path), os.getcwd(), res_w, spec))
     popen = subprocess.Popen(
         [sys.executable, "-c", "from notebook_accel.launch.procs import _spawned_main; _spawned_main()"],
@@ -261,7 +266,7 @@ def _forkserver(spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerP
     from multiprocessing.connection import Connection
 
     ctx = mp.get_context("forkserver")
-    spec = _by_value(spec)
+    spec = by_value(spec)
     conns = [Connection(os.dup(fd), readable=False) for fd in (out_w, err_w, res_w)]
     proc = ctx.Process(target=_forkserver_entry, args=(spec, *conns), daemon=False)
     try:

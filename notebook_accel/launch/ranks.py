@@ -43,15 +43,19 @@ class RankStatus:
     """Peak of ``cuda_allocated`` (torch.cuda.max_memory_allocated)."""
     attempt: int = 1
     """Which try of the launch this rank belongs to: 2 and up after restarts (``max_restarts``)."""
+    node: str | None = None
+    """The host the rank runs on in a launch across nodes (``nodes=``); None on this machine."""
 
 
 class _Rank:
     """Parent-side bookkeeping of one worker."""
 
-    def __init__(self, rank: int, local_rank: int, attempt: int = 1) -> None:
-        self.rank, self.local_rank = rank, local_rank
+    def __init__(
+        self, rank: int, local_rank: int, attempt: int = 1, node: int | None = None, host: str | None = None
+    ) -> None:
+        self.rank, self.local_rank, self.node = rank, local_rank, node
         self.proc: WorkerProcess | None = None
-        self.status = RankStatus(rank, None, "starting", time.time(), attempt=attempt)
+        self.status = RankStatus(rank, None, "starting", time.time(), attempt=attempt, node=host)
         self.fds: dict[int, str] = {}  # open parent-side read ends -> "stdout" | "stderr" | "result"
         self.splitters: dict[str, LineSplitter] = {}
         self.decoder = FrameDecoder()

@@ -117,10 +117,13 @@ class LaunchRequest:
     """debug_launcher: gloo on the CPU even where CUDA devices exist."""
     allow_oversubscribe: bool = False
     """Accept more than ``MAX_PROCESSES_PER_CORE`` processes per CPU core."""
+    nodes: Any = None
+    """The machines to run on, each with ``num_processes`` ranks (``"slurm"``, host names, a ``Nodes``); None: this one."""
     master_port: int = field(init=False, default=0)
     """``use_port`` as a number (set by the checks)."""
 
     def __post_init__(self) -> None:
+        self._check_nodes()  # first: with nodes=, node_rank is refused as such, not as out of range
         self._check_counts()
         self._check_call()
         self._check_times()
@@ -254,6 +257,22 @@ class LaunchRequest:
                 raise ValueError(
                     f"{name}={getattr(self, name)!r} only applies to multi-node launches (num_nodes > 1, "
                     f"through torch elastic); leave it at {default!r} for a launch on this machine"
+                )
+
+    def _check_nodes(self) -> None:
+        if self.nodes is None:
+            return
+        for name, default in (("num_nodes", 1), ("node_rank", 0), ("master_addr", "127.0.0.1")):
+            if getattr(self, name) != default:
+                where = (
+                    "the rendezvous is at this kernel's address on the route to the nodes (Nodes(address=...) "
+                    "names another)"
+                    if name == "master_addr"
+                    else "num_nodes/node_rank are the torchrun way, one kernel per machine"
+                )
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} cannot be combined with nodes={self.nodes!r}: nodes= runs every "
+                    f"node's ranks from this kernel and {where}; leave {name} at {default!r}"
                 )
 
     @property

@@ -1,0 +1,176 @@
+"""The authenticated channel between the kernel and a node's agent: nothing is unpickled before both sides proved the secret.
+
+Each launch draws a fresh 32-byte secret (``new_secret``); the agent gets it on its stdin (the
+bootstrap line), never on a command line. A connection starts with a challenge-response of raw
+bytes both ways (no pickle involved):
+
+    kernel -> agent   MAGIC + nonce_k (32 bytes)
+    agent  -> kernel  nonce_a + HMAC(secret, "agent" | nonce_k | nonce_a)
+    kernel -> agent   HMAC(secret, "kernel" | nonce_a | nonce_k)
+
+Each side checks the other's proof with ``hmac.compare_digest`` and closes the connection on a
+wrong one. Both then derive one key per direction from the secret and both nonces, so a frame of
+another connection or of the other direction never verifies. Every frame afterwards is
+``length (4 bytes) | HMAC-SHA256(key, sequence (8 bytes) | body) | body``: the receiver counts
+the sequence itself, so a replayed, reordered, dropped or altered frame fails the check; then
+``ChannelError`` is raised, the connection is closed, and the body is never unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import pickle
+import secrets
+import socket
+import struct
+import threading
+from typing import Any
+
+__all__ = ["MAX_FRAME", "Channel", "ChannelError", "accept_channel", "connect_channel", "new_secret"]
+
+MAGIC = b"notebook_accel-nodes/1\n"
+SECRET_BYTES = 32
+_NONCE = 32
+_MAC = hashlib.sha256().digest_size
+_HEADER = struct.Struct(">I")
+_SEQUENCE = struct.Struct(">Q")
+MAX_FRAME = 1 << 30
+"""Largest frame body accepted (1 GiB): a length beyond it is refused before anything is read."""
+
+
+class ChannelError(ConnectionError):
+    """The peer failed authentication, sent a frame whose signature does not verify, or went away."""
+
+
+def new_secret() -> bytes:
+    """Return a fresh per-launch secret (32 random bytes)."""
+    return secrets.token_bytes(SECRET_BYTES)
+
+
+def _mac(key: bytes, *parts: bytes) -> bytes:
+    return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        chunk = sock.recv(min(n - got, 1 << 20))
+        if not chunk:
+            raise ChannelError(f"the connection closed after {got} of {n} bytes")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+class Channel:
+    """One authenticated connection: ``send(obj)`` signs and writes a pickle; ``recv()`` verifies, then unpickles."""
+
+    def __init__(self, sock: socket.socket, send_key: bytes, recv_key: bytes) -> None:
+        self.sock = sock
+        self._send_key, self._recv_key = send_key, recv_key
+        self._send_seq = self._recv_seq = 0
+        self._send_lock = threading.Lock()
+        self.closed = False
+
+    def send(self, message: Any) -> None:
+        """Sign and send ``message`` (any picklable object); ChannelError when the connection is gone."""
+        self.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def send_bytes(self, body: bytes) -> None:
+        """Sign and send one frame holding ``body``."""
+        with self._send_lock:
+            mac = _mac(self._send_key, _SEQUENCE.pack(self._send_seq), body)
+            self._send_seq += 1
+            try:
+                self.sock.sendall(_HEADER.pack(len(body)) + mac + body)
+            except OSError as exc:
+                self.close()
+                raise ChannelError(f"sending failed: {exc}") from exc
+
+    def recv(self) -> Any:
+        """Return the next message, unpickled only after its signature verified; ChannelError otherwise."""
+        return pickle.loads(self.recv_bytes())
+
+    def recv_bytes(self) -> bytes:
+        """Return the next frame's body once its signature verified (the connection is dropped if not)."""
+        try:
+            (length,) = _HEADER.unpack(_read_exactly(self.sock, _HEADER.size))
+            if length > MAX_FRAME:
+                raise ChannelError(f"a frame of {length} bytes is over the limit of {MAX_FRAME}")
+            mac = _read_exactly(self.sock, _MAC)
+            body = _read_exactly(self.sock, length)
+        except ChannelError:
+            self.close()
+            raise
+        except OSError as exc:
+            self.close()
+            raise ChannelError(f"receiving failed: {exc}") from exc
+        expected = _mac(self._recv_key, _SEQUENCE.pack(self._recv_seq), body)
+        if not hmac.compare_digest(mac, expected):
+            self.close()
+            raise ChannelError(
+                f"frame {self._recv_seq} failed its signature check (tampered, replayed or out of order); "
+                "the connection was dropped"
+            )
+        self._recv_seq += 1
+        return body
+
+    def close(self) -> None:
+        """Close the connection (idempotent); a reader blocked in ``recv`` gets ChannelError."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def _keys(secret: bytes, nonce_k: bytes, nonce_a: bytes) -> tuple[bytes, bytes]:
+    """Return (kernel-to-agent key, agent-to-kernel key) of one connection."""
+    return _mac(secret, b"k2a", nonce_k, nonce_a), _mac(secret, b"a2k", nonce_k, nonce_a)
+
+
+def accept_channel(sock: socket.socket, secret: bytes, timeout: float = 10.0) -> Channel:
+    """Return the channel over ``sock`` (accepted by the kernel) once the agent proved the secret.
+
+    Raises ChannelError (and closes ``sock``) when it does not within ``timeout`` seconds.
+    """
+    try:
+        sock.settimeout(timeout)
+        nonce_k = secrets.token_bytes(_NONCE)
+        sock.sendall(MAGIC + nonce_k)
+        answer = _read_exactly(sock, _NONCE + _MAC)
+        nonce_a, proof = answer[:_NONCE], answer[_NONCE:]
+        if not hmac.compare_digest(proof, _mac(secret, b"agent", nonce_k, nonce_a)):
+            raise ChannelError("the peer did not prove the launch's secret; connection refused")
+        sock.sendall(_mac(secret, b"kernel", nonce_a, nonce_k))
+        sock.settimeout(None)
+    except (OSError, ChannelError) as exc:
+        sock.close()
+        raise exc if isinstance(exc, ChannelError) else ChannelError(f"handshake failed: {exc}") from exc
+    to_agent, to_kernel = _keys(secret, nonce_k, nonce_a)
+    return Channel(sock, send_key=to_agent, recv_key=to_kernel)
+
+
+def connect_channel(address: tuple[str, int], secret: bytes, timeout: float = 10.0) -> Channel:
+    """Return the agent's channel to the kernel at ``address`` once both sides proved the secret."""
+    sock = socket.create_connection(address, timeout=timeout)
+    try:
+        hello = _read_exactly(sock, len(MAGIC) + _NONCE)
+        if not hmac.compare_digest(hello[: len(MAGIC)], MAGIC):
+            raise ChannelError(f"{address[0]}:{address[1]} is not a notebook_accel kernel")
+        nonce_k = hello[len(MAGIC) :]
+        nonce_a = secrets.token_bytes(_NONCE)
+        sock.sendall(nonce_a + _mac(secret, b"agent", nonce_k, nonce_a))
+        proof = _read_exactly(sock, _MAC)
+        if not hmac.compare_digest(proof, _mac(secret, b"kernel", nonce_a, nonce_k)):
+            raise ChannelError("the kernel did not prove the launch's secret; connection refused")
+        sock.settimeout(None)
+    except (OSError, ChannelError) as exc:
+        sock.close()
+        raise exc if isinstance(exc, ChannelError) else ChannelError(f"handshake failed: {exc}") from exc
+    to_agent, to_kernel = _keys(secret, nonce_k, nonce_a)
+    return Channel(sock, send_key=to_kernel, recv_key=to_agent)

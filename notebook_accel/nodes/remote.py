@@ -1,0 +1,387 @@
+"""The kernel side of a launch across nodes: one agent per node, joined, authenticated, watched.
+
+``NodeGroup.join(placement, ...)`` listens on the kernel's address only (a free port), has the
+placement engine start ``python -m notebook_accel.nodes.agent`` on every node, writes each agent
+its bootstrap (with the launch's secret) on stdin, and waits for every node to connect, prove the
+secret and report its versions. A node that does not join in time, or whose versions differ from
+the kernel's, fails the join with an error naming it (and the engine's own message); whatever was
+started elsewhere is ended first. Afterwards one thread per node reads the agent's messages into
+the ranks' local pipes, and a heartbeat thread notices a node gone silent; a lost node fails every
+rank it ran with an error naming it, and the launch stops the others as after any failure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import selectors
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..launch.doctor import RankStack
+from ..launch.procs import by_value
+from ..launch.worker import WorkerSpec
+from .agent import LOST_AFTER, local_versions
+from .channel import Channel, ChannelError, accept_channel, new_secret
+from .relay import StreamRelay
+from .workers import RemoteStacks, RemoteUsage, RemoteWorkerProcess
+
+__all__ = ["NodeGroup", "NodeJoinError", "NodeSettings"]
+
+logger = logging.getLogger(__name__)
+
+_START_SECONDS = 60.0  # how long starting one rank may take on its node (spawn + its pipes)
+_STACKS_SECONDS = 3.0
+
+
+class NodeJoinError(RuntimeError):
+    """A node did not join the launch: never connected, failed to start, or runs other versions."""
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What the kernel side needs of ``Nodes``: how long a node may take to join, and the heartbeat."""
+
+    join_timeout: float = 60.0
+    heartbeat: float = 2.0
+    """Seconds between heartbeats, both ways; ``LOST_AFTER`` of them silent and the node counts as lost."""
+
+    @classmethod
+    def of(cls, nodes: Any) -> NodeSettings:
+        """Return the settings of a ``Nodes`` (None, or a missing attribute: the default)."""
+        given = {name: getattr(nodes, name, None) for name in ("join_timeout", "heartbeat")}
+        return cls(**{name: float(value) for name, value in given.items() if value is not None})
+
+
+@dataclass
+class _Node:
+    """One node of the group: its agent's process (placed by the engine), channel and ranks."""
+
+    index: int
+    host: str
+    popen: subprocess.Popen
+    channel: Channel | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    procs: dict[int, RemoteWorkerProcess] = field(default_factory=dict)
+    last_heard: float = field(default_factory=time.monotonic)
+    lost: str | None = None
+    feeding: bool = False
+    """The reader is writing into a rank's local pipe (waiting for the handle to read): not a silent agent."""
+
+    def send_quietly(self, message: tuple) -> None:
+        """Send ``message`` to the agent; a lost node is handled by the reader, not here."""
+        if self.channel is not None and self.lost is None:
+            try:
+                self.channel.send(message)
+            except ChannelError:
+                pass
+
+
+class NodeGroup:
+    """The agents of one launch: ``start`` gives ``RemoteWorkerProcess``es the handle supervises."""
+
+    def __init__(self, placement: Any, settings: NodeSettings, address: str, nodes: list[_Node]) -> None:
+        self.placement, self.settings, self.address = placement, settings, address
+        self.nodes = nodes
+        self.hosts = tuple(node.host for node in nodes)
+        self._closing = False
+        self._starts: dict[int, tuple[threading.Event, list]] = {}
+        self._stacks: dict[int, tuple[threading.Event, dict]] = {}
+        self._ids = itertools.count(1)
+        for node in nodes:  # the join itself may have taken several heartbeats
+            node.last_heard = time.monotonic()
+        self.figures: dict[int, dict[str, Any]] = {}
+        self.relay = StreamRelay(self)
+        self._threads = [
+            threading.Thread(
+                target=self._read, args=(node,), name=f"notebook_accel-node-{node.index}", daemon=True
+            )
+            for node in nodes
+        ]
+        self._threads.append(
+            threading.Thread(target=self._beat, name="notebook_accel-heartbeat", daemon=True)
+        )
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def gpus(self) -> int:
+        """Return the fewest CUDA devices any node has."""
+        return min(int(node.info.get("gpus", 0)) for node in self.nodes)
+
+    # ----------------------------------------------------------------- joining
+
+    @classmethod
+    def join(cls, placement: Any, settings: NodeSettings) -> NodeGroup:
+        """Return the group once an agent on every node of ``placement`` joined; NodeJoinError otherwise."""
+        hosts = list(placement.hosts())
+        address = placement.kernel_address(hosts)
+        secret = new_secret()
+        listener = socket.create_server((address, 0))  # this address only, never every interface
+        port = listener.getsockname()[1]
+        argv = placement.agent_argv()
+        nodes: list[_Node] = []
+        try:
+            for index, host in enumerate(hosts):
+                popen = placement.start(index, host, argv)
+                nodes.append(_Node(index, host, popen))
+                boot = {"address": address, "port": port, "secret": secret.hex(), "node": index,
+                        "heartbeat": settings.heartbeat, "connect_timeout": settings.join_timeout}  # fmt: skip
+                try:
+                    popen.stdin.write((json.dumps(boot) + "\n").encode())
+                    popen.stdin.close()
+                except OSError:
+                    pass  # it ended at once: the join reports the engine's message
+            _accept_all(listener, secret, nodes, placement, settings.join_timeout)
+        except BaseException:
+            _end_agents(placement, nodes)
+            raise
+        finally:
+            listener.close()
+            del secret
+        return cls(placement, settings, address, nodes)
+
+    # ----------------------------------------------------------------- what the handle uses
+
+    def start(self, method: str, spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> RemoteWorkerProcess:
+        """Return the started rank of ``spec`` on node ``NODE_RANK`` (``start_worker``'s signature; always spawn there)."""
+        node = self.nodes[int(spec.env["NODE_RANK"])]
+        if node.lost is not None:
+            raise RuntimeError(f"node {node.host} was lost: {node.lost}")
+        wid = next(self._ids)  # names this start: a restarted rank is another process
+        proc = RemoteWorkerProcess(node, spec.rank, out_w, err_w, res_w, wid)
+        done, answer = threading.Event(), []
+        self._starts[wid] = (done, answer)
+        node.procs[wid] = proc
+        try:
+            node.channel.send(("start", by_value(spec), [p for p in sys.path if p], wid))
+            if not done.wait(_START_SECONDS) or node.lost is not None:
+                raise RuntimeError(
+                    f"node {node.host} did not start rank {spec.rank}: {node.lost or 'no answer'}"
+                )
+        except BaseException:
+            node.procs.pop(wid, None)
+            proc.close()
+            raise
+        finally:
+            self._starts.pop(wid, None)
+        kind, value = answer
+        if kind == "start_failed":
+            node.procs.pop(wid, None)
+            proc.close()
+            raise RuntimeError(f"node {node.host} could not start rank {spec.rank}: {value}")
+        proc.pid = value
+        return proc
+
+    def collector(self) -> RemoteStacks:
+        """Return the handle's stack collector for ranks on these nodes."""
+        return RemoteStacks(self.stacks)
+
+    def usage(self) -> RemoteUsage:
+        """Return the handle's usage sampler for ranks on these nodes."""
+        return RemoteUsage(self.figures)
+
+    def stacks(self, ranks: dict[int, int]) -> dict[int, RankStack]:
+        """Return the stacks of ``ranks`` (``{rank: pid}``) that their agents sent within a few seconds."""
+        waits = []
+        for node in self.nodes:
+            mine = [wid for wid, p in node.procs.items() if p.rank in ranks and p.exitcode is None]
+            if mine and node.lost is None:
+                request_id = next(self._ids)
+                done, got = self._stacks[request_id] = (threading.Event(), {})
+                node.send_quietly(("stacks", request_id, mine))
+                waits.append((request_id, done, got, node.host))
+        out: dict[int, RankStack] = {}
+        deadline = time.monotonic() + _STACKS_SECONDS
+        for request_id, done, got, host in waits:
+            done.wait(max(0.0, deadline - time.monotonic()))
+            self._stacks.pop(request_id, None)
+            out.update({rank: replace(stack, node=host) for rank, stack in got.items()})
+        return out
+
+    def close(self) -> None:
+        """End the session with every agent (they end their ranks and exit); idempotent."""
+        if self._closing:
+            return
+        self._closing = True
+        for node in self.nodes:
+            node.send_quietly(("end",))
+        for node in self.nodes:
+            if node.channel is not None:
+                node.channel.close()
+        self.relay.close()
+        # The agents end their ranks and exit by themselves once their channel closed; waiting for that
+        # (and stopping an engine that hangs on, e.g. ssh to a node cut off) is not the launch's time.
+        self._reaper = threading.Thread(
+            target=_end_agents,
+            args=(self.placement, self.nodes),
+            name="notebook_accel-agents-end",
+            daemon=True,
+        )
+        self._reaper.start()
+
+    def wait_closed(self, timeout: float | None = None) -> bool:
+        """Return True once every agent's process (the engine's) has ended after ``close()``."""
+        reaper = getattr(self, "_reaper", None)
+        if reaper is None:
+            return False
+        reaper.join(timeout)
+        return not reaper.is_alive()
+
+    # ----------------------------------------------------------------- threads
+
+    def _read(self, node: _Node) -> None:
+        try:
+            while True:
+                message = node.channel.recv()
+                node.last_heard = time.monotonic()
+                self._dispatch(node, message)
+        except ChannelError as exc:
+            if not self._closing:
+                code = node.popen.poll()
+                ended = f", its agent exited with code {code}" if code is not None else ""
+                self._lose(node, f"the connection to its agent closed ({exc}){ended}")
+        except Exception as exc:
+            logger.exception("node %s: reading its agent failed", node.host)
+            self._lose(node, f"reading its agent failed: {exc!r}")
+
+    def _dispatch(self, node: _Node, message: tuple) -> None:
+        kind = message[0]
+        if kind in ("out", "eof", "exit"):
+            proc = node.procs.get(message[1])
+            if proc is None:
+                return
+            if kind == "out":
+                node.feeding = True
+                try:
+                    proc.feed(message[2], message[3])
+                finally:
+                    node.feeding = False
+            elif kind == "eof":
+                proc.end_stream(message[2])
+            else:
+                proc.exited(message[2])
+        elif kind in ("started", "start_failed"):
+            pending = self._starts.get(message[1])
+            if pending is not None:
+                pending[1][:] = [kind, message[2]]
+                pending[0].set()
+        elif kind == "usage":
+            self.figures.update(message[1])
+        elif kind == "stacks":
+            pending = self._stacks.get(message[1])
+            if pending is not None:
+                pending[1].update(message[2])
+                pending[0].set()
+        elif kind in ("listening", "open_stream", "stream", "close_stream"):
+            self.relay.on_message(node, message)
+
+    def _beat(self) -> None:
+        period = self.settings.heartbeat
+        while not self._closing:
+            now = time.monotonic()
+            for node in self.nodes:
+                if node.lost is not None:
+                    continue
+                node.send_quietly(("hb",))
+                if node.feeding:  # its messages wait for us, not the other way round
+                    node.last_heard = now
+                if now - node.last_heard > LOST_AFTER * period:
+                    self._lose(node, f"no heartbeat from its agent for {now - node.last_heard:.1f} s")
+            time.sleep(min(period, 0.5))
+
+    def _lose(self, node: _Node, reason: str) -> None:
+        if node.lost is not None or self._closing:
+            return
+        node.lost = reason
+        logger.warning("node %s lost: %s", node.host, reason)
+        if node.channel is not None:
+            node.channel.close()
+        said = " | ".join(self.placement.stderr_text(node.index).strip().splitlines()[-5:])
+        text = f"node {node.host} (node {node.index}) was lost: {reason}" + (
+            f"; its agent said: {said}" if said else ""
+        )
+        for proc in list(node.procs.values()):
+            proc.lost(text)
+        self.relay.node_lost(node)
+
+
+def _accept_all(
+    listener: socket.socket, secret: bytes, nodes: list[_Node], placement: Any, timeout: float
+) -> None:
+    """Accept and authenticate one agent per node within ``timeout``; raise NodeJoinError naming any that did not join."""
+    deadline = time.monotonic() + timeout
+    waiting = {node.index: node for node in nodes}
+    expected = local_versions()
+    with selectors.DefaultSelector() as sel:
+        sel.register(listener, selectors.EVENT_READ)
+        while waiting:
+            left = deadline - time.monotonic()
+            for node in waiting.values():
+                if node.popen.poll() is not None:  # the engine gave up (ssh refused, srun refused, no python)
+                    raise NodeJoinError(_not_joined(node, placement, "its agent ended before it joined"))
+            if left <= 0:
+                node = next(iter(waiting.values()))
+                raise NodeJoinError(
+                    _not_joined(node, placement, f"it did not join within join_timeout={timeout:g} s")
+                )
+            if not sel.select(min(left, 0.2)):
+                continue
+            conn, peer = listener.accept()
+            try:
+                channel = accept_channel(conn, secret, timeout=min(10.0, max(left, 1.0)))
+                hello = channel.recv()
+            except ChannelError as exc:
+                logger.warning("refused a connection from %s: %s", peer[0], exc)
+                continue
+            node = waiting.get(hello[1]) if hello[0] == "hello" else None
+            if node is None:
+                channel.close()
+                continue
+            node.channel, node.info = channel, dict(hello[3])
+            _check_versions(node, expected, hello[2])
+            del waiting[node.index]
+
+
+def _check_versions(node: _Node, expected: dict[str, str], got: dict[str, str]) -> None:
+    differ = [
+        f"{name} {got.get(name)!s} there, {mine} here"
+        for name, mine in expected.items()
+        if got.get(name) != mine
+    ]
+    if differ:
+        raise NodeJoinError(
+            f"node {node.host} (node {node.index}) runs other versions than this kernel: {'; '.join(differ)}. "
+            "Install the same versions there, or point Nodes(python=...) at an environment that has them; "
+            "no rank was started"
+        )
+
+
+def _not_joined(node: _Node, placement: Any, why: str) -> str:
+    engine = placement.failure(node.index, node.host, node.popen)  # it stops an engine still running
+    return (
+        f"node {node.host} (node {node.index}) did not join the launch: {why}. "
+        f"{getattr(placement, 'name', 'the placement engine')} said: {engine or '(nothing)'}"
+    )
+
+
+def _end_agents(placement: Any, nodes: list[_Node], wait: float = 10.0) -> None:
+    """Close every agent's channel and make sure its process (the engine's step) ends."""
+    for node in nodes:
+        if node.channel is not None:
+            node.channel.close()
+    deadline = time.monotonic() + wait
+    for node in nodes:
+        try:  # an agent whose channel closed ends its ranks and exits by itself
+            node.popen.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            placement.stop(node.popen)
+        for stream in (node.popen.stdin, node.popen.stdout):
+            if stream is not None:
+                stream.close()

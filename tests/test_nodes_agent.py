@@ -1,0 +1,142 @@
+"""The agent against a hand-driven kernel: it ends its ranks when the kernel goes, and relays Unix-socket streams."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from notebook_accel.launch.events import FrameDecoder
+from notebook_accel.launch.procs import by_value
+from notebook_accel.launch.worker import WorkerSpec
+from notebook_accel.nodes.agent import local_versions
+from notebook_accel.nodes.channel import Channel, accept_channel, new_secret
+from notebook_accel.nodes.relay import relay_address
+
+
+def sleeper(seconds):
+    time.sleep(seconds)
+
+
+def relay_path(token):
+    return relay_address(token)
+
+
+class FakeKernel:
+    """A listener, one agent started here with its bootstrap on stdin, and the authenticated channel to it."""
+
+    def __init__(self, heartbeat: float = 0.3) -> None:
+        self.secret = new_secret()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        host, port = self.server.getsockname()
+        boot = {"address": host, "port": port, "secret": self.secret.hex(), "node": 1, "heartbeat": heartbeat}
+        self.agent = subprocess.Popen(
+            [sys.executable, "-m", "notebook_accel.nodes.agent"],
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self.agent.stdin.write((json.dumps(boot) + "\n").encode())
+        self.agent.stdin.close()
+        self.server.settimeout(120)
+        conn, _ = self.server.accept()
+        self.channel: Channel = accept_channel(conn, self.secret, timeout=60)
+        self.hello = self.channel.recv()
+
+    def next(self, kind: str, timeout: float = 120.0) -> tuple:
+        """Return the next message of ``kind`` (heartbeats and others skipped)."""
+        self.channel.sock.settimeout(timeout)
+        while True:
+            message = self.channel.recv()
+            if message[0] == kind:
+                return message
+
+    def start(self, rank: int, function, args=()) -> int:
+        spec = WorkerSpec(
+            rank=rank, local_rank=0, env={"RANK": str(rank), "NODE_RANK": "1"}, num_threads=1,
+            backend="gloo", dry_run_port=None, function=function, args=args,
+        )  # fmt: skip
+        self.channel.send(("start", by_value(spec), list(sys.path), 100 + rank))
+        _, start_id, pid = self.next("started")
+        assert start_id == 100 + rank
+        return pid
+
+    def close(self) -> None:
+        self.channel.close()
+        self.server.close()
+        try:
+            self.agent.wait(60)  # it cleans up and exits once the connection is gone
+        except subprocess.TimeoutExpired:
+            self.agent.kill()
+            self.agent.wait(30)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_the_agent_reports_its_node_and_versions():
+    kernel = FakeKernel()
+    try:
+        kind, node, versions, info = kernel.hello
+        assert (kind, node) == ("hello", 1)
+        assert versions == local_versions()
+        assert info["pid"] == kernel.agent.pid and info["gpus"] == 0
+    finally:
+        kernel.close()
+
+
+@pytest.mark.parametrize("how", ["connection closed", "kernel silent"])
+def test_the_agent_ends_its_ranks_when_the_kernel_goes(how):
+    kernel = FakeKernel(heartbeat=0.3)
+    try:
+        pid = kernel.start(0, sleeper, (300,))
+        assert psutil.pid_exists(pid)
+        if how == "connection closed":
+            kernel.channel.close()  # as when the kernel dies: its socket closes
+        else:
+            time.sleep(0.1)  # the connection stays open; the kernel just stops talking (a partition)
+        assert kernel.agent.wait(60) == 0
+        deadline = time.monotonic() + 10
+        while not _gone(pid):
+            assert time.monotonic() < deadline, f"rank {pid} outlived its agent"
+            time.sleep(0.05)
+    finally:
+        kernel.close()
+
+
+def test_unix_socket_streams_are_relayed_and_ranks_find_the_socket():
+    kernel = FakeKernel(heartbeat=5.0)
+    try:
+        kernel.channel.send(("listen", "tok1"))
+        _, token, path = kernel.next("listening")
+        assert token == "tok1" and os.path.exists(path)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as rank_side:
+            rank_side.connect(path)
+            rank_side.sendall(b"ping")
+            _, token, stream_id = kernel.next("open_stream")
+            assert token == "tok1"
+            assert kernel.next("stream")[1:] == (stream_id, b"ping")
+            kernel.channel.send(("stream", stream_id, b"pong"))
+            rank_side.settimeout(60)
+            assert rank_side.recv(10) == b"pong"
+        assert kernel.next("close_stream")[1] == stream_id
+        # A rank started after the relay opened finds its socket in its environment.
+        kernel.start(4, relay_path, ("tok1",))
+        decoder, messages = FrameDecoder(), []
+        while not any(m[0] == "ok" for m in messages):
+            _, rank, kind, data = kernel.next("out")
+            if kind == "result":
+                messages += decoder.feed(data)
+        assert [m for m in messages if m[0] == "ok"] == [("ok", path)]
+    finally:
+        kernel.close()
+    assert not os.path.exists(path)  # the agent removed its socket on the way out

@@ -1,0 +1,202 @@
+"""LaunchPanel grouped by node: the model driven with the statuses of a launch across two machines.
+
+A launch with ``nodes=`` gives each ``RankStatus`` its host (``node``); the panel then shows a row per
+node (state, summed CPU %, memory, CUDA memory) above that node's ranks, and names the node in output
+lines, bars and tabs. The handle here is a plain object carrying real ``RankStatus``/``OutputLine``/
+``BarState`` values (the end-to-end run across real nodes is in the cluster tests); a real launch on
+one machine shows no groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+from notebook_accel.widgets import LaunchPanel
+
+from notebook_accel import notebook_launcher
+from notebook_accel.launch.events import BarState
+from notebook_accel.launch.output import OutputLine
+from notebook_accel.launch.ranks import RankStatus
+
+pytest.importorskip("ipywidgets")
+
+MiB = 1024**2
+
+# RankStatus.node comes with launches across nodes; declared here too so the test runs on either side
+# of that change (a dataclass may redeclare a field).
+NodeStatus = dataclasses.make_dataclass(
+    "NodeStatus", [("node", "str | None", dataclasses.field(default=None))], bases=(RankStatus,)
+)
+
+
+class _Handle:
+    """A launch across nodes as the panel sees it: statuses, lines, bars, done callbacks, stop."""
+
+    def __init__(self, statuses: list, bars: list | None = None) -> None:
+        self._statuses = statuses
+        self._bars = bars or []
+        self.num_processes = len(statuses)
+        self.done = False
+        self.error = None
+        self.stopped = 0
+        self._line_subscribers: list = []
+        self._done_callbacks: list = []
+        self.live_bar_ranks = {s.rank for s in statuses}
+
+    def status(self) -> list:
+        return [dataclasses.replace(s) for s in self._statuses]
+
+    def subscribe(self, callback):
+        self._line_subscribers.append(callback)
+        return lambda: self._line_subscribers.remove(callback)
+
+    def add_done_callback(self, callback) -> None:
+        self._done_callbacks.append(callback)
+
+    def bars(self, rank: int) -> list:
+        return [b for b in self._bars if b.rank == rank]
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+    def emit(self, rank: int, text: str, stream: str = "stdout") -> None:
+        for callback in list(self._line_subscribers):
+            callback(OutputLine(rank, stream, text, time.time()))
+
+    def finish(self, state: str) -> None:
+        for s in self._statuses:
+            s.state, s.ended_at = state, time.time()
+        self.done = True
+        for callback in self._done_callbacks:
+            callback(self)
+
+
+def _status(
+    rank: int, node: str | None, state: str = "running", cpu: float = 50.0, rss: int = 100 * MiB, **kw
+):
+    return NodeStatus(
+        rank=rank,
+        pid=1000 + rank,
+        state=state,
+        started_at=time.time(),
+        cpu_percent=cpu,
+        rss=rss,
+        peak_rss=rss + MiB,
+        node=node,
+        **kw,
+    )
+
+
+def _bar(rank: int, n: float) -> BarState:
+    return BarState(
+        rank=rank,
+        id=0,
+        desc="train",
+        n=n,
+        total=10,
+        elapsed=1.0,
+        rate=1.0,
+        unit="it",
+        text=f"train: {n * 10:.0f}%|##   | {n:.0f}/10 [00:01<00:09, 1.00it/s]",
+        closed=False,
+        leave=True,
+        stream="stderr",
+    )
+
+
+def _two_nodes(**extra) -> _Handle:
+    statuses = [
+        _status(0, "gpu-a", cpu=90.0, rss=200 * MiB, **extra),
+        _status(1, "gpu-a", cpu=10.0, rss=100 * MiB, **extra),
+        _status(2, "gpu-b", state="failed", cpu=0.0, rss=50 * MiB, **extra),
+        _status(3, "gpu-b", cpu=40.0, rss=150 * MiB, **extra),
+    ]
+    return _Handle(statuses, bars=[_bar(0, 3), _bar(2, 1)])
+
+
+def test_ranks_are_grouped_by_node_with_summed_figures():
+    handle = _two_nodes()
+    panel = LaunchPanel(handle, interval=0.05)
+    try:
+        groups = panel.node_groups()
+        assert [(g["node"], g["ranks"]) for g in groups] == [("gpu-a", [0, 1]), ("gpu-b", [2, 3])]
+        # A failed rank is what its node shows, though the node's other rank still runs.
+        assert [g["state"] for g in groups] == ["running", "failed"]
+        assert groups[0]["cpu_percent"] == pytest.approx(100.0) and groups[1]["cpu_percent"] == pytest.approx(
+            40.0
+        )
+        assert groups[0]["rss"] == 300 * MiB and groups[1]["peak_rss"] == 202 * MiB
+        assert groups[0]["cuda_allocated"] is None  # no rank on a CPU node reports CUDA memory
+        assert [r["node"] for r in panel.rows()] == ["gpu-a", "gpu-a", "gpu-b", "gpu-b"]
+
+        text = repr(panel)
+        lines = text.splitlines()
+        a, b = (
+            next(i for i, line in enumerate(lines) if line.startswith(f"[{n}]")) for n in ("gpu-a", "gpu-b")
+        )
+        assert "ranks 0-1" in lines[a] and "running" in lines[a] and "300.00 MiB" in lines[a]
+        assert "ranks 2-3" in lines[b] and "failed" in lines[b]
+        assert lines[a + 1].lstrip().startswith("0") and lines[b + 2].lstrip().startswith("3")
+        assert "[gpu-a rank 0] train" in text and "[gpu-b rank 2] train" in text
+
+        status_html = panel._status_html()
+        assert status_html.count("class='node-group'") == 2
+        assert status_html.index("gpu-a") < status_html.index(">2<") < status_html.index(">3<")
+        assert "[gpu-b rank 2]" in panel._bars_html()
+    finally:
+        panel.close()
+
+
+def test_lines_tabs_and_stop_name_the_node():
+    handle = _two_nodes()
+    panel = LaunchPanel(handle, interval=0.05)
+    try:
+        view = panel.widget
+        handle.emit(3, "loss 0.5")
+        handle.emit(0, "warn", stream="stderr")
+        assert panel.merged_lines() == ["[gpu-b rank 3] loss 0.5", "[gpu-a rank 0!] warn"]
+        assert panel.lines(3) == ["loss 0.5"]
+        assert panel._w_tabs.titles == (
+            "all ranks",
+            "gpu-a rank 0",
+            "gpu-a rank 1",
+            "gpu-b rank 2",
+            "gpu-b rank 3",
+        )
+        assert view is panel.widget
+        panel.refresh()
+        assert "node-group" in panel._w_status.value
+        panel.stop()
+        assert handle.stopped == 1
+        handle.finish("stopped")
+        assert panel.state == "stopped"
+        assert [g["state"] for g in panel.node_groups()] == ["stopped", "stopped"]
+    finally:
+        panel.close()
+
+
+def test_cuda_memory_is_summed_per_node():
+    handle = _two_nodes(cuda_allocated=2 * MiB, cuda_reserved=4 * MiB)
+    panel = LaunchPanel(handle, interval=0.05)
+    try:
+        groups = panel.node_groups()
+        assert groups[0]["cuda_allocated"] == 4 * MiB and groups[1]["cuda_reserved"] == 8 * MiB
+        header = next(line for line in repr(panel).splitlines() if line.startswith("[gpu-a]"))
+        assert "4.00 MiB / 8.00 MiB" in header
+    finally:
+        panel.close()
+
+
+def test_one_machine_launch_shows_no_groups():
+    handle = notebook_launcher(print, ("hello",), num_processes=2, block=False, sinks=[])
+    panel = LaunchPanel(handle, interval=0.05)
+    try:
+        handle.wait(60)
+        assert panel.node_groups() == []
+        assert all(r["node"] is None for r in panel.rows())
+        assert "node-group" not in panel._status_html()
+        assert sorted(panel.merged_lines()) == ["[rank 0] hello", "[rank 1] hello"]
+    finally:
+        panel.close()
