@@ -71,7 +71,9 @@ def test_notebook_is_valid_and_self_contained(path: Path) -> None:
 def test_stored_outputs_come_from_one_clean_run(path: Path) -> None:
     """The committed outputs (what GitHub and Binder show, and what nbval compares) are error-free."""
     nb = nbformat.read(path, as_version=4)
-    if path.name in CLUSTER_ONLY and all(c.execution_count is None for c in nb.cells if c.cell_type == "code"):
+    if path.name in CLUSTER_ONLY and all(
+        c.execution_count is None for c in nb.cells if c.cell_type == "code"
+    ):
         pytest.skip(f"{path.name} is stored unexecuted: it runs on the namespace cluster only")
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     counts = [cell.execution_count for cell in code]

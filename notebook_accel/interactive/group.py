@@ -85,10 +85,11 @@ class CellSink:
         self._template, self._n = prefix_template, num_processes
         self.last_line: dict[int, float] = {}
         """When each rank last wrote a line (``time.monotonic()``): a sign that it is not stuck."""
+        self.hosts: tuple[str, ...] = ()  # ranks across nodes (``_n`` per node): lines labelled [n2 rank 3]
 
     def printer(self) -> PrintSink:
         """Return a PrintSink bound to the calling thread's streams now (a kernel's: the running cell)."""
-        return PrintSink(prefix_template=self._template, num_processes=self._n)
+        return PrintSink(prefix_template=self._template, num_processes=self._n, hosts=self.hosts)
 
     def __call__(self, line: OutputLine) -> None:
         self.last_line[line.rank] = time.monotonic()
