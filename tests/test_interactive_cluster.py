@@ -7,6 +7,7 @@ no ``ip netns``, no sshd/Slurm), they skip, saying why.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -71,15 +72,21 @@ def test_ranks_on_two_nodes_start_empty_and_reduce_across_them(kernel, ns_cluste
     status, out, err, ename = kernel.run("%%ranks\nkernel_only")
     assert status == "error" and "NameError" in err and "raised on rank(s) [0, 1, 2, 3]" in err, err
     _ok(kernel, "%ranks push kernel_only")
+    # What the ranks print streams into the cell, labelled with the node and rank.
     out = _ok(
         kernel,
-        "%%ranks\nimport torch, torch.distributed as dist\nt = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)\n(t.item(), world_size, kernel_only)",
+        "%%ranks\nimport torch, torch.distributed as dist\nt = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)\n"
+        "print('reduced', t.item(), world_size, kernel_only)",
     )
-    assert "[all 4 ranks] (10.0, 4, 'from the kernel')" in out
-    out = _ok(kernel, "%%ranks 0,3\nrank * 100")
-    assert "[rank 0] 0" in out and "[rank 3] 300" in out and "[rank 1]" not in out
+    for rank, node in ((0, "n1"), (1, "n1"), (2, "n2"), (3, "n2")):
+        assert re.search(rf"\[({node} )?rank {rank}\] reduced 10.0 4 from the kernel", out), out
+    out = _ok(kernel, "%%ranks 0,3\nprint('hundreds', rank * 100)")
+    assert re.search(r"rank 0\] hundreds 0", out) and re.search(r"rank 3\] hundreds 300", out), out
+    assert "rank 1]" not in out and "rank 2]" not in out
     out = _ok(kernel, "%ranks pull t\nprint([x.item() for x in t])")
     assert "[10.0, 10.0, 10.0, 10.0]" in out
+    out = _ok(kernel, "table = %ranks status\nprint(repr(table))")
+    assert re.search(r"^node\s+rank\s+pid", out, re.M) and re.search(r"^n2\s+3\s+\d+\s+idle", out, re.M), out
 
 
 def test_stop_button_interrupts_ranks_on_every_node(kernel, ns_cluster) -> None:

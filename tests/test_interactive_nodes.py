@@ -170,7 +170,7 @@ def test_status_table_names_each_ranks_node_across_nodes() -> None:
 # -- ranks on two "nodes": agents started here by the test placement (real agents, channel and relay) --
 
 
-def test_ranks_across_two_nodes_through_their_agents(monkeypatch) -> None:
+def test_ranks_across_two_nodes_through_their_agents(monkeypatch, capsys) -> None:
     from notebook_accel.interactive import session
     from tests.nodes_helpers import LocalPlacement
 
@@ -205,6 +205,9 @@ def test_ranks_across_two_nodes_through_their_agents(monkeypatch) -> None:
         code = "import torch, torch.distributed as dist\nt = torch.ones(1) * rank * factor\ndist.all_reduce(t)\nt.item()"
         assert ranks.run(code) == [60.0] * 4
         assert ranks.run("rank", on=[0, 3]) == [0, 3]
+        ranks.execute("print('hello from', rank)")
+        printed = capsys.readouterr().out
+        assert "[n1 rank 1] hello from 1" in printed and "[n2 rank 3] hello from 3" in printed, printed
         assert ranks.run(divmod, 7, 2) == [(3, 1)] * 4  # a function travels by value
         assert [t.item() for t in ranks.pull("t")] == [60.0] * 4
         with pytest.raises(Exception, match=r"raised on rank\(s\) \[2\]; the ranks are alive"):

@@ -24,12 +24,6 @@ pytest.importorskip("ipywidgets")
 
 MiB = 1024**2
 
-# RankStatus.node comes with launches across nodes; declared here too so the test runs on either side
-# of that change (a dataclass may redeclare a field).
-NodeStatus = dataclasses.make_dataclass(
-    "NodeStatus", [("node", "str | None", dataclasses.field(default=None))], bases=(RankStatus,)
-)
-
 
 class _Handle:
     """A launch across nodes as the panel sees it: statuses, lines, bars, done callbacks, stop."""
@@ -76,7 +70,7 @@ class _Handle:
 def _status(
     rank: int, node: str | None, state: str = "running", cpu: float = 50.0, rss: int = 100 * MiB, **kw
 ):
-    return NodeStatus(
+    return RankStatus(
         rank=rank,
         pid=1000 + rank,
         state=state,
@@ -198,5 +192,29 @@ def test_one_machine_launch_shows_no_groups():
         assert all(r["node"] is None for r in panel.rows())
         assert "node-group" not in panel._status_html()
         assert sorted(panel.merged_lines()) == ["[rank 0] hello", "[rank 1] hello"]
+    finally:
+        panel.close()
+
+
+def test_a_real_launch_across_two_nodes_is_grouped():
+    """notebook_launcher(nodes=...) with two 'nodes' of the test placement (real agents on this machine)."""
+    from tests.nodes_helpers import LocalPlacement
+
+    handle = notebook_launcher(
+        print, ("hello",), num_processes=2, nodes=LocalPlacement(("n1", "n2")), block=False
+    )
+    panel = LaunchPanel(handle, interval=0.05)
+    try:
+        handle.wait(180)
+        groups = panel.node_groups()
+        assert [(g["node"], g["ranks"], g["state"]) for g in groups] == [
+            ("n1", [0, 1], "succeeded"),
+            ("n2", [2, 3], "succeeded"),
+        ]
+        assert all(g["peak_rss"] and g["peak_rss"] > 0 for g in groups)  # usage relayed by the agents
+        assert sorted(panel.merged_lines()) == [
+            f"[{n} rank {r}] hello" for n, r in (("n1", 0), ("n1", 1), ("n2", 2), ("n2", 3))
+        ]
+        assert repr(panel).count("\n[n") == 2
     finally:
         panel.close()

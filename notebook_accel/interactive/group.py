@@ -81,10 +81,11 @@ class CellSink:
         self._queue: collections.deque[OutputLine] | None = None
         self.printing = printing
         self._template, self._n = prefix_template, num_processes
+        self.hosts: tuple[str, ...] = ()  # ranks across nodes (``_n`` per node): lines labelled [n2 rank 3]
 
     def printer(self) -> PrintSink:
         """Return a PrintSink bound to the calling thread's streams now (a kernel's: the running cell)."""
-        return PrintSink(prefix_template=self._template, num_processes=self._n)
+        return PrintSink(prefix_template=self._template, num_processes=self._n, hosts=self.hosts)
 
     def __call__(self, line: OutputLine) -> None:
         with self._lock:

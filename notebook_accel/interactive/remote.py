@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..nodes.placement import Placement
+from ..nodes.relay import relay_address
 from ..nodes.spec import Nodes
 
 __all__ = ["connect_rank", "relay_hook", "resolve_nodes"]
@@ -57,8 +58,6 @@ def relay_hook(request: Any, address: str) -> Callable[[Any], Any]:
 def connect_rank(address: str, relay: str | None = None) -> socket.socket:
     """Return a socket connected to the kernel's listener: ``address`` directly, or relay ``relay``'s socket on this node."""
     if relay is not None:
-        from ..nodes.relay import relay_address  # only ranks on other nodes load the channel's modules
-
         address = relay_address(relay)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

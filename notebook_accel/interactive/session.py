@@ -214,6 +214,8 @@ class Ranks:
             joined = {"on_join": relay_hook(request, address)} if "nodes" in self._options else {}
             handle = start_persistent_group(request, **joined)
             sink._n = handle.num_processes
+            if handle.plan.hosts:  # across nodes: the prefix names the node, as notebook_launcher's does
+                sink.hosts, sink._n = handle.plan.hosts, handle.plan.num_processes
             try:
                 conns = _accept(listener, handle, sink)
             except BaseException:
