@@ -68,7 +68,7 @@ def test_ranks_on_two_nodes_start_empty_and_reduce_across_them(kernel, ns_cluste
     _ensure(kernel)
     out = _ok(kernel, "print([(s.rank, s.node) for s in interactive.current().handle.status()])")
     assert "[(0, 'n1'), (1, 'n1'), (2, 'n2'), (3, 'n2')]" in out
-    # Spawned on the nodes: nothing of the kernel's namespace is there, only rank and world_size.
+    # Spawned on the nodes: nothing of the kernel's namespace is there, only rank, world_size and device.
     status, out, err, ename = kernel.run("%%ranks\nkernel_only")
     assert status == "error" and "NameError" in err and "raised on rank(s) [0, 1, 2, 3]" in err, err
     _ok(kernel, "%ranks push kernel_only")

@@ -136,12 +136,12 @@ def test_relay_hook_opens_the_relay_and_gives_the_ranks_its_token() -> None:
             opened.append(path)
             return "tok9"
 
-    request = LaunchRequest(function=rank_main, args=("/tmp/k.sock", 7), num_processes=1)
+    request = LaunchRequest(function=rank_main, args=("/tmp/k.sock", 7, (1,)), num_processes=1)
     started = remote.relay_hook(request, "/tmp/k.sock")(SimpleNamespace(relay=_Relay()))
     assert opened == ["/tmp/k.sock"]
-    # No listener fd to close on another machine; the relay's token as rank_main's third argument.
-    assert started.args == ("/tmp/k.sock", None, "tok9") and started.function is rank_main
-    assert request.args == ("/tmp/k.sock", 7)  # the request given is left as it was
+    # No listener fd to close on another machine; the GPUs kept; the relay's token as rank_main's `relay`.
+    assert started.args == ("/tmp/k.sock", None, (1,), "tok9") and started.function is rank_main
+    assert request.args == ("/tmp/k.sock", 7, (1,))  # the request given is left as it was
 
 
 def test_status_table_names_each_ranks_node_across_nodes() -> None:
@@ -195,10 +195,9 @@ def test_ranks_across_two_nodes_through_their_agents(monkeypatch, capsys) -> Non
             (2, "n2", "idle"),
             (3, "n2", "idle"),
         ]
-        # Spawned: the namespaces hold rank and world_size, nothing of the kernel.
-        assert (
-            ranks.run("sorted(k for k in globals() if not k.startswith('_'))") == [["rank", "world_size"]] * 4
-        )
+        # Spawned: the namespaces hold rank, world_size and device, nothing of the kernel.
+        names = ranks.run("sorted(k for k in globals() if not k.startswith('_'))")
+        assert names == [["device", "rank", "world_size"]] * 4
         with pytest.raises(Exception, match=r"NameError.*kernel_only"):
             ranks.execute("kernel_only")
         ranks.push("factor", 10)
