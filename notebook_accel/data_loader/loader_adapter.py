@@ -51,9 +51,20 @@ class DataLoaderStateMixin:
     remainder: int = -1
     _drop_last: bool = False
 
+    # Whether ``set_epoch`` also reaches the batch samplers behind this loader (a user's own with
+    # ``set_epoch``): a loader that batches on every process does, as in 1.15; the dispatcher does not.
+    _epoch_reaches_batch_sampler: bool = False
+
     def set_epoch(self, epoch: int) -> None:
-        """Return nothing; select ``epoch``'s shuffling in the sampler (or iterable dataset) behind this loader."""
+        """Return nothing; select ``epoch``'s shuffling in the sampler (or iterable dataset) behind this loader.
+
+        A batch sampler behind it that has ``set_epoch`` of its own (a user's) is told the epoch too.
+        """
         self.iteration = epoch
+        if self._epoch_reaches_batch_sampler:
+            for batch_sampler in _batch_samplers(self):
+                if hasattr(batch_sampler, "set_epoch"):
+                    batch_sampler.set_epoch(epoch)
         sampler = find_sampler(self)
         if sampler is not None and hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
@@ -176,6 +187,15 @@ def find_sampler(dataloader: Any) -> Sampler | None:
             return getattr(obj, "sampler", None)
         obj, seen = inner, seen + 1
     return getattr(dataloader, "sampler", None)
+
+
+def _batch_samplers(dataloader: Any) -> list[Any]:
+    """Return the chain of batch samplers behind ``dataloader``, outermost first (through shard wrappers)."""
+    out, obj = [], getattr(dataloader, "batch_sampler", None)
+    while obj is not None and len(out) < 8:
+        out.append(obj)
+        obj = getattr(obj, "batch_sampler", None)
+    return out
 
 
 def _sampler_holder(dataloader: Any) -> Any:
