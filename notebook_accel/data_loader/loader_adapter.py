@@ -130,17 +130,30 @@ class DataLoaderAdapter(DataLoader):
     ) -> None:
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         self.use_stateful_dataloader = use_stateful_dataloader
-        self.base_dataloader: Any = self
+        self.base_dataloader = self
         if use_stateful_dataloader:
             self.base_dataloader = make_stateful_loader(dataset, batch_sampler=batch_sampler, **kwargs)
+
+    @property
+    def base_dataloader(self) -> Any:
+        """The loader iterated: the ``StatefulDataLoader`` with ``use_stateful_dataloader``, else this one."""
+        inner = self.__dict__.get("_stateful_inner")
+        return self if inner is None else inner
+
+    @base_dataloader.setter
+    def base_dataloader(self, loader: Any) -> None:
+        # "this loader" is kept as None, not as a reference to itself: a loader referring to itself
+        # is a cycle, and a cycle waits for the garbage collector (the loader, its iterator and the
+        # Accelerator holding them are freed when their owner goes, as in 1.15)
+        self.__dict__["_stateful_inner"] = None if loader is self else loader
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:
         # isinstance(loader, StatefulDataLoader) is how users and libraries (as with Accelerate 1.15)
         # tell a resumable loader: with the stateful loader this object answers as one too, while
         # type(self) and isinstance(self, DataLoaderShard) stay what they are.
-        inner = self.__dict__.get("base_dataloader", self)
-        return type(self) if inner is self else type(inner)
+        inner = self.__dict__.get("_stateful_inner")
+        return type(self) if inner is None else type(inner)
 
     def __iter__(self):
         if self.base_dataloader is self:
