@@ -14,10 +14,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, SequentialSampler
 
 from ..state import GradientState
-from .stateful import LoaderPosition, make_stateful_loader
+from .stateful import OWN_KEYS, LoaderPosition, make_stateful_loader
 
 __all__ = ["DataLoaderAdapter", "DataLoaderStateMixin", "find_sampler", "get_sampler"]
 
@@ -132,7 +132,9 @@ class DataLoaderAdapter(DataLoader):
         self.use_stateful_dataloader = use_stateful_dataloader
         self.base_dataloader = self
         if use_stateful_dataloader:
-            self.base_dataloader = make_stateful_loader(dataset, batch_sampler=batch_sampler, **kwargs)
+            self.base_dataloader = make_stateful_loader(
+                dataset, **_plain_batches(dataset, batch_sampler, kwargs)
+            )
 
     @property
     def base_dataloader(self) -> Any:
@@ -188,6 +190,25 @@ class DataLoaderAdapter(DataLoader):
         This loader yields each batch as it fetches it, so no batch is held ahead and the recorded
         position already is the one to resume from; a subclass that reads ahead moves it back here.
         """
+
+
+def _plain_batches(dataset: Any, batch_sampler: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Return the stateful loader's arguments: in-order batches of a map-style dataset come from torch's
+    ``BatchSampler`` (as in 1.15), not from one torchdata builds, whose iterator saves a state of its own.
+
+    So ``state_dict()`` has ``_sampler_iter_state: None`` as 1.15's has, and a state 1.15 saved (which
+    torchdata resumes by counting batches) resumes here: torchdata's own sampler would start over.
+    """
+    ordered = kwargs.get("sampler") is None and not kwargs.get("shuffle")
+    if batch_sampler is not None or not ordered or kwargs.get("batch_size", 1) is None:
+        return {"batch_sampler": batch_sampler, **kwargs}
+    if isinstance(dataset, IterableDataset):
+        return {"batch_sampler": batch_sampler, **kwargs}
+    batches = BatchSampler(
+        SequentialSampler(dataset), kwargs.get("batch_size", 1), kwargs.get("drop_last", False)
+    )
+    rest = {k: v for k, v in kwargs.items() if k not in ("batch_size", "drop_last", "shuffle", "sampler")}
+    return {"batch_sampler": batches, **rest}
 
 
 def find_sampler(dataloader: Any) -> Sampler | None:
@@ -287,13 +308,16 @@ class _PositionedLoader(DataLoaderAdapter):
         self._position = LoaderPosition(self.base_dataloader) if self.use_stateful_dataloader else None
 
     def state_dict(self) -> dict[str, Any]:
-        """Return this loader's position in its epoch (needs ``use_stateful_dataloader=True``)."""
+        """Return this loader's position in its epoch: torchdata's ``StatefulDataLoader.state_dict()``
+        as 1.15 returns it, plus our ``_notebook_accel_*`` keys (needs ``use_stateful_dataloader=True``)."""
         return self._require_position().state_dict(self.iteration)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Return nothing; the next iteration resumes at the position ``state_dict`` recorded."""
         self._require_position().load_state_dict(state_dict)
-        self.iteration = int(state_dict.get("iteration", self.iteration))
+        self.iteration = int(
+            state_dict.get(OWN_KEYS["iteration"], state_dict.get("iteration", self.iteration))
+        )
 
     def _require_position(self) -> LoaderPosition:
         if self._position is None:
