@@ -145,10 +145,8 @@ def notebook_launcher(
         master_addr: address of the rank-0 node.
         node_rank, num_nodes: this machine's rank and the number of machines; ``num_nodes > 1``
             runs through torch.distributed.elastic (see ``notebook_accel.launch.elastic``).
-        rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id: elastic rendezvous settings (as in torchrun).
-            ``rdzv_backend="c10d"`` runs through torch elastic's rendezvous on one node too (endpoint:
-            ``rdzv_endpoint``, else ``master_addr:use_port``); with ``"static"`` on one node,
-            ``rdzv_endpoint``/``rdzv_conf`` raise ValueError (``rdzv_id`` names the log folder).
+        rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id: elastic rendezvous settings (as in torchrun);
+            ``"c10d"`` runs through torch elastic on one node too (``rdzv_id`` names the log folder).
         max_restarts, monitor_interval: after a rank fails, restart the group up to ``max_restarts``
             times, ``monitor_interval`` s later (a stop, ^C or the timeout never restarts); each restart
             is announced; the handle is a ``RestartingHandle`` (``attempt``, ``restarts``, ``attempts``).
