@@ -13,7 +13,11 @@ import subprocess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-ACCELERATE_PYTHON = os.environ.get("ACCELERATE_PYTHON", "/work/.venv-accelerate/bin/python")
+# The interpreter that has Accelerate 1.15 installed: $ACCELERATE_PYTHON, else a venv named
+# ``.venv-accelerate`` at the root of this checkout (benchmarks/README.md). Every benchmark reads it here.
+ACCELERATE_PYTHON = os.environ.get("ACCELERATE_PYTHON") or os.path.join(
+    ROOT, ".venv-accelerate", "bin", "python"
+)
 
 _PRELUDE = """\
 import sys

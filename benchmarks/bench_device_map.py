@@ -4,7 +4,7 @@
 
 Cases: a GPT-like meta model with 192 blocks (~2,116 modules) split 4 ways; 96 blocks (the device-map
 widget's slider case); 5,000 / 10,000 / 20,000 leaf Linear modules split 4 ways (linearity). Accelerate is
-measured if /work/.venv-accelerate/bin/python (or $ACCELERATE_PYTHON) exists; the maps are also compared.
+measured if ``$ACCELERATE_PYTHON`` (or ``.venv-accelerate/bin/python`` in the checkout) exists; the maps are also compared.
 Prints the best (min) of several runs per case: the machine is shared, and both sides are measured alike.
 """
 

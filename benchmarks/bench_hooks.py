@@ -11,7 +11,7 @@ called in a loop; the overhead is (hooked - plain) / calls. Measured for:
 
 Timings are CPU time of the calling thread (``time.thread_time``), minimum over interleaved rounds,
 so other load on a shared machine barely moves them. Accelerate is measured by re-running this
-script with ``/work/.venv-accelerate/bin/python`` (or ``$ACCELERATE_PYTHON``) when it exists.
+script with ``$ACCELERATE_PYTHON`` (or ``.venv-accelerate/bin/python`` in the checkout) when it exists.
 
     python benchmarks/bench_hooks.py [--quick]
 """

@@ -6,7 +6,8 @@
 The launched function initialises the state (PartialState()), all-reduces a small tensor and returns.
 "fork floor" forks 2 processes that exit at once (os.fork + waitpid), "mp floor" does the same with
 multiprocessing fork Processes; both are measured interleaved with the launches, in the same process. Accelerate's
-notebook_launcher runs in /work/.venv-accelerate (a separate venv, never a dependency) when present.
+notebook_launcher runs in the Accelerate venv (``$ACCELERATE_PYTHON`` or ``.venv-accelerate``: benchmarks/README.md)
+when present.
 Everything runs on the CPU with gloo; the medians are over repeated launches after one warm-up.
 """
 
@@ -21,7 +22,9 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-ACCEL_PY = Path("/work/.venv-accelerate/bin/python")
+from _worker import ACCELERATE_PYTHON
+
+ACCEL_PY = Path(ACCELERATE_PYTHON)
 
 # The same source runs here, in a kernel and under Accelerate (``LIB`` names the package).
 _TIMING_CODE = """

@@ -11,7 +11,7 @@ then in a fresh subprocess per case and implementation:
 * ``disk``: ``device_map="auto"`` with ``max_memory={"cpu": <a third of the checkpoint>}``, rest to disk;
   load time and the bytes written to the offload folder.
 
-Accelerate runs from /work/.venv-accelerate/bin/python (or $ACCELERATE_PYTHON) when it exists.
+Accelerate runs from ``$ACCELERATE_PYTHON`` (or ``.venv-accelerate/bin/python`` in the checkout) when it exists.
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ run back to back, so they compare across machines and resist other load. Variant
 With CUDA, the same model runs on GPU 0 with the weights offloaded to the CPU (``cpu_offload``) or
 to disk, against the model fully on the GPU.
 
-Accelerate is measured by re-running this script with ``/work/.venv-accelerate/bin/python``
-(or ``$ACCELERATE_PYTHON``) when that interpreter exists.
+Accelerate is measured by re-running this script with ``$ACCELERATE_PYTHON`` (or ``.venv-accelerate/bin/python`` in the checkout) when that interpreter exists.
 
     python benchmarks/bench_offload.py [--quick] [--blocks 24] [--batch 16]
 """

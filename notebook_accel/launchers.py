@@ -156,8 +156,8 @@ def notebook_launcher(
         master_addr: address of the rank-0 node.
         node_rank, num_nodes: this machine's rank and the number of machines; ``num_nodes > 1``
             runs through torch.distributed.elastic (see ``notebook_accel.launch.elastic``).
-        rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id: elastic rendezvous settings of ``num_nodes > 1``
-            (as in torchrun); set on a single node they raise ValueError (``rdzv_id`` names the log folder).
+        rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id: elastic rendezvous settings (as in torchrun);
+            ``"c10d"`` runs through torch elastic on one node too (``rdzv_id`` names the log folder).
         max_restarts, monitor_interval: after a rank fails, restart the group up to ``max_restarts``
             times, ``monitor_interval`` s later (a stop, ^C or the timeout never restarts); each restart
             is announced; the handle is a ``RestartingHandle`` (``attempt``, ``restarts``, ``attempts``).
@@ -206,9 +206,9 @@ def _launch(request: LaunchRequest) -> list[Any] | LaunchHandle | RestartingHand
         )
         announce(_build_sinks(plan, request), plan.describe())
         return launch_xla(request.function, request.args, plan)
-    if plan.num_nodes > 1:
+    if plan.num_nodes > 1 or request.rdzv_backend != "static":
         request.refuse_on(
-            "num_nodes > 1 (torch elastic runs to the end)",
+            "num_nodes > 1 or rdzv_backend='c10d' (torch elastic runs to the end)",
             ("block", "sinks", "timeout", "panel", "hang_timeout", "on_hang", "progress_bars"),
         )
         announce(_build_sinks(plan, request), plan.describe())

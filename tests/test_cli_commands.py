@@ -100,18 +100,6 @@ def test_goldens_were_recorded_under_1_15():
     assert len(CASES) >= 15
 
 
-def test_convert_nargs_to_dict_reads_flags_values_and_types():
-    got = L._convert_nargs_to_dict(
-        ["--lr", "0.1", "--epochs", "3", "--fp16", "--name", "run", "--flag=false"]
-    )
-    assert got == {"lr": 0.1, "epochs": 3, "fp16": True, "name": "run", "flag": False}
-
-
-def test_convert_nargs_to_dict_refuses_a_value_without_key():
-    with pytest.raises(ValueError, match="'stray' has no --key"):
-        L._convert_nargs_to_dict(["stray"])
-
-
 def test_module_and_no_python_together_are_refused():
     args = argparse.Namespace(training_script="s.py", training_script_args=[], module=True, no_python=True)
     with pytest.raises(ValueError, match="--module and --no_python"):

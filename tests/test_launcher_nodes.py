@@ -133,3 +133,45 @@ def test_a_signal_death_on_the_elastic_path_carries_its_stderr_and_python_stack(
     assert "Last stderr lines of rank 1:" in traceback and "rank one about to crash" in traceback, outs[1]
     # faulthandler's dump, read back from elastic's log file: the Python frame that crashed
     assert "Fatal Python error: Segmentation fault" in traceback and "in fn" in traceback, outs[1]
+
+
+_ONE_NODE_C10D = textwrap.dedent(
+    """
+    import os, sys
+    import torch, torch.distributed as dist
+    from notebook_accel import notebook_launcher, PartialState
+
+    def fn():
+        state = PartialState()
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        # torch elastic's agent sets TORCHELASTIC_RUN_ID in the workers it starts
+        print("rank", state.process_index, "world", state.num_processes, "sum", t.item(),
+              "elastic", os.environ.get("TORCHELASTIC_RUN_ID"), flush=True)
+        return state.process_index * 10
+
+    print("RESULT", notebook_launcher(fn, num_processes=2, rdzv_backend="c10d", use_port=sys.argv[1],
+                                      rdzv_id="onenode" + sys.argv[1]))
+    """
+)
+
+
+def test_c10d_on_one_node_runs_through_elastics_rendezvous():
+    # 1.15 accepts rdzv_backend="c10d" on one node and launches through torch elastic; so do we
+    port = str(free_port())
+    proc = subprocess.run([sys.executable, "-c", _ONE_NODE_C10D, port], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "RESULT [0, 10]" in proc.stdout, out[-4000:]
+    for rank in (0, 1):
+        assert f"rank {rank} world 2 sum 2.0 elastic onenode{port}" in out, out[-4000:]
+
+
+def test_c10d_on_one_node_refuses_what_elastic_cannot_do():
+    from notebook_accel import notebook_launcher
+
+    with pytest.raises(
+        ValueError, match=r"sinks=\(\) is not available with num_nodes > 1 or rdzv_backend='c10d'"
+    ):
+        notebook_launcher(print, num_processes=2, rdzv_backend="c10d", sinks=[])

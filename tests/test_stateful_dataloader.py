@@ -59,7 +59,8 @@ def test_resumed_loader_sees_the_samples_of_the_uninterrupted_run(seedable: bool
         assert len(r["full"]) == EPOCHS * 6
         # Exactly the remaining batches of the interrupted epoch, then the next epoch, as uninterrupted.
         assert r["resumed"] == r["full"], f"rank {rank}"
-        assert "loader" in r["state_keys"] and "iteration" in r["state_keys"]
+        # torchdata's own keys (as 1.15 saves them) and ours
+        assert "_num_yielded" in r["state_keys"] and "_notebook_accel_iteration" in r["state_keys"]
     assert results[0]["full"][:6] != results[1]["full"][:6]  # each rank reads its own shard
     assert sorted(x for r in results for b in r["full"][:6] for x in b) == list(range(24))
     assert (tmp_path / "ckpt" / "dl_state_dict.bin").is_file()

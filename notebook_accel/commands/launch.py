@@ -10,7 +10,6 @@ reads. DeepSpeed, SageMaker and TPU launches check their requirements and name w
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import subprocess
@@ -49,11 +48,13 @@ from .launch_env import (
     prepare_simple_launcher_cmd_env,
     prepare_tpu,
 )
-from .launch_options import LAUNCH_OPTION_GROUPS, add_launch_options
+from .launch_options import add_launch_options
+from .launch_validate import _validate_launch_command, clean_option
 from .utils import CustomArgumentParser
 
 __all__ = [
     "DEEPSPEED_MULTINODE_LAUNCHERS",
+    "_validate_launch_command",
     "TORCH_DYNAMO_MODES",
     "ComputeEnvironment",
     "CustomArgumentParser",
@@ -110,17 +111,6 @@ options_to_group = {
     "fp8_backend": "FP8 Arguments",
 }
 
-# Config-file keys that fill options left unset on the command line.
-_FROM_CONFIG = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port",
-                "mixed_precision", "gpu_ids", "rdzv_backend", "same_network", "debug", "use_cpu")  # fmt: skip
-
-
-def clean_option(option):
-    """Return the destination name of a long option (``"--num-processes"`` -> ``"num_processes"``), else None."""
-    if "-" in option[:2]:
-        option = option[2:] if option.startswith("--") else None
-    return option.replace("-", "_") if option and option[:1] != "-" and len(option) > 1 else None
-
 
 class CustomHelpFormatter(argparse.HelpFormatter):
     """Help formatter that shows each option once, under its underscore spelling, without metavars."""
@@ -159,70 +149,8 @@ def launch_command_parser(subparsers=None):
     return parser
 
 
-def _option_defaults() -> dict[str, object]:
-    """Return each launch option's destination and default."""
-    out = {}
-    for _, _, rows in LAUNCH_OPTION_GROUPS:
-        for flags, settings in rows:
-            long_flag = next(flag for flag in flags if flag.startswith("--"))
-            # the first option of a destination gives its default, as argparse does
-            out.setdefault(settings.get("dest", clean_option(long_flag)), settings.get("default"))
-    return out
-
-
-# A config file's nested sections, and the prefix their keys get as launch options.
-_CONFIG_SECTIONS = {"fsdp_config": "", "deepspeed_config": "", "megatron_lm_config": "", "fp8_config": "fp8_",
-                    "dynamo_config": "", "mpirun_config": "", "parallelism_config": "parallelism_config_"}  # fmt: skip
-_PARADIGM_OF = {DistributedType.DEEPSPEED: "use_deepspeed", DistributedType.FSDP: "use_fsdp",
-                DistributedType.MEGATRON_LM: "use_megatron_lm", DistributedType.XLA: "tpu",
-                DistributedType.MULTI_GPU: "multi_gpu"}  # fmt: skip
-
-
-def _config_values(config) -> dict[str, object]:
-    """Return what a loaded config gives the launch namespace: its fields (unset ones too, as 1.15 carries
-    them), the nested sections' keys as options, and the paradigm flag of its distributed type."""
-    values = {
-        field.name: getattr(config, field.name)
-        for field in dataclasses.fields(config)
-        if field.name not in ("compute_environment", "distributed_type", *_CONFIG_SECTIONS)
-    }
-    for section, prefix in _CONFIG_SECTIONS.items():
-        for key, value in (getattr(config, section, None) or {}).items():
-            values[key if key.startswith(prefix) else prefix + key] = value
-    flag = _PARADIGM_OF.get(config.distributed_type)
-    if flag:
-        values[flag] = True
-    values["gpu_ids"] = values.get("gpu_ids") or "all"
-    return values
-
-
-def _fill_from_config(args: argparse.Namespace) -> argparse.Namespace:
-    """Return ``args`` with the options left at their default taken from the config file, then 1.15's defaults.
-
-    A config key that is no launch option (``tpu_name``, ``commands``...) is carried onto ``args`` as is.
-    """
-    path = args.config_file or (default_config_file if os.path.isfile(default_config_file) else None)
-    config = load_config_from_file(path) if path is not None else None
-    values = _config_values(config) if config is not None else {}
-    defaults = _option_defaults()
-    for name, value in values.items():
-        if name not in defaults or (getattr(args, name) in (defaults[name], None) and value is not None):
-            setattr(args, name, value)
-    args.use_cpu = bool(args.cpu or values.get("use_cpu"))
-    args.debug = bool(args.debug)
-    args.num_machines = args.num_machines or 1
-    args.num_processes = 0 if args.num_processes in (None, -1) else args.num_processes
-    args.mixed_precision = args.mixed_precision or "no"
-    args.dynamo_backend = args.dynamo_backend or "no"
-    if args.num_cpu_threads_per_process is None:
-        local = max(1, args.num_processes // args.num_machines)
-        args.num_cpu_threads_per_process = max(1, (os.cpu_count() or 1) // local) if args.use_cpu else 1
-    if not hasattr(args, "deepspeed_fields_from_accelerate_config"):
-        args.deepspeed_fields_from_accelerate_config = sorted(getattr(config, "deepspeed_config", None) or {})
-    return args
-
-
 def _check(args: argparse.Namespace) -> None:
+    """Raise ValueError for counts no launcher can run (checks of ours, after 1.15's validation)."""
     rank = args.machine_rank or 0
     if args.num_processes < 0 or args.num_machines < 1 or not 0 <= rank < args.num_machines:
         raise ValueError(
@@ -340,15 +268,20 @@ def sagemaker_launcher(sagemaker_config, args):
 
 
 def launch_command(args):
-    """Return None after launching ``args.training_script`` with the launcher its options call for."""
-    path = args.config_file or (default_config_file if os.path.isfile(default_config_file) else None)
-    config = load_config_from_file(path) if path is not None else None
+    """Return None after launching ``args.training_script`` with the launcher its options call for.
+
+    The namespace is filled and checked first (``_validate_launch_command``, as 1.15 does).
+    """
+    args, config, _ = _validate_launch_command(args)
     if isinstance(config, SageMakerConfig):
         sagemaker_launcher(config, args)
         return
-    args = _fill_from_config(args)
     _check(args)
     if args.use_deepspeed:
+        if not hasattr(args, "deepspeed_fields_from_accelerate_config"):
+            args.deepspeed_fields_from_accelerate_config = sorted(
+                getattr(config, "deepspeed_config", None) or {}
+            )
         deepspeed_launcher(args)
     elif args.tpu:
         (tpu_pod_launcher if args.tpu_use_cluster else tpu_launcher)(args)

@@ -100,43 +100,42 @@ def setup_fp8_env(args: argparse.Namespace, current_env: dict[str, str]) -> dict
     return current_env
 
 
+def _nargs_value(text: str) -> Any:
+    """Return ``text`` as an ``int``, else a ``float``, else as it is (``"true"`` stays a string, as in 1.15)."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def _convert_nargs_to_dict(nargs: list[str]) -> dict[str, Any]:
-    """Return the ``--key value`` / ``--flag`` / ``key=value`` items of ``nargs`` as a dict.
+    """Return the ``--key value`` pairs of ``nargs`` (a script's arguments) as a dict, as 1.15 does.
 
-    Values are turned into ``int``, ``float`` or ``bool`` when they read as one; a ``--flag`` with no
-    value is ``True``. A bare value not preceded by a key raises ``ValueError`` naming it.
+    Every item starting with ``-`` is a key (dashes inside become underscores) and needs the next item
+    as its value; values become ``int`` or ``float`` when they read as one. Raises ``ValueError`` for
+    a key without a value (a ``--flag``, ``--key=value``: SageMaker's hyperparameters need explicit
+    values, 1.15's message), a value without a key, and a key given twice.
     """
-
-    def convert(value: str) -> Any:
-        for kind in (int, float):
-            try:
-                return kind(value)
-            except ValueError:
-                pass
-        lowered = value.lower()
-        return {"true": True, "false": False}.get(lowered, value)
-
     out: dict[str, Any] = {}
-    key = None
-    for item in nargs:
-        if item.startswith("-"):
-            name, eq, value = item.lstrip("-").partition("=")
-            if key is not None:
-                out[key] = True
-            key = name.replace("-", "_")
-            if eq:
-                out[key], key = convert(value), None
-        elif "=" in item and key is None:
-            name, _, value = item.partition("=")
-            out[name] = convert(value)
-        elif key is not None:
-            out[key], key = convert(item), None
-        else:
+    items = list(nargs)
+    for index in range(0, len(items), 2):
+        key, value = items[index], items[index + 1] if index + 1 < len(items) else None
+        if not key.startswith("-"):
             raise ValueError(
-                f"training script argument {item!r} has no --key before it: write `--name {item}`."
+                f"Script argument {key!r} has no `--name` before it: pass the script's arguments as "
+                f"`--name value` pairs (e.g. `--name {key}`)."
             )
-    if key is not None:
-        out[key] = True
+        if value is None or value.startswith("-"):
+            raise ValueError(
+                "SageMaker doesn’t support argparse actions for `store_true` or `store_false`. Please define "
+                f"explicit types: give {key!r} a value of its own (`{key.split('=')[0]} <value>`)."
+            )
+        name = key.lstrip("-").replace("-", "_")
+        if name in out:
+            raise ValueError(f"Script argument {key!r} is given twice: keep one `{key} <value>`.")
+        out[name] = _nargs_value(value)
     return out
 
 
@@ -225,6 +224,9 @@ def _torchrun_fields(args: argparse.Namespace) -> None:
     args.nproc_per_node = str(processes)
     if _opt(args, "main_process_port") is None:
         args.main_process_port = 29500
+    elif int(args.main_process_port) == 0:
+        # port 0 asks for any free one (1.15's automatic selection); torchrun itself would refuse 0
+        args.main_process_port = get_free_port()
     if is_port_in_use(int(args.main_process_port)):
         # taken (another run on this machine): torchrun's standalone rendezvous picks a free port
         args.standalone = True

@@ -115,6 +115,8 @@ class DataLoaderShard(_PositionedLoader, DataLoaderStateMixin):
     data-parallel ranks is the batch sampler's (``prepare_data_loader`` builds it), as in Accelerate.
     """
 
+    _epoch_reaches_batch_sampler = True
+
     def __init__(
         self,
         dataset: Any,

@@ -14,10 +14,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, SequentialSampler
 
 from ..state import GradientState
-from .stateful import LoaderPosition, make_stateful_loader
+from .stateful import OWN_KEYS, LoaderPosition, make_stateful_loader
 
 __all__ = ["DataLoaderAdapter", "DataLoaderStateMixin", "find_sampler", "get_sampler"]
 
@@ -51,9 +51,20 @@ class DataLoaderStateMixin:
     remainder: int = -1
     _drop_last: bool = False
 
+    # Whether ``set_epoch`` also reaches the batch samplers behind this loader (a user's own with
+    # ``set_epoch``): a loader that batches on every process does, as in 1.15; the dispatcher does not.
+    _epoch_reaches_batch_sampler: bool = False
+
     def set_epoch(self, epoch: int) -> None:
-        """Return nothing; select ``epoch``'s shuffling in the sampler (or iterable dataset) behind this loader."""
+        """Return nothing; select ``epoch``'s shuffling in the sampler (or iterable dataset) behind this loader.
+
+        A batch sampler behind it that has ``set_epoch`` of its own (a user's) is told the epoch too.
+        """
         self.iteration = epoch
+        if self._epoch_reaches_batch_sampler:
+            for batch_sampler in _batch_samplers(self):
+                if hasattr(batch_sampler, "set_epoch"):
+                    batch_sampler.set_epoch(epoch)
         sampler = find_sampler(self)
         if sampler is not None and hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
@@ -119,17 +130,32 @@ class DataLoaderAdapter(DataLoader):
     ) -> None:
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         self.use_stateful_dataloader = use_stateful_dataloader
-        self.base_dataloader: Any = self
+        self.base_dataloader = self
         if use_stateful_dataloader:
-            self.base_dataloader = make_stateful_loader(dataset, batch_sampler=batch_sampler, **kwargs)
+            self.base_dataloader = make_stateful_loader(
+                dataset, **_plain_batches(dataset, batch_sampler, kwargs)
+            )
+
+    @property
+    def base_dataloader(self) -> Any:
+        """The loader iterated: the ``StatefulDataLoader`` with ``use_stateful_dataloader``, else this one."""
+        inner = self.__dict__.get("_stateful_inner")
+        return self if inner is None else inner
+
+    @base_dataloader.setter
+    def base_dataloader(self, loader: Any) -> None:
+        # "this loader" is kept as None, not as a reference to itself: a loader referring to itself
+        # is a cycle, and a cycle waits for the garbage collector (the loader, its iterator and the
+        # Accelerator holding them are freed when their owner goes, as in 1.15)
+        self.__dict__["_stateful_inner"] = None if loader is self else loader
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:
         # isinstance(loader, StatefulDataLoader) is how users and libraries (as with Accelerate 1.15)
         # tell a resumable loader: with the stateful loader this object answers as one too, while
         # type(self) and isinstance(self, DataLoaderShard) stay what they are.
-        inner = self.__dict__.get("base_dataloader", self)
-        return type(self) if inner is self else type(inner)
+        inner = self.__dict__.get("_stateful_inner")
+        return type(self) if inner is None else type(inner)
 
     def __iter__(self):
         if self.base_dataloader is self:
@@ -166,6 +192,25 @@ class DataLoaderAdapter(DataLoader):
         """
 
 
+def _plain_batches(dataset: Any, batch_sampler: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Return the stateful loader's arguments: in-order batches of a map-style dataset come from torch's
+    ``BatchSampler`` (as in 1.15), not from one torchdata builds, whose iterator saves a state of its own.
+
+    So ``state_dict()`` has ``_sampler_iter_state: None`` as 1.15's has, and a state 1.15 saved (which
+    torchdata resumes by counting batches) resumes here: torchdata's own sampler would start over.
+    """
+    ordered = kwargs.get("sampler") is None and not kwargs.get("shuffle")
+    if batch_sampler is not None or not ordered or kwargs.get("batch_size", 1) is None:
+        return {"batch_sampler": batch_sampler, **kwargs}
+    if isinstance(dataset, IterableDataset):
+        return {"batch_sampler": batch_sampler, **kwargs}
+    batches = BatchSampler(
+        SequentialSampler(dataset), kwargs.get("batch_size", 1), kwargs.get("drop_last", False)
+    )
+    rest = {k: v for k, v in kwargs.items() if k not in ("batch_size", "drop_last", "shuffle", "sampler")}
+    return {"batch_sampler": batches, **rest}
+
+
 def find_sampler(dataloader: Any) -> Sampler | None:
     """Return the innermost index sampler behind ``dataloader`` (through shard/skip wrappers)."""
     obj = getattr(dataloader, "batch_sampler", None)
@@ -176,6 +221,15 @@ def find_sampler(dataloader: Any) -> Sampler | None:
             return getattr(obj, "sampler", None)
         obj, seen = inner, seen + 1
     return getattr(dataloader, "sampler", None)
+
+
+def _batch_samplers(dataloader: Any) -> list[Any]:
+    """Return the chain of batch samplers behind ``dataloader``, outermost first (through shard wrappers)."""
+    out, obj = [], getattr(dataloader, "batch_sampler", None)
+    while obj is not None and len(out) < 8:
+        out.append(obj)
+        obj = getattr(obj, "batch_sampler", None)
+    return out
 
 
 def _sampler_holder(dataloader: Any) -> Any:
@@ -254,13 +308,16 @@ class _PositionedLoader(DataLoaderAdapter):
         self._position = LoaderPosition(self.base_dataloader) if self.use_stateful_dataloader else None
 
     def state_dict(self) -> dict[str, Any]:
-        """Return this loader's position in its epoch (needs ``use_stateful_dataloader=True``)."""
+        """Return this loader's position in its epoch: torchdata's ``StatefulDataLoader.state_dict()``
+        as 1.15 returns it, plus our ``_notebook_accel_*`` keys (needs ``use_stateful_dataloader=True``)."""
         return self._require_position().state_dict(self.iteration)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Return nothing; the next iteration resumes at the position ``state_dict`` recorded."""
         self._require_position().load_state_dict(state_dict)
-        self.iteration = int(state_dict.get("iteration", self.iteration))
+        self.iteration = int(
+            state_dict.get(OWN_KEYS["iteration"], state_dict.get("iteration", self.iteration))
+        )
 
     def _require_position(self) -> LoaderPosition:
         if self._position is None:

@@ -20,7 +20,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["LoaderPosition", "make_stateful_loader"]
+__all__ = ["OWN_KEYS", "LoaderPosition", "make_stateful_loader"]
+
+# What our state_dict() adds to torchdata's keys (prefixed: torchdata and Accelerate 1.15 skip them).
+OWN_KEYS = {
+    "iteration": "_notebook_accel_iteration",
+    "generator": "_notebook_accel_generator",
+    "global_rng": "_notebook_accel_global_rng",
+}
 
 logger = logging.getLogger(__name__)
 
@@ -93,28 +100,30 @@ class LoaderPosition:
         self._epoch_global_rng = None
 
     def state_dict(self, iteration: int) -> dict[str, Any]:
-        """Return the position to save: the inner loader's state, the epoch and its starting generator."""
-        state: dict[str, Any] = {"iteration": iteration}
+        """Return the position to save: torchdata's ``StatefulDataLoader.state_dict()`` as 1.15 returns it
+        (the position of the last batch handed out), plus our keys (``OWN_KEYS``: the epoch and the
+        generators the epoch began with), which torchdata and 1.15 ignore when they load it."""
+        state: dict[str, Any] = dict(self._served if self._served is not None else self.inner.state_dict())
+        state[OWN_KEYS["iteration"]] = iteration
         if self._served is not None:
-            state["loader"] = self._served
             if self._epoch_generator is not None:
-                state["generator"] = self._epoch_generator
+                state[OWN_KEYS["generator"]] = self._epoch_generator
             if self._epoch_global_rng is not None:
-                state["global_rng"] = self._epoch_global_rng
-        else:
-            state["loader"] = self.inner.state_dict()
+                state[OWN_KEYS["global_rng"]] = self._epoch_global_rng
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Return nothing; the next ``start`` resumes from ``state`` (what ``state_dict`` gave)."""
+        """Return nothing; the next ``start`` resumes from ``state``: what ``state_dict`` gave, a
+        ``StatefulDataLoader.state_dict()`` (torchdata's, or one Accelerate 1.15 saved), or the nested
+        ``{"loader": ...}`` form earlier versions of ours saved."""
         if isinstance(state, dict) and "loader" not in state and _is_torchdata_state(state):
-            # A StatefulDataLoader's own state_dict() (torchdata's, or a checkpoint Accelerate 1.15
-            # wrote): resume there, with the shuffling generator as it is now.
-            state = {"loader": state}
+            ours = {name: state[key] for name, key in OWN_KEYS.items() if key in state}
+            # without our keys (torchdata's or 1.15's state): the shuffling generator as it is now
+            state = {"loader": {k: v for k, v in state.items() if k not in OWN_KEYS.values()}, **ours}
         if not isinstance(state, dict) or "loader" not in state:
             raise ValueError(
-                "load_state_dict expects what a stateful prepared dataloader's state_dict() returned "
-                f"(a dict with 'loader') or a StatefulDataLoader's state_dict(), got {type(state).__name__}"
+                "load_state_dict expects what a stateful prepared dataloader's state_dict() returned, "
+                f"a StatefulDataLoader's state_dict(), got {type(state).__name__}"
                 + (f" with keys {sorted(state)[:6]}" if isinstance(state, dict) else "")
             )
         self._pending = state

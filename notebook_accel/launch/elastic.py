@@ -1,4 +1,5 @@
-"""Multi-node launches (``num_nodes > 1``) through torch.distributed.elastic, the engine of torchrun.
+"""Multi-node launches (``num_nodes > 1``), and ``rdzv_backend="c10d"`` on one node, through
+torch.distributed.elastic, the engine of torchrun.
 
 Every machine calls ``notebook_launcher(..., num_nodes=N, node_rank=i)``; ``elastic_launch`` runs the
 rendezvous (static: node ranks given, endpoint ``master_addr:use_port``; c10d: ranks assigned by the
@@ -124,7 +125,7 @@ def launch_elastic(
     endpoint = rdzv_endpoint or f"{plan.master_addr}:{plan.master_port}"
     if rdzv_backend == "static":
         conf["rank"] = plan.node_rank
-    elif not rdzv_endpoint:
+    elif not rdzv_endpoint and plan.num_nodes > 1:
         raise ValueError(
             f"rdzv_backend={rdzv_backend!r} needs rdzv_endpoint='host:port' (the same on every node)"
         )

@@ -252,6 +252,9 @@ class LaunchRequest:
                     f"rdzv_backend={self.rdzv_backend!r} needs rdzv_endpoint='host:port' (the same on every node)"
                 )
             return
+        if self.rdzv_backend != "static":
+            # one node through torch elastic's rendezvous (as 1.15 does); endpoint and settings apply
+            return
         for name, default in _ELASTIC_ONLY.items():
             if getattr(self, name) != default:
                 raise ValueError(
