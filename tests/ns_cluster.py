@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from notebook_accel.utils.atomic_files import _pid_alive  # one home for "is this pid alive"
+
 __all__ = ["NsCluster", "NsClusterUnavailable", "unavailable_reason"]
 
 _REGISTRY = Path("/run/notebook_accel_ns_cluster")
@@ -88,16 +90,6 @@ def _run(argv: list[str], **kwargs) -> str:
             f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
         )
     return done.stdout
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _free_port() -> int:
