@@ -8,6 +8,7 @@ import threading
 import psutil
 
 from notebook_accel.launch import OutputLine
+from tests.ns_cluster import daemon_pids
 
 # multiprocessing's own helpers (fork server, resource tracker) are shared by the whole process and
 # outlive any one launch by design; everything else a launch started must be gone.
@@ -16,7 +17,10 @@ _MP_HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
 
 def live_children() -> list[psutil.Process]:
     out = []
+    cluster = daemon_pids()  # the namespace cluster's daemons live for the whole session, by design
     for child in psutil.Process().children(recursive=True):
+        if child.pid in cluster:
+            continue
         try:
             cmd = " ".join(child.cmdline())
             if child.status() == psutil.STATUS_ZOMBIE:

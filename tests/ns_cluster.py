@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 from notebook_accel.utils.atomic_files import _pid_alive  # one home for "is this pid alive"
 
 __all__ = ["NsCluster", "NsClusterUnavailable", "unavailable_reason"]
@@ -50,6 +52,28 @@ _TOOLS = (
     "sinfo",
 )
 _SBIN = ("/usr/sbin", "/sbin")
+
+
+_BUILT: list[NsCluster] = []  # clusters of this process (the session fixture's), for daemon_pids()
+
+
+def daemon_pids() -> set[int]:
+    """Return the pids of every cluster daemon this process started and of their descendants.
+
+    The daemons are children of the test process for the whole session; the leak checks of the
+    launcher tests (``launcher_helpers.live_children``) leave them out.
+    """
+    found: set[int] = set()
+    for cluster in _BUILT:
+        for process in cluster._daemons.values():
+            if process.poll() is not None:
+                continue
+            found.add(process.pid)
+            try:
+                found.update(child.pid for child in psutil.Process(process.pid).children(recursive=True))
+            except psutil.NoSuchProcess:
+                pass
+    return found
 
 
 class NsClusterUnavailable(RuntimeError):
@@ -176,6 +200,7 @@ class NsCluster:
         self.ssh_options: tuple[str, ...] = ("-F", str(self.ssh_config))
         self.slurm_conf = self.root / "slurm" / "slurm.conf"
         self._daemons: dict[str, subprocess.Popen] = {}
+        _BUILT.append(self)
         self._jobs: list[str] = []
         self._saved_env: dict[str, str | None] = {}
 

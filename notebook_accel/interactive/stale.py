@@ -32,7 +32,7 @@ class StaleGlobalWarning(UserWarning):
     """A function run on the ranks read a global the kernel changed but never pushed to them."""
 
 
-def fingerprint(value: Any) -> tuple:
+def fingerprint(value: object) -> tuple:
     """Return what identifies ``value`` for the stale check: small plain values by value, others by id."""
     kind = type(value)
     if kind in _BY_VALUE and not (kind in (str, bytes) and len(value) > _LONGEST):
@@ -49,7 +49,7 @@ def _code_globals(code: types.CodeType, out: set[str]) -> None:
             _code_globals(const, out)
 
 
-def _is_cell_function(value: Any) -> bool:
+def _is_cell_function(value: object) -> bool:
     return isinstance(value, types.FunctionType) and value.__module__ == "__main__"
 
 

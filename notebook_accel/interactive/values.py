@@ -18,6 +18,7 @@ import pickle
 import re
 import sys
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 __all__ = [
@@ -45,7 +46,7 @@ class ValueOnRankError(LookupError):
     """A cell's value stayed on its rank (over the value limit): ``ranks.pull`` fetches it."""
 
 
-def parse_size(size: Any, what: str = "value_limit") -> int | None:
+def parse_size(size: object, what: str = "value_limit") -> int | None:
     """Return ``size`` in bytes: an int, a string like ``"50MB"`` / ``"2GiB"``, or None (no limit)."""
     if size is None or (isinstance(size, str) and size.strip().lower() in ("none", "inf", "unlimited")):
         return None
@@ -85,7 +86,7 @@ def _torch() -> Any:
     return sys.modules.get("torch")  # a value holding a tensor means torch is imported already
 
 
-def _cpu_reducer(torch: Any, obj: Any, protocol: int) -> Any:
+def _cpu_reducer(torch: ModuleType, obj: object, protocol: int) -> Any:
     """Return how to pickle a non-CPU tensor as its CPU copy (a Parameter stays a Parameter)."""
     data = obj.detach().cpu()
     if isinstance(obj, torch.nn.Parameter):
@@ -96,7 +97,7 @@ def _cpu_reducer(torch: Any, obj: Any, protocol: int) -> Any:
 _PICKLERS: dict[int, type] = {}
 
 
-def _cpu_pickler(torch: Any) -> type:
+def _cpu_pickler(torch: ModuleType) -> type:
     """Return a CloudPickler class that pickles non-CPU tensors as CPU tensors (made once per torch)."""
     import cloudpickle  # the rank side only: the kernel unpickles with plain pickle
 
@@ -104,7 +105,7 @@ def _cpu_pickler(torch: Any) -> type:
     if pickler is None:
 
         class CPUPickler(cloudpickle.CloudPickler):
-            def reducer_override(self, obj: Any) -> Any:
+            def reducer_override(self, obj: object) -> Any:
                 if isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
                     return _cpu_reducer(torch, obj, _PROTOCOL)
                 return super().reducer_override(obj)
@@ -113,7 +114,7 @@ def _cpu_pickler(torch: Any) -> type:
     return pickler
 
 
-def dumps_cpu(value: Any) -> bytes:
+def dumps_cpu(value: object) -> bytes:
     """Return ``value`` pickled (cloudpickle: classes of a rank's ``__main__`` by value), tensors as CPU tensors."""
     import cloudpickle
 
@@ -125,7 +126,7 @@ def dumps_cpu(value: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _tensor_bytes(torch: Any, tensor: Any) -> Any:
+def _tensor_bytes(torch: ModuleType, tensor: Any) -> Any:
     """Return a buffer of ``tensor``'s contents (a CPU copy of a GPU tensor), or None when it has none."""
     if tensor.layout != torch.strided or tensor.is_quantized or tensor.device.type == "meta":
         return None
@@ -135,7 +136,7 @@ def _tensor_bytes(torch: Any, tensor: Any) -> Any:
     return flat.view(torch.uint8).numpy()
 
 
-def _feed(h: Any, value: Any, torch: Any, depth: int) -> None:
+def _feed(h: Any, value: object, torch: ModuleType, depth: int) -> None:
     """Add ``value`` to the hash ``h``: containers item by item, tensors by dtype, shape and bytes."""
     kind = type(value)
     if torch is not None and isinstance(value, torch.Tensor):
@@ -164,7 +165,7 @@ def _feed(h: Any, value: Any, torch: Any, depth: int) -> None:
     h.update(_comparable_pickle(value, torch))
 
 
-def _comparable_pickle(value: Any, torch: Any) -> bytes:
+def _comparable_pickle(value: object, torch: ModuleType) -> bytes:
     """Return ``value`` pickled so that equal contents give equal bytes in any process.
 
     Classes and functions go by name (a rank's ``__main__`` ones too: cloudpickle would tag each
@@ -173,7 +174,7 @@ def _comparable_pickle(value: Any, torch: Any) -> bytes:
     """
     import cloudpickle
 
-    def tensor_id(obj: Any) -> str | None:
+    def tensor_id(obj: object) -> str | None:
         if torch is not None and isinstance(obj, torch.Tensor):
             inner = hashlib.sha256()
             _feed(inner, obj, torch, 0)
@@ -194,7 +195,7 @@ def _comparable_pickle(value: Any, torch: Any) -> bytes:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def digest(value: Any) -> str | None:
+def digest(value: object) -> str | None:
     """Return a digest of ``value``'s contents (equal values give equal digests), or None if it has none.
 
     Tensors and arrays are hashed by dtype, shape and bytes; lists, tuples and dicts item by item;
@@ -209,7 +210,7 @@ def digest(value: Any) -> str | None:
     return h.hexdigest()
 
 
-def _estimate(value: Any, torch: Any) -> int | None:
+def _estimate(value: object, torch: ModuleType) -> int | None:
     """Return about how many bytes ``value`` pickles to, for values known to be big without pickling them."""
     if torch is not None:
         if isinstance(value, torch.Tensor) and value.layout == torch.strided:
@@ -222,12 +223,12 @@ def _estimate(value: Any, torch: Any) -> int | None:
     return None
 
 
-def _type_name(value: Any) -> str:
+def _type_name(value: object) -> str:
     kind = type(value)
     return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
-def _display_forms(value: Any, payload: dict[str, Any]) -> None:
+def _display_forms(value: object, payload: dict[str, Any]) -> None:
     try:
         payload["text"] = repr(value)
     except Exception as exc:
@@ -363,7 +364,7 @@ def cell_result(rank: int, payload: dict[str, Any], limit: int | None = None) ->
     return result
 
 
-def _equal_here(a: Any, b: Any) -> bool:
+def _equal_here(a: object, b: object) -> bool:
     try:
         same = a == b
     except Exception:

@@ -29,6 +29,7 @@ from ..launch.procs import by_value
 from ..launch.worker import WorkerSpec
 from .agent import LOST_AFTER, local_versions
 from .channel import Channel, ChannelError, accept_channel, new_secret
+from .placement import Placement
 from .relay import StreamRelay
 from .workers import RemoteStacks, RemoteUsage, RemoteWorkerProcess
 
@@ -86,7 +87,9 @@ class _Node:
 class NodeGroup:
     """The agents of one launch: ``start`` gives ``RemoteWorkerProcess``es the handle supervises."""
 
-    def __init__(self, placement: Any, settings: NodeSettings, address: str, nodes: list[_Node]) -> None:
+    def __init__(
+        self, placement: Placement, settings: NodeSettings, address: str, nodes: list[_Node]
+    ) -> None:
         self.placement, self.settings, self.address = placement, settings, address
         self.nodes = nodes
         self.hosts = tuple(node.host for node in nodes)
@@ -118,7 +121,7 @@ class NodeGroup:
     # ----------------------------------------------------------------- joining
 
     @classmethod
-    def join(cls, placement: Any, settings: NodeSettings) -> NodeGroup:
+    def join(cls, placement: Placement, settings: NodeSettings) -> NodeGroup:
         """Return the group once an agent on every node of ``placement`` joined; NodeJoinError otherwise."""
         hosts = list(placement.hosts())
         address = placement.kernel_address(hosts)
@@ -313,7 +316,7 @@ class NodeGroup:
 
 
 def _accept_all(
-    listener: socket.socket, secret: bytes, nodes: list[_Node], placement: Any, timeout: float
+    listener: socket.socket, secret: bytes, nodes: list[_Node], placement: Placement, timeout: float
 ) -> None:
     """Accept and authenticate one agent per node within ``timeout``; raise NodeJoinError naming any that did not join."""
     deadline = time.monotonic() + timeout
@@ -363,7 +366,7 @@ def _check_versions(node: _Node, expected: dict[str, str], got: dict[str, str]) 
         )
 
 
-def _not_joined(node: _Node, placement: Any, why: str) -> str:
+def _not_joined(node: _Node, placement: Placement, why: str) -> str:
     engine = placement.failure(node.index, node.host, node.popen)  # it stops an engine still running
     return (
         f"node {node.host} (node {node.index}) did not join the launch: {why}. "
@@ -371,7 +374,7 @@ def _not_joined(node: _Node, placement: Any, why: str) -> str:
     )
 
 
-def _end_agents(placement: Any, nodes: list[_Node], wait: float = 10.0) -> None:
+def _end_agents(placement: Placement, nodes: list[_Node], wait: float = 10.0) -> None:
     """Close every agent's channel and make sure its process (the engine's step) ends."""
     for node in nodes:
         if node.channel is not None:

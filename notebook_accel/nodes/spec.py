@@ -14,7 +14,6 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 __all__ = ["ENGINES", "Nodes"]
 
@@ -35,11 +34,11 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _INTERFACE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _strings(name: str, value: Any, what: str) -> tuple[str, ...]:
+def _strings(name: str, value: object, what: str) -> tuple[str, ...]:
     """Return ``value`` (a list or tuple of strings) as a tuple; a bare string or anything else raises."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(f"Nodes({name}={value!r}): {name} is a list of {what}, e.g. {name}=[...]")
@@ -83,7 +82,7 @@ def _check_address(address: str) -> None:
         )
 
 
-def _check_seconds(name: str, value: Any) -> float:
+def _check_seconds(name: str, value: object) -> float:
     if not _is_number(value) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"Nodes({name}={value!r}): {name} is a number of seconds above 0")
     return float(value)
@@ -195,7 +194,7 @@ class Nodes:
             )
 
     @classmethod
-    def of(cls, value: Any) -> Nodes:
+    def of(cls, value: object) -> Nodes:
         """Return ``value`` as a ``Nodes``: ``"slurm"``, ``"slurm:<jobid>"``, a list of host names, or a ``Nodes``."""
         if isinstance(value, Nodes):
             return value

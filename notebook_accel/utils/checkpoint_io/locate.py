@@ -33,8 +33,15 @@ def _read_index(index_path: str) -> tuple[list[str], dict[str, str]]:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"The checkpoint index {index_path} is not valid JSON: {err}") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if weight_map is None and isinstance(index, dict) and index and all(isinstance(v, str) for v in index.values()):
-        weight_map = index  # a flat index: weight name -> shard file, with no "weight_map" key (1.15 reads it too)
+    if (
+        weight_map is None
+        and isinstance(index, dict)
+        and index
+        and all(isinstance(v, str) for v in index.values())
+    ):
+        weight_map = (
+            index  # a flat index: weight name -> shard file, with no "weight_map" key (1.15 reads it too)
+        )
     if not isinstance(weight_map, dict):
         raise ValueError(
             f"The checkpoint index {index_path} has no 'weight_map' dict of weight name -> shard file "

@@ -123,7 +123,8 @@ def check_device_map(model: nn.Module, device_map: DeviceMap) -> None:
     missing = _uncovered(state_keys, set(device_map))
     if missing:
         raise ValueError(
-            "The device_map provided does not give any device for the following parameters: " + ", ".join(missing)
+            "The device_map provided does not give any device for the following parameters: "
+            + ", ".join(missing)
         )
 
 

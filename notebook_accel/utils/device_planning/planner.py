@@ -223,7 +223,9 @@ class DevicePlanner:
         """Log (INFO, 1.15's text) the devices that got nothing, each with the bytes its first entry needed."""
         if not self.unfilled:
             return
-        lines = "".join(f"\n  - {device}: {needed} bytes required" for device, needed in self.unfilled.items())
+        lines = "".join(
+            f"\n  - {device}: {needed} bytes required" for device, needed in self.unfilled.items()
+        )
         logger.info(
             "Based on the current allocation process, no modules could be assigned to the following devices due "
             f"to insufficient memory:{lines}\nThese minimum requirements are specific to this allocation attempt "
@@ -241,7 +243,9 @@ class DevicePlanner:
         if not (self.offloaded_buffers and self.gpus):
             return
         free = [
-            self.budget[g] - self.device_bytes.get(g, 0) - (self.largest_layer if g in self.main_devices else 0)
+            self.budget[g]
+            - self.device_bytes.get(g, 0)
+            - (self.largest_layer if g in self.main_devices else 0)
             for g in self.gpus
             if g in self.budget
         ]
