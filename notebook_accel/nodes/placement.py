@@ -12,6 +12,7 @@ blocks on a full pipe); ``failure`` quotes that tail. The agent's stdin and stdo
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import ipaddress
 import logging
@@ -126,7 +127,7 @@ def _is_loopback(address: str) -> bool:
     return ipaddress.ip_address(address.split("%")[0]).is_loopback
 
 
-class Placement:
+class Placement(abc.ABC):
     """Start one command per node through an engine; see the module docstring for the four questions."""
 
     name = "placement"
@@ -136,17 +137,17 @@ class Placement:
         self._tails: dict[int, _StderrTail] = {}
 
     # ----- what every engine answers
+    @abc.abstractmethod
     def hosts(self) -> list[str]:
         """Return the nodes to run on, node 0 first."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def node_address(self, host: str) -> str | None:
         """Return the IP address the engine reaches ``host`` at, or None where it cannot tell."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def command(self, host: str, argv: list[str]) -> tuple[list[str], dict[str, str] | None]:
         """Return the engine's argv that runs ``argv`` on ``host``, and the environment to run it with."""
-        raise NotImplementedError
 
     # ----- shared
     @property
