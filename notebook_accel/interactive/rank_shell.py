@@ -20,6 +20,7 @@ import asyncio
 import builtins
 import getpass
 import html
+import importlib
 import inspect
 import logging
 import sys
@@ -52,6 +53,16 @@ class NoInputOnRanksError(RuntimeError):
     """``input()`` or ``getpass()`` was called on a rank, which has no keyboard."""
 
 
+def _ipython(name: str) -> Any:
+    """Return IPython's module ``name``: the one a kernel loaded already, else imported now (ImportError without IPython).
+
+    Only a cell that is not plain Python gets here, so the core itself never loads IPython (the rule
+    launch/cell_bars.kernel_display follows); a rank outside a kernel imports it at this point of use.
+    """
+    module = sys.modules.get(name)
+    return module if module is not None else importlib.import_module(name)
+
+
 def prepare_cell(source: str) -> tuple[str, bool]:
     """Return ``(python source, whether IPython transformed it)`` for a rank cell.
 
@@ -62,11 +73,11 @@ def prepare_cell(source: str) -> tuple[str, bool]:
         ast.parse(source)
     except SyntaxError as exc:
         try:
-            from IPython.core.inputtransformer2 import TransformerManager
+            transformers = _ipython("IPython.core.inputtransformer2")
         except ImportError:
             exc.add_note(_IPYTHON_HINT)
             raise exc from None
-        python = TransformerManager().transform_cell(source)
+        python = transformers.TransformerManager().transform_cell(source)
         if python.strip() == source.strip():
             raise
         return python, True
@@ -80,7 +91,7 @@ def rank_shell(namespace: dict[str, Any]) -> Any:
     Elsewhere a plain ``InteractiveShell`` is made on the rank's ``__main__``, history off.
     """
     try:
-        from IPython.core.interactiveshell import InteractiveShell
+        InteractiveShell = _ipython("IPython.core.interactiveshell").InteractiveShell  # noqa: N806
     except ImportError as exc:
         raise ImportError(f"{_IPYTHON_HINT} (on the ranks too): {exc}") from None
     if InteractiveShell.initialized():
