@@ -2,8 +2,8 @@
 
 ``Ranks.run``, ``execute``, ``push`` and ``pull`` each build one command of ``protocol.py`` here
 (``exec_command``, ``call_command``, ``push_command``, ``pull_command``: what can be checked in the
-kernel is, before any rank sees the command) and hand it to :meth:`Commands.run`: it refuses a second command while one runs (from another thread, or a
-background job's), keeps each rank's books (busy, which cell, whether its last command raised: what
+kernel is, before any rank sees the command) and hand it to :meth:`Commands.run`: it refuses a
+second command while one runs (from another thread, or a background job's), keeps each rank's books (busy, which cell, whether its last command raised: what
 ``Ranks.status()`` shows), runs the exchange (``Group.exchange``), and raises ``RankError`` when
 some rank replied with an error, every targeted rank's ``CellResult`` attached.
 """
@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 _CLAIM = "command"
+_BUSY = "another command is running on these ranks (from another thread); wait for it"
 _RANKS = "the ranks"
 _PUSH_FIX = (
     "push plain data instead (tensors, lists, numbers, a state_dict()), or build the object on the ranks"
@@ -185,7 +186,7 @@ class Commands:
     def refuse_if_busy(self) -> None:
         """Raise RuntimeError while a command (from another thread) runs on the ranks."""
         if self.busy:
-            raise RuntimeError("another command is running on these ranks (from another thread); wait for it")
+            raise RuntimeError(_BUSY)
 
     def run(
         self, group: Group, targets: list[int], command: Command, cell: str, limit: int | None
@@ -202,7 +203,7 @@ class Commands:
             # One command at a time. The claim is taken inside the try (a Stop landing just after it is
             # released below), with one atomic dict call, so no lock can stay taken.
             if self._claims.setdefault(_CLAIM, me) is not me:
-                self.refuse_if_busy()
+                raise RuntimeError(_BUSY)
             for r in targets:
                 self.books[r].update(busy=True, cell=cell)
 
