@@ -53,6 +53,7 @@ __all__ = [
     "Interrupted",
     "Message",
     "MessageReader",
+    "Numbered",
     "Ok",
     "ProtocolError",
     "ProtocolVersionError",
@@ -102,16 +103,22 @@ class Ready(Message):
     """Why the rank could not join the process group (its traceback), or None."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Numbered(Message):
+    """A command, or a message about one: ``seq`` is the command's sequence number."""
+
+    seq: int = 0
+    """A command is built with 0; ``Group.exchange`` stamps each with its own number, replies carry it."""
+
+
 # ----------------------------------------------------------------------------- kernel -> rank: commands
-# A command is built with seq=0; ``Group.exchange`` stamps each with its own sequence number.
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Exec(Message):
+class Exec(Numbered):
     """Run a cell in the rank's namespace; the reply's payload describes its last expression's value."""
 
     KIND: ClassVar[str] = "exec"
-    seq: int = 0
     source: str
     """The cell as written (tracebacks and stacks show it)."""
     filename: str
@@ -126,11 +133,10 @@ class Exec(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Call(Message):
+class Call(Numbered):
     """Call a function from the kernel in the rank's namespace: ``blob`` is ``(function, args, kwargs)`` pickled."""
 
     KIND: ClassVar[str] = "call"
-    seq: int = 0
     blob: bytes
     check: dict[str, Any]
     """The kernel's fingerprint of each global the function reads (``stale.global_tokens``)."""
@@ -139,43 +145,40 @@ class Call(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Push(Message):
+class Push(Numbered):
     """Set names in the rank's namespace: ``blob`` is a pickled ``{name: value}``."""
 
     KIND: ClassVar[str] = "push"
-    seq: int = 0
     blob: bytes
     tokens: dict[str, Any]
     """The kernel's fingerprint of each value pushed (``stale.fingerprint``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Pull(Message):
+class Pull(Numbered):
     """Send back the value of ``name`` in the rank's namespace."""
 
     KIND: ClassVar[str] = "pull"
-    seq: int = 0
     name: str
+    """A Python name (checked by the kernel before it sends the command)."""
 
 
 # ----------------------------------------------------------------------------- rank -> kernel: replies
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Ok(Message):
+class Ok(Numbered):
     """The command ran; ``payload`` is ``values.value_payload``'s description of its value."""
 
     KIND: ClassVar[str] = "ok"
-    seq: int
     payload: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Err(Message):
+class Err(Numbered):
     """The command raised on the rank (the rank is alive, its namespace intact)."""
 
     KIND: ClassVar[str] = "err"
-    seq: int
     exc_type: str
     """The exception's type, qualified unless a builtin or defined in ``__main__``."""
     message: str
@@ -184,21 +187,21 @@ class Err(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Interrupted(Message):
+class Interrupted(Numbered):
     """A KeyboardInterrupt ended the command (the kernel's SIGINT, or the code raised it)."""
 
     KIND: ClassVar[str] = "interrupted"
-    seq: int
     traceback: str
+    """Where the command was when the KeyboardInterrupt came, from the user's first frame on."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Display(Message):
+class Display(Numbered):
     """A ``display()`` of the running command (``seq``), for its cell: a MIME bundle and its metadata."""
 
     KIND: ClassVar[str] = "display"
-    seq: int
     data: dict[str, Any]
+    """The MIME bundle: ``{"text/plain": ..., "image/png": ...}``."""
     metadata: dict[str, Any]
 
 
