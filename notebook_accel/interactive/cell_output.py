@@ -1,0 +1,136 @@
+"""Where an interactive group's output goes: into the cell running a command, from that cell's own thread.
+
+A kernel routes what a thread prints or displays to the cell that started the thread; the thread
+supervising the ranks was started by an earlier cell. So the ranks' lines are queued (``CellSink``)
+and their progress-bar events collected (``CommandBars``), and the thread running the command
+(``Group.exchange``) prints and draws them into its cell; between commands the lines are printed at once.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..launch.cell_bars import CellBars, kernel_display
+from ..launch.handle import LaunchHandle
+from ..launch.output import OutputLine, PrintSink
+
+__all__ = ["CellSink", "CommandBars", "command_bars"]
+
+logger = logging.getLogger(__name__)
+
+
+class CellSink:
+    """Where the group's lines go: queued for the thread of the running command, else printed at once."""
+
+    def __init__(self, printing: bool, prefix_template: str | None, num_processes: int) -> None:
+        self._lock = threading.Lock()
+        self._queue: collections.deque[OutputLine] | None = None
+        self.printing = printing
+        self._template, self._n = prefix_template, num_processes
+        self.last_line: dict[int, float] = {}
+        """When each rank last wrote a line (``time.monotonic()``): a sign that it is not stuck."""
+        self.hosts: tuple[str, ...] = ()  # ranks across nodes (``_n`` per node): lines labelled [n2 rank 3]
+
+    def printer(self) -> PrintSink:
+        """Return a PrintSink bound to the calling thread's streams now (a kernel's: the running cell)."""
+        return PrintSink(prefix_template=self._template, num_processes=self._n, hosts=self.hosts)
+
+    def __call__(self, line: OutputLine) -> None:
+        self.last_line[line.rank] = time.monotonic()
+        with self._lock:
+            if self._queue is not None:
+                self._queue.append(line)
+                return
+        if self.printing:
+            self.printer().write(line)
+
+    def announce(self, text: str) -> None:
+        """Show the launcher's own messages (the plan), as notebook_launcher does."""
+        if self.printing:
+            self.printer().announce(text)
+
+    def begin(self) -> None:
+        """Queue the lines from now on, for ``flush`` by the calling thread."""
+        with self._lock:
+            self._queue = collections.deque()
+
+    def flush(self, printer: PrintSink) -> None:
+        """Print the queued lines from the calling thread."""
+        while True:
+            with self._lock:
+                if not self._queue:
+                    return
+                line = self._queue.popleft()
+            printer.write(line)
+
+    def end(self, printer: PrintSink) -> None:
+        """Print what is queued, then print later lines at once again."""
+        self.flush(printer)
+        with self._lock:
+            rest, self._queue = list(self._queue or ()), None
+        for line in rest:
+            printer.write(line)
+
+
+class CommandBars:
+    """The handle as ``CellBars`` sees it during one command: its bar events, passed on by ``pump()``.
+
+    Each command draws the ranks' live progress bars in its own cell (the running one), as a
+    blocking ``notebook_launcher`` does; nothing is drawn outside a kernel or with a panel. The
+    events are handed to ``CellBars`` from the calling thread: a kernel sends what a thread
+    displays to the cell that started the thread, and the supervising one was started by an
+    earlier cell.
+    """
+
+    def __init__(self, handle: LaunchHandle, display: Callable[..., Any]) -> None:
+        self._handle = handle
+        self._events: collections.deque[tuple[str, int, Any]] = collections.deque()
+        self._callbacks: list[Callable[[str, int, Any], None]] = []
+        self._done: list[Callable[[Any], None]] = []
+        self._unsubscribe = handle.subscribe_events(self._queue)
+        self.view = CellBars(self, display)
+
+    def _queue(self, kind: str, rank: int, item: Any) -> None:
+        if kind == "bar":
+            self._events.append((kind, rank, item))
+
+    def subscribe_events(self, callback: Callable[[str, int, Any], None]) -> Callable[[], None]:
+        self._callbacks.append(callback)
+        return lambda: self._callbacks.remove(callback)
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        self._done.append(fn)
+
+    def bars(self, rank: int | None = None, live_only: bool = False) -> list:
+        return self._handle.bars(rank, live_only)
+
+    def pump(self) -> None:
+        """Hand the bar events received so far to the view (from the calling thread)."""
+        while self._events:
+            event = self._events.popleft()
+            for callback in self._callbacks:
+                try:
+                    callback(*event)
+                except Exception:
+                    logger.exception("drawing the command's bars failed")
+
+    def close(self) -> None:
+        """Stop following the bars and draw them one last time."""
+        self._unsubscribe()
+        self.pump()
+        for fn in self._done:
+            try:
+                fn(self)
+            except Exception:
+                logger.exception("the last drawing of the command's bars failed")
+
+
+def command_bars(handle: LaunchHandle, printing: bool) -> CommandBars | None:
+    """Return the bars of a command that draws them in its cell (a kernel's, printing), else None."""
+    display = kernel_display() if printing else None
+    return CommandBars(handle, display) if display is not None else None
