@@ -253,6 +253,38 @@ def test_apply_usage_keeps_peaks() -> None:
     assert status.peak_rss == 400  # never below the resident memory seen
 
 
+def test_a_sample_of_an_exited_unreaped_worker_keeps_its_figures() -> None:
+    """A zombie reads as 0 bytes resident: such a sample must not replace what the rank reported as it ended."""
+    import os
+    import time
+
+    from notebook_accel.launch.handle import RankStatus
+    from notebook_accel.launch.usage import UsageSampler
+
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(0.5)
+        os._exit(0)
+    sampler = UsageSampler()
+    try:
+        status = RankStatus(0, pid, "running", 0.0)
+        sampler.sample(status)  # alive: real figures
+        assert status.rss and status.rss > 0 and status.cpu_percent is not None
+        apply_usage(status, {"rss": 12345, "peak_rss": 67890, "cpu_percent": 42.0})  # its final report
+        before = (status.rss, status.peak_rss, status.cpu_percent)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # wait until it is a zombie (exited, not reaped)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.01)
+        sampler.sample(status)
+        assert (status.rss, status.peak_rss, status.cpu_percent) == before
+        assert before[0] == 12345 and before[2] == 42.0
+    finally:
+        os.waitpid(pid, 0)
+
+
 def test_notebook_tracker_outside_a_launch_keeps_the_records() -> None:
     import torch
 
