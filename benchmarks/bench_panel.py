@@ -21,6 +21,7 @@ import collections
 import json
 import statistics
 import time
+import timeit
 
 from notebook_accel.widgets._launch_model import LaunchModel
 from notebook_accel.widgets._launch_render import status_html
@@ -70,12 +71,7 @@ class _Run:
 
 
 def _median_ms(fn, repeats: int = 7) -> float:  # noqa: ANN001
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
+    return statistics.median(timeit.repeat(fn, number=1, repeat=repeats)) * 1000
 
 
 def measure(n: int, count: int) -> dict:
