@@ -10,10 +10,12 @@ import os
 import pickle
 import sys
 import time
+import types
 
 import pytest
 
 from notebook_accel import notebook_launcher
+from notebook_accel.launch.cell_bars import kernel_display
 from notebook_accel.launch.events import EventHub, FrameDecoder
 from notebook_accel.launch.usage import apply_usage
 from notebook_accel.launchers import _resolve_bars
@@ -374,3 +376,13 @@ def test_utils_tqdm_stays_the_function_after_its_module_is_imported() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[0, 1, 2]", out.stderr[-2000:]
+
+
+def test_bars_mode_is_chosen_while_another_thread_imports_ipython(monkeypatch) -> None:
+    # A panel's first view imports ipywidgets, and with it IPython, in the caller's thread; a restart
+    # starting then asks kernel_display() on the supervising thread, and sees IPython half imported
+    # (no get_ipython yet). That is not a kernel: no live cell bars, and the restart goes on (it did
+    # not: "restart 1 could not start (AttributeError(... partially initialized module 'IPython'"))."
+    monkeypatch.setitem(sys.modules, "IPython", types.ModuleType("IPython"))
+    assert kernel_display() is None
+    assert _resolve_bars("auto", False) == (False, None)

@@ -26,6 +26,9 @@ from typing import IO
 
 __all__ = [
     "announce",
+    "dropped_note",
+    "line_prefix",
+    "rank_label",
     "unread_bytes",
     "HISTORY_BYTES",
     "HISTORY_LINES",
@@ -125,7 +128,11 @@ class OutputHistory:
     def __init__(self, max_lines: int | None = None, max_bytes: int | None = None) -> None:
         self.max_lines = HISTORY_LINES if max_lines is None else max_lines
         self.max_bytes = HISTORY_BYTES if max_bytes is None else max_bytes
-        self._lines: collections.deque[tuple[OutputLine, int]] = collections.deque()
+        # Two deques side by side, not one of (line, size) pairs: a pair per line is one more object for
+        # the garbage collector to track, which made an append 3-4x slower with many histories (a panel
+        # keeps one per rank).
+        self._lines: collections.deque[OutputLine] = collections.deque()
+        self._sizes: collections.deque[int] = collections.deque()
         self.bytes = 0
         """Memory taken by the kept lines' text."""
         self.dropped_lines = 0
@@ -134,10 +141,12 @@ class OutputHistory:
     def append(self, line: OutputLine) -> None:
         """Keep ``line``, dropping the oldest lines while over either bound."""
         size = sys.getsizeof(line.text)
-        self._lines.append((line, size))
+        self._lines.append(line)
+        self._sizes.append(size)
         self.bytes += size
         while len(self._lines) > 1 and (len(self._lines) > self.max_lines or self.bytes > self.max_bytes):
-            _, old = self._lines.popleft()
+            self._lines.popleft()
+            old = self._sizes.popleft()
             self.bytes -= old
             self.dropped_lines += 1
             self.dropped_bytes += old
@@ -147,17 +156,27 @@ class OutputHistory:
 
     def snapshot(self, rank: int | None = None) -> list[OutputLine]:
         """Return the kept lines, oldest first (of one ``rank`` or of all)."""
-        return [line for line, _ in self._lines if rank is None or line.rank == rank]
+        if rank is None:
+            return list(self._lines)
+        return [line for line in self._lines if line.rank == rank]
 
     def dropped_text(self) -> str:
         """Return a note on the lines dropped to stay within the bounds ("" when none were)."""
-        if not self.dropped_lines:
-            return ""
-        return (
-            f"{self.dropped_lines} older line(s) ({self.dropped_bytes / 2**20:.1f} MiB) dropped: the launch keeps "
-            f"the newest {self.max_lines} lines and {self.max_bytes / 2**20:.0f} MiB of output "
-            "(log_dir=... keeps everything on disk)"
+        return dropped_note(
+            self.dropped_lines,
+            f" ({self.dropped_bytes / 2**20:.1f} MiB): the launch keeps the newest {self.max_lines} lines "
+            f"and {self.max_bytes / 2**20:.0f} MiB of output",
         )
+
+
+def dropped_note(lines: int, detail: str = "") -> str:
+    """Return the note on ``lines`` oldest output lines no longer kept, ``detail`` after the count ("" for 0).
+
+    The one wording of it: the history's ``dropped_text()`` and the launch panel both show it.
+    """
+    if not lines:
+        return ""
+    return f"{lines} older output line(s) dropped{detail} (log_dir=... keeps every line on disk)"
 
 
 def short_host(host: str) -> str:
@@ -184,8 +203,7 @@ def format_prefix(
     ``role_name``, ``attempt``, ``node``).
     """
     if template is None:
-        where = f"{node} " if node else ""
-        return f"[{where}rank {rank}] " if attempt == 1 else f"[{where}rank {rank}, attempt {attempt}] "
+        return _default_prefix(rank, attempt, node)
     values = {
         "rank": rank,
         "local_rank": local_rank,
@@ -201,6 +219,24 @@ def format_prefix(
             f"log_line_prefix_template={template!r} cannot be formatted ({exc!r}); "
             "use the fields {rank}, {local_rank}, {role_name}, {attempt} and {node}"
         ) from None
+
+
+def rank_label(rank: int, node: str | None = None) -> str:
+    """Return ``rank N``, or ``NODE rank N`` for a rank of a launch across nodes (tabs, bars and prefixes say it so)."""
+    return f"{node} rank {rank}" if node else f"rank {rank}"
+
+
+def _default_prefix(rank: int, attempt: int = 1, node: str | None = None, mark: str = "") -> str:
+    where = rank_label(rank, node) + mark
+    return f"[{where}] " if attempt == 1 else f"[{where}, attempt {attempt}] "
+
+
+def line_prefix(line: OutputLine, node: str | None = None) -> str:
+    """Return the default prefix of ``line`` as a view shows it: ``format_prefix``'s, with ``!`` after the rank for stderr.
+
+    ``[rank 3] ``, ``[rank 3!] `` (stderr), ``[gpu-b rank 3, attempt 2] ``.
+    """
+    return _default_prefix(line.rank, line.attempt, node, "!" if line.stream == "stderr" else "")
 
 
 class PrintSink:
