@@ -404,3 +404,20 @@ def test_pack_unit_places_a_tensor_shared_within_a_unit_once() -> None:
         "both", hooks, HostPinner(None, engine.register_host, engine.unregister_host), owned=False
     )
     assert unit.nbytes == 256 and unit.views[id(hooks[0])][0][0] == unit.views[id(hooks[1])][0][0] == 0
+
+
+def test_the_default_lookahead_is_half_of_what_the_device_has_free_once_packed() -> None:
+    class Small(Recorder):
+        def free_memory(self) -> int:
+            return 5000
+
+    model = cpu_offload(_stack(3), CPU, prefetch=False)
+    prefetcher = _stream(model, Small(copies=True))
+    assert prefetcher.streamer.schedule.budget == 2500  # three 1,280-byte units would be 3,840
+    tiny = cpu_offload(_stack(3), CPU, prefetch=False)
+
+    class Tiny(Recorder):
+        def free_memory(self) -> int:
+            return 100
+
+    assert _stream(tiny, Tiny(copies=True)).streamer.schedule.budget == 1280  # never below one unit

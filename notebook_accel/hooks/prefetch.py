@@ -49,7 +49,7 @@ from ..utils.device_planning.sizes import convert_file_size_to_int
 from .host_pack import HostPinner, pin_limit
 from .offloaded import find_align_hook
 from .schedule import CopyEngine, ExecutionOrder
-from .streaming import CudaCopyEngine, Streamer, default_lookahead
+from .streaming import CudaCopyEngine, Streamer
 
 __all__ = ["Prefetcher", "enable_prefetch", "THREAD_NAME_PREFIX", "PAGES_READY"]
 
@@ -143,14 +143,7 @@ class Prefetcher:
         # The engine knows how its device page-locks host memory (CUDA's by default).
         register = getattr(engine, "register_host", None)
         pinner = HostPinner(pin_limit(pin_memory), register, getattr(engine, "unregister_host", None))
-        largest = max((sum(s.nbytes for h in hooks for s in h._slots) for _, hooks in groups), default=0)
-        if lookahead is None:
-            free = getattr(
-                engine, "free_memory", None
-            )  # an engine without it: the device's memory is no limit
-            budget = default_lookahead(free() if free is not None else 2**62, largest + 256 * len(groups))
-        else:
-            budget = _lookahead_bytes(lookahead)
+        budget = None if lookahead is None else _lookahead_bytes(lookahead)
         self.streamer = Streamer(device, groups, engine, budget, self.depth, pinner, owned)
         return self.streamer
 

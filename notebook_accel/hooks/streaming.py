@@ -162,7 +162,8 @@ class CudaCopyEngine:
         return torch.cuda.current_stream(self.device)
 
     def allocate(self, nbytes: int) -> torch.Tensor:
-        with torch.cuda.stream(self.stream):
+        # Never an inference tensor (a first forward under inference_mode): the pool serves training too.
+        with torch.cuda.stream(self.stream), torch.inference_mode(False):
             buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         buffer.record_stream(self._compute())  # freed later: reused only after the computation read it
         return buffer
@@ -267,6 +268,8 @@ class Streamer:
 
     ``groups``: ``(unit name, hooks)`` in the order the units are first expected to run. ``engine``
     defaults to a :class:`CudaCopyEngine` for the hooks' device; tests give a recording engine.
+    ``budget`` None: :func:`default_lookahead` of the device memory free once the units are packed
+    (an engine without ``free_memory`` sets no limit there).
     """
 
     def __init__(
@@ -274,7 +277,7 @@ class Streamer:
         device: torch.device,
         groups: list[tuple[str, list[Any]]],
         engine: CopyEngine,
-        budget: int,
+        budget: int | None,
         depth: int | None,
         pinner: HostPinner,
         owned: bool,
@@ -287,6 +290,10 @@ class Streamer:
         prepare = getattr(engine, "prepare", None)
         if prepare is not None:
             prepare(self.units, pinner)
+        if budget is None:
+            free = getattr(engine, "free_memory", None)
+            largest = max((unit.nbytes for unit in self.units), default=0)
+            budget = default_lookahead(free() if free is not None else 2**62, largest)
         self.schedule = StreamSchedule(engine, budget, depth)
         self._unit_of: dict[int, StreamUnit] = {}
         for unit in self.units:
