@@ -27,14 +27,17 @@ import logging
 import mmap
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..utils.device_planning.sizes import convert_file_size_to_int
 from ..utils.offload import OffloadedWeightsLoader, PrefixedDataset
+
+if TYPE_CHECKING:
+    from .align import AlignDevicesHook, _Slot
 
 __all__ = [
     "ALIGNMENT",
@@ -186,7 +189,7 @@ class StreamUnit:
         return self.staged_range[1] - self.staged_range[0]
 
 
-def _host_value(hook: Any, slot: Any) -> torch.Tensor:
+def _host_value(hook: AlignDevicesHook, slot: _Slot) -> torch.Tensor:
     """Return the CPU tensor ``hook`` serves for ``slot``, in the slot's dtype (as ``AlignDevicesHook._fetch`` reads it)."""
     value = hook.weights_map[slot.name]
     want = slot.placeholder.dtype
@@ -205,7 +208,7 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.view(-1).view(torch.uint8)
 
 
-def _replace(weights_map: Any, key: str, tensor: torch.Tensor) -> bool:
+def _replace(weights_map: Mapping, key: str, tensor: torch.Tensor) -> bool:
     """Serve ``tensor`` for ``key`` from the library's own weights map; return whether it was replaced."""
     if isinstance(weights_map, PrefixedDataset):
         return _replace(weights_map.dataset, weights_map.prefix + key, tensor)
@@ -217,7 +220,7 @@ def _replace(weights_map: Any, key: str, tensor: torch.Tensor) -> bool:
     return False
 
 
-def _staged_reader(hook: Any, slot: Any) -> Callable[[], torch.Tensor]:
+def _staged_reader(hook: AlignDevicesHook, slot: _Slot) -> Callable[[], torch.Tensor]:
     """Return a function reading ``slot``'s bytes from ``hook``'s weights map (at each load: disk pages stay on disk)."""
 
     def read() -> torch.Tensor:
@@ -233,7 +236,7 @@ def _staged_reader(hook: Any, slot: Any) -> Callable[[], torch.Tensor]:
     return read
 
 
-def pack_unit(name: str, hooks: list[Any], pinner: HostPinner, owned: bool) -> StreamUnit:
+def pack_unit(name: str, hooks: list[AlignDevicesHook], pinner: HostPinner, owned: bool) -> StreamUnit:
     """Return the :class:`StreamUnit` of ``hooks`` (their offloaded slots), its in-memory weights packed once.
 
     ``owned``: the weights maps belong to the library, so their in-memory entries are replaced by

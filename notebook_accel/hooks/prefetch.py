@@ -38,7 +38,7 @@ import functools
 import logging
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from ..utils.device_planning.sizes import convert_file_size_to_int
+from .align import AlignDevicesHook
 from .host_pack import HostPinner, pin_limit
 from .offloaded import find_align_hook
 from .schedule import CopyEngine, ExecutionOrder
@@ -86,7 +87,7 @@ class Prefetcher:
         """Loads the forward's thread had to do itself."""
 
     # -- registration ------------------------------------------------------------------------
-    def register(self, hook: Any) -> None:
+    def register(self, hook: AlignDevicesHook) -> None:
         """Serve ``hook``; hooks registered in turn are first guessed to run in that order."""
         if self.closed:
             raise RuntimeError("This Prefetcher is closed; create a new one (enable_prefetch).")
@@ -94,7 +95,7 @@ class Prefetcher:
         self._hooks.append(hook)
         hook._prefetcher = self
 
-    def unregister(self, hook: Any) -> None:
+    def unregister(self, hook: AlignDevicesHook) -> None:
         """Stop serving ``hook``; the worker thread is joined once no hook is left."""
         hook._prefetcher = None
         self._pending.pop(id(hook), None)
@@ -181,7 +182,7 @@ class Prefetcher:
         self.close()
 
     # -- called by the hooks (forward thread) --------------------------------------------------
-    def take(self, hook: Any) -> list[torch.Tensor] | str | None:
+    def take(self, hook: AlignDevicesHook) -> list[torch.Tensor] | str | None:
         """Return the weights prefetched for ``hook`` (waiting for the load to finish), ``PAGES_READY`` or None.
 
         A streamed hook always gets its weights (views of its unit's device buffer, the compute stream
@@ -211,12 +212,12 @@ class Prefetcher:
         self.hits += 1
         return result
 
-    def released(self, hook: Any, output: Any = None) -> None:
+    def released(self, hook: AlignDevicesHook, output: object = None) -> None:
         """Note that ``hook`` released its weights after a forward that returned ``output`` (streamed hooks)."""
         if self.streamer is not None:
             self.streamer.released(hook, output)
 
-    def schedule_after(self, hook: Any) -> None:
+    def schedule_after(self, hook: AlignDevicesHook) -> None:
         """Note that ``hook`` just loaded (learning the order) and start loading its successors."""
         if self.closed or (self.streamer is not None and self.streamer.serves(hook)):
             return  # a streamed hook's unit copied its successors ahead when it began
@@ -234,10 +235,10 @@ class Prefetcher:
                 self._pending[id(target)] = self._submit(target)
 
     # -- worker side ---------------------------------------------------------------------------
-    def _submit(self, hook: Any) -> Future:
+    def _submit(self, hook: AlignDevicesHook) -> Future:
         return self._submit_call(self._work, hook)
 
-    def _submit_call(self, fn: Any, *args: Any) -> Future:
+    def _submit_call(self, fn: Callable[..., object], *args: object) -> Future:
         """Run ``fn(*args)`` on the worker thread (started at first use); return its Future."""
         with self._lock:
             if self._executor is None:
@@ -252,7 +253,7 @@ class Prefetcher:
             executor = self._executor
         return executor.submit(fn, *args)
 
-    def _work(self, hook: Any) -> list[torch.Tensor] | None:
+    def _work(self, hook: AlignDevicesHook) -> list[torch.Tensor] | None:
         # A GPU hook that is not streamed is copied here on the default stream, which orders it
         # before the computation; streamed hooks never come here.
         device = hook._device

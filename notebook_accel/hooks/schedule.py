@@ -105,22 +105,22 @@ class Unit(Protocol):
 class CopyEngine(Protocol):
     """The device side of a :class:`StreamSchedule` (CUDA: :class:`~notebook_accel.hooks.streaming.CudaCopyEngine`)."""
 
-    def allocate(self, nbytes: int) -> Any:
+    def allocate(self, nbytes: int) -> object:
         """Return a new device buffer of ``nbytes`` (safe to write on the copy stream at once)."""
 
-    def copy(self, unit: Any, buffer: Any, after: Any) -> Any:
+    def copy(self, unit: Unit, buffer: object, after: object | None) -> object:
         """Copy ``unit``'s weights into ``buffer`` once ``after`` (a mark, a ticket or None) is reached; return a ticket."""
 
-    def wait(self, ticket: Any) -> None:
+    def wait(self, ticket: object) -> None:
         """Make the computation wait for the copy ``ticket`` (and only for it)."""
 
-    def mark(self) -> Any:
+    def mark(self) -> object:
         """Return a mark of the computation issued so far (the point after which a buffer may be rewritten)."""
 
-    def release(self, buffer: Any) -> None:
+    def release(self, buffer: object) -> None:
         """Give ``buffer`` back to the device allocator (no longer part of the pool)."""
 
-    def hand_over(self, buffer: Any) -> None:
+    def hand_over(self, buffer: object) -> None:
         """Forget ``buffer`` whose tensors are still in use elsewhere (the allocator frees it after them)."""
 
 
@@ -288,7 +288,7 @@ class StreamSchedule:
         self.peak_bytes = max(self.peak_bytes, self.held_bytes)
         return _Held(self.engine.allocate(nbytes), nbytes)
 
-    def _free_after(self, held: _Held, after: Any) -> None:
+    def _free_after(self, held: _Held, after: object | None) -> None:
         """Put ``held`` on the free list, reusable after ``after``; past the budget (a unit bigger than the room left), release it."""
         if self.held_bytes > self.budget:
             self.held_bytes -= held.nbytes

@@ -33,13 +33,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import events
 from .host_pack import HostPinner, StreamUnit, cuda_register, cuda_unregister, pack_unit
 from .schedule import CopyEngine, StreamSchedule
+
+if TYPE_CHECKING:
+    from .align import AlignDevicesHook
 
 __all__ = [
     "DEFAULT_LOOKAHEAD",
@@ -68,7 +71,7 @@ def default_lookahead(free_bytes: int, largest_unit: int) -> int:
     return max(largest_unit, min(wanted, free_bytes // 2))
 
 
-def escapes(output: Any, buffer: torch.Tensor, depth: int = 3) -> bool:
+def escapes(output: object, buffer: torch.Tensor, depth: int = 3) -> bool:
     """Return whether ``output`` keeps tensors of ``buffer`` alive past the forward.
 
     True when autograd recorded the forward (an output requires grad with grad mode on: the weights
@@ -94,7 +97,7 @@ class _Ticket:
 
     __slots__ = ("event", "future")
 
-    def __init__(self, event: Any = None, future: Future | None = None) -> None:
+    def __init__(self, event: torch.cuda.Event | None = None, future: Future | None = None) -> None:
         self.event = event
         self.future = future
 
@@ -168,14 +171,16 @@ class CudaCopyEngine:
         buffer.record_stream(self._compute())  # freed later: reused only after the computation read it
         return buffer
 
-    def _wait_for(self, after: Any) -> None:
+    def _wait_for(self, after: _Ticket | torch.cuda.Event | None) -> None:
         """Make the copy stream wait for ``after`` (a mark, a ticket or None)."""
         if isinstance(after, _Ticket):
             after = after.resolve()
         if after is not None:
             self.stream.wait_event(after)
 
-    def copy(self, unit: StreamUnit, buffer: torch.Tensor, after: Any) -> _Ticket:
+    def copy(
+        self, unit: StreamUnit, buffer: torch.Tensor, after: _Ticket | torch.cuda.Event | None
+    ) -> _Ticket:
         if unit.staged:
             return _Ticket(future=self._submit(self._staged_copy, unit, buffer, after))
         with torch.cuda.stream(self.stream):
@@ -188,7 +193,9 @@ class CudaCopyEngine:
         self._end_timing(timing, "transfer", unit, unit.nbytes, self.stream)
         return _Ticket(event)
 
-    def _staged_copy(self, unit: StreamUnit, buffer: torch.Tensor, after: Any) -> Any:
+    def _staged_copy(
+        self, unit: StreamUnit, buffer: torch.Tensor, after: _Ticket | torch.cuda.Event | None
+    ) -> torch.cuda.Event:
         """Read the staged spans into a staging buffer, then copy everything to the device (worker thread)."""
         staging, index = self._stager.stage(unit)
         start, end = unit.staged_range
@@ -228,14 +235,21 @@ class CudaCopyEngine:
         self.stream.synchronize()
 
     # -- telemetry: GPU-timed copies and waits, reported once they completed -----------------
-    def _start_timing(self, stream: Any = None) -> Any:
+    def _start_timing(self, stream: torch.cuda.Stream | None = None) -> torch.cuda.Event | None:
         if not events._ACTIVE:
             return None
         start = torch.cuda.Event(enable_timing=True)
         start.record(stream if stream is not None else self.stream)
         return start
 
-    def _end_timing(self, start: Any, kind: str, unit: StreamUnit | None, nbytes: int, stream: Any) -> None:
+    def _end_timing(
+        self,
+        start: torch.cuda.Event | None,
+        kind: str,
+        unit: StreamUnit | None,
+        nbytes: int,
+        stream: torch.cuda.Stream,
+    ) -> None:
         if start is None:
             return
         end = torch.cuda.Event(enable_timing=True)
@@ -275,7 +289,7 @@ class Streamer:
     def __init__(
         self,
         device: torch.device,
-        groups: list[tuple[str, list[Any]]],
+        groups: list[tuple[str, list[AlignDevicesHook]]],
         engine: CopyEngine,
         budget: int | None,
         depth: int | None,
@@ -303,11 +317,11 @@ class Streamer:
         self._active: dict[int, tuple[StreamUnit, torch.Tensor]] = {}  # id(unit) -> (unit, its buffer)
         self._report = getattr(engine, "report", None)
 
-    def serves(self, hook: Any) -> bool:
+    def serves(self, hook: AlignDevicesHook) -> bool:
         """Return whether ``hook`` loads through this streamer now (its execution device is the streamer's)."""
         return id(hook) in self._unit_of and hook._device == self.device
 
-    def take(self, hook: Any) -> tuple[list[torch.Tensor], bool]:
+    def take(self, hook: AlignDevicesHook) -> tuple[list[torch.Tensor], bool]:
         """Return ``hook``'s tensors on the device (views of its unit's buffer) and whether the copy was ahead."""
         unit = self._unit_of[id(hook)]
         if self._report is not None:
@@ -335,7 +349,7 @@ class Streamer:
             values.append(base.as_strided(shape, stride, offset // base.element_size()))
         return values, hit
 
-    def released(self, hook: Any, output: Any) -> None:
+    def released(self, hook: AlignDevicesHook, output: object) -> None:
         """Note that ``hook``'s forward is over (its slots released); end its unit once all its hooks ran."""
         unit = self._unit_of.get(id(hook))
         if unit is None or id(hook) not in unit.installed:
@@ -353,7 +367,7 @@ class Streamer:
         self.schedule.end(unit, unit.escaped)
         unit.escaped = False
 
-    def remove(self, hook: Any) -> None:
+    def remove(self, hook: AlignDevicesHook) -> None:
         """Stop serving ``hook`` (a unit left without hooks is dropped)."""
         unit = self._unit_of.pop(id(hook), None)
         if unit is None:
@@ -375,7 +389,9 @@ class Streamer:
             synchronize()
 
 
-def measure_pinned_bandwidth(device: Any = None, nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
+def measure_pinned_bandwidth(
+    device: int | str | torch.device | None = None, nbytes: int = 256 * 2**20, repeats: int = 5
+) -> float:
     """Return the best host-to-device bandwidth (bytes/s) of ``repeats`` copies of ``nbytes`` from pinned memory."""
     device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
