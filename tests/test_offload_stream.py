@@ -421,3 +421,23 @@ def test_the_default_lookahead_is_half_of_what_the_device_has_free_once_packed()
             return 100
 
     assert _stream(tiny, Tiny(copies=True)).streamer.schedule.budget == 1280  # never below one unit
+
+
+def test_reading_a_streamed_model_on_the_cpu_bypasses_the_streamer() -> None:
+    from notebook_accel.utils import get_state_dict_offloaded_model
+
+    reference = _stack(3)
+    expected = {k: v.clone() for k, v in reference.state_dict().items()}
+    model = cpu_offload(copy.deepcopy(reference), CPU, prefetch=False)
+    engine = Recorder(copies=True)
+    prefetcher = _stream(model, engine, lookahead=10_000, owned=True)
+    prefetcher.streamer.device = torch.device(
+        "cpu", 1
+    )  # the model "runs" elsewhere: reads here are not streamed
+    for hook in _hooks(model):
+        hook.execution_device = torch.device("cpu", 1)
+    queued = []
+    prefetcher._submit = queued.append  # a background load of a streamed hook would copy it for nothing
+    state = get_state_dict_offloaded_model(model)
+    assert state.keys() == expected.keys() and all(torch.equal(state[k], v) for k, v in expected.items())
+    assert not engine.kinds("copy") and queued == []

@@ -222,11 +222,13 @@ class Prefetcher:
         if self.closed or (self.streamer is not None and self.streamer.serves(hook)):
             return  # a streamed hook's unit copied its successors ahead when it began
         self._order.observe(hook)
+        streamer = self.streamer
         targets = []
         for target in self._order.ahead(hook):
             if len(targets) >= (self.depth or 1):
                 break
-            targets.append(target)
+            if streamer is None or not streamer.serves(target):  # a streamed hook's copy is the streamer's
+                targets.append(target)
         wanted = {id(t) for t in targets}
         for key in [k for k in self._pending if k not in wanted]:
             self._pending.pop(key).cancel()  # a wrong guess: drop it to keep memory bounded
