@@ -87,6 +87,16 @@ def _guarded(results: dict, name: str, fn) -> None:
         results[name] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-1500:]}
 
 
+def _pool_figures(figures: dict, model: nn.Module, backend: str) -> dict:
+    """Return ``figures`` with our streamer's lookahead and pool peak added, after freeing ``model``."""
+    streamer = _streamer(model) if backend != "accelerate" else None
+    if streamer is not None:
+        figures["lookahead_mb"] = streamer.schedule.budget / 2**20
+        figures["pool_peak_mb"] = streamer.schedule.peak_bytes / 2**20
+    _free(model)
+    return figures
+
+
 def _streamer(model: nn.Module) -> Any:
     from notebook_accel.hooks.offloaded import find_align_hook
 
@@ -148,14 +158,9 @@ def linear_figures(backend: str, device: torch.device, args: Any) -> dict:
                 seconds = _timed(lambda: model(x), device, args.cuda_repeats)
                 result = model(x).float()
             peak = _peak_since(device, base)
-            streamer = _streamer(model) if variant == "offload" and backend != "accelerate" else None
             figures = {"ms": seconds * 1000, "peak_mb": peak / 2**20, "bytes": nbytes,
                        "checksum": float(result.double().sum()), "output": result.cpu()}  # fmt: skip
-            if streamer is not None:
-                figures["lookahead_mb"] = streamer.schedule.budget / 2**20
-                figures["pool_peak_mb"] = streamer.schedule.peak_bytes / 2**20
-            _free(model)
-            return figures
+            return _pool_figures(figures, model, backend)
 
         _guarded(out, variant, measure)
     return out
@@ -252,12 +257,7 @@ def generate_figures(backend: str, device: torch.device, folder: str, args: Any)
             if device_map is not None and variant == "offload":
                 figures["device_map"] = {k: str(v) for k, v in device_map.items()}
                 figures["offloaded_bytes"] = _offloaded_bytes(model, device_map)
-            streamer = _streamer(model) if backend != "accelerate" else None
-            if streamer is not None:
-                figures["lookahead_mb"] = streamer.schedule.budget / 2**20
-                figures["pool_peak_mb"] = streamer.schedule.peak_bytes / 2**20
-            _free(model)
-            return figures
+            return _pool_figures(figures, model, backend)
 
         _guarded(out, variant, measure)
     return out
@@ -345,12 +345,7 @@ def _print_linear(ours: dict, theirs: dict, bandwidth: float, args: Any) -> None
         f"{compute * 1000:.2f} ms, {nbytes / 1e9:.2f} GB / {bandwidth / 1e9:.1f} GB/s = {transfer * 1000:.1f} ms)"
     )
     expected = resident.get("output")
-    for name, figures in (
-        ("no offload (all resident)", resident),
-        ("notebook_accel cpu_offload", ours.get("offload")),
-        ("Accelerate 1.15 cpu_offload", theirs.get("offload")),
-        ("diffusers group offload (leaf)", ours.get("diffusers")),
-    ):
+    for name, figures in _variants(ours, theirs, "cpu_offload"):
         extra, ms = "", None
         if figures and "ms" in figures:
             ms = figures["ms"]
@@ -359,6 +354,16 @@ def _print_linear(ours: dict, theirs: dict, bandwidth: float, args: Any) -> None
                 extra += f"; lookahead {figures['lookahead_mb']:.0f} MB (pool peak {figures['pool_peak_mb']:.0f} MB)"
         _row(name, figures, ms, floor * 1000, extra)
     print("  goal: notebook_accel <= 1.15x floor, ahead of diffusers; peak <= resident part (0) + lookahead")
+
+
+def _variants(ours: dict, theirs: dict, how: str) -> list[tuple[str, dict | None]]:
+    """Return the rows of a case, in the order printed: no offload, ours, Accelerate's, diffusers'."""
+    return [
+        ("no offload (all resident)", ours.get("resident")),
+        (f"notebook_accel {how}", ours.get("offload")),
+        (f"Accelerate 1.15 {how}", theirs.get("offload")),
+        ("diffusers group offload (leaf)", ours.get("diffusers")),
+    ]
 
 
 def _same(expected: Any, figures: dict, resident: dict) -> str:
@@ -390,12 +395,7 @@ def _print_generate(ours: dict, theirs: dict, bandwidth: float) -> None:
         f"{transfer / 8 * 1000:.1f} ms)"
     )
     want = resident.get("tokens")
-    for name, figures in (
-        ("no offload (all resident)", resident),
-        ("notebook_accel device_map='auto'", offload),
-        ("Accelerate 1.15 device_map='auto'", theirs.get("offload")),
-        ("diffusers group offload (leaf)", ours.get("diffusers")),
-    ):
+    for name, figures in _variants(ours, theirs, "device_map='auto'"):
         extra, ms = "", None
         if figures and "s" in figures:
             ms = figures["s"] / 8 * 1000

@@ -34,7 +34,7 @@ import time
 
 import torch
 from _offload_cuda import cuda_figures, llama_folder, print_report, strip_for_json
-from _worker import run_script_as_accelerate
+from _worker import add_backend_arguments, run_script_as_accelerate
 from torch import nn
 
 
@@ -140,10 +140,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--backend", choices=["notebook_accel", "accelerate"], default="notebook_accel")
-    parser.add_argument(
-        "--json", action="store_true", help="print one JSON object (used for the Accelerate run)"
-    )
+    add_backend_arguments(parser)
     cuda = parser.add_argument_group("CUDA section (_offload_cuda.py)")
     cuda.add_argument("--no-cuda", action="store_true", help="skip the CUDA section")
     cuda.add_argument("--cuda-only", action="store_true", help="only the CUDA section")

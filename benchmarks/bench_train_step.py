@@ -24,7 +24,7 @@ import statistics
 import time
 
 import torch
-from _worker import run_script_as_accelerate
+from _worker import add_backend_arguments, run_script_as_accelerate
 
 WIDTH, BATCH = 256, 64
 
@@ -149,10 +149,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--width", type=int, default=WIDTH, help="hidden width of the MLP")
-    parser.add_argument("--backend", choices=["notebook_accel", "accelerate"], default="notebook_accel")
-    parser.add_argument(
-        "--json", action="store_true", help="print one JSON object (used for the Accelerate run)"
-    )
+    add_backend_arguments(parser)
     args = parser.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(1)

@@ -16,13 +16,9 @@ import pytest
 import torch
 from torch import nn
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(
-        not torch.cuda.is_available(),
-        reason="needs a CUDA device, and a session of its own: NOTEBOOK_ACCEL_TEST_CUDA=1 python -m pytest -m cuda",
-    ),
-]
+from tests._cuda import CUDA_ONLY
+
+pytestmark = CUDA_ONLY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 2**20
