@@ -333,7 +333,7 @@ def test_cpu_budget_honours_cgroup_limit(monkeypatch) -> None:
 
     from notebook_accel.utils.device_planning import device_memory
 
-    assert device_memory._available_cpu_memory() <= psutil.virtual_memory().available
+    assert device_memory.available_cpu_memory() <= psutil.virtual_memory().available
     monkeypatch.setattr(device_memory, "_cgroup_memory_left", lambda: 12345)
     assert get_max_memory()["cpu"] == 12345
 

@@ -441,3 +441,16 @@ def test_reading_a_streamed_model_on_the_cpu_bypasses_the_streamer() -> None:
     state = get_state_dict_offloaded_model(model)
     assert state.keys() == expected.keys() and all(torch.equal(state[k], v) for k, v in expected.items())
     assert not engine.kinds("copy") and queued == []
+
+
+def test_a_block_that_would_leave_the_host_short_is_not_pinned() -> None:
+    engine = Recorder()
+    pinner = HostPinner(
+        None, engine.register_host, engine.unregister_host, available=lambda: 2 * 2**30 + 1000
+    )
+    with pytest.warns(
+        ResourceWarning, match=r"Could not pin 2 MiB more .*\(it would leave 2046 MiB of host memory"
+    ):
+        pinner.block(2 * 2**20)  # 2 MiB would leave less than HOST_RESERVE (2 GiB) available
+    assert pinner.pinned_bytes == 0 and engine.pinned == 0  # CUDA was not even asked
+    assert pinner.block(100).pinned is False  # refused once: the rest stays pageable, no second warning

@@ -23,6 +23,7 @@ memory a model needs. Tests pass their own ``register`` function to run all this
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 import warnings
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..utils.device_planning.device_memory import available_cpu_memory
 from ..utils.device_planning.sizes import convert_file_size_to_int
 from ..utils.offload import OffloadedWeightsLoader, PrefixedDataset
 
@@ -53,6 +55,9 @@ logger = logging.getLogger(__name__)
 
 ALIGNMENT = 256
 """Byte alignment of every tensor in a unit's buffer (any dtype's view is then aligned)."""
+
+HOST_RESERVE = 2 * 2**30
+"""Host memory left available when pinning: a block that would leave less stays pageable."""
 
 # register(pointer, nbytes) -> None when the range is now page-locked, else the error's text.
 Register = Callable[[int, int], "str | None"]
@@ -87,10 +92,30 @@ def cuda_register(pointer: int, nbytes: int) -> str | None:
     code = int(getattr(status, "value", status))
     if code == 0:
         return None
+    _clear_last_cuda_error()
     try:
         return f"cudaHostRegister error {code}: {cudart.cudaGetErrorString(status)}"
     except (TypeError, RuntimeError):
         return f"cudaHostRegister error {code}"
+
+
+def _clear_last_cuda_error() -> None:
+    """Reset the CUDA runtime's last error after a refused registration.
+
+    The runtime keeps a failed call's error until someone reads it, and torch's next kernel-launch
+    check would report it as that kernel's failure. The runtime torch loaded is found in this
+    process's memory map (Linux); elsewhere nothing is done.
+    """
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart" in line}
+    except OSError:
+        return
+    for path in paths:
+        try:
+            ctypes.CDLL(path).cudaGetLastError()
+        except (OSError, AttributeError):
+            continue
 
 
 def cuda_unregister(pointer: int) -> None:
@@ -121,12 +146,16 @@ class _Block:
 class HostPinner:
     """Pins host blocks up to ``limit`` bytes (None: no limit); warns once when the host refuses.
 
-    ``register`` / ``unregister`` default to CUDA's ``cudaHostRegister`` / ``cudaHostUnregister``.
+    ``register`` / ``unregister`` default to CUDA's ``cudaHostRegister`` / ``cudaHostUnregister``;
+    ``available`` (default: the host memory available, cgroup limit included) is asked before each block: a block that would
+    leave less than ``HOST_RESERVE`` bytes of host memory available is not pinned (page-locked memory
+    cannot be swapped out or reclaimed, and the rest of the machine needs some).
     """
 
     limit: int | None = None
     register: Register | None = None
     unregister: Unregister | None = None
+    available: Callable[[], int] | None = None
     pinned_bytes: int = 0
     pageable_bytes: int = 0
     refused: str | None = None
@@ -139,7 +168,11 @@ class HostPinner:
             return block
         within = self.limit is None or self.pinned_bytes + nbytes <= self.limit
         if within and self.refused is None:
-            error = block.pin(self.register or cuda_register, self.unregister or cuda_unregister)
+            left = (self.available or available_cpu_memory)() - nbytes
+            if left < HOST_RESERVE:
+                error = f"it would leave {max(left, 0) / 2**20:.0f} MiB of host memory available"
+            else:
+                error = block.pin(self.register or cuda_register, self.unregister or cuda_unregister)
             if error is None:
                 self.pinned_bytes += nbytes
                 return block
