@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from notebook_accel import cpu_offload, dispatch_model, telemetry
+from notebook_accel import cpu_offload, disk_offload, dispatch_model, telemetry
 from notebook_accel.hooks import remove_hook_from_submodules
 from notebook_accel.hooks.host_pack import HostPinner, pack_unit, pin_limit
 from notebook_accel.hooks.offloaded import find_align_hook
@@ -454,3 +454,18 @@ def test_a_block_that_would_leave_the_host_short_is_not_pinned() -> None:
         pinner.block(2 * 2**20)  # 2 MiB would leave less than HOST_RESERVE (2 GiB) available
     assert pinner.pinned_bytes == 0 and engine.pinned == 0  # CUDA was not even asked
     assert pinner.block(100).pinned is False  # refused once: the rest stays pageable, no second warning
+
+
+def test_streaming_twice_and_weights_that_no_longer_match_are_refused_with_the_way_out(tmp_path) -> None:
+    model = disk_offload(_stack(2), tmp_path, CPU, prefetch=False)
+    prefetcher = _stream(model, Recorder(copies=True), lookahead=10_000)
+    with pytest.raises(RuntimeError, match="streams already; create a new one"):
+        prefetcher.stream(CPU, engine=Recorder())
+    unit = prefetcher.streamer.units[0]
+    hook = unit.hooks[0]
+    hook.weights_map = {"weight": torch.zeros(3), "bias": torch.zeros(16)}  # not the model's weight any more
+    read, _ = unit.staged[0]
+    with pytest.raises(
+        ValueError, match=r"0\.weight: the weights map holds 12 bytes .* has 1024 .*offload them again"
+    ):
+        read()
