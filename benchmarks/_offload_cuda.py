@@ -211,7 +211,8 @@ def _diffusers_llama(folder: str, device_map: dict, device: torch.device) -> Any
     model = _load(folder, None)
     for name, where in device_map.items():
         module = model.get_submodule(name) if name else model
-        if str(where) in ("cpu", "disk"):
+        # Entries without parameters (a rotary embedding's buffers) go to the GPU: nothing to stream.
+        if str(where) in ("cpu", "disk") and next(module.parameters(), None) is not None:
             apply_group_offloading(
                 module, onload_device=device, offload_type="leaf_level", use_stream=device.type == "cuda"
             )
