@@ -7,6 +7,7 @@ as ``argv[1]`` says, logging and warnings muted. The worker prints one ``RESULT<
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -67,6 +68,14 @@ def run_worker(python: str, code: str, impl: str, *args: str) -> dict:
         raise WorkerFailed(impl, proc.returncode, proc.stderr)
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
     return json.loads(line[len("RESULT") :])
+
+
+def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the two options of a script that re-runs itself under Accelerate: ``--backend`` and ``--json``."""
+    parser.add_argument("--backend", choices=["notebook_accel", "accelerate"], default="notebook_accel")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object (used for the Accelerate run)"
+    )
 
 
 def run_script_as_accelerate(script: str, *args: str) -> dict:

@@ -12,12 +12,15 @@ run back to back, so they compare across machines and resist other load. Variant
 - ``disk_offload copy, no prefetch``: the copy done in the forward's thread (what Accelerate does);
 - ``dispatch half cpu / half disk``: ``dispatch_model`` with blocks 0-11 on the CPU, 12-23 on disk.
 
-With CUDA, the same model runs on GPU 0 with the weights offloaded to the CPU (``cpu_offload``) or
-to disk, against the model fully on the GPU.
+With CUDA, a second section measures the streaming offload against the floor the hardware allows,
+beside Accelerate 1.15, diffusers' group offloading and no offload (``_offload_cuda.py`` says what
+each figure is): a stack of 16 Linear(8192, 8192) in bf16, greedy generation of a 0.94 B Llama-shaped
+model with a 1 GiB GPU budget, and a training step against a hand-written autocast loop.
 
 Accelerate is measured by re-running this script with ``$ACCELERATE_PYTHON`` (or ``.venv-accelerate/bin/python`` in the checkout) when that interpreter exists.
 
-    python benchmarks/bench_offload.py [--quick] [--blocks 24] [--batch 16]
+    python benchmarks/bench_offload.py [--quick] [--blocks 24] [--batch 16] [--no-cuda | --cuda-only]
+    python benchmarks/bench_offload.py --cuda-smoke   # the CUDA section's code on the CPU, tiny sizes
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ import tempfile
 import time
 
 import torch
-from _worker import run_script_as_accelerate
+from _offload_cuda import cuda_figures, llama_folder, print_report, strip_for_json
+from _worker import add_backend_arguments, run_script_as_accelerate
 from torch import nn
 
 
@@ -100,29 +104,8 @@ def run(backend: str, blocks: int, width: int, batch: int, repeats: int) -> dict
         for model in [plain, *variants.values()]:
             timed(model, x, sync)
     out = _paired_ratios(plain, variants, x, sync, repeats)
-    if torch.cuda.is_available():
-        out.update(run_cuda(lib, blocks, width, batch, repeats, tmp))
     for model in variants.values():
         remove_hook_from_submodules(model)
-    return out
-
-
-def run_cuda(lib, blocks: int, width: int, batch: int, repeats: int, tmp: str) -> dict[str, float]:
-    device = torch.device("cuda", 0)
-    plain = build(blocks, width).to(device)
-    x = torch.randn(batch, width, device=device)
-    variants = {
-        "cuda: cpu_offload": lib.cpu_offload(build(blocks, width), execution_device=device),
-        "cuda: disk_offload": lib.disk_offload(
-            build(blocks, width), os.path.join(tmp, "disk"), execution_device=device
-        ),
-    }
-    sync = torch.cuda.synchronize
-    for _ in range(3):
-        for model in [plain, *variants.values()]:
-            timed(model, x, sync)
-    out = _paired_ratios(plain, variants, x, sync, repeats)
-    out["cuda: plain on GPU (ms)"] = out.pop("plain (ms)")
     return out
 
 
@@ -149,7 +132,7 @@ def _paired_ratios(
     return out
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer blocks and repeats")
     parser.add_argument("--blocks", type=int, default=24)
@@ -157,21 +140,79 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--backend", choices=["notebook_accel", "accelerate"], default="notebook_accel")
-    parser.add_argument(
-        "--json", action="store_true", help="print one JSON object (used for the Accelerate run)"
+    add_backend_arguments(parser)
+    cuda = parser.add_argument_group("CUDA section (_offload_cuda.py)")
+    cuda.add_argument("--no-cuda", action="store_true", help="skip the CUDA section")
+    cuda.add_argument("--cuda-only", action="store_true", help="only the CUDA section")
+    cuda.add_argument(
+        "--cuda-smoke", action="store_true", help="run the CUDA section's code on the CPU, tiny sizes"
     )
+    cuda.add_argument("--cuda-blocks", type=int, default=16)
+    cuda.add_argument("--cuda-width", type=int, default=8192)
+    cuda.add_argument("--cuda-batch", type=int, default=64)
+    cuda.add_argument("--cuda-repeats", type=int, default=10)
+    cuda.add_argument("--llama-layers", type=int, default=16)
+    cuda.add_argument("--llama-hidden", type=int, default=2048)
+    cuda.add_argument("--llama-intermediate", type=int, default=6144)
+    cuda.add_argument("--llama-vocab", type=int, default=42000)
+    cuda.add_argument("--llama-budget", default="1GiB", help="max_memory of GPU 0 for device_map='auto'")
+    cuda.add_argument(
+        "--llama-dir", default=None, help="the checkpoint folder (default: written once to /tmp)"
+    )
+    cuda.add_argument("--generate-repeats", type=int, default=3)
+    cuda.add_argument("--train-rounds", type=int, default=10)
     args = parser.parse_args()
     if args.quick:
         args.blocks, args.repeats = 8, 5
+        args.cuda_repeats, args.generate_repeats, args.train_rounds = 5, 2, 5
+    if args.cuda_smoke:
+        args.cuda_only = True
+        args.cuda_blocks, args.cuda_width, args.cuda_batch, args.cuda_repeats = 3, 64, 4, 2
+        args.llama_layers, args.llama_hidden, args.llama_intermediate, args.llama_vocab = 2, 64, 128, 128
+        args.generate_repeats, args.train_rounds = 1, 2
+    return args
+
+
+_CUDA_SIZE_OPTIONS = ("cuda_blocks", "cuda_width", "cuda_batch", "cuda_repeats", "llama_layers", "llama_hidden",
+                      "llama_intermediate", "llama_vocab", "llama_budget", "generate_repeats", "train_rounds")  # fmt: skip
+
+
+def cuda_section(args: argparse.Namespace) -> None:
+    """Measure and print the CUDA section (ours here, Accelerate's in its own interpreter)."""
+    device = torch.device("cpu") if args.cuda_smoke else torch.device("cuda", 0)
+    if args.backend == "notebook_accel":
+        import notebook_accel
+
+        notebook_accel.install_as_accelerate()  # transformers' `accelerate` is this package, in this process
+    folder = args.llama_dir or llama_folder(args)
+    ours = cuda_figures(args.backend, args, folder, device)
+    if args.json:
+        print(json.dumps(strip_for_json(ours)))
+        return
+    passed = [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in _CUDA_SIZE_OPTIONS]
+    smoke = ["--cuda-smoke"] if args.cuda_smoke else []
+    theirs = run_script_as_accelerate(__file__, "--cuda-only", "--llama-dir", folder, *passed, *smoke)
+    print_report(ours, theirs, args)
+
+
+def main() -> None:
+    args = _arguments()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if not args.cuda_only:
+        cpu_section(args)
+    if args.cuda_only or (torch.cuda.is_available() and not args.no_cuda):
+        cuda_section(args)
+
+
+def cpu_section(args: argparse.Namespace) -> None:
+    """Measure and print the CPU section (ratios to the plain model, Accelerate beside them)."""
     ours = run(args.backend, args.blocks, args.width, args.batch, args.repeats)
     if args.json:
         print(json.dumps(ours))
         return
     extra = ["--threads", str(args.threads)] if args.threads else []
-    theirs = run_script_as_accelerate(__file__, "--blocks", str(args.blocks), "--width", str(args.width),
+    theirs = run_script_as_accelerate(__file__, "--no-cuda", "--blocks", str(args.blocks), "--width", str(args.width),
                                       "--batch", str(args.batch), "--repeats", str(args.repeats), *extra)  # fmt: skip
     print(
         f"{args.blocks} x Linear({args.width}) + ReLU, batch {args.batch}, torch threads {torch.get_num_threads()}"

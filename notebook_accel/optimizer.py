@@ -132,24 +132,32 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self._is_overflow = False
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
         # GradScaler lowers its scale exactly when it found inf/NaN gradients and skipped the step.
-        scale_before = self.scaler.get_scale()
+        # The scale before the step is kept as a tensor and compared when someone asks: reading it
+        # (get_scale) would wait for the GPU at every step, stalling the loop.
+        scale = getattr(self.scaler, "_scale", None)
+        before = scale.clone() if isinstance(scale, torch.Tensor) else self.scaler.get_scale()
         result = (
             self.scaler.step(self.optimizer, closure)
             if closure is not None
             else self.scaler.step(self.optimizer)
         )
         self.scaler.update()
-        self._is_overflow = self.scaler.get_scale() < scale_before
+        self._scale_before = before
+        self._is_overflow = None  # decided at the first read of step_was_skipped
         return result
 
     @property
     def step_was_skipped(self) -> bool:
         """Whether the last ``step`` was skipped by the fp16 scaler (inf or NaN gradients)."""
+        if self._is_overflow is None:
+            before = self._scale_before
+            now = self.scaler._scale if isinstance(before, torch.Tensor) else self.scaler.get_scale()
+            self._is_overflow = bool(now < before)
         return self._is_overflow
 
     @property
     def is_overflow(self) -> bool:
-        return self._is_overflow
+        return self.step_was_skipped
 
     def __repr__(self) -> str:
         return f"AcceleratedOptimizer({self.optimizer!r})"

@@ -614,3 +614,25 @@ def test_deepspeed_installed_on_cpu_without_oneccl_names_the_way_out(monkeypatch
         RuntimeError, match=r"needs Intel's oneCCL bindings.*ParallelismConfig\(dp_shard_size=N\)"
     ):
         Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
+
+
+def test_an_fp16_step_does_not_read_the_scale_until_asked_whether_it_was_skipped(monkeypatch) -> None:
+    # get_scale() reads the scale back from the device: on a GPU, once per step, it stalls the loop
+    from notebook_accel import Accelerator
+
+    acc = Accelerator(cpu=True, mixed_precision="fp16")
+    model = torch.nn.Linear(4, 1)
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    reads = []
+    real = acc.scaler.get_scale
+    monkeypatch.setattr(acc.scaler, "get_scale", lambda: reads.append(1) or real())
+    x = torch.ones(2, 4)
+    for _ in range(3):
+        acc.backward(model(x).sum())
+        opt.step()
+        opt.zero_grad()
+    assert reads == []  # three steps, no read-back
+    assert not opt.step_was_skipped and not acc.optimizer_step_was_skipped
+    acc.backward(model(x).sum() * float("inf"))
+    opt.step()
+    assert opt.step_was_skipped and opt.is_overflow and acc.optimizer_step_was_skipped

@@ -13,23 +13,18 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 import torch
 from torch import nn
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(
-        not torch.cuda.is_available(),
-        reason="needs a CUDA device, and a session of its own: NOTEBOOK_ACCEL_TEST_CUDA=1 python -m pytest -m cuda",
-    ),
-]
+from tests._cuda import CUDA_ONLY
+
+pytestmark = CUDA_ONLY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _fresh_python(code: str, timeout: float = 180) -> str:
-    """Run ``code`` in a new interpreter and return its stdout; fail with its output."""
+def _fresh_python(code: str, timeout: float = 180, stderr: bool = False) -> str:
+    """Run ``code`` in a new interpreter and return its stdout (then its stderr, with ``stderr``); fail with its output."""
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
@@ -38,7 +33,7 @@ def _fresh_python(code: str, timeout: float = 180) -> str:
         cwd=ROOT,
     )
     assert proc.returncode == 0, f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    return proc.stdout
+    return proc.stdout + proc.stderr if stderr else proc.stdout
 
 
 def _blocks(n: int = 6, width: int = 256) -> nn.Sequential:
@@ -189,14 +184,33 @@ def test_notebook_launcher_on_the_gpus_this_machine_has() -> None:
         assert lines["all"].startswith("[('cuda', " + str(n)), out
 
 
-def test_fork_after_cuda_was_initialised_is_refused_with_the_way_out() -> None:
+def test_ranks_started_after_cuda_was_initialised_are_spawned_with_a_warning() -> None:
+    # start_method=None (the default): fork while CUDA is untouched here, spawn (and say so) once it is
+    out = _fresh_python(
+        """
+        import torch
+        from notebook_accel import start_ranks
+        torch.zeros(1, device="cuda")
+        ranks = start_ranks(1)
+        try:
+            print("device", ranks.run("import torch; torch.ones(1, device='cuda').device.type"))
+        finally:
+            ranks.stop()
+        """,
+        stderr=True,
+    )
+    assert "the ranks are started with spawn instead of fork" in out, out  # interactive.gpus.SPAWN_NOTE
+    assert "device ['cuda']" in out, out
+
+
+def test_fork_asked_for_after_cuda_was_initialised_is_refused_with_the_way_out() -> None:
     out = _fresh_python(
         """
         import torch
         from notebook_accel import start_ranks
         torch.zeros(1, device="cuda")
         try:
-            start_ranks(1)
+            start_ranks(1, start_method="fork")
         except RuntimeError as exc:
             print("refused", exc)
         """

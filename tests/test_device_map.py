@@ -260,7 +260,10 @@ def test_check_device_map_errors() -> None:
     # Too short for a fuzzy match: the names at the same level are offered instead.
     with pytest.warns(UserWarning, match=r"\['x'\]\nClosest names: 'x': 'head', 'embed', 'final', 'blocks'"):
         check_device_map(model, {"": 0, "x": 1})
-    with pytest.warns(UserWarning, match=r"\['x', 'y\.z'\]"), pytest.raises(ValueError, match="following parameters: "):
+    with (
+        pytest.warns(UserWarning, match=r"\['x', 'y\.z'\]"),
+        pytest.raises(ValueError, match="following parameters: "),
+    ):
         check_device_map(model, {"x": 1, "y.z": 0})
     with pytest.raises(ValueError, match=r"does not give any device.*positions.*blocks\.1\.fc1\.weight"):
         check_device_map(model, {"embed": 0, "blocks.0": 0, "head": 0})
@@ -330,7 +333,7 @@ def test_cpu_budget_honours_cgroup_limit(monkeypatch) -> None:
 
     from notebook_accel.utils.device_planning import device_memory
 
-    assert device_memory._available_cpu_memory() <= psutil.virtual_memory().available
+    assert device_memory.available_cpu_memory() <= psutil.virtual_memory().available
     monkeypatch.setattr(device_memory, "_cgroup_memory_left", lambda: 12345)
     assert get_max_memory()["cpu"] == 12345
 
@@ -384,3 +387,38 @@ def test_check_strategy_is_the_one_strategy_check() -> None:
         check_strategy(3)
     with pytest.raises(ValueError, match=r"plan='Auto' is not a .*'sequential'\], or a dict$"):
         check_strategy("Auto", name="plan", alternatives="a dict")
+
+
+def test_a_streaming_budget_keeps_room_for_the_lookahead_on_the_first_gpu() -> None:
+    model = meta_lm(tie=False)
+    sizes = compute_module_sizes(model)
+    block = sizes["blocks.0"]
+    budget = {0: 4 * block, "cpu": 10**9}
+    plain = plan_device_map(model, dict(budget), no_split_module_classes=["Block"])
+    streamed = plan_device_map(
+        model, dict(budget), no_split_module_classes=["Block"], streaming_budget=2 * block
+    )
+    # the first GPU now holds one block fewer: room for two blocks streamed ahead instead of one
+    on_gpu = [k for k, v in plain.device_map.items() if v == 0]
+    on_gpu_streamed = [k for k, v in streamed.device_map.items() if v == 0]
+    assert len(on_gpu_streamed) < len(on_gpu)
+    assert streamed.reserved[0] >= 2 * block and streamed.streaming_budget == 2 * block
+    assert streamed.device_bytes[0] + streamed.reserved[0] <= budget[0]
+    assert plain.streaming_budget == 0 and plain.reserved[0] < 2 * block
+    assert (
+        infer_auto_device_map(model, dict(budget), ["Block"], streaming_budget=2 * block)
+        == streamed.device_map
+    )
+    assert infer_auto_device_map(model, dict(budget), ["Block"], streaming_budget=None) == plain.device_map
+    # without a GPU nothing is streamed: the budget changes nothing
+    cpu_only = {"cpu": 3 * block}
+    assert infer_auto_device_map(model, dict(cpu_only), streaming_budget="1GiB") == infer_auto_device_map(
+        model, dict(cpu_only)
+    )
+    assert resolve_device_map(model, "sequential", dict(budget), ["Block"], streaming_budget=2 * block) == (
+        streamed.device_map
+    )
+    with pytest.raises(
+        ValueError, match=r"streaming_budget='plenty' is not a size: give the bytes the first GPU"
+    ):
+        infer_auto_device_map(model, dict(budget), streaming_budget="plenty")

@@ -196,3 +196,22 @@ def test_bad_arguments_raise(gpt):
         ex.set_budget(0, -1.0)
     with pytest.raises(ValueError, match="is not a device-map strategy"):
         ex.strategy = "nope"
+
+
+def test_the_streaming_budget_is_planned_and_shown_as_the_first_gpus_reserve():
+    with torch.device("meta"):
+        model = TinyGPT(n=8, d=64, vocab=64)
+    block = compute_module_sizes(model)["h.0"]
+    ex = _explorer(model, max_memory={0: 5 * block, "cpu": GiB}, strategy="sequential")
+    before = ex.usage()[0]
+    ex.streaming_budget = 3 * block
+    after = ex.usage()[0]
+    assert after["reserved"] >= 3 * block > before["reserved"]
+    assert after["weights"] + after["reserved"] <= 5 * block < before["weights"] + 3 * block
+    assert ex.plan.streaming_budget == 3 * block
+    assert "lookahead = " in ex.to_code() and "streaming lookahead" in ex._repr_html_()
+    assert "reserved (largest layer / lookahead)" in repr(ex)
+    with pytest.raises(ValueError, match=r"streaming_budget='lots' is not a size"):
+        ex.streaming_budget = "lots"
+    ex.streaming_budget = None
+    assert ex.usage()[0] == before

@@ -104,3 +104,42 @@ def test_bad_arguments_raise():
         OffloadMonitor("model")
     with pytest.raises(ValueError, match="max_passes must be >= 1"):
         OffloadMonitor(_model(), max_passes=0)
+
+
+def test_streaming_figures_bandwidth_against_pinned_and_waiting_time():
+    model = cpu_offload(_model(), execution_device="cpu")
+    mon = OffloadMonitor(model, pinned_bandwidth=50e9)
+    try:
+        assert mon.pinned_bandwidth == 50e9 and "of 50.0 GB/s pinned" in repr(mon)
+        now = time.perf_counter()
+
+        def report(
+            *_,
+        ):  # what a GPU-streamed model reports, during a pass, once its copies and waits completed
+            telemetry.emit(telemetry.HookEvent("transfer", "0", "cuda:0", "cpu", 2 * 10**9, 0.05, now, True))
+            telemetry.emit(telemetry.HookEvent("wait", "", "cuda:0", "cuda:0", 0, 0.004, now, True))
+
+        model(torch.ones(1, 32))
+        handle = model[2].register_forward_pre_hook(report)
+        model(torch.ones(1, 32))
+        handle.remove()
+        done = mon.finished_passes()
+        assert done[-1].transfer_bytes == 2 * 10**9 and done[-1].achieved_bandwidth == pytest.approx(40e9)
+        assert done[-1].wait_seconds == pytest.approx(0.004)
+        p = done[-1]
+        assert p.compute_seconds == pytest.approx(max(0.0, p.wall_seconds - p.move_seconds - p.wait_seconds))
+        summary = mon.bandwidth_summary()
+        assert summary["achieved"] == pytest.approx(40e9) and summary["of_pinned"] == pytest.approx(0.8)
+        assert summary["waiting"] == pytest.approx(0.004)
+        text = repr(mon)
+        assert "host-to-device 40.0 GB/s (80%) of 50.0 GB/s pinned" in text and "H2D GB/s" in text
+        assert "40.0" in mon._repr_html_()
+    finally:
+        mon.close()
+    plain = OffloadMonitor(cpu_offload(_model(), execution_device="cpu"))
+    try:
+        assert plain.pinned_bandwidth is None and "host-to-device" not in repr(
+            plain
+        )  # not streaming to a GPU
+    finally:
+        plain.close()

@@ -16,32 +16,22 @@ from notebook_accel.utils.device_planning.device_map import (
     plan_device_map,
     strategy_memory,
 )
-from notebook_accel.utils.device_planning.sizes import compute_module_sizes, convert_file_size_to_int
+from notebook_accel.utils.device_planning.sizes import compute_module_sizes
 from notebook_accel.utils.device_planning.tied_params import find_tied_parameters
 
 from ._base import _badge, _fmt_bytes, _import_ipywidgets, _Panel, _size_literal, _table, _text_table
 from ._charts import png_img_tag, stacked_bars_png
+from ._device_map_inputs import DTYPES, check_dtype, check_max_memory, check_streaming_budget, device_order
 from ._machine import MachineInfo, machine_info
 from ._modules import suggest_no_split_classes
 
 __all__ = ["DeviceMapExplorer"]
 
 STRATEGIES = DEVICE_MAP_STRATEGIES  # the one list, from notebook_accel.utils.device_planning.device_map
-DTYPES = (None, "float32", "float16", "bfloat16", "int8")
 _AS_STORED = "as stored"  # the dtype dropdown's value for None (ipywidgets shows a None value blank)
 _GIB = 1024**3
 _MIB = 1024**2
 _SLIDER_STEPS = 200  # positions along a budget slider
-
-
-def _device_order(device: Any) -> tuple[int, str]:
-    if isinstance(device, int):
-        return (0, f"{device:06d}")
-    if device == "cpu":
-        return (2, "")
-    if device == "disk":
-        return (3, "")
-    return (1, str(device))
 
 
 class DeviceMapExplorer(_Panel):
@@ -56,11 +46,14 @@ class DeviceMapExplorer(_Panel):
         ex = DeviceMapExplorer(model, max_memory={0: "10GiB", "cpu": "30GiB"})
         ex.display()                   # sliders per device, bars, module tree with device badges
         ex.set_budget(0, 6.0)          # GiB; the map is recomputed at once, the slider follows
+        ex.streaming_budget = "1GiB"   # keep room on GPU 0 for the weights the streaming offload copies ahead
         print(ex.to_code())            # device_map = {...} and max_memory = {...} to paste
 
     Every change recomputes ``device_map`` with the core's ``infer_auto_device_map`` ("auto" and
     "balanced" first balance the GPUs with ``get_balanced_memory``, "balanced_low_0" keeps GPU 0
-    light, "sequential" fills devices in order).
+    light, "sequential" fills devices in order). The reserve of the first GPU (``usage()``'s
+    "reserved") is the room kept for the offloaded layers brought there to run: the largest one, or
+    the ``streaming_budget`` (the streaming offload's ``lookahead``) when that is larger.
     """
 
     def __init__(
@@ -72,6 +65,7 @@ class DeviceMapExplorer(_Panel):
         strategy: str = "auto",
         machine: MachineInfo | None = None,
         tree_depth: int = 3,
+        streaming_budget: int | str | None = None,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"DeviceMapExplorer needs a torch.nn.Module, got {type(model).__name__}")
@@ -84,9 +78,10 @@ class DeviceMapExplorer(_Panel):
         self._no_split = self._check_no_split(
             self.suggested_no_split if no_split_module_classes is None else no_split_module_classes
         )
-        self._dtype = self._check_dtype(dtype)
+        self._dtype = check_dtype(dtype)
         self._strategy = self._check_strategy(strategy)
-        self.max_memory: dict[int | str, int] = self._check_max_memory(
+        self._streaming_budget = check_streaming_budget(streaming_budget)
+        self.max_memory: dict[int | str, int] = check_max_memory(
             max_memory if max_memory is not None else self._machine_budgets()
         )
         self.tree_depth = tree_depth
@@ -108,38 +103,8 @@ class DeviceMapExplorer(_Panel):
         budgets["cpu"] = int(self.machine.ram_available * 0.9)
         return budgets
 
-    @staticmethod
-    def _check_max_memory(max_memory: Mapping[int | str, int | str]) -> dict[int | str, int]:
-        if not isinstance(max_memory, Mapping) or not max_memory:
-            raise ValueError(
-                f"max_memory must be a non-empty dict like {{0: '10GiB', 'cpu': '30GiB'}}, got {max_memory!r}"
-            )
-        out: dict[int | str, int] = {}
-        for key, value in max_memory.items():
-            if key == "disk":
-                raise ValueError(
-                    "max_memory cannot budget 'disk': disk is the unlimited last resort of a device map"
-                )
-            if not (isinstance(key, int) or isinstance(key, str)):
-                raise ValueError(
-                    f"max_memory key {key!r} is not a device: use a GPU index (0, 1...) or 'cpu'"
-                )
-            out[key] = convert_file_size_to_int(value) if isinstance(value, str) else int(value)
-            if out[key] < 0:
-                raise ValueError(f"max_memory[{key!r}] is negative ({value!r})")
-        return dict(sorted(out.items(), key=lambda kv: _device_order(kv[0])))
-
     def _check_strategy(self, strategy: str) -> str:
         return check_strategy(strategy, name="strategy")
-
-    @staticmethod
-    def _check_dtype(dtype: str | torch.dtype | None) -> str | None:
-        if dtype is None:
-            return None
-        text = str(dtype).replace("torch.", "")
-        if text not in DTYPES:
-            raise ValueError(f"Unsupported dtype {dtype!r} for a device map: choose one of {list(DTYPES)}")
-        return text
 
     def _check_no_split(self, classes: list[str]) -> list[str]:
         if isinstance(classes, str):
@@ -174,7 +139,17 @@ class DeviceMapExplorer(_Panel):
 
     @dtype.setter
     def dtype(self, value: str | torch.dtype | None) -> None:
-        self._dtype = self._check_dtype(value)
+        self._dtype = check_dtype(value)
+        self._changed()
+
+    @property
+    def streaming_budget(self) -> int:
+        """Return the bytes the first GPU keeps free for the weights streamed ahead (0: only the largest layer)."""
+        return self._streaming_budget
+
+    @streaming_budget.setter
+    def streaming_budget(self, value: int | str | None) -> None:
+        self._streaming_budget = check_streaming_budget(value)
         self._changed()
 
     @property
@@ -247,7 +222,11 @@ class DeviceMapExplorer(_Panel):
         )
         self.effective_max_memory = dict(max_memory)
         self.plan = plan_device_map(
-            self.model, max_memory=max_memory, no_split_module_classes=self._no_split, dtype=self._dtype
+            self.model,
+            max_memory=max_memory,
+            no_split_module_classes=self._no_split,
+            dtype=self._dtype,
+            streaming_budget=self._streaming_budget or None,
         )
         self.device_map = dict(self.plan.device_map)
         self.last_compute_seconds = time.perf_counter() - start
@@ -265,7 +244,7 @@ class DeviceMapExplorer(_Panel):
     def devices(self) -> list[int | str]:
         """Return every budgeted or used device, GPUs first, then cpu, then disk."""
         devs = set(self.max_memory) | set(self.device_map.values())
-        return sorted(devs, key=_device_order)
+        return sorted(devs, key=device_order)
 
     def largest_layer(self) -> tuple[int, str]:
         """Return ``(bytes, name)`` of the largest layer for the current dtype and no-split classes."""
@@ -275,8 +254,8 @@ class DeviceMapExplorer(_Panel):
         """Return per device ``{"weights", "reserved", "free", "budget"}`` in bytes.
 
         ``reserved`` is the room kept on a main device for the largest offloaded layer (the hooks
-        bring an offloaded layer there to run it); ``free`` is what remains of the budget. The
-        disk has no budget (``budget`` 0, ``free`` 0).
+        bring an offloaded layer there to run it), on the first GPU at least the streaming budget;
+        ``free`` is what remains of the budget. The disk has no budget (``budget`` 0, ``free`` 0).
         """
         out = {}
         for device in self.devices():
@@ -329,7 +308,12 @@ class DeviceMapExplorer(_Panel):
     def to_code(self) -> str:
         """Return Python source defining ``max_memory`` and ``device_map`` as computed now."""
         mm = ", ".join(f"{k!r}: {_size_literal(v)!r}" for k, v in self.max_memory.items())
-        lines = ["max_memory = {" + mm + "}", "device_map = {"]
+        lines = ["max_memory = {" + mm + "}"]
+        if self._streaming_budget:
+            lines.append(
+                f"lookahead = {_size_literal(self._streaming_budget)!r}  # streaming_budget / lookahead"
+            )
+        lines.append("device_map = {")
         lines += [f"    {k!r}: {v!r}," for k, v in self.device_map.items()]
         lines.append("}")
         return "\n".join(lines)
@@ -393,13 +377,18 @@ class DeviceMapExplorer(_Panel):
             for d, u in self.usage().items()
         ]
 
-    _USAGE_HEADERS = ["device", "budget", "weights", "reserved (largest layer)", "free"]
+    _USAGE_HEADERS = ["device", "budget", "weights", "reserved (largest layer / lookahead)", "free"]
 
     def _html(self) -> str:
         return "<br>".join(
             [
                 f"<b>DeviceMapExplorer</b> — {html.escape(type(self.model).__name__)}, strategy {self._strategy}, "
-                f"dtype {self._dtype or 'as stored'}, no split {html.escape(str(self._no_split))}",
+                f"dtype {self._dtype or 'as stored'}, no split {html.escape(str(self._no_split))}"
+                + (
+                    f", streaming lookahead {_fmt_bytes(self._streaming_budget)}"
+                    if self._streaming_budget
+                    else ""
+                ),
                 _table(self._USAGE_HEADERS, self._usage_rows()),
                 png_img_tag(self.chart_png(), "device usage"),
                 self._extras_html(),

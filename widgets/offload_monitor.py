@@ -1,4 +1,9 @@
-"""OffloadMonitor: where an offloaded model's weights live, and what each forward pass spends moving them."""
+"""OffloadMonitor: where an offloaded model's weights live, and what each forward pass spends moving them.
+
+For a model streaming its weights to a GPU it also shows the host-to-device bandwidth the copies
+achieved beside the pinned bandwidth measured on this machine, and how long the GPU waited for
+weights against the rest of the pass.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from typing import Any
 import torch
 
 from notebook_accel import telemetry
+from notebook_accel.hooks.offloaded import find_align_hook
+from notebook_accel.hooks.streaming import measure_pinned_bandwidth
 
 from ._base import _badge, _fmt_bytes, _import_ipywidgets, _Panel, _table, _text_table, _Throttle
 from ._charts import png_img_tag, stacked_bars_png
@@ -39,11 +46,22 @@ class PassStats:
     wall_seconds: float = 0.0
     modules: set[str] = field(default_factory=set)
     finished: bool = False
+    transfer_bytes: int = 0
+    """Streaming to a GPU: bytes the copies brought over (reported once the GPU finished them)."""
+    transfer_seconds: float = 0.0
+    """Streaming: the copies' time on the GPU."""
+    wait_seconds: float = 0.0
+    """Streaming: how long the GPU's compute stream stood waiting for weights."""
 
     @property
     def compute_seconds(self) -> float:
-        """Return the pass's time not spent moving weights."""
-        return max(0.0, self.wall_seconds - self.move_seconds)
+        """Return the pass's time neither moving weights (forward's thread) nor waiting for them (GPU)."""
+        return max(0.0, self.wall_seconds - self.move_seconds - self.wait_seconds)
+
+    @property
+    def achieved_bandwidth(self) -> float | None:
+        """Return the streamed copies' host-to-device bytes per second (None when nothing was streamed)."""
+        return self.transfer_bytes / self.transfer_seconds if self.transfer_seconds else None
 
 
 class OffloadMonitor(_Panel):
@@ -62,9 +80,18 @@ class OffloadMonitor(_Panel):
 
     It subscribes to the hooks' telemetry (``notebook_accel.telemetry.subscribe``) and marks pass
     boundaries with a forward pre-hook/hook on the model itself; ``close()`` removes both.
+
+    ``pinned_bandwidth`` (bytes/s) is what the achieved bandwidth is shown against; by default it is
+    measured once (a 256 MiB pinned copy) when the model streams its weights to a GPU, else None.
     """
 
-    def __init__(self, model: torch.nn.Module, max_passes: int = 200, interval: float = 0.1) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        max_passes: int = 200,
+        interval: float = 0.1,
+        pinned_bandwidth: float | None = None,
+    ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"OffloadMonitor needs a torch.nn.Module, got {type(model).__name__}")
         if max_passes < 1:
@@ -79,6 +106,11 @@ class OffloadMonitor(_Panel):
         self._started = 0.0
         self._count = 0
         self.placement: dict[str, dict] = telemetry.weight_placement(model)
+        if pinned_bandwidth is None:
+            device = _streamed_device(model)
+            pinned_bandwidth = measure_pinned_bandwidth(device) if device is not None else None
+        self.pinned_bandwidth = pinned_bandwidth
+        """Host-to-device bytes/s from pinned memory on this machine (None: not streaming to a GPU)."""
         self._throttle = _Throttle(self._update_view, interval)
         self._subscription = telemetry.subscribe(self._on_event)
         self._handles = [
@@ -130,6 +162,11 @@ class OffloadMonitor(_Panel):
                 totals["loads"] += event.kind == "load"
                 totals["bytes"] += event.nbytes
                 totals["seconds"] += event.seconds
+            elif event.kind == "transfer":
+                current.transfer_bytes += event.nbytes
+                current.transfer_seconds += event.seconds
+            elif event.kind == "wait":
+                current.wait_seconds += event.seconds
             current.modules.add(event.module)
 
     def _placement(self) -> dict[str, dict]:
@@ -169,6 +206,25 @@ class OffloadMonitor(_Panel):
         with self._lock:
             return [p for p in self.passes if p.finished]
 
+    def bandwidth_summary(self) -> dict[str, float | None]:
+        """Return, over the finished passes, the streamed copies' bytes/s and the GPU's share of time waiting.
+
+        ``{"achieved": bytes/s or None, "pinned": bytes/s or None, "of_pinned": achieved / pinned or None,
+        "waiting": seconds, "computing": seconds}``.
+        """
+        done = self.finished_passes()
+        moved = sum(p.transfer_bytes for p in done)
+        seconds = sum(p.transfer_seconds for p in done)
+        achieved = moved / seconds if seconds else None
+        pinned = self.pinned_bandwidth
+        return {
+            "achieved": achieved,
+            "pinned": pinned,
+            "of_pinned": achieved / pinned if achieved and pinned else None,
+            "waiting": sum(p.wait_seconds for p in done),
+            "computing": sum(p.compute_seconds for p in done),
+        }
+
     def _pass_rows(self, last: int = 10) -> list[list[str]]:
         return [
             [
@@ -177,13 +233,31 @@ class OffloadMonitor(_Panel):
                 str(p.prefetched_loads),
                 _fmt_bytes(p.bytes_moved),
                 f"{p.move_seconds * 1000:.1f}",
+                f"{p.wait_seconds * 1000:.1f}",
                 f"{p.compute_seconds * 1000:.1f}",
                 f"{p.wall_seconds * 1000:.1f}",
+                "-" if p.achieved_bandwidth is None else f"{p.achieved_bandwidth / 1e9:.1f}",
             ]
             for p in self.finished_passes()[-last:]
         ]
 
-    _PASS_HEADERS = ["pass", "loads", "prefetched", "bytes moved", "moving ms", "computing ms", "total ms"]
+    _PASS_HEADERS = [
+        "pass", "loads", "prefetched", "bytes moved", "moving ms", "waiting ms", "computing ms", "total ms",
+        "H2D GB/s",
+    ]  # fmt: skip
+
+    def _bandwidth_text(self) -> str:
+        """Return one line: achieved vs pinned host-to-device bandwidth and the GPU's waiting time ("" if not streaming)."""
+        summary = self.bandwidth_summary()
+        if summary["achieved"] is None and summary["pinned"] is None:
+            return ""
+        achieved = "-" if summary["achieved"] is None else f"{summary['achieved'] / 1e9:.1f}"
+        pinned = "-" if summary["pinned"] is None else f"{summary['pinned'] / 1e9:.1f}"
+        share = "" if summary["of_pinned"] is None else f" ({100 * summary['of_pinned']:.0f}%)"
+        return (
+            f"host-to-device {achieved} GB/s{share} of {pinned} GB/s pinned; GPU waiting for weights "
+            f"{summary['waiting'] * 1000:.1f} ms, computing {summary['computing'] * 1000:.1f} ms"
+        )
 
     def _placement_rows(self) -> list[list[str]]:
         rows = []
@@ -209,11 +283,12 @@ class OffloadMonitor(_Panel):
         labels = [str(p.index) for p in done] or ["-"]
         series = {
             "moving": [p.move_seconds * 1000 for p in done] or [0.0],
+            "waiting": [p.wait_seconds * 1000 for p in done] or [0.0],
             "computing": [p.compute_seconds * 1000 for p in done] or [0.0],
         }
-        colours = {"moving": "#d9534f", "computing": "#5cb85c"}
+        colours = {"moving": "#d9534f", "waiting": "#f0ad4e", "computing": "#5cb85c"}
         return stacked_bars_png(
-            labels, series, colours, "Forward passes: time moving vs computing", ylabel="ms"
+            labels, series, colours, "Forward passes: moving, waiting for weights, computing", ylabel="ms"
         )
 
     def _summary_html(self) -> str:
@@ -224,7 +299,9 @@ class OffloadMonitor(_Panel):
             )
             for storage, v in self.storage_summary().items()
         )
-        return f"<b>OffloadMonitor</b> — {html.escape(type(self.model).__name__)} {badges}"
+        line = self._bandwidth_text()
+        extra = f"<br>{html.escape(line)}" if line else ""
+        return f"<b>OffloadMonitor</b> — {html.escape(type(self.model).__name__)} {badges}{extra}"
 
     def _html(self) -> str:
         done = bool(self.finished_passes())
@@ -244,6 +321,9 @@ class OffloadMonitor(_Panel):
         )
         done = self.finished_passes()
         text = f"OffloadMonitor({type(self.model).__name__}; {summary}; {len(done)} passes)"
+        line = self._bandwidth_text()
+        if line:
+            text += "\n" + line
         if done:
             text += "\n" + _text_table(self._PASS_HEADERS, self._pass_rows())
         return text
@@ -295,3 +375,14 @@ class OffloadMonitor(_Panel):
         if not self.closed:
             self.placement = self._placement()
             self.refresh()
+
+
+def _streamed_device(model: torch.nn.Module) -> torch.device | None:
+    """Return the GPU ``model``'s offloaded weights stream to (None when they do not)."""
+    for module in model.modules():
+        hook = find_align_hook(module)
+        prefetcher = getattr(hook, "_prefetcher", None) if hook is not None else None
+        streamer = getattr(prefetcher, "streamer", None) if prefetcher is not None else None
+        if streamer is not None and streamer.device.type == "cuda":
+            return streamer.device
+    return None

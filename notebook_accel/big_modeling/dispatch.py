@@ -172,6 +172,8 @@ def dispatch_model(
     force_hooks: bool = False,
     *,
     prefetch: bool | int = True,
+    lookahead: int | str | None = None,
+    pin_memory: bool | int | str = True,
 ) -> nn.Module:
     """Return ``model`` dispatched per ``device_map`` (module name -> device, ``"cpu"`` or ``"disk"``).
 
@@ -193,6 +195,11 @@ def dispatch_model(
             submodule.
         force_hooks: Install the hooks even when the whole model sits on one device.
         prefetch: Load offloaded weights ahead of time: True (default), False, or how many modules ahead.
+        lookahead: GPU main device: bytes (or text like "2GiB") for the offloaded weights copied ahead,
+            one device-map entry at a time (default: three entries' worth and at least 256 MiB, within
+            half the memory free once the resident part is placed).
+        pin_memory: GPU main device: pin the "cpu" entries' weights once (True), not at all (False), or
+            up to a size; "disk" entries go through a pinned staging buffer.
     """
     placement = _checked_placement(model, device_map)
     given = offload_dir if offload_dir is not None else offload_index
@@ -221,7 +228,10 @@ def dispatch_model(
         logger.info(
             "Some weights are offloaded to %s; they are loaded at each forward.", " and ".join(offloaded)
         )
-    start_prefetch(model, prefetch)
+    blocks = [name for name, offloaded in plan.offload.items() if offloaded]
+    start_prefetch(
+        model, prefetch, lookahead=lookahead, pin_memory=pin_memory, blocks=blocks, owned=state_dict is None
+    )
     _guard_moves(model)
     model.hf_device_map = dict(placement.device_map)
     return model
@@ -234,6 +244,7 @@ def _placement_for_load(
     no_split_module_classes: list[str] | None,
     dtype: str | torch.dtype | None,
     offload_buffers: bool,
+    lookahead: int | str | None = None,
 ) -> DevicePlacement | None:
     """Return the checked placement ``load_checkpoint_and_dispatch`` loads and dispatches with (None: no map)."""
     if device_map is None:
@@ -247,6 +258,7 @@ def _placement_for_load(
             no_split_module_classes=no_split_module_classes,
             dtype=dtype,
             offload_buffers=offload_buffers,
+            streaming_budget=lookahead,
         )
     elif not isinstance(device_map, dict):
         raise TypeError(
@@ -273,6 +285,8 @@ def load_checkpoint_and_dispatch(
     broadcast_from_rank0: bool = False,
     *,
     prefetch: bool | int = True,
+    lookahead: int | str | None = None,
+    pin_memory: bool | int | str = True,
 ) -> nn.Module:
     """Return ``model`` with ``checkpoint`` loaded into it and, if ``device_map`` is given, dispatched.
 
@@ -300,35 +314,28 @@ def load_checkpoint_and_dispatch(
             model's shards).
         broadcast_from_rank0: Read the checkpoint on rank 0 only and broadcast it.
         prefetch: Load offloaded weights ahead of time: True (default), False, or how many modules ahead.
+        lookahead: GPU main device: bytes (or text like "2GiB") for the offloaded weights copied ahead;
+            a strategy ``device_map`` then keeps that much of the main GPU free for them
+            (``infer_auto_device_map``'s ``streaming_budget``).
+        pin_memory: GPU main device: pin the "cpu" entries' weights once (True), not at all (False), or
+            up to a size.
     """
     placement = _placement_for_load(
-        model, device_map, max_memory, no_split_module_classes, dtype, offload_buffers
+        model, device_map, max_memory, no_split_module_classes, dtype, offload_buffers, lookahead
     )
     disk = placement.disk_modules if placement is not None else []
     require_offload_folder(disk, offload_folder, "offload_folder")
     if offload_state_dict is None and disk:
         offload_state_dict = True
     load_checkpoint_in_model(
-        model,
-        checkpoint,
-        device_map=placement,
-        offload_folder=offload_folder,
-        dtype=dtype,
-        offload_state_dict=bool(offload_state_dict),
-        offload_buffers=offload_buffers,
-        strict=strict,
-        full_state_dict=full_state_dict,
-        broadcast_from_rank0=broadcast_from_rank0,
-    )
+        model, checkpoint, device_map=placement, offload_folder=offload_folder, dtype=dtype,
+        offload_state_dict=bool(offload_state_dict), offload_buffers=offload_buffers, strict=strict,
+        full_state_dict=full_state_dict, broadcast_from_rank0=broadcast_from_rank0,
+    )  # fmt: skip
     if placement is None:
         return model
     return dispatch_model(
-        model,
-        device_map=placement,
-        offload_dir=offload_folder,
-        offload_buffers=offload_buffers,
-        skip_keys=skip_keys,
-        preload_module_classes=preload_module_classes,
-        force_hooks=force_hooks,
-        prefetch=prefetch,
-    )
+        model, device_map=placement, offload_dir=offload_folder, offload_buffers=offload_buffers,
+        skip_keys=skip_keys, preload_module_classes=preload_module_classes, force_hooks=force_hooks,
+        prefetch=prefetch, lookahead=lookahead, pin_memory=pin_memory,
+    )  # fmt: skip

@@ -2,7 +2,9 @@
 (``disk_offload``), or to the CPU between uses in a pipeline (``cpu_offload_with_hook``).
 
 Each weight is loaded at its module's forward by an ``AlignDevicesHook`` and released after; the
-prefetcher loads the next block while the current one computes.
+prefetcher loads the next block while the current one computes. On a CUDA execution device the
+weights are streamed: pinned once here, copied on a side stream as far ahead as ``lookahead``
+allows (:mod:`notebook_accel.hooks.streaming`).
 """
 
 from __future__ import annotations
@@ -40,10 +42,26 @@ def _first_device(model: nn.Module) -> torch.device:
     return param.device
 
 
-def start_prefetch(model: nn.Module, prefetch: bool | int) -> None:
-    """Serve the offloading hooks of ``model`` with a prefetcher (``prefetch``: False, True or a depth)."""
+def start_prefetch(
+    model: nn.Module,
+    prefetch: bool | int,
+    *,
+    lookahead: int | str | None = None,
+    pin_memory: bool | int | str = True,
+    blocks: list[str] | None = None,
+    owned: bool = False,
+) -> None:
+    """Serve the offloading hooks of ``model`` with a prefetcher (``prefetch``: False, True or a depth).
+
+    The keywords are :func:`~notebook_accel.hooks.prefetch.enable_prefetch`'s streaming options.
+    """
+    if not isinstance(prefetch, (bool, int)) or (
+        prefetch is not True and prefetch is not False and prefetch < 1
+    ):
+        raise ValueError(f"prefetch={prefetch!r}: give True, False or how many blocks ahead (an int >= 1)")
     if prefetch:
-        enable_prefetch(model, depth=1 if prefetch is True else int(prefetch))
+        depth = None if prefetch is True else int(prefetch)
+        enable_prefetch(model, depth, lookahead=lookahead, pin_memory=pin_memory, blocks=blocks, owned=owned)
 
 
 def _offload_whole_model(
@@ -53,6 +71,7 @@ def _offload_whole_model(
     offload_buffers: bool,
     preload_module_classes: list[str] | None,
     prefetch: bool | int,
+    streaming: dict[str, Any],
 ) -> nn.Module:
     """Return ``model`` hooked to load every weight from ``weights_map`` at its module's forward.
 
@@ -70,7 +89,7 @@ def _offload_whole_model(
         weights_map=weights_map,
         preload_module_classes=preload_module_classes,
     )
-    start_prefetch(model, prefetch)
+    start_prefetch(model, prefetch, **streaming)
     return model
 
 
@@ -82,10 +101,13 @@ def cpu_offload(
     preload_module_classes: list[str] | None = None,
     *,
     prefetch: bool | int = True,
+    lookahead: int | str | None = None,
+    pin_memory: bool | int | str = True,
 ) -> nn.Module:
     """Return ``model`` with all its weights offloaded to one CPU state dict, loaded per module at its forward.
 
-    ``execution_device`` defaults to the device of the model's first parameter.
+    ``execution_device`` defaults to the device of the model's first parameter. On a CUDA device the
+    weights are streamed (pinned once, copied ahead on a side stream; see the big-model guide).
 
     Args:
         model: The model to offload.
@@ -94,11 +116,16 @@ def cpu_offload(
         state_dict: The weights to serve (default: the model's own).
         preload_module_classes: Classes whose whole subtree is loaded at their own forward.
         prefetch: Load weights ahead of time: True (default), False, or how many modules ahead.
+        lookahead: CUDA: GPU bytes (or text like "2GiB") for the weights copied ahead (default: three
+            modules' worth and at least 256 MiB, within half the free memory).
+        pin_memory: CUDA: pin the offloaded weights once (True), not at all (False), or up to a size.
     """
+    owned = state_dict is None
     if state_dict is None:
         state_dict = {name: t.detach().to("cpu") for name, t in model.state_dict().items()}
+    streaming = {"lookahead": lookahead, "pin_memory": pin_memory, "owned": owned}
     return _offload_whole_model(
-        model, execution_device, state_dict, offload_buffers, preload_module_classes, prefetch
+        model, execution_device, state_dict, offload_buffers, preload_module_classes, prefetch, streaming
     )
 
 
@@ -153,6 +180,8 @@ def disk_offload(
     preload_module_classes: list[str] | None = None,
     *,
     prefetch: bool | int = True,
+    lookahead: int | str | None = None,
+    pin_memory: bool | int | str = True,
 ) -> nn.Module:
     """Return ``model`` with all its weights offloaded to memory-mapped files in ``offload_dir``.
 
@@ -166,6 +195,8 @@ def disk_offload(
         offload_buffers: Offload the buffers too.
         preload_module_classes: Classes whose whole subtree is loaded at their own forward.
         prefetch: Load weights ahead of time: True (default), False, or how many modules ahead.
+        lookahead: CUDA: GPU bytes (or text like "2GiB") for the weights copied ahead.
+        pin_memory: CUDA: pin the staging buffers the disk pages go through (True), or not (False).
     """
     if offload_dir is None:
         raise ValueError(
@@ -176,6 +207,7 @@ def disk_offload(
         check_no_meta(state_dict, os.fspath(offload_dir))
         offload_state_dict(offload_dir, state_dict)
     weights_map = OffloadedWeightsLoader(save_folder=offload_dir)
+    streaming = {"lookahead": lookahead, "pin_memory": pin_memory, "owned": True}
     return _offload_whole_model(
-        model, execution_device, weights_map, offload_buffers, preload_module_classes, prefetch
+        model, execution_device, weights_map, offload_buffers, preload_module_classes, prefetch, streaming
     )

@@ -9,7 +9,10 @@ The package, bottom up (each module imports only those above it in this list, an
   :class:`CpuOffload` and its :class:`UserCpuOffloadHook` handle);
 - ``offloaded``: questions about offloaded weights (``has_offloaded_params``,
   ``align_module_device``, ``get_state_dict_offloaded_model``, ``weight_placement``);
-- ``prefetch``: the background loader of the next offloaded block;
+- ``schedule``: the streaming offload's schedule as plain logic (which copy when, which buffer);
+- ``host_pack``: a unit's offloaded weights packed into one pinned host block;
+- ``streaming``: the streamer and its CUDA copy engine (side stream, events, pooled buffers);
+- ``prefetch``: the background loader of the next offloaded block, and the streaming entry point;
 - ``attach``: hooking a whole model (``attach_*``).
 
 ``big_modeling`` (``cpu_offload``, ``dispatch_model``...) builds on this package.

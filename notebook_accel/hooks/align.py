@@ -64,13 +64,6 @@ def _move(obj: Any, device: torch.device, skip_keys: Any = None, non_blocking: b
     return obj
 
 
-def _copy_to(value: torch.Tensor, device: torch.device, non_blocking: bool, pin: bool) -> torch.Tensor:
-    """Return a copy of ``value`` on ``device`` (through pinned memory for CPU -> CUDA with ``pin``)."""
-    if pin and value.device.type == "cpu" and device.type == "cuda":
-        value = value.pin_memory()
-    return value.to(device, non_blocking=non_blocking)
-
-
 def _find_tensor_device(obj: Any) -> torch.device | None:
     if isinstance(obj, torch.Tensor):
         return obj.device
@@ -264,7 +257,7 @@ class AlignDevicesHook(ModelHook):
 
     def post_forward(self, module: nn.Module, output: Any) -> Any:
         if self.offload:
-            self._offload(module)
+            self._offload(module, output)
         if self.io_same_device and self.input_device is not None:
             output = _move(output, self.input_device, self.skip_keys)
         if events._ACTIVE and self._t_forward:
@@ -312,8 +305,11 @@ class AlignDevicesHook(ModelHook):
             return True
         return any(not source.startswith("cpu") and source != "disk" for source in self._sources.values())
 
-    def _fetch(self, non_blocking: bool = False, pin: bool = False) -> list[torch.Tensor]:
-        """Return the slot tensors on the execution device (runs in the prefetch thread too)."""
+    def _fetch(self) -> list[torch.Tensor]:
+        """Return the slot tensors on the execution device (runs in the prefetch thread too).
+
+        The synchronous path: a hook streamed to a GPU gets its weights from the streamer instead.
+        """
         device = self._device
         weights_map = self.weights_map
         tied = self.tied_params_map
@@ -329,11 +325,11 @@ class AlignDevicesHook(ModelHook):
                     per_device = tied[ptr]
                     moved = per_device.get(device)
                     if moved is None:
-                        moved = per_device[device] = _copy_to(value, device, non_blocking, pin)
+                        moved = per_device[device] = value.to(device)
                         self._tied_added.append((ptr, device))
                     value = moved
                 else:
-                    value = _copy_to(value, device, non_blocking, pin)
+                    value = value.to(device)
             elif not self.zero_copy:
                 value = value.clone()
             values.append(value)
@@ -355,10 +351,12 @@ class AlignDevicesHook(ModelHook):
         active = events._ACTIVE
         t0 = time.perf_counter() if active else 0.0
         values = None
+        prefetched = False
         prefetcher = self._prefetcher
         if prefetcher is not None:
+            hits = prefetcher.hits
             values = prefetcher.take(self)
-        prefetched = values is not None
+            prefetched = prefetcher.hits > hits
         if not isinstance(values, list):  # nothing prefetched, or only the pages (zero copy)
             values = self._fetch()
         for slot, value in zip(self._slots, values):
@@ -370,7 +368,8 @@ class AlignDevicesHook(ModelHook):
             now = time.perf_counter()
             self._emit_per_source("load", now - t0, now, prefetched)
 
-    def _offload(self, module: nn.Module) -> None:
+    def _offload(self, module: nn.Module, output: Any = None) -> None:
+        """Release the weights (placeholders back in place); ``output`` is the forward's, for the streamer."""
         if not self._loaded:
             return
         active = events._ACTIVE
@@ -382,6 +381,8 @@ class AlignDevicesHook(ModelHook):
                 self.tied_params_map.get(ptr, {}).pop(device, None)
             self._tied_added = []
         self._loaded = False
+        if self._prefetcher is not None:
+            self._prefetcher.released(self, output)
         if active:
             now = time.perf_counter()
             self._emit_per_source("offload", now - t0, now, False)

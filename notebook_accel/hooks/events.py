@@ -3,7 +3,8 @@
 A leaf module (it imports nothing of this library), published as ``notebook_accel.telemetry``.
 
 Hooks report, per module, weight loads (bytes, seconds, whether the prefetcher had them ready),
-offloads and forward spans as :class:`HookEvent` objects. A listener subscribes with
+offloads and forward spans as :class:`HookEvent` objects; a model streaming its weights to a GPU
+also reports each copy and each wait of the compute stream, timed on the device. A listener subscribes with
 :func:`subscribe`; the offload panel is one such listener.
 
 With no subscriber the hooks build no event and read no clock: they test the module-level flag
@@ -25,7 +26,7 @@ __all__ = ["EVENT_KINDS", "HookEvent", "Subscription", "emit", "has_subscribers"
 
 logger = logging.getLogger(__name__)
 
-EVENT_KINDS = ("load", "offload", "forward")
+EVENT_KINDS = ("load", "offload", "forward", "transfer", "wait")
 
 # Read by the hooks on every call: a plain module global so the check is one dict lookup.
 _ACTIVE = False
@@ -39,8 +40,12 @@ class HookEvent:
     """One thing a hook did to one module."""
 
     kind: str
-    """``"load"`` (weights brought to the execution device), ``"offload"`` (weights released) or
-    ``"forward"`` (the module's forward span, hook work included)."""
+    """``"load"`` (weights brought to the execution device), ``"offload"`` (weights released),
+    ``"forward"`` (the module's forward span, hook work included), and, when streaming to a GPU,
+    ``"transfer"`` (one host-to-device copy of a unit's weights; ``seconds`` is the copy's time on the
+    device) and ``"wait"`` (the compute stream waiting for a unit's copy; ``seconds`` is the time it
+    stalled, measured on the device). Those two are reported once the device finished them, a few
+    modules later; ``module`` is the unit's name (a device-map block, or a module)."""
     module: str
     """Qualified module name (``""`` for the root model)."""
     device: str

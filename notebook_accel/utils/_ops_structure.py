@@ -204,6 +204,8 @@ def _is_half(tensor: object) -> bool:
 
 def convert_to_fp32(tensor: Any) -> Any:
     """Return ``tensor`` (nested lists/tuples/dicts) with its fp16 and bf16 tensors converted to fp32."""
+    if type(tensor) is torch.Tensor:  # a prepared model's usual output, on every forward: no walk
+        return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
     return recursively_apply(_fp32, tensor, test_type=_is_half)
 
 

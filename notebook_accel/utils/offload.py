@@ -368,6 +368,17 @@ class OffloadedWeightsLoader(Mapping):
             tensor = tensor.to(self.device)
         return tensor
 
+    def replace(self, key: str, tensor: torch.Tensor) -> bool:
+        """Serve ``tensor`` for the in-memory entry ``key`` from now on; return False (nothing changed) for any other key.
+
+        The streaming offload moves the library's own in-memory weights into pinned blocks this way,
+        so that they are held once.
+        """
+        if key not in self.state_dict:
+            return False
+        self.state_dict[key] = tensor
+        return True
+
     def source(self, key: str) -> str:
         """Return where ``key`` is stored: ``"disk"`` or the device of the in-memory tensor."""
         if key in self.state_dict:

@@ -20,6 +20,7 @@ from .device_memory import get_balanced_memory, get_max_memory
 from .devices import Device, device_key
 from .placement import check_device_map
 from .planner import DevicePlanner
+from .sizes import convert_file_size_to_int
 
 __all__ = [
     "DEVICE_MAP_STRATEGIES",
@@ -67,8 +68,9 @@ class DeviceMapPlan:
     """An inferred device map with the numbers behind it.
 
     ``device_map`` is what ``infer_auto_device_map`` returns; ``device_bytes`` the weight bytes placed on each
-    device; ``reserved`` the bytes kept free on a main device for the largest offloaded layer;
-    ``max_memory`` the budget used; ``decisions`` one line per step when ``verbose`` was set.
+    device; ``reserved`` the bytes kept free on a main device for the largest offloaded layer (on the first
+    GPU, at least ``streaming_budget``: the streaming offload's lookahead); ``max_memory`` the budget used;
+    ``decisions`` one line per step when ``verbose`` was set.
     """
 
     device_map: dict[str, Device]
@@ -78,6 +80,8 @@ class DeviceMapPlan:
     total_size: int
     largest_layer: tuple[int, str]
     decisions: list[str] = field(default_factory=list)
+    streaming_budget: int = 0
+    """Bytes the first GPU keeps free for the weights streamed ahead (0: none asked)."""
 
     @property
     def offloaded_bytes(self) -> int:
@@ -141,15 +145,18 @@ def plan_device_map(
     clean_result: bool = True,
     offload_buffers: bool = False,
     fallback_allocation: bool = False,
+    *,
+    streaming_budget: int | str | None = None,
 ) -> DeviceMapPlan:
     """Return a :class:`DeviceMapPlan`: ``infer_auto_device_map``'s result plus per-device bytes and reasons."""
     if isinstance(no_split_module_classes, str):
         no_split_module_classes = [no_split_module_classes]
+    streaming = _streaming_bytes(streaming_budget)
     budget = get_max_memory(max_memory)
     tree = build_tree(
         model, dtype=dtype, special_dtypes=special_dtypes, no_split_module_classes=no_split_module_classes
     )
-    planner = DevicePlanner(tree, budget, offload_buffers, fallback_allocation, verbose).run()
+    planner = DevicePlanner(tree, budget, offload_buffers, fallback_allocation, verbose, streaming).run()
     planner.warn_buffers_on_gpu()
     planner.log_unfilled()
     # Entries in model order (node ids are preorder), whatever order they were placed in.
@@ -160,8 +167,22 @@ def plan_device_map(
         device_map = clean_device_map(device_map)
     largest = (tree.layer[0], tree.layer_name(0))
     return DeviceMapPlan(
-        device_map, budget, planner.device_bytes, planner.reserved, tree.size[0], largest, planner.decisions
-    )
+        device_map, budget, planner.device_bytes, planner.reserved, tree.size[0], largest, planner.decisions,
+        planner.streaming_budget,
+    )  # fmt: skip
+
+
+def _streaming_bytes(streaming_budget: int | str | None) -> int:
+    """Return the streaming budget in bytes (0 for None); raise ValueError naming a bad one."""
+    if streaming_budget is None:
+        return 0
+    try:
+        return convert_file_size_to_int(streaming_budget)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"streaming_budget={streaming_budget!r} is not a size: give the bytes the first GPU keeps free for the "
+            "weights streamed ahead (an int >= 0 or text like '1GiB'), or None"
+        ) from None
 
 
 def infer_auto_device_map(
@@ -174,12 +195,19 @@ def infer_auto_device_map(
     clean_result: bool = True,
     offload_buffers: bool = False,
     fallback_allocation: bool = False,
+    *,
+    streaming_budget: int | str | None = None,
 ) -> dict[str, Device]:
     """Return a device map filling GPUs first, then the CPU, then the disk.
 
     GPUs never exceed their budget; when offloading, the main device keeps room for the largest offloaded
     layer; tied parameters land on one device; ``no_split_module_classes`` are never split. Only shapes and
     dtypes are read, so meta models work. :func:`plan_device_map` returns the same map with its numbers.
+
+    ``streaming_budget`` (keyword-only, not in Accelerate) plans for the streaming offload: the first GPU
+    keeps that much free for the offloaded weights it copies ahead (its ``lookahead``), instead of filling
+    up with resident modules to the last byte but the largest layer. None (the default) plans as
+    Accelerate 1.15 does.
 
     Args:
         model: The model to place (a meta model works).
@@ -192,10 +220,11 @@ def infer_auto_device_map(
         offload_buffers: Count the buffers of offloaded modules as offloaded too.
         fallback_allocation: When the next module does not fit on a still empty device, place there first the
             first later module (in model order) that does, instead of moving on to the next device.
+        streaming_budget: Bytes (or text like "1GiB") the first GPU keeps free for the streamed weights.
     """
     return plan_device_map(
         model, max_memory, no_split_module_classes, dtype, special_dtypes, verbose, clean_result, offload_buffers,
-        fallback_allocation,
+        fallback_allocation, streaming_budget=streaming_budget,
     ).device_map  # fmt: skip
 
 
@@ -302,6 +331,7 @@ def resolve_device_map(
     dtype: Union[str, torch.dtype, None] = None,
     special_dtypes: dict[str, Union[str, torch.dtype]] | None = None,
     offload_buffers: bool = False,
+    streaming_budget: int | str | None = None,
 ) -> dict[str, Device]:
     """Return the device map the strategy ``device_map`` plans for ``model`` within ``max_memory``.
 
@@ -311,5 +341,6 @@ def resolve_device_map(
     check_strategy(device_map)
     budget = strategy_memory(model, device_map, max_memory, no_split_module_classes, dtype, special_dtypes)
     return infer_auto_device_map(
-        model, budget, no_split_module_classes, dtype, special_dtypes, offload_buffers=offload_buffers
-    )
+        model, budget, no_split_module_classes, dtype, special_dtypes, offload_buffers=offload_buffers,
+        streaming_budget=streaming_budget,
+    )  # fmt: skip

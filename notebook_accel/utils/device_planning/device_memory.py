@@ -14,7 +14,7 @@ from ._module_tree import build_tree
 from .devices import GPU_LESS_KEYS, device_key
 from .sizes import convert_file_size_to_int
 
-__all__ = ["get_balanced_memory", "get_max_memory", "order_devices"]
+__all__ = ["available_cpu_memory", "get_balanced_memory", "get_max_memory", "order_devices"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,8 @@ def _cgroup_memory_left() -> int | None:
     return None
 
 
-def _available_cpu_memory() -> int:
+def available_cpu_memory() -> int:
+    """Return the host memory available now, in bytes (capped by this process's cgroup limit, if any)."""
     # Imported here: psutil (with the C extension and `resource` it loads) adds ~2.3 MB to every process
     # that imports the device-map code (benchmarks/bench_loading.py's peak RSS), and only this query needs it.
     import psutil
@@ -107,8 +108,8 @@ def get_max_memory(
                 logger.warning("Could not query free memory of GPU %d: %s", index, err)
         mps = getattr(torch.backends, "mps", None)
         if mps is not None and mps.is_available():
-            budget["mps"] = _available_cpu_memory()
-        budget["cpu"] = _available_cpu_memory()
+            budget["mps"] = available_cpu_memory()
+        budget["cpu"] = available_cpu_memory()
         return budget
     if not isinstance(max_memory, dict):
         raise TypeError(

@@ -4,7 +4,8 @@ It works on the flat preorder snapshot of the model (``_module_tree``): a stack 
 order, each placed whole on the current device if it fits, split into its children if it may be,
 or else the planner moves on to the next device (GPUs in order, then the CPU, then the disk). On a
 main device (the first GPU, and the CPU) room is kept for the largest layer still to place, since
-an offloaded layer is loaded there to run; that largest layer comes from a lazy max-heap instead of
+an offloaded layer is loaded there to run (with a streaming budget, the first GPU keeps at least that
+budget free instead, for the weights the streaming offload copies ahead); that largest layer comes from a lazy max-heap instead of
 a rescan after every step, which keeps a 2,000-module model under a few milliseconds and the cost
 linear in the module count. Tied parameters travel with the entry that holds their first
 occurrence.
@@ -42,12 +43,16 @@ class DevicePlanner:
         offload_buffers: bool = False,
         fallback_allocation: bool = False,
         verbose: bool = False,
+        streaming_budget: int = 0,
     ) -> None:
         self.tree = tree
         self.budget = budget
         self.devices: list[DeviceKey] = list(budget) if "disk" in budget else [*budget, "disk"]
         self.gpus = [d for d in self.devices if d not in ("cpu", "disk")]
         self.main_devices = {self.gpus[0], "cpu"} if self.gpus else {"cpu"}
+        # The device offloaded weights stream to keeps at least this much free (0: only the largest layer).
+        self.streaming_budget = streaming_budget if self.gpus else 0
+        self.stream_device = self.gpus[0] if self.streaming_budget else None
         # Buffers of offloaded entries stay on the GPU unless offload_buffers: count them to warn.
         self.count_buffers = bool(self.gpus) and not offload_buffers
         self.fallback_allocation = fallback_allocation
@@ -78,6 +83,7 @@ class DevicePlanner:
         stack, queued, size, tied_inside = self.stack, self.queued, self.tree.size, self.tree.tied_inside
         budget, devices, main_devices, placed = self.budget, self.devices, self.main_devices, self.placed
         buffer_size = self.tree.buffer_size
+        stream_device, streaming_budget = self.stream_device, self.streaming_budget
         while stack:
             node = stack.pop()
             if not queued[node]:
@@ -86,6 +92,8 @@ class DevicePlanner:
             device = devices[self.index]
             limit = budget.get(device)
             reserve = self._largest_remaining() if device in main_devices else 0
+            if device == stream_device and reserve < streaming_budget:
+                reserve = streaming_budget
             room = None if limit is None else limit - reserve
             partners = self._tied_partners(node) if tied_inside[node] else _NO_PARTNERS
             needed = size[node]
