@@ -9,6 +9,8 @@ import threading
 import time
 from typing import Any
 
+from notebook_accel.launch.states import State
+
 from ._base import _badge, _fmt_bytes, _import_ipywidgets, _Panel, _table, _text_table, _Throttle
 from ._charts import png_img_tag
 from ._metrics_chart import metric_series, metrics_png
@@ -18,14 +20,14 @@ from ._progress import _BarRows, bar_label
 __all__ = ["LaunchPanel"]
 
 _STATE_STYLE = {
-    "starting": "info",
-    "running": "info",
-    "succeeded": "success",
-    "failed": "danger",
-    "stopped": "warning",
-    "idle": "success",  # interactive ranks, between cells
-    "dead": "danger",
-    "broken": "danger",
+    State.STARTING: "info",
+    State.RUNNING: "info",
+    State.SUCCEEDED: "success",
+    State.FAILED: "danger",
+    State.STOPPED: "warning",
+    State.IDLE: "success",  # interactive ranks, between cells
+    State.DEAD: "danger",
+    State.BROKEN: "danger",
 }
 _SHOWN_LINES = 500  # lines rendered per tab: the browser redraws the whole text on each update
 _KEPT_BARS = 3  # finished bars (leave=True) still shown per rank, newest last, as tqdm.notebook keeps them
@@ -178,32 +180,32 @@ class LaunchPanel(_Panel):
         return {s.rank: s for s in ranks.status()}
 
     @property
-    def state(self) -> str:
-        """Return the overall state: "running", "succeeded", "failed" or "stopped" (interactive ranks: "idle", "running", "broken" or "stopped")."""
+    def state(self) -> State:
+        """Return the overall state: RUNNING, SUCCEEDED, FAILED or STOPPED (interactive ranks: IDLE, RUNNING, BROKEN or STOPPED)."""
         ranks = self.ranks_object
         if ranks is not None:
             return self._ranks_state(ranks)
         if not self.handle.done:
-            return "running"
+            return State.RUNNING
         states = {s.state for s in self.handle.status()}
         if self.handle.error is not None:
-            return "failed" if "failed" in states or "stopped" not in states else "stopped"
-        return "stopped" if "stopped" in states else "succeeded"
+            return State.FAILED if State.FAILED in states or State.STOPPED not in states else State.STOPPED
+        return State.STOPPED if State.STOPPED in states else State.SUCCEEDED
 
-    def _ranks_state(self, ranks: Any) -> str:
+    def _ranks_state(self, ranks: Any) -> State:
         if ranks.handle is not self.handle:
-            return "stopped"  # restarted: new ranks run on a new handle
+            return State.STOPPED  # restarted: new ranks run on a new handle
         if self.handle.done:
             # Decided from the handle alone (``ranks.broken`` also reads True while stop() waits for
             # the ranks to end): ranks whose loops returned were stopped; an error (a rank died, or
             # was killed in a collective) or a hang report means the group broke.
-            failed = any(s.state == "failed" for s in self.handle.status())
+            failed = any(s.state == State.FAILED for s in self.handle.status())
             broke = self.handle.error is not None or failed or bool(self.hang_text())
-            return "broken" if broke else "stopped"
+            return State.BROKEN if broke else State.STOPPED
         if ranks.broken:
-            return "broken"
+            return State.BROKEN
         states = self._rank_states() or {}
-        return "running" if any(s.state == "running" for s in states.values()) else "idle"
+        return State.RUNNING if any(s.state == State.RUNNING for s in states.values()) else State.IDLE
 
     def rows(self) -> list[dict[str, Any]]:
         """Return a status row per rank: rank, pid, state, elapsed (s), cpu_percent, rss, peak_rss, cuda_*, last_line.
@@ -225,7 +227,7 @@ class LaunchPanel(_Panel):
             if mine is not None:
                 state = mine.state
             elif interactive and self.handle.done:
-                state = "stopped" if s.state in ("succeeded", "stopped") else s.state
+                state = State.STOPPED if s.state in (State.SUCCEEDED, State.STOPPED) else s.state
             out.append(
                 {
                     "rank": s.rank,
@@ -307,7 +309,7 @@ class LaunchPanel(_Panel):
 
     def restart_lines(self) -> list[str]:
         """Return one line per earlier try that did not succeed: its number, time, root cause and exit code."""
-        return [a.line() for a in getattr(self.handle, "attempts", []) if a.state != "succeeded"]
+        return [a.line() for a in getattr(self.handle, "attempts", []) if a.state != State.SUCCEEDED]
 
     def error_text(self) -> str:
         """Return the root cause (rank, pid, type, message and traceback) of a failed launch, else ""."""
@@ -534,9 +536,9 @@ class LaunchPanel(_Panel):
             ]
         )
 
-    def _set_controls(self, state: str, done: bool) -> None:
+    def _set_controls(self, state: State, done: bool) -> None:
         attempt = self.attempt_text()
-        self._w_state.description = f"{state} ({attempt})" if attempt else state
+        self._w_state.description = f"{state} ({attempt})" if attempt else str(state)
         self._w_state.button_style = _STATE_STYLE.get(state, "")
         self._w_stop.disabled = done
         self._w_stacks_button.disabled = done

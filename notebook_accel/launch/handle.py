@@ -4,7 +4,8 @@ The thread waits (``selectors``) on every worker's stdout, stderr and result pip
 descriptor that becomes readable when the worker exits. It cuts output into ``OutputLine``s for the
 sinks and subscribers, collects results, notices the first failure and stops the other ranks at
 once (a rank blocked in a collective would otherwise wait for its timeout), and, at the end, closes
-every descriptor it owns. States per rank: starting -> running -> succeeded | failed | stopped.
+every descriptor it owns. States per rank (``states.State``): starting -> running -> succeeded | failed
+| stopped.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .output import LineSplitter, OutputHistory, OutputLine, announce
 from .plan import LaunchPlan, threads_per_worker
 from .procs import start_worker
 from .ranks import RankStatus, _Rank
+from .states import State
 from .usage import UsageSampler, apply_usage
 from .views import LaunchViews
 from .worker import WorkerSpec
@@ -212,7 +214,7 @@ class LaunchHandle(Completion, LaunchViews):
                     for fd in writes:
                         os.close(fd)
                 r.status.pid = r.proc.pid
-                r.status.state = "running"
+                r.status.state = State.RUNNING
                 self._usage.sample(r.status)
                 for stream in ("stdout", "stderr"):
                     r.splitters[stream] = LineSplitter(r.rank, stream, self._emit)
@@ -503,20 +505,20 @@ class LaunchHandle(Completion, LaunchViews):
 
     def _maybe_settle(self, rank: _Rank) -> None:
         """Decide a rank's final state once it has exited and its result pipe is drained."""
-        if not (rank.exited and rank.result_done) or rank.status.state not in ("starting", "running"):
+        if not (rank.exited and rank.result_done) or not rank.status.state.live:
             return
         code = rank.proc.exitcode
         kind = rank.message[0] if rank.message else None
         if kind == "ok":
-            state = "succeeded"
+            state = State.SUCCEEDED
         elif kind == "stopped" or (kind == "err" and self._user_stopped):
-            state = "stopped"
+            state = State.STOPPED
         elif kind == "err":
-            state = "failed"
+            state = State.FAILED
         elif code is not None and code < 0 and -code in self._sent_signals:
-            state = "stopped"  # one of ours
+            state = State.STOPPED  # one of ours
         else:
-            state = "failed"
+            state = State.FAILED
             if code is not None and code < 0:
                 name = signal_name(-code)
                 hint = " (the out-of-memory killer sends SIGKILL)" if -code == signal.SIGKILL else ""
@@ -567,11 +569,11 @@ class LaunchHandle(Completion, LaunchViews):
                 splitter.close()
         sel.close()
         for r in self._ranks:
-            if r.status.state in ("starting", "running"):
-                r.status.state = "stopped"
+            if r.status.state.live:
+                r.status.state = State.STOPPED
             for f in self._failures:
-                if f.rank == r.rank and r.status.state != "failed":
-                    r.status.state = "failed" if not self._timed_out else "stopped"
+                if f.rank == r.rank and r.status.state != State.FAILED:
+                    r.status.state = State.FAILED if not self._timed_out else State.STOPPED
                     if f.exitcode is None:
                         f.exitcode = r.status.exitcode
         self._error = self._build_error()
@@ -590,7 +592,7 @@ class LaunchHandle(Completion, LaunchViews):
         if self._failures:
             summary = self._stop_reason if self._timed_out else None
             return LaunchError(order_failures(self._failures), summary, stacks=where)
-        unfinished = [r.rank for r in self._ranks if r.status.state != "succeeded"]
+        unfinished = [r.rank for r in self._ranks if r.status.state != State.SUCCEEDED]
         if unfinished:
             return LaunchError(
                 [],
