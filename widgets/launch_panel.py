@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+from notebook_accel.launch.doctor import rank_label
 from notebook_accel.launch.states import State
 
 from ._base import _badge, _fmt_bytes, _import_ipywidgets, _Panel, _table, _text_table, _Throttle
@@ -336,14 +337,15 @@ class LaunchPanel(_Panel):
         return jobs[-1].line() if jobs else ""
 
     def hang_text(self) -> str:
-        """Return the launch's suspected-hang report (who waits where, every rank's stacks), else ""."""
+        """Return the launch's hang report (who waits where, each rank's position and stacks), else ""."""
         return getattr(self.handle, "hang_report", None) or ""
 
     def _stacks_html(self) -> str:
         if not self.stacks:
             return ""
         cells = [
-            f"<td style='vertical-align:top'><b>rank {rank}</b>: {html.escape(stack.summary())}"
+            f"<td style='vertical-align:top'><b>{html.escape(rank_label(rank, stack.node))}</b>: "
+            f"{html.escape(stack.summary())}"
             f"<pre style='margin:0;font-size:11px'>{html.escape(stack.text)}</pre></td>"
             for rank, stack in sorted(self.stacks.items())
         ]
@@ -364,7 +366,7 @@ class LaunchPanel(_Panel):
         if not text:
             return ""
         return (
-            "<div style='background:#fcf8e3;border:1px solid #f0ad4e;padding:4px'><b>Suspected hang</b>"
+            "<div style='background:#fcf8e3;border:1px solid #f0ad4e;padding:4px'><b>Hang report</b>"
             f"<pre style='margin:0;white-space:pre-wrap'>{html.escape(text)}</pre></div>"
         )
 
