@@ -242,7 +242,7 @@ def start_persistent_group(
     """Return the started handle of a group whose workers run ``request.function`` until it returns.
 
     The interactive ranks' launch (``notebook_accel.interactive``): the same plan, environment,
-    sinks, log files, hang watch and panel as ``notebook_launcher(..., block=False)``, supervised by
+    sinks, log files, hang rule and panel as ``notebook_launcher(..., block=False)``, supervised by
     the handle's own thread; no bars are drawn in the calling cell (each command shows its own).
     With ``request.nodes``, ``on_join(group)`` (a ``nodes.remote.NodeGroup``, joined, no rank started
     yet: e.g. to open its stream relays) returns the request actually started.
