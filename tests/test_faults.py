@@ -823,3 +823,29 @@ def test_parse_dump_reads_faulthandler_threads_innermost_first():
     assert [t.ident for t in threads] == ["0x00007f01", "0x00007f02"]
     assert threads[1].current and threads[1].runs_the_function and not threads[0].runs_the_function
     assert [(f.function, f.lineno) for f in threads[1].frames] == [("step", 42), ("worker_main", 9)]
+
+
+def test_closing_the_stacks_files_waits_for_a_collection_under_way():
+    """The launch ending (it removes the stacks files) while handle.stacks() waits for a dump: no error."""
+    import subprocess
+
+    from notebook_accel.launch.doctor import StackCollector
+
+    code = "import signal, time; signal.signal(signal.SIGUSR1, signal.SIG_IGN); print('ready', flush=True); time.sleep(30)"
+    deaf = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)  # never dumps
+    try:
+        assert deaf.stdout.readline() == "ready\n"
+        collector = StackCollector()
+        open(collector.path(0), "w").close()  # its handler "registered": a dump is waited for
+        got: list = []
+        taking = threading.Thread(target=lambda: got.append(collector.collect({0: (deaf.pid, None)})))
+        taking.start()
+        time.sleep(0.3)  # inside the second it waits for the dump
+        collector.close()
+        taking.join(10)
+        assert [stacks[0].answered for stacks in got] == [False]  # answered "no dump", not FileNotFoundError
+        assert not os.path.exists(collector.directory)
+        assert collector.collect({0: (deaf.pid, None)}) == {}  # closed: nothing to collect, no error
+    finally:
+        deaf.kill()
+        deaf.wait()

@@ -247,8 +247,13 @@ class StackCollector:
         return os.path.join(self.directory, f"rank_{rank}.txt")
 
     def collect(self, targets: dict[int, tuple[int, int | None]]) -> dict[int, RankStack]:
-        """Return ``{rank: RankStack}`` for ``targets`` (``{rank: (pid, pidfd or None)}``), within about a second."""
+        """Return ``{rank: RankStack}`` for ``targets`` (``{rank: (pid, pidfd or None)}``), within about a second.
+
+        After ``close()`` (the launch ended) it returns {}.
+        """
         with self._lock:
+            if not os.path.isdir(self.directory):
+                return {}
             start: dict[int, int] = {}
             for rank, (pid, pidfd) in targets.items():
                 path = self.path(rank)
@@ -269,11 +274,12 @@ class StackCollector:
         return out
 
     def close(self) -> None:
-        """Remove the stacks files."""
-        for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
-            os.unlink(os.path.join(self.directory, name))
-        if os.path.isdir(self.directory):
-            os.rmdir(self.directory)
+        """Remove the stacks files, once a collection under way (the hang rule's, a user's) has read them."""
+        with self._lock:
+            for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
+                os.unlink(os.path.join(self.directory, name))
+            if os.path.isdir(self.directory):
+                os.rmdir(self.directory)
 
 
 def io_bytes(pid: int) -> int | None:
