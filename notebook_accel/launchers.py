@@ -174,9 +174,13 @@ def notebook_launcher(
             was) is raised (with ``max_restarts``: counted over the whole run).
         progress_bars: "main": live bars of the main process's tqdm bars (panel or cell), "all": of
             every rank, "text": tqdm's own text; "auto": "main" in a kernel or panel, else "text".
-        hang_timeout: seconds a rank may sit in a collective while another rank is elsewhere before
-            a suspected hang is reported with every rank's stack (None: 60 s; math.inf: off).
-        on_hang: "report" (show it once, keep running) or "stop" (stop, raise with the stacks).
+        hang_timeout: seconds without progress after which the hang rule acts (None: 60 s; math.inf:
+            never; guide: "A stuck rank"): a rank waiting in a collective that long while another is
+            busy is reported once; every rank waiting that long, none moving, is a deadlock that
+            stops the launch with every rank's stack. Ranks waiting for one that has returned stop
+            it at once.
+        on_hang: what a report of a rank waiting for a busy one does: "report" (show it once, keep
+            running) or "stop" (stop there, raise with the stacks).
         allow_oversubscribe: accept ``num_processes`` above 64 per CPU core (else refused as a likely typo).
         nodes: run ``num_processes`` ranks on each of several machines from this kernel: ``"slurm"`` (the
             allocation's nodes), ``"slurm:<jobid>"``, SSH host names or a ``Nodes`` (guide: "Several machines").
@@ -238,7 +242,7 @@ def start_persistent_group(
     """Return the started handle of a group whose workers run ``request.function`` until it returns.
 
     The interactive ranks' launch (``notebook_accel.interactive``): the same plan, environment,
-    sinks, log files, hang watch and panel as ``notebook_launcher(..., block=False)``, supervised by
+    sinks, log files, hang rule and panel as ``notebook_launcher(..., block=False)``, supervised by
     the handle's own thread; no bars are drawn in the calling cell (each command shows its own).
     With ``request.nodes``, ``on_join(group)`` (a ``nodes.remote.NodeGroup``, joined, no rank started
     yet: e.g. to open its stream relays) returns the request actually started.

@@ -81,7 +81,8 @@ _ALLOWED: dict[str, frozenset[str]] = {
     "integrations": frozenset(
         {"base", "utils", "state", "hooks", "big_modeling", "training", "integrations"}
     ),
-    "accelerator": _EVERYTHING - {"hooks", "big_modeling", "launch", "nodes", "launchers", "widgets", "facade"},
+    "accelerator": _EVERYTHING
+    - {"hooks", "big_modeling", "launch", "nodes", "launchers", "widgets", "facade"},
     "nodes": frozenset({"base", "utils", "launch", "nodes"}),
     "launchers": frozenset({"base", "utils", "state", "launch", "nodes", "launchers"}),
     "interactive": frozenset({"base", "utils", "state", "launch", "nodes", "launchers", "interactive"}),

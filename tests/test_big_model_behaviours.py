@@ -216,7 +216,9 @@ def test_the_old_kernel_warning_names_the_running_version(caplog, release, shown
         check_os_kernel()
     (record,) = [r for r in caplog.records if "kernel" in r.getMessage()]
     # The version is in the record's own msg (formatted when logged, as 1.15), with no args left.
-    assert record.msg.startswith(f"Detected kernel version {shown}, which is below the recommended minimum of 5.5.0")
+    assert record.msg.startswith(
+        f"Detected kernel version {shown}, which is below the recommended minimum of 5.5.0"
+    )
     assert f"(running kernel: {release})" in record.msg and not record.args
     caplog.clear()
     recent = platform.uname_result("Linux", "host", "6.1.0-18-amd64", "#1", "x86_64")

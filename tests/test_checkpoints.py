@@ -281,7 +281,10 @@ def test_errors_name_the_way_out(tmp_path) -> None:
     with pytest.raises(ValueError, match="'disk'.*pass `offload_folder`"):
         load_checkpoint_in_model(meta_net(), checkpoint, device_map={"": "cpu", "layers": "disk"})
     # A key naming nothing in the model is ignored with 1.15's warning (ours adds the closest names).
-    with pytest.warns(UserWarning, match=r"do not match any submodules in the model: \['layer'\]\nClosest names: 'layer': 'layers"):
+    with pytest.warns(
+        UserWarning,
+        match=r"do not match any submodules in the model: \['layer'\]\nClosest names: 'layer': 'layers",
+    ):
         load_checkpoint_in_model(meta_net(), checkpoint, device_map={"": "cpu", "layer": "cpu"})
     shard = json.loads(open(checkpoint).read())["weight_map"]["norm.weight"]
     os.remove(folder / shard)

@@ -97,7 +97,9 @@ def test_parallelism_config_validate_world(kwargs, world, version, match) -> Non
 
 
 def test_context_parallel_strategy_and_device_mesh_needs_type() -> None:
-    with pytest.raises(ValueError, match=r"^Invalid cp_comm_strategy: ring. Must be one of 'allgather' or 'alltoall'.\n"):
+    with pytest.raises(
+        ValueError, match=r"^Invalid cp_comm_strategy: ring. Must be one of 'allgather' or 'alltoall'.\n"
+    ):
         TorchContextParallelConfig("ring")
     with pytest.raises(ValueError, match="no device mesh built yet; pass device_type"):
         ParallelismConfig().get_device_mesh()

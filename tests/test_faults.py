@@ -267,41 +267,151 @@ def test_stacks_of_every_live_rank_without_stopping_them():
     assert handle.result(timeout=60) == [0, 1]  # the ranks went on where they were
 
 
-def _one_rank_late(sleep_rank_1: float):
-    dist.init_process_group("gloo")
+def _rank_0_first(seconds: float):
+    """Rank 0 works ``seconds`` under main_process_first() (a dataset.map, a checkpoint); the others wait for it."""
+    from notebook_accel import PartialState
+
+    state = PartialState()
     print("joined", flush=True)
-    if dist.get_rank() == 1:
-        time.sleep(sleep_rank_1)
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    dist.destroy_process_group()
-    return t.item()
+    with state.main_process_first():
+        if state.process_index == 0:
+            _work(seconds)
+    return state.process_index
 
 
-def test_a_hang_is_reported_with_every_rank_and_the_launch_goes_on():
+def _work(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+HANG_TIMEOUT = 2.0
+# A verdict comes no sooner than its rule allows and not much later: sampling starts after a second of
+# silence, then at most once a second while ranks wait; the rest is a loaded 2-core machine.
+LATE = 12.0
+
+
+def test_honest_work_is_reported_once_and_the_launch_goes_on():
     sink = Collect()
-    values = notebook_launcher(_one_rank_late, args=(7.0,), num_processes=3, sinks=[sink], hang_timeout=2.0)
-    assert values == [3.0, 3.0, 3.0]  # on_hang="report" keeps running
-    reports = [a for a in sink.announced if "suspected hang" in a]
-    assert len(reports) == 1, sink.announced
-    assert "ranks 0 and 2 in all_reduce" in reports[0]
-    assert (
-        "rank 1 in _one_rank_late at test_faults.py" in reports[0]
-        and "time.sleep(sleep_rank_1)" in reports[0]
+    values = notebook_launcher(
+        _rank_0_first, args=(2 * HANG_TIMEOUT + 2,), num_processes=3, sinks=[sink], hang_timeout=HANG_TIMEOUT
     )
-    assert "Stacks of rank 2" in reports[0]
+    assert values == [0, 1, 2]  # on_hang="report": the wait was honest work, the launch went on
+    reports = [a for a in sink.announced if "a busy rank is not a hang" in a]
+    assert len(reports) == 1, sink.announced  # once, not at every sample
+    report = reports[0]
+    assert (
+        report.startswith("rank 1 in barrier, rank 2 in barrier (for ")
+        and "while rank(s) [0] are busy" in report
+    )
+    assert "so the launch goes on" in report
+    assert "  rank 0: in _work at test_faults.py" in report and "time.sleep(seconds)" in report
+    assert "Stacks of rank 0 (pid " in report and "Stacks of rank 1" not in report  # the busy rank's stacks
 
 
-def test_on_hang_stop_ends_the_launch_with_the_stacks_in_the_error():
+def test_on_hang_stop_ends_the_launch_at_the_report_with_the_stacks_in_the_error():
     started = time.monotonic()
     with pytest.raises(LaunchError) as info:
         notebook_launcher(
-            _one_rank_late, args=(60.0,), num_processes=3, sinks=[], hang_timeout=2.0, on_hang="stop"
+            _rank_0_first, args=(60.0,), num_processes=3, sinks=[], hang_timeout=HANG_TIMEOUT, on_hang="stop"
         )
-    assert time.monotonic() - started < 50  # well before rank 1 wakes up
+    assert time.monotonic() - started < 50  # well before rank 0 is done
     text = str(info.value)
-    assert "suspected hang" in text and "Where each rank was:" in text
-    assert "rank 0: in all_reduce" in text and "rank 1: in _one_rank_late" in text
+    assert text.startswith(
+        'launch stopped: at the hang report (on_hang="stop"): rank 1 in barrier, rank 2 in barrier'
+    )
+    assert "while rank(s) [0] were busy" in text and "Where each rank was:" in text
+    assert "  rank 0: in _work at test_faults.py" in text and "  rank 2: in barrier" in text
+    assert "Stacks of rank 0" in text and "Stacks of rank 1" in text  # every rank's, in the error
+
+
+class _TimedCollect(Collect):
+    """Keeps when each announcement came, too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[tuple[float, str]] = []
+
+    def announce(self, text: str) -> None:
+        super().announce(text)
+        self.times.append((time.time(), text))
+
+
+def _recv_from_each_other():
+    dist.init_process_group("gloo")
+    print("joined", flush=True)
+    dist.recv(torch.zeros(1), src=1 - dist.get_rank())
+
+
+def _barriers_in_different_orders():
+    dist.init_process_group("gloo")
+    a, b = dist.new_group([0, 1]), dist.new_group([0, 1])
+    print("joined", flush=True)
+    first, second = (a, b) if dist.get_rank() == 0 else (b, a)
+    dist.barrier(group=first)
+    dist.barrier(group=second)
+
+
+@pytest.mark.parametrize(
+    ("function", "where"),
+    [
+        (_recv_from_each_other, "rank 0 in recv, rank 1 in recv"),
+        (_barriers_in_different_orders, "rank 0 in barrier, rank 1 in barrier"),
+    ],
+)
+def test_a_deadlock_ends_the_launch_after_hang_timeout_with_every_ranks_stacks(function, where):
+    sink = _TimedCollect()
+    timeout = 2 * HANG_TIMEOUT  # two samples of waits apart are not yet a deadlock
+    with pytest.raises(LaunchError) as info:
+        notebook_launcher(function, num_processes=2, sinks=[sink], hang_timeout=timeout)
+    joined = max(line.time for line in sink.lines if line.text == "joined")
+    (judged,) = [when for when, text in sink.times if text.startswith("deadlock: ")]  # shown as it happened
+    assert timeout <= judged - joined < timeout + LATE, judged - joined
+    text = str(info.value)
+    assert text.startswith(
+        f"launch stopped: deadlock: no rank has made progress for hang_timeout={timeout:g} s: {where}; "
+        "every rank waits for another and none has moved, so none will return"
+    ), text
+    assert "Stacks of rank 0 (pid" in text and "Stacks of rank 1 (pid" in text
+    assert info.value.failures == []  # stopped by the rule: no rank failed
+
+
+def _rank_0_returns_first():
+    dist.init_process_group("gloo")
+    print("joined", flush=True)
+    if dist.get_rank() == 0:
+        return "done"
+    dist.new_group([0, 1])  # a collective rank 0 will never call: it has returned
+    return "never"
+
+
+def test_ranks_waiting_for_a_rank_that_returned_end_the_launch_at_once():
+    sink = Collect()
+    with pytest.raises(LaunchError) as info:
+        notebook_launcher(_rank_0_returns_first, num_processes=2, sinks=[sink])  # hang_timeout: 60 s
+    waited = time.time() - max(line.time for line in sink.lines if line.text == "joined")
+    assert waited < LATE, waited  # at once: not after hang_timeout, nor gloo's 30 minutes
+    text = str(info.value)
+    assert text.startswith(
+        "launch stopped: rank 1 in new_group waits for rank(s) [0], which returned: a rank that has ended never "
+        "joins a collective again, so the ranks waiting for it cannot go on: rank(s) [1] did not finish"
+    ), text
+    assert "  rank 1: in new_group (test_faults.py:" in text and "Stacks of rank 1 (pid" in text
+
+
+def _rank_0_returns_before_a_barrier():
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 0:
+        return "done"
+    dist.barrier()  # gloo notices that rank 0's process ended, and raises
+
+
+def test_a_barrier_that_lost_a_returned_peer_says_which_rank_returned():
+    with pytest.raises(LaunchError) as info:
+        notebook_launcher(_rank_0_returns_before_a_barrier, num_processes=2, sinks=[])
+    assert info.value.root_cause.rank == 1 and info.value.root_cause.collateral
+    assert (
+        "  [rank(s) [0] had returned: a rank that has ended never joins a collective again, so the collective of "
+        "rank 1 lost its peer]"
+    ) in str(info.value)
 
 
 def _short_waits():
@@ -315,14 +425,13 @@ def _short_waits():
 
 
 def test_waits_shorter_than_hang_timeout_are_not_reported():
-    sink = Collect()
-    assert notebook_launcher(_short_waits, num_processes=2, sinks=[sink], hang_timeout=4.0) == [True, True]
-    assert not [a for a in sink.announced if "suspected hang" in a]
-    sink = Collect()
-    assert notebook_launcher(_short_waits, num_processes=2, sinks=[sink], hang_timeout=math.inf) == [
-        True,
-        True,
-    ]
+    for hang_timeout in (4.0, math.inf):
+        sink = Collect()
+        handle = notebook_launcher(
+            _short_waits, num_processes=2, sinks=[sink], hang_timeout=hang_timeout, block=False
+        )
+        assert handle.result(timeout=60) == [True, True]
+        assert handle.hang_report is None and not [a for a in sink.announced if "hang_timeout=" in a]
 
 
 def test_timeout_and_stop_show_where_each_rank_was():
@@ -700,51 +809,6 @@ def test_max_restarts_restarts_a_single_process(tmp_path):
     assert out == [1] and os.path.getsize(tmp_path / "rank0") == 2
 
 
-def _stack(rank: int, frames: list[tuple[str, int, str]]):
-    from notebook_accel.launch.doctor import Frame, RankStack, ThreadStack
-
-    worker = ("/x/notebook_accel/launch/worker.py", 1, "worker_main")
-    thread = ThreadStack("0x1", True, tuple(Frame(*f) for f in [*frames, worker]))
-    return RankStack(rank, 100 + rank, (thread,), "text")
-
-
-_IN_ALL_REDUCE = [
-    ("/v/site-packages/torch/distributed/distributed_c10d.py", 3000, "all_reduce"),
-    ("/u/train.py", 40, "step"),
-]
-_SLEEPING = [("/u/train.py", 42, "step")]
-
-
-def test_hang_watch_needs_a_rank_elsewhere_and_the_full_timeout():
-    from dataclasses import replace
-
-    from notebook_accel.launch.doctor import HangWatch
-
-    watch = HangWatch(10.0)  # quiet: 1 s
-    quiet = {0: 0.0, 1: 0.0, 2: 0.0}  # last sign of life of every rank: t = 0
-    everyone_waits = {r: _stack(r, _IN_ALL_REDUCE) for r in range(3)}
-    assert watch.observe(30.0, everyone_waits, quiet) == []  # a long collective of all ranks: no hang
-    one_elsewhere = {**everyone_waits, 1: _stack(1, _SLEEPING)}
-    watch = HangWatch(10.0)
-    assert watch.observe(5.0, one_elsewhere, quiet) == []  # first seen at 5 s: entered at 4 s at the earliest
-    assert watch.observe(13.5, one_elsewhere, quiet) == []
-    assert watch.observe(14.5, one_elsewhere, quiet) == [0, 2]
-    watch = HangWatch(10.0)
-    assert watch.observe(5.0, {r: _stack(r, _SLEEPING) for r in range(3)}, quiet) == []
-    # Seen elsewhere at t=5, in the collective at t=12: it has waited at most 7 s, not 12.
-    assert watch.observe(12.0, one_elsewhere, quiet) == []
-    assert watch.observe(15.5, one_elsewhere, quiet) == [0, 2]
-    # The same collective in two samples with bytes moved in between: a new call (a loop), not one wait.
-    watch = HangWatch(10.0)
-    with_io = {r: replace(s, io=1000) for r, s in one_elsewhere.items()}
-    assert watch.observe(5.0, with_io, quiet) == []
-    moved = {**with_io, 0: replace(with_io[0], io=1000 + len(b"text") + 64)}
-    assert watch.observe(14.5, moved, quiet) == [2]  # rank 0 completed a collective meanwhile
-    # Only their own dumps written since: still the same waits (rank 0's since 5 s: 10.5 s now).
-    still = {**moved, 0: replace(moved[0], io=moved[0].io + 4), 2: replace(moved[2], io=1000 + 4)}
-    assert watch.observe(15.5, still, quiet) == [0, 2]
-
-
 def test_parse_dump_reads_faulthandler_threads_innermost_first():
     from notebook_accel.launch.doctor import parse_dump
 
@@ -759,3 +823,29 @@ def test_parse_dump_reads_faulthandler_threads_innermost_first():
     assert [t.ident for t in threads] == ["0x00007f01", "0x00007f02"]
     assert threads[1].current and threads[1].runs_the_function and not threads[0].runs_the_function
     assert [(f.function, f.lineno) for f in threads[1].frames] == [("step", 42), ("worker_main", 9)]
+
+
+def test_closing_the_stacks_files_waits_for_a_collection_under_way():
+    """The launch ending (it removes the stacks files) while handle.stacks() waits for a dump: no error."""
+    import subprocess
+
+    from notebook_accel.launch.doctor import StackCollector
+
+    code = "import signal, time; signal.signal(signal.SIGUSR1, signal.SIG_IGN); print('ready', flush=True); time.sleep(30)"
+    deaf = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)  # never dumps
+    try:
+        assert deaf.stdout.readline() == "ready\n"
+        collector = StackCollector()
+        open(collector.path(0), "w").close()  # its handler "registered": a dump is waited for
+        got: list = []
+        taking = threading.Thread(target=lambda: got.append(collector.collect({0: (deaf.pid, None)})))
+        taking.start()
+        time.sleep(0.3)  # inside the second it waits for the dump
+        collector.close()
+        taking.join(10)
+        assert [stacks[0].answered for stacks in got] == [False]  # answered "no dump", not FileNotFoundError
+        assert not os.path.exists(collector.directory)
+        assert collector.collect({0: (deaf.pid, None)}) == {}  # closed: nothing to collect, no error
+    finally:
+        deaf.kill()
+        deaf.wait()

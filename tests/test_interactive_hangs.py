@@ -1,6 +1,6 @@
 """When the interactive ranks' watch gives a command up, and when it keeps waiting: real 2-rank gloo groups.
 
-The rule (``notebook_accel/interactive/watch.py``, the guide's "When a command hangs"): a busy rank
+The rule (``notebook_accel/launch/hangs.py``, the guide's "When a command hangs"): a busy rank
 is honest work, reported once; the group is given up when every rank waits and none moved for
 ``hang_timeout`` (a deadlock), or at once when the busy ranks wait for an idle one.
 """

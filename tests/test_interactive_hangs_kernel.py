@@ -1,6 +1,6 @@
 """The hang rule in a real ipykernel with ``%ranks``: honest work under ``main_process_first()`` survives, a deadlock ends.
 
-The rule itself is tested on synthetic stacks (tests/test_interactive_watch.py) and through the
+The rule itself (launch/hangs.py) is tested on synthetic stacks (tests/test_hangs.py) and through the
 Python API (tests/test_interactive_hangs.py); here, what a notebook user sees in the cell.
 """
 

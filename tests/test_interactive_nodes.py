@@ -4,6 +4,7 @@ on real Unix sockets. Ranks across the namespace cluster: tests/test_interactive
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from types import SimpleNamespace
@@ -184,7 +185,7 @@ def test_ranks_across_two_nodes_through_their_agents(monkeypatch, capsys) -> Non
     monkeypatch.setattr(startup, "relay_hook", recording_hook)
     placement = LocalPlacement(("n1", "n2"))
     kernel_only = "only in the kernel"  # noqa: F841 - the ranks must not see it
-    ranks = start_ranks(2, nodes=placement, hang_timeout=60)
+    ranks = start_ranks(2, nodes=placement, hang_timeout=3)
     try:
         assert repr(ranks) == "<Ranks 4 rank(s), alive>"
         # Every rank reached the kernel through its node's relay socket (these "nodes" could reach it directly).
@@ -207,6 +208,19 @@ def test_ranks_across_two_nodes_through_their_agents(monkeypatch, capsys) -> Non
         ranks.execute("print('hello from', rank)")
         printed = capsys.readouterr().out
         assert "[n1 rank 1] hello from 1" in printed and "[n2 rank 3] hello from 3" in printed, printed
+        # Honest work past hang_timeout: one report, naming the machine of every rank it mentions.
+        code = (
+            "import time\nfrom notebook_accel import PartialState\nwith PartialState().main_process_first():\n"
+            "    if rank == 0:\n        time.sleep(8)\nrank"
+        )
+        assert ranks.run(code) == [0, 1, 2, 3]
+        printed = capsys.readouterr().out
+        assert printed.count("a busy rank is not a hang") == 1, printed
+        assert "rank 1 (n1) in barrier, rank 2 (n2) in barrier, rank 3 (n2) in barrier (for " in printed, (
+            printed
+        )
+        assert "while rank(s) 0 (n1) are busy" in printed and "  rank 3 (n2): in barrier" in printed
+        assert re.search(r"Stacks of rank 0 \(pid \d+, on n1\):", printed), printed
         assert ranks.run(divmod, 7, 2) == [(3, 1)] * 4  # a function travels by value
         assert [t.item() for t in ranks.pull("t")] == [60.0] * 4
         with pytest.raises(Exception, match=r"raised on rank\(s\) \[2\]; the ranks are alive"):

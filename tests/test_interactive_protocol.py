@@ -61,7 +61,7 @@ INTERACTIVE = ROOT / "notebook_accel" / "interactive"
 # The rank side: the entry point the launcher runs and the loop behind it. Everything else in
 # interactive/ is the kernel side, or shared by both (protocol, cells, values, rank_shell, stale...).
 RANK_SIDE = {"rank_entry", "rank_loop"}
-KERNEL_SIDE = {"session", "group", "commands", "startup", "magics", "jobs", "display", "watch", "cell_output"}
+KERNEL_SIDE = {"session", "group", "commands", "startup", "magics", "jobs", "display", "cell_output"}
 
 SAMPLES = {
     "ready": Ready(rank=3, pid=4242, problem=None),

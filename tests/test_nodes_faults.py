@@ -243,7 +243,7 @@ def test_stuck_remote_rank_stacks_are_in_the_hang_report(ns_cluster, ssh, clean)
         )
     text = str(caught.value)
     # The stuck rank runs on n2: its stack, taken there by its agent, is in the report.
-    assert "suspected hang" in text and "rank 3 (n2): in _deep_in_thought" in text, text
+    assert 'at the hang report (on_hang="stop")' in text and "rank 3 (n2): in _deep_in_thought" in text, text
     assert re.search(r"Stacks of rank 3 \(pid \d+, on n2\)", text), text
     stacks = text.split("Stacks of rank 3", 1)[-1]
     assert "in _deep_in_thought" in stacks and "stuck_on_the_last_rank" in stacks, text

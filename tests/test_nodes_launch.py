@@ -8,6 +8,7 @@ the real thing. Each launch costs a few fresh interpreters: the tests are few an
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -252,9 +253,17 @@ def test_the_hang_report_holds_the_stacks_of_ranks_on_every_node():
         handle.kill()
         handle.wait(60)
     report = handle.hang_report
-    assert report is not None and "suspected hang" in report
-    assert "rank 0 (n1): in barrier" in report
-    assert "Stacks of rank 1 (pid" in report and ", on n2):" in report and "barrier_on_rank_0" in report
+    assert report is not None and report.startswith("rank 0 (n1) in barrier (for "), report
+    assert "while rank(s) 1 (n2) are busy" in report  # honest work, as far as stacks can tell
+    assert 'on_hang="stop" stops the launch at this report' in report
+    assert "  rank 0 (n1): in barrier" in report and "  rank 1 (n2): in barrier_on_rank_0 at" in report
+    assert re.search(r"Stacks of rank 1 \(pid \d+, on n2\):", report) and "barrier_on_rank_0" in report
+    assert "Stacks of rank 0" not in report  # the waiting rank's position says it all; the busy ones' stacks
+    error = str(handle.error)
+    assert error.startswith('launch stopped: at the hang report (on_hang="stop"): rank 0 (n1) in barrier'), (
+        error
+    )
+    assert re.search(r"Stacks of rank 0 \(pid \d+, on n1\)", error) and "Stacks of rank 1 (pid" in error
 
 
 def test_a_silent_node_is_lost_by_heartbeat_and_its_agent_ends_its_ranks_later():

@@ -94,7 +94,9 @@ def test_tensorboard_without_a_logging_dir_raises_1_15s_message(monkeypatch) -> 
     import notebook_accel.tracking as tracking
 
     _fake_libraries(monkeypatch, [])
-    monkeypatch.setattr(tracking, "is_package_available", lambda package: True)  # the fake counts as installed
+    monkeypatch.setattr(
+        tracking, "is_package_available", lambda package: True
+    )  # the fake counts as installed
     with pytest.raises(
         ValueError, match=r"^Logging with `tensorboard` requires a `logging_dir` to be passed in\.\n"
     ):

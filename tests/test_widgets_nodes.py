@@ -13,6 +13,7 @@ import pytest
 from notebook_accel.widgets import LaunchPanel
 
 from notebook_accel import notebook_launcher
+from notebook_accel.launch.doctor import Frame, RankStack, ThreadStack
 from notebook_accel.launch.events import BarState
 from tests.panel_helpers import FakeRun, rank_status
 
@@ -111,6 +112,25 @@ def test_lines_tabs_and_stop_name_the_node():
         handle.finish("stopped")
         assert panel.state == "stopped"
         assert [g["state"] for g in panel.node_groups()] == ["stopped", "stopped"]
+    finally:
+        panel.close()
+
+
+def test_the_stacks_view_and_the_hang_report_name_each_ranks_node():
+    handle = _two_nodes()
+    thread = ThreadStack("0x1", True, (Frame("/u/train.py", 3, "step"),))
+    handle.stacks = lambda: {
+        s.rank: RankStack(s.rank, s.pid, (thread,), "d", node=s.node) for s in handle._statuses
+    }
+    handle.hang_report = "rank 1 (gpu-a) in barrier (for 61 s) while rank(s) 3 (gpu-b) are busy; ..."
+    panel = LaunchPanel(handle, interval=0.05)
+    try:
+        assert sorted(panel.show_stacks()) == [0, 1, 2, 3]
+        html = panel._stacks_html()
+        assert "<b>rank 0 (gpu-a)</b>: in step at train.py:3" in html and "<b>rank 3 (gpu-b)</b>" in html
+        assert (
+            "<b>Hang report</b>" in panel._hang_html() and "rank(s) 3 (gpu-b) are busy" in panel._hang_html()
+        )
     finally:
         panel.close()
 

@@ -24,6 +24,7 @@ from notebook_accel.launch.doctor import RankStack
 from notebook_accel.launch.events import BarState
 from notebook_accel.launch.output import HISTORY_BYTES, OutputHistory, OutputLine, dropped_note, line_prefix
 from notebook_accel.launch.ranks import RankStatus
+from notebook_accel.launch.states import State
 
 from ._metrics_chart import metric_series
 from ._nodes import node_groups, nodes_of
@@ -33,14 +34,14 @@ __all__: list[str] = []
 # How each state shows (badge and button style): the one table of it. Keyed by the state's value, so
 # a str-valued state enum's members find their style too.
 _STATE_STYLE = {
-    "starting": "info",
-    "running": "info",
-    "succeeded": "success",
-    "failed": "danger",
-    "stopped": "warning",
-    "idle": "success",  # interactive ranks, between cells
-    "dead": "danger",
-    "broken": "danger",
+    State.STARTING: "info",
+    State.RUNNING: "info",
+    State.SUCCEEDED: "success",
+    State.FAILED: "danger",
+    State.STOPPED: "warning",
+    State.IDLE: "success",  # interactive ranks, between cells
+    State.DEAD: "danger",
+    State.BROKEN: "danger",
 }
 _KEPT_BARS = 3  # finished bars (leave=True) still shown per rank, newest last, as tqdm.notebook keeps them
 # What the panel reads of a run: the members of the run's read-only view (launch.interfaces.RunView),
@@ -209,35 +210,36 @@ class LaunchModel:
         if ranks is None:
             per_rank = {s.rank: s.state for s in statuses}
             if not done:
-                return "running", per_rank, None
+                return State.RUNNING, per_rank, None
             if error is not None:
-                return ("failed" if "failed" in seen or "stopped" not in seen else "stopped"), per_rank, None
-            return ("stopped" if "stopped" in seen else "succeeded"), per_rank, None
+                failed = State.FAILED in seen or State.STOPPED not in seen
+                return (State.FAILED if failed else State.STOPPED), per_rank, None
+            return (State.STOPPED if State.STOPPED in seen else State.SUCCEEDED), per_rank, None
         mine = self._rank_states(done)
         per_rank = {}
         for s in statuses:
             if mine is not None and s.rank in mine:
                 per_rank[s.rank] = mine[s.rank].state
             elif done:  # ranks whose loops returned were stopped
-                per_rank[s.rank] = "stopped" if s.state in ("succeeded", "stopped") else s.state
+                per_rank[s.rank] = State.STOPPED if s.state in (State.SUCCEEDED, State.STOPPED) else s.state
             else:
                 per_rank[s.rank] = s.state
         if ranks.handle is not self.handle:
-            return "stopped", per_rank, mine  # restarted: new ranks run on a new handle
+            return State.STOPPED, per_rank, mine  # restarted: new ranks run on a new handle
         if done:
             # Decided from the handle alone (``ranks.broken`` also reads True while stop() waits for
             # the ranks to end): an error (a rank died, or was killed in a collective), a failed
             # rank or a hang report means the group broke.
-            broke = error is not None or "failed" in seen or bool(self.hang_text())
-            return ("broken" if broke else "stopped"), per_rank, mine
+            broke = error is not None or State.FAILED in seen or bool(self.hang_text())
+            return (State.BROKEN if broke else State.STOPPED), per_rank, mine
         if ranks.broken:
-            return "broken", per_rank, mine
-        running = any(s.state == "running" for s in (mine or {}).values())
-        return ("running" if running else "idle"), per_rank, mine
+            return State.BROKEN, per_rank, mine
+        running = any(s.state == State.RUNNING for s in (mine or {}).values())
+        return (State.RUNNING if running else State.IDLE), per_rank, mine
 
     @property
-    def state(self) -> str:
-        """Return the overall state: "running", "succeeded", "failed" or "stopped" (interactive ranks: "idle", "running", "broken" or "stopped")."""
+    def state(self) -> State:
+        """Return the overall state: RUNNING, SUCCEEDED, FAILED or STOPPED (interactive ranks: IDLE, RUNNING, BROKEN or STOPPED)."""
         return self._states(self.handle.status())[0]
 
     # -- rows and groups ----------------------------------------------------------------------------
@@ -348,7 +350,7 @@ class LaunchModel:
 
     def restart_lines(self) -> list[str]:
         """Return one line per earlier try that did not succeed: its number, time, root cause and exit code."""
-        return [a.line() for a in self.handle.attempts if a.state != "succeeded"]
+        return [a.line() for a in self.handle.attempts if a.state != State.SUCCEEDED]
 
     def dropped_text(self) -> str:
         """Return a note when the launch dropped its oldest output lines to bound its memory, else ""."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from notebook_accel.launch.doctor import named_rank
 from notebook_accel.launch.output import rank_label
 
 from ._base import _badge, _fmt_bytes, _table, _text_table
@@ -111,7 +112,7 @@ def error_html(snap: LaunchSnapshot) -> str:
 
 def hang_html(snap: LaunchSnapshot) -> str:
     """Return the suspected-hang report in a yellow box ("" when none)."""
-    return _note_html("Suspected hang", snap.hang)
+    return _note_html("Hang report", snap.hang)
 
 
 def restarts_html(snap: LaunchSnapshot) -> str:
@@ -124,7 +125,8 @@ def stacks_html(snap: LaunchSnapshot) -> str:
     if not snap.stacks:
         return ""
     cells = [
-        f"<td style='vertical-align:top'><b>rank {rank}</b>: {html.escape(stack.summary())}"
+        f"<td style='vertical-align:top'><b>{html.escape(named_rank(rank, stack.node))}</b>: "
+        f"{html.escape(stack.summary())}"
         f"<pre style='margin:0;font-size:11px'>{html.escape(stack.text)}</pre></td>"
         for rank, stack in sorted(snap.stacks.items())
     ]

@@ -10,22 +10,26 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from notebook_accel.launch.states import State
+
 from ._base import _badge, _fmt_bytes
 
 __all__: list[str] = []
 
 # A node's state is the first of these that one of its ranks is in: a failure anywhere on the node
 # is what the user must see first, then work in progress, then how the rest ended.
-_STATE_ORDER = ("failed", "dead", "broken", "running", "starting", "stopped", "idle", "succeeded")
+_STATE_ORDER = (
+    State.FAILED, State.DEAD, State.BROKEN, State.RUNNING, State.STARTING, State.STOPPED, State.IDLE, State.SUCCEEDED,
+)  # fmt: skip
 _SUMMED = ("cpu_percent", "rss", "peak_rss", "cuda_allocated", "cuda_reserved")
 
 
-def group_state(states: list[str]) -> str:
+def group_state(states: list[State]) -> State:
     """Return the state a node shows for its ranks' ``states`` (a failure first, then work, then the end)."""
     for state in _STATE_ORDER:
         if state in states:
             return state
-    return states[0] if states else "starting"
+    return states[0] if states else State.STARTING
 
 
 def _summed(rows: list[dict[str, Any]], key: str) -> float | None:

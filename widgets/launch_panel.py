@@ -172,7 +172,7 @@ class LaunchPanel(LaunchModel, _Panel):
         )
 
     def _set_controls(self, state: str, done: bool, attempt: str) -> None:
-        self._w_state.description = f"{state} ({attempt})" if attempt else state
+        self._w_state.description = f"{state} ({attempt})" if attempt else str(state)
         self._w_state.button_style = _STATE_STYLE.get(state, "")
         self._w_stop.disabled = done
         self._w_stacks_button.disabled = done

@@ -3,9 +3,9 @@
 ``Group.exchange`` sends a command to some ranks and waits for their replies in the calling thread,
 printing the ranks' lines meanwhile (in a kernel: into the running cell). While it waits it watches
 for what would otherwise hang the cell: a rank that died (the launcher stops the others), ranks
-waiting in a collective for a rank that already failed or for each other (``watch.ProgressWatch``
-says when: a busy rank is honest work, reported once, never a hang), and the Stop button (SIGINT
-to the busy ranks; ranks that do not stop within a few seconds break the group).
+waiting in a collective for a rank that already failed or for each other (the one hang rule of
+``launch/hangs.py`` says when: a busy rank is honest work, reported once, never a hang), and the Stop
+button (SIGINT to the busy ranks; ranks that do not stop within a few seconds break the group).
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
-from ..launch.doctor import RankStack, describe_stacks
+from ..launch.doctor import RankStack, describe_stacks, named_ranks
 from ..launch.errors import RankFailure, order_failures
 from ..launch.handle import LaunchHandle
+from ..launch.hangs import SampledWatch, Verdict, give_up_reason, report_text
 from ..launch.output import PrintSink
 from .cell_output import CellSink, CommandBars, command_bars
 from .errors import RankError
@@ -39,7 +40,6 @@ from .protocol import (
     encode,
 )
 from .rank_shell import show_rank_display
-from .watch import ProgressWatch, StackSampler, Verdict, report_text
 
 __all__ = ["Group", "IdleRankStack", "failure_of", "mark_idle"]
 
@@ -50,7 +50,10 @@ _INTERRUPT_SECONDS = 3.0  # after SIGINT, how long busy ranks get to stop before
 _DRAIN_SECONDS = 1.0
 _DEATH_SECONDS = 5.0
 _LAST_LINES = 15
-_DEADLOCK_NOTE = "every rank waits for another and none has moved, so none will return"
+_HONEST_WORK = (
+    "a busy rank is not a hang, so the command goes on (Stop ends it). It is given up only when no rank has "
+    "made progress for hang_timeout={timeout:g} s"
+)
 _GLOO_NOTE = (
     "gloo cannot abort a collective without losing the ranks, so the group was stopped and every rank's "
     "namespace is lost; ranks.restart() (%ranks restart) forks new ranks from the kernel"
@@ -77,7 +80,7 @@ def mark_idle(stacks: dict[int, RankStack]) -> dict[int, RankStack]:
     return out
 
 
-def _idle_ranks(wait: _Wait, world: int) -> str:
+def _idle_ranks(wait: _Wait, world: int, nodes: dict[int, str | None]) -> str:
     """Return who the busy ranks wait for, and why those will not join: ``rank(s) [1], which raised``."""
     groups = {
         "which raised": sorted(r for r, reply in wait.replies.items() if isinstance(reply, Err)),
@@ -86,7 +89,7 @@ def _idle_ranks(wait: _Wait, world: int) -> str:
         ),
         "which do not run this command": sorted(set(range(world)) - set(wait.replies) - wait.pending),
     }
-    return "; ".join(f"rank(s) {ranks}, {why}" for why, ranks in groups.items() if ranks)
+    return "; ".join(f"{named_ranks(ranks, nodes)}, {why}" for why, ranks in groups.items() if ranks)
 
 
 class _Conn:
@@ -129,8 +132,7 @@ class _Wait:
         self.times: dict[int, float] = {}
         self.first_idle: float | None = None
         """When some rank of the group first had nothing to do (replied, or not asked): now or never."""
-        self.watch: ProgressWatch | None = None
-        self.sampler: StackSampler | None = None
+        self.watch: SampledWatch | None = None
         self.bars: CommandBars | None = None
         self.printer: PrintSink | None = None
 
@@ -182,8 +184,7 @@ class Group:
         started = time.monotonic()
         if len(targets) < len(self._conns):
             wait.first_idle = started  # the ranks not asked wait for their next command
-        wait.watch = ProgressWatch(self.hang_timeout, started, self.device_sync)
-        wait.sampler = StackSampler(self._take_stacks)
+        wait.watch = SampledWatch(self.hang_timeout, started, self._take_stacks, self.device_sync)
         printer = wait.printer = self.sink.printer()
         bars = wait.bars = command_bars(self.handle, self.sink.printing)
         self.sink.begin()
@@ -245,32 +246,24 @@ class Group:
         self._watch(wait, printer)
 
     def _watch(self, wait: _Wait, printer: PrintSink) -> None:
-        """Judge the last stack sample (give up, report once, or go on), and start the next one when due."""
+        """Judge the last stack sample by the hang rule (give up, report once, or go on); start the next when due."""
         last_sign = max((self.sink.last_line.get(r, 0.0) for r in wait.pending), default=0.0)
-        sample = wait.sampler.result()
-        if sample is not None:
-            when, stacks = sample
-            raised = any(isinstance(reply, Err) for reply in wait.replies.values())
-            verdict = wait.watch.observe(
-                when, stacks, set(wait.pending), wait.first_idle is not None, last_sign, raised
-            )
-            if verdict is not None:
-                self._judged(wait, verdict, printer)
-        if wait.watch.due(time.monotonic(), last_sign, wait.first_idle) and not wait.sampler.running:
-            wait.sampler.start()
+        raised = any(isinstance(reply, Err) for reply in wait.replies.values())
+        verdict = wait.watch.check(time.monotonic(), wait.pending, last_sign, wait.first_idle, raised)
+        if verdict is not None:
+            self._judged(wait, verdict, printer)
 
     def _judged(self, wait: _Wait, verdict: Verdict, printer: PrintSink) -> None:
         if verdict.kind == "report":
-            printer.announce(report_text(verdict, self.hang_timeout))
+            printer.announce(report_text(verdict, _HONEST_WORK.format(timeout=self.hang_timeout)))
             return
-        if verdict.kind == "broken":
-            why = f"{verdict.where} waits for {_idle_ranks(wait, len(self._conns))}"
-        else:
-            why = (
-                f"deadlock: no rank has made progress for hang_timeout={self.hang_timeout:g} s: "
-                f"{verdict.where}; {_DEADLOCK_NOTE}"
-            )
+        idle = _idle_ranks(wait, len(self._conns), self._nodes())
+        why = give_up_reason(verdict, self.hang_timeout, idle)
         raise self._give_up(wait, f"the group is broken: {why}; {_GLOO_NOTE}", verdict.stacks)
+
+    def _nodes(self) -> dict[int, str | None]:
+        """Return each rank's host (None on this machine), to name it in messages."""
+        return {s.rank: s.node for s in self.handle.status()}
 
     def _take_stacks(self) -> dict[int, RankStack]:
         try:
@@ -315,7 +308,7 @@ class Group:
             if isinstance(rep, Err)
         ]
         reason = (
-            f"rank(s) {dead} died, and the launcher stopped the others with them: the group is broken and every "
+            f"{named_ranks(dead, self._nodes())} died, and the launcher stopped the others with them: the group is broken and every "
             "rank's namespace is lost; ranks.restart() (%ranks restart) forks new ranks from the kernel"
         )
         return RankError(order_failures(failures), reason, broken=True)
@@ -351,7 +344,7 @@ class Group:
         if not wait.pending and self.alive:
             self._drain(busy, printer)
             raise KeyboardInterrupt(
-                f"interrupted rank(s) {busy}; the ranks are alive and their namespaces intact"
+                f"interrupted {named_ranks(busy, self._nodes())}; the ranks are alive and their namespaces intact"
             )
         stuck = sorted(wait.pending)
         stacks = self._take_stacks() if self.alive else {}
@@ -359,7 +352,7 @@ class Group:
         self.stop(graceful=False)
         where = describe_stacks(stacks) if stacks else ""
         raise KeyboardInterrupt(
-            f"rank(s) {stuck} did not stop within {_INTERRUPT_SECONDS:g} s of the interrupt, so the group was "
+            f"{named_ranks(stuck, self._nodes())} did not stop within {_INTERRUPT_SECONDS:g} s of the interrupt, so the group was "
             "stopped and every rank's namespace is lost (a rank inside a C call, such as a gloo collective, "
             "cannot be interrupted); ranks.restart() (%ranks restart) forks new ranks from the kernel"
             + (f"\n\n{where}" if where else "")

@@ -2,7 +2,7 @@
 
 ``ranks.submit(code_or_fn, ...)`` and ``%%ranks --bg`` start a :class:`Job`: a thread that runs the
 command exactly as a foreground call does (``Ranks.run`` / ``Ranks.execute`` over ``Group.exchange``,
-so the same death, collective-failure and hang watch supervise it) and returns at once. The thread
+so the same death, collective-failure and hang rule supervise it) and returns at once. The thread
 runs in a copy of the submitting cell's context: ipykernel sends what a thread writes or displays
 under the parent header of the context that writes it, so the ranks' lines and bars land in the
 output area of the cell that started the job, whatever cell runs meanwhile. Where the kernel offers it

@@ -21,6 +21,7 @@ from typing import Any
 from ..launch.doctor import RankStack
 from ..launch.handle import LaunchHandle
 from ..launch.request import START_METHODS, LaunchRequest
+from ..launch.states import State
 from ..utils.imports import cuda_device_count
 from . import registry
 from .commands import (
@@ -58,8 +59,8 @@ class RankState:
 
     rank: int
     pid: int | None
-    state: str
-    """``"idle"``, ``"running"`` (a command), ``"failed"`` (its last command raised; alive) or ``"dead"``."""
+    state: State
+    """``IDLE``, ``RUNNING`` (a command), ``FAILED`` (its last command raised; alive) or ``DEAD`` (equal to ``"idle"``...)."""
     cell: str = ""
     """Short text of the command running (or last run) on this rank."""
     cpu_percent: float | None = None
@@ -67,6 +68,9 @@ class RankState:
     last_line: str = ""
     node: str | None = None
     """The host the rank runs on, for ranks started with ``nodes=`` (None on this machine)."""
+
+    def __post_init__(self) -> None:
+        self.state = State(self.state)
 
 
 def current() -> Ranks | None:
@@ -258,7 +262,7 @@ class Ranks:
         self.stop()
 
     def __repr__(self) -> str:
-        state = "stopped" if self._stopped else "broken" if self.broken else "alive"
+        state = State.STOPPED if self._stopped else State.BROKEN if self.broken else "alive"
         return f"<Ranks {self.num_processes} rank(s), {state}>"
 
     # ------------------------------------------------------------------ facts
@@ -301,12 +305,12 @@ class Ranks:
         alive = self.alive
         for s in self._group.handle.status():
             book = self._books.get(s.rank, {})
-            if not alive or s.state not in ("starting", "running"):
-                state = "dead"
+            if not alive or not s.state.live:
+                state = State.DEAD
             elif book.get("busy"):
-                state = "running"
+                state = State.RUNNING
             else:
-                state = "failed" if book.get("failed") else "idle"
+                state = State.FAILED if book.get("failed") else State.IDLE
             out.append(
                 RankState(
                     s.rank,

@@ -9,6 +9,7 @@ from .handle import LaunchHandle, RankStatus
 from .output import LogDirSink, OutputLine, PrintSink
 from .plan import LaunchPlan, resolve_plan
 from .restarts import Attempt, RestartingHandle
+from .states import State
 
 __all__ = [
     "Attempt",
@@ -21,5 +22,6 @@ __all__ = [
     "RankFailure",
     "RankStatus",
     "RestartingHandle",
+    "State",
     "resolve_plan",
 ]

@@ -1,4 +1,4 @@
-"""The stuck-rank doctor: every live rank's Python stacks on demand, and hang detection from them.
+"""The stuck-rank doctor: every live rank's Python stacks on demand, and how to read and show them.
 
 How a stack is taken: each worker registers ``faulthandler`` on ``STACKS_SIGNAL`` (SIGUSR1) with a
 per-rank file (see ``worker._install_fault_reports``). The launcher sends the signal to the worker
@@ -7,14 +7,13 @@ meaning) and reads what was appended. faulthandler writes from its C signal hand
 blocked inside a C call (gloo's all_reduce) answers too, and the rank does not stop: it goes on
 where it was. A Python-level handler would only run once the blocked call returned, i.e. never.
 
-How a hang is recognised: a rank "sits in a collective" when its main thread's innermost
-torch.distributed frame is a collective (``all_reduce``, ``barrier``, ...). Stacks are only sampled
-once a rank has been silent (no output line, no event) for ``HangWatch.quiet`` seconds (a tenth of
-``hang_timeout``): a launch whose ranks print or advance a progress bar is never signalled. Then
-once a second while some rank waits in a collective, else ever more rarely (the interval doubles up
-to ``quiet``). A suspected hang is some rank sitting in a collective for at least ``hang_timeout``
-seconds while another live rank is not in that collective. One sample costs each rank about one
-faulthandler dump (measured: about 2 ms of one thread on a loaded 2-core machine).
+What a stack says: a rank *waits* when its main thread's innermost torch.distributed frame is a
+collective or point-to-point call (``all_reduce``, ``barrier``, ``recv``...; ``classify_wait``);
+``RankStack.summary()`` says where it is in one phrase. ``describe_stacks`` is the one rendering of
+where ranks are, used by every hang report and by the errors of a stop, a timeout or an interrupt;
+each rank is named with its node when it runs on another machine. The hang rule that samples these
+stacks is in ``hangs.py``. One sample costs each rank about one faulthandler dump (measured: about
+2 ms of one thread on a loaded 2-core machine).
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ import sysconfig
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .worker import STACKS_SIGNAL
@@ -35,12 +35,15 @@ from .worker import STACKS_SIGNAL
 __all__ = [
     "COLLECTIVES",
     "Frame",
-    "HangWatch",
     "RankStack",
     "StackCollector",
     "ThreadStack",
     "classify_wait",
+    "describe_stacks",
+    "nodes_of",
     "parse_dump",
+    "named_rank",
+    "named_ranks",
 ]
 
 COLLECTIVES = frozenset(
@@ -244,8 +247,13 @@ class StackCollector:
         return os.path.join(self.directory, f"rank_{rank}.txt")
 
     def collect(self, targets: dict[int, tuple[int, int | None]]) -> dict[int, RankStack]:
-        """Return ``{rank: RankStack}`` for ``targets`` (``{rank: (pid, pidfd or None)}``), within about a second."""
+        """Return ``{rank: RankStack}`` for ``targets`` (``{rank: (pid, pidfd or None)}``), within about a second.
+
+        After ``close()`` (the launch ended) it returns {}.
+        """
         with self._lock:
+            if not os.path.isdir(self.directory):
+                return {}
             start: dict[int, int] = {}
             for rank, (pid, pidfd) in targets.items():
                 path = self.path(rank)
@@ -266,11 +274,12 @@ class StackCollector:
         return out
 
     def close(self) -> None:
-        """Remove the stacks files."""
-        for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
-            os.unlink(os.path.join(self.directory, name))
-        if os.path.isdir(self.directory):
-            os.rmdir(self.directory)
+        """Remove the stacks files, once a collection under way (the hang rule's, a user's) has read them."""
+        with self._lock:
+            for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
+                os.unlink(os.path.join(self.directory, name))
+            if os.path.isdir(self.directory):
+                os.rmdir(self.directory)
 
 
 def io_bytes(pid: int) -> int | None:
@@ -317,100 +326,38 @@ def _wait_for_dumps(paths: dict[int, str], start: dict[int, int]) -> dict[int, s
     return texts
 
 
-def _on(stack: RankStack) -> str:
-    return f" ({stack.node})" if stack.node else ""
+def named_rank(rank: int, node: str | None = None) -> str:
+    """Return ``rank 3`` or, for a rank on another node, ``rank 3 (n2)``."""
+    return f"rank {rank} ({node})" if node else f"rank {rank}"
 
 
-def describe_stacks(stacks: dict[int, RankStack]) -> str:
-    """Return each rank's one-phrase position, then every rank's full stacks (for errors and reports)."""
+def named_ranks(ranks: Iterable[int], nodes: Mapping[int, str | None]) -> str:
+    """Return ``rank(s) [0, 2]`` or, with nodes, ``rank(s) 0 (n1), 2 (n2)`` (``nodes``: each rank's host, if any)."""
+    ranks = sorted(ranks)
+    if not any(nodes.get(r) for r in ranks):
+        return f"rank(s) {ranks}"
+    return "rank(s) " + ", ".join(f"{r} ({nodes[r]})" if nodes.get(r) else str(r) for r in ranks)
+
+
+def nodes_of(stacks: Mapping[int, RankStack]) -> dict[int, str | None]:
+    """Return each rank's host as its stacks name it (None on this machine)."""
+    return {rank: stack.node for rank, stack in stacks.items()}
+
+
+def describe_stacks(stacks: Mapping[int, RankStack], show: Iterable[int] | None = None) -> str:
+    """Return each rank's one-phrase position, then the full stacks of the ranks in ``show`` (default: all).
+
+    The one rendering of where ranks are, for every report and error (hang reports, a deadlock, a
+    stop, a timeout, an interrupt): each rank named with its node when it has one (``rank 3 (n2)``,
+    ``Stacks of rank 3 (pid 42, on n2)``).
+    """
     lines = ["Where each rank was:"]
-    lines += [f"  rank {rank}{_on(stack)}: {stack.summary()}" for rank, stack in sorted(stacks.items())]
+    lines += [
+        f"  {named_rank(rank, stack.node)}: {stack.summary()}" for rank, stack in sorted(stacks.items())
+    ]
+    shown = set(stacks) if show is None else set(show)
     for rank, stack in sorted(stacks.items()):
-        if stack.threads:
+        if stack.threads and rank in shown:
             where = f", on {stack.node}" if stack.node else ""
             lines += ["", f"Stacks of rank {rank} (pid {stack.pid}{where}):", stack.text]
     return "\n".join(lines)
-
-
-def hang_message(stacks: dict[int, RankStack], sitting: list[int], timeout: float) -> str:
-    """Return the one-paragraph verdict: who sits in which collective, where the others are."""
-    groups: dict[str, list[int]] = {}
-    for rank, stack in sorted(stacks.items()):
-        groups.setdefault(stack.summary(), []).append(rank)
-    parts = []
-    for where, ranks in groups.items():
-        who = (
-            f"rank {ranks[0]}"
-            if len(ranks) == 1
-            else "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
-        )
-        parts.append(f"{who} {where}")
-    return (
-        f"suspected hang: rank(s) {sitting} have waited in a collective for more than hang_timeout={timeout:g} s "
-        f"while another rank is elsewhere: {'; '.join(parts)}"
-    )
-
-
-class HangWatch:
-    """Decides when to sample stacks, and whether the samples show a hang."""
-
-    def __init__(self, hang_timeout: float, device_sync: bool = False) -> None:
-        self.timeout = hang_timeout
-        self.device_sync = device_sync  # nccl: a wait shows up in a later synchronisation with the device
-        # Silence before sampling starts: a tenth of the timeout (1-10 s), so that a rank's time in a
-        # collective, counted from its last sign of life, is overestimated by at most that much.
-        self.quiet = min(10.0, max(1.0, hang_timeout / 10))
-        self.enabled = hang_timeout != float("inf")
-        self._next_sample = 0.0
-        self._since: dict[int, tuple[str, float]] = {}
-        self._last_sample = 0.0
-        self._io: dict[int, tuple[int | None, int]] = {}
-        self._interval = 0.5
-        self.reported = False
-
-    def due(self, now: float, last_activity: dict[int, float]) -> bool:
-        """Return True when some live rank has been silent long enough and a sample is due."""
-        if not self.enabled or self.reported or now < self._next_sample or not last_activity:
-            return False
-        return any(now - t >= self.quiet for t in last_activity.values())
-
-    def _moved_bytes(self, rank: int, stack: RankStack) -> bool:
-        """Return True when ``rank`` read or wrote bytes since the last sample, besides its stack dump.
-
-        A collective that completes moves bytes (gloo's sockets); one that waits moves none. So the
-        same collective seen twice with bytes moved in between is a new call (a loop of barriers),
-        not one long wait.
-        """
-        before, _ = self._io.get(rank, (None, 0))
-        if before is None or stack.io is None:
-            return False
-        return stack.io - before - len(stack.dump.encode()) > 0
-
-    def observe(self, now: float, stacks: dict[int, RankStack], last_activity: dict[int, float]) -> list[int]:
-        """Record one sample; return the ranks that sat in a collective for ``timeout`` while another did not."""
-        collectives = {rank: s.collective(self.device_sync) for rank, s in stacks.items() if s.answered}
-        # Once a second while some rank waits in a collective; otherwise the interval doubles up to
-        # ``quiet`` (a long silent computation is sampled ever more rarely).
-        waiting = any(name is not None for name in collectives.values())
-        self._interval = 1.0 if waiting else min(self.quiet, self._interval * 2)
-        self._next_sample = now + self._interval
-        # A rank first seen in a collective entered it after its last sign of life and after the
-        # previous sample (or, at the first one, at most ``quiet`` seconds ago): never counted longer.
-        floor = self._last_sample if self._last_sample else now - self.quiet
-        since: dict[int, tuple[str, float]] = {}
-        for rank, name in collectives.items():
-            if name is None:
-                continue
-            previous = self._since.get(rank)
-            if previous is not None and previous[0] == name and not self._moved_bytes(rank, stacks[rank]):
-                since[rank] = previous
-            else:
-                since[rank] = (name, max(last_activity.get(rank, now), floor))
-        self._io = {rank: (s.io, len(s.dump.encode())) for rank, s in stacks.items()}
-        self._since, self._last_sample = since, now
-        sitting = sorted(rank for rank, (_, t) in since.items() if now - t >= self.timeout)
-        if not sitting:
-            return []
-        waited_in = since[sitting[0]][0]
-        elsewhere = [rank for rank, name in collectives.items() if name != waited_in]
-        return sitting if elsewhere else []

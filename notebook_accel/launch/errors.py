@@ -65,6 +65,8 @@ class RankFailure:
     """Name of the signal that ended the process (``"SIGKILL"``), when it died of one."""
     time: float = field(default=0.0, repr=False)
     """``time.monotonic()`` in the parent when the failure was seen (orders the failures)."""
+    node: str | None = None
+    """The host the rank ran on, in a launch across nodes (``nodes=``)."""
 
     @property
     def collateral(self) -> bool:
@@ -79,8 +81,9 @@ class RankFailure:
         return next((fix for part, fix in _CAUSES_IN_THE_CALLER if part in self.message), None)
 
     def headline(self) -> str:
-        """Return a one-line summary: rank, pid, type and message."""
-        return f"rank {self.rank} (pid {self.pid}) {self.exc_type}: {self.message}"
+        """Return a one-line summary: rank, pid (and node), type and message."""
+        where = f", on {self.node}" if self.node else ""
+        return f"rank {self.rank} (pid {self.pid}{where}) {self.exc_type}: {self.message}"
 
 
 def signal_name(signum: int) -> str:

@@ -4,7 +4,9 @@ The thread waits (``selectors``) on every worker's stdout, stderr and result pip
 descriptor that becomes readable when the worker exits. It cuts output into ``OutputLine``s for the
 sinks and subscribers, collects results, notices the first failure and stops the other ranks at
 once (a rank blocked in a collective would otherwise wait for its timeout), and, at the end, closes
-every descriptor it owns. States per rank: starting -> running -> succeeded | failed | stopped.
+every descriptor it owns. States per rank (``states.State``): starting -> running -> succeeded | failed
+| stopped. The hang rule of ``hangs.py`` watches the ranks meanwhile, its stack samples taken in a thread of
+their own so that output keeps flowing.
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ from dataclasses import replace
 from typing import Any
 
 from .completion import Completion
-from .doctor import HangWatch, RankStack, StackCollector, describe_stacks, hang_message
+from .doctor import RankStack, StackCollector, describe_stacks, named_ranks
 from .errors import LaunchError, RankFailure, death_notes, order_failures, signal_name
 from .events import EventHub
+from .hangs import SampledWatch, Verdict, launch_outcome, returned_note
 from .output import LineSplitter, OutputHistory, OutputLine, announce
 from .plan import LaunchPlan, threads_per_worker
 from .procs import start_worker
 from .ranks import RankStatus, _Rank
+from .states import State
 from .usage import UsageSampler, apply_usage
 from .views import LaunchViews
 from .worker import WorkerSpec
@@ -103,12 +107,14 @@ class LaunchHandle(Completion, LaunchViews):
         self._events = EventHub(live_bar_ranks)
         self._usage = UsageSampler() if workers is None else workers.usage()
         self._collector = StackCollector() if workers is None else workers.collector()
-        self._hang = HangWatch(hang_timeout)
+        # Stacks are sampled beside the supervising thread, which keeps reading output meanwhile.
+        self._hang = SampledWatch(hang_timeout, time.monotonic(), self.stacks, plan.backend == "nccl")
+        self._first_end: float | None = None  # when a rank first ended: the others will never meet it again
         self._hang_active = True
         self._on_hang = on_hang
         self._stop_stacks: dict[int, RankStack] | None = None
         self.hang_report: str | None = None
-        """The suspected-hang report (every rank's position and stacks), once one was seen."""
+        """The hang rule's report (every rank's position, the stacks), once it made one (``hangs.py``)."""
 
     # ------------------------------------------------------------------ public API
 
@@ -119,8 +125,8 @@ class LaunchHandle(Completion, LaunchViews):
 
     @property
     def hang_timeout(self) -> float:
-        """Return the seconds of waiting after which the hang watch reports (math.inf: never)."""
-        return self._hang.timeout
+        """Return the seconds without progress after which the hang rule reports or ends a wait (math.inf: never)."""
+        return self._hang.rule.timeout
 
     @property
     def pids(self) -> list[int | None]:
@@ -212,7 +218,7 @@ class LaunchHandle(Completion, LaunchViews):
                     for fd in writes:
                         os.close(fd)
                 r.status.pid = r.proc.pid
-                r.status.state = "running"
+                r.status.state = State.RUNNING
                 self._usage.sample(r.status)
                 for stream in ("stdout", "stderr"):
                     r.splitters[stream] = LineSplitter(r.rank, stream, self._emit)
@@ -339,7 +345,7 @@ class LaunchHandle(Completion, LaunchViews):
                         sel.unregister(r.proc.sentinel)
                     self._on_exit(r)
         self._tick()
-        self._watch_for_hang(now)
+        self._watch_for_hang(time.monotonic())  # after the wait: a sample due now is started now
         if self._usage.due(now):
             with self._lock:
                 for r in self._ranks:
@@ -353,6 +359,9 @@ class LaunchHandle(Completion, LaunchViews):
             deadlines.append(self._started + self._timeout)
         if drain_deadline is not None:
             deadlines.append(drain_deadline)
+        check = self._hang.next_check(now) if self._hang_active and self._stop_started is None else None
+        if check is not None:  # the hang rule's next sample, or one being taken
+            deadlines.append(check)
         wait = min(deadlines) - now if deadlines else None
         if polling or self._stop_started is not None:
             wait = 0.05 if wait is None else min(wait, 0.05)
@@ -398,37 +407,45 @@ class LaunchHandle(Completion, LaunchViews):
         return self._collector.collect(targets) if targets else {}
 
     def watch_for_hangs(self, active: bool) -> None:
-        """Turn the hang watch on or off (on by default); turned back on, it starts afresh.
+        """Turn the hang rule on or off (on by default); turned back on, it starts afresh.
 
-        The interactive ranks keep it on while a command runs only: ranks waiting for the next
-        command are not signalled for their stacks every few seconds.
+        The interactive ranks turn it off: each command applies the same rule to the ranks it asked.
         """
         with self._lock:
             if active and not self._hang_active:
-                reported = self._hang.reported
-                self._hang = HangWatch(self._hang.timeout, self._hang.device_sync)
-                self._hang.reported = reported
+                rule = self._hang.rule
+                self._hang = SampledWatch(rule.timeout, time.monotonic(), self.stacks, rule.device_sync)
+                self._hang.rule.reported = rule.reported
             self._hang_active = active
 
     def _watch_for_hang(self, now: float) -> None:
+        """Apply the hang rule (``hangs.py``) to the live ranks: judge the last stack sample, start the next."""
         if self._stop_started is not None or not self._hang_active:
             return
-        live = {r.rank: r.last_activity for r in self._ranks if not r.exited}
-        if len(live) < 2 or not self._hang.due(now, live):
-            return
-        stacks = self._take_stacks()
-        sitting = self._hang.observe(time.monotonic(), stacks, live)
-        if not sitting:
-            return
-        self._hang.reported = True
-        message = hang_message(stacks, sitting, self._hang.timeout)
-        self.hang_report = f"{message}\n\n{describe_stacks(stacks)}"
-        logger.warning("%s", message)
-        announce(self._sinks, self.hang_report, guard=True)
-        self._events.notify("hang", -1, self.hang_report)
-        if self._on_hang == "stop":
-            self._stop_stacks = stacks
-            self._begin_stop(f"stopped on a {message}", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], 1.0)
+        live = [r for r in self._ranks if r.proc is not None and not r.exited]
+        if self._first_end is None and len(live) < len(self._ranks):
+            self._first_end = now  # a rank ended: whoever waits for it from now on waits in vain
+        if not live or (len(live) < 2 and self._first_end is None):
+            return  # a lone rank has no one to wait for
+        last_sign = max(r.last_activity for r in live)
+        verdict = self._hang.check(now, [r.rank for r in live], last_sign, self._first_end)
+        if verdict is not None:
+            self._judged(verdict)
+
+    def _judged(self, verdict: Verdict) -> None:
+        """Show the hang rule's verdict once; stop on a deadlock, a wait in vain, or honest work with on_hang="stop"."""
+        ended = [r.rank for r in self._ranks if r.exited]
+        nodes = {r.rank: r.status.node for r in self._ranks}
+        text, reason = launch_outcome(verdict, self.hang_timeout, self._on_hang, ended, nodes)
+        self.hang_report = text
+        logger.warning("%s", text.partition("\n")[0])
+        announce(self._sinks, text, guard=True)
+        self._events.notify("hang", -1, text)
+        if reason is not None:
+            self._stop_stacks = verdict.stacks
+            # What the ranks raise once signalled is the stop's doing, not a failure.
+            self._user_stopped = True
+            self._begin_stop(f"stopped: {reason}", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], 1.0)
 
     def _read(self, sel: selectors.BaseSelector, rank: _Rank, fd: int, kind: str) -> None:
         with self._lock:  # output_drained() sees each read either not begun or handed to the sinks
@@ -503,20 +520,20 @@ class LaunchHandle(Completion, LaunchViews):
 
     def _maybe_settle(self, rank: _Rank) -> None:
         """Decide a rank's final state once it has exited and its result pipe is drained."""
-        if not (rank.exited and rank.result_done) or rank.status.state not in ("starting", "running"):
+        if not (rank.exited and rank.result_done) or not rank.status.state.live:
             return
         code = rank.proc.exitcode
         kind = rank.message[0] if rank.message else None
         if kind == "ok":
-            state = "succeeded"
+            state = State.SUCCEEDED
         elif kind == "stopped" or (kind == "err" and self._user_stopped):
-            state = "stopped"
+            state = State.STOPPED
         elif kind == "err":
-            state = "failed"
+            state = State.FAILED
         elif code is not None and code < 0 and -code in self._sent_signals:
-            state = "stopped"  # one of ours
+            state = State.STOPPED  # one of ours
         else:
-            state = "failed"
+            state = State.FAILED
             if code is not None and code < 0:
                 name = signal_name(-code)
                 hint = " (the out-of-memory killer sends SIGKILL)" if -code == signal.SIGKILL else ""
@@ -567,14 +584,15 @@ class LaunchHandle(Completion, LaunchViews):
                 splitter.close()
         sel.close()
         for r in self._ranks:
-            if r.status.state in ("starting", "running"):
-                r.status.state = "stopped"
+            if r.status.state.live:
+                r.status.state = State.STOPPED
             for f in self._failures:
-                if f.rank == r.rank and r.status.state != "failed":
-                    r.status.state = "failed" if not self._timed_out else "stopped"
+                if f.rank == r.rank and r.status.state != State.FAILED:
+                    r.status.state = State.FAILED if not self._timed_out else State.STOPPED
                     if f.exitcode is None:
                         f.exitcode = r.status.exitcode
         self._error = self._build_error()
+        self._hang.sampler.join(2.0)  # a sample under way ends at once (no rank is left to answer)
         self._collector.close()
         _LIVE.discard(self)
         self._complete()
@@ -587,14 +605,19 @@ class LaunchHandle(Completion, LaunchViews):
 
     def _build_error(self) -> LaunchError | None:
         where = describe_stacks(self._stop_stacks) if self._stop_stacks else None
+        nodes = {r.rank: r.status.node for r in self._ranks}
         if self._failures:
-            summary = self._stop_reason if self._timed_out else None
-            return LaunchError(order_failures(self._failures), summary, stacks=where)
-        unfinished = [r.rank for r in self._ranks if r.status.state != "succeeded"]
+            failures = order_failures(self._failures)
+            for failure in failures:
+                failure.node = failure.node or nodes.get(failure.rank)
+            returned = [r.rank for r in self._ranks if r.status.state == State.SUCCEEDED]
+            summary = self._stop_reason if self._timed_out else returned_note(failures[0], returned, nodes)
+            return LaunchError(failures, summary, stacks=where)
+        unfinished = [r.rank for r in self._ranks if r.status.state != State.SUCCEEDED]
         if unfinished:
             return LaunchError(
                 [],
-                f"launch {self._stop_reason or 'ended'}: rank(s) {unfinished} did not finish",
+                f"launch {self._stop_reason or 'ended'}: {named_ranks(unfinished, nodes)} did not finish",
                 stacks=where,
             )
         return None

@@ -10,6 +10,7 @@ from typing import Any
 from .events import FrameDecoder
 from .output import LineSplitter
 from .procs import WorkerProcess
+from .states import State
 
 __all__ = ["RankStatus"]
 
@@ -22,8 +23,8 @@ class RankStatus:
 
     rank: int
     pid: int | None
-    state: str
-    """``"starting"``, ``"running"``, ``"succeeded"``, ``"failed"`` or ``"stopped"``."""
+    state: State
+    """``STARTING``, ``RUNNING``, ``SUCCEEDED``, ``FAILED`` or ``STOPPED`` (a ``State``: equal to ``"running"``...)."""
     started_at: float
     ended_at: float | None = None
     exitcode: int | None = None
@@ -46,6 +47,9 @@ class RankStatus:
     node: str | None = None
     """The host the rank runs on in a launch across nodes (``nodes=``); None on this machine."""
 
+    def __post_init__(self) -> None:
+        self.state = State(self.state)  # "running" given by hand becomes State.RUNNING
+
 
 class _Rank:
     """Parent-side bookkeeping of one worker."""
@@ -55,7 +59,7 @@ class _Rank:
     ) -> None:
         self.rank, self.local_rank, self.node = rank, local_rank, node
         self.proc: WorkerProcess | None = None
-        self.status = RankStatus(rank, None, "starting", time.time(), attempt=attempt, node=host)
+        self.status = RankStatus(rank, None, State.STARTING, time.time(), attempt=attempt, node=host)
         self.fds: dict[int, str] = {}  # open parent-side read ends -> "stdout" | "stderr" | "result"
         self.splitters: dict[str, LineSplitter] = {}
         self.decoder = FrameDecoder()

@@ -40,7 +40,7 @@ HANG_ACTIONS = ("report", "stop")
 MAX_PROCESSES_PER_CORE = 64
 """Above this many processes per CPU core a launch needs ``allow_oversubscribe=True`` (likely a typo)."""
 DEFAULT_HANG_TIMEOUT = 60.0
-"""Seconds a rank may sit in a collective while another rank is elsewhere before a hang is reported.
+"""Seconds without progress after which the hang rule (``launch/hangs.py``) reports a wait or ends a deadlock.
 
 A minute: long past any collective of a healthy notebook-sized step (milliseconds to seconds), short
 enough that someone watching a silent cell hears about it long before gloo's 30-minute timeout. A
@@ -221,8 +221,9 @@ class LaunchRequest:
             )
         if self.on_hang not in HANG_ACTIONS:
             raise ValueError(
-                f"on_hang={self.on_hang!r} is not one of {list(HANG_ACTIONS)}: 'report' shows a suspected hang "
-                "and keeps running, 'stop' stops the launch and raises with every rank's stack"
+                f"on_hang={self.on_hang!r} is not one of {list(HANG_ACTIONS)}: 'report' reports a rank waiting "
+                "for a busy one once and keeps running, 'stop' stops the launch there and raises with every "
+                "rank's stack"
             )
         for name in ("block", "panel", "force_cpu", "allow_oversubscribe"):
             if not isinstance(getattr(self, name), bool):

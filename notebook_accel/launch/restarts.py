@@ -29,6 +29,7 @@ from .events import BarState
 from .handle import LaunchHandle, RankStatus
 from .output import OutputHistory, OutputLine
 from .plan import LaunchPlan
+from .states import State
 from .views import OutputRecord
 
 __all__ = ["Attempt", "RestartingHandle"]
@@ -42,8 +43,8 @@ class Attempt:
 
     number: int
     """1 for the first group, 2 for the first restart, ..."""
-    state: str
-    """``"succeeded"``, ``"failed"`` (a rank failed) or ``"stopped"`` (stop, interrupt, timeout, hang)."""
+    state: State
+    """``SUCCEEDED``, ``FAILED`` (a rank failed) or ``STOPPED`` (stop, interrupt, timeout, hang)."""
     started_at: float
     """``time.time()`` when the group started."""
     ended_at: float
@@ -70,8 +71,8 @@ def _record(handle: LaunchHandle, started_at: float) -> Attempt:
     error = handle.error
     statuses = {s.rank: s for s in handle.status()}
     if error is None:
-        return Attempt(handle.attempt, "succeeded", started_at, time.time())
-    state = "failed" if any(s.state == "failed" for s in statuses.values()) else "stopped"
+        return Attempt(handle.attempt, State.SUCCEEDED, started_at, time.time())
+    state = State.FAILED if any(s.state == State.FAILED for s in statuses.values()) else State.STOPPED
     root = error.root_cause
     if root is None:
         return Attempt(
@@ -216,7 +217,7 @@ class RestartingHandle(Completion, OutputRecord):
 
     @property
     def hang_report(self) -> str | None:
-        """Return the current try's suspected-hang report, if one was seen."""
+        """Return the current try's hang report (``LaunchHandle.hang_report``), if the hang rule made one."""
         return self._handle().hang_report
 
     @property
@@ -331,10 +332,10 @@ class RestartingHandle(Completion, OutputRecord):
         record = _record(handle, self._current_started)
         with self._lock:
             self._attempts.append(record)
-        if record.state == "succeeded":
+        if record.state == State.SUCCEEDED:
             self._values = handle.result()
             return False
-        if record.state != "failed" or self._stop_reason is not None or self._out_of_time():
+        if record.state != State.FAILED or self._stop_reason is not None or self._out_of_time():
             self._error = self._final_error(None)
             return False
         if record.number > self.max_restarts:

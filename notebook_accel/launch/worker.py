@@ -105,7 +105,7 @@ def _text_stream(fd: int) -> io.TextIOWrapper:
     """Return a line-buffered text stream over ``fd``: each print() reaches the parent at once, whole.
 
     The BufferedWriter between the text layer and the raw file is what keeps every byte: a write
-    to a full pipe that a signal interrupts (``STACKS_SIGNAL`` from the hang watch or ``stacks()``)
+    to a full pipe that a signal interrupts (``STACKS_SIGNAL`` from the hang rule or ``stacks()``)
     returns having written only part, and a TextIOWrapper straight over the raw file drops the
     rest without a word; BufferedWriter writes again until all of it is out.
     """

@@ -1,15 +1,30 @@
-"""The wait classifier and the interactive ranks' progress rule, on synthetic stacks (no process started)."""
+"""The one hang rule (``launch/hangs.py``) and its reports, on synthetic stacks (no process started).
+
+Launched ranks (tests/test_faults.py) and interactive ones (tests/test_interactive_hangs.py) apply
+this same rule to real processes.
+"""
 
 from __future__ import annotations
 
 import linecache
 import os
 import sysconfig
+import threading
+import time
 
 import pytest
 
-from notebook_accel.interactive.watch import GRACE_SECONDS, ProgressWatch, report_text
-from notebook_accel.launch.doctor import Frame, RankStack, ThreadStack, classify_wait
+from notebook_accel.launch.doctor import Frame, RankStack, ThreadStack, classify_wait, describe_stacks
+from notebook_accel.launch.hangs import (
+    GRACE_SECONDS,
+    ProgressWatch,
+    SampledWatch,
+    StackSampler,
+    Verdict,
+    give_up_reason,
+    launch_outcome,
+    report_text,
+)
 
 TORCH = os.path.join(os.sep, "env", "site-packages", "torch")
 C10D = os.path.join(TORCH, "distributed", "distributed_c10d.py")
@@ -32,8 +47,14 @@ def _frames(*spec: tuple[str, int, str]) -> tuple[Frame, ...]:
     return tuple(Frame(*s) for s in spec)
 
 
-def _stack(rank: int, *spec: tuple[str, int, str], io: int | None = 1000, dump: str = "d" * 10) -> RankStack:
-    return RankStack(rank, 100 + rank, (ThreadStack("0x1", True, _frames(*spec)),), dump, io=io)
+def _stack(
+    rank: int,
+    *spec: tuple[str, int, str],
+    io: int | None = 1000,
+    dump: str = "d" * 10,
+    node: str | None = None,
+) -> RankStack:
+    return RankStack(rank, 100 + rank, (ThreadStack("0x1", True, _frames(*spec)),), dump, io=io, node=node)
 
 
 @pytest.mark.parametrize(
@@ -105,9 +126,11 @@ def test_a_busy_rank_is_reported_once_and_never_given_up() -> None:
     reports = [v for v in verdicts if v is not None]
     assert [v.kind for v in reports] == ["report"]
     assert reports[0].busy == (0,) and reports[0].waited >= 5.0
-    text = report_text(reports[0], 5.0)
-    assert "rank 1 in barrier" in text and "while rank(s) [0] are busy" in text
-    assert "Stacks of rank 0" in text and "Stacks of rank 1" not in text
+    text = report_text(reports[0], "so it goes on")
+    assert text.startswith("rank 1 in barrier (for 5 s) while rank(s) [0] are busy; so it goes on.\n")
+    assert "Where each rank was:\n  rank 0: in <module> at <rank cell 901>:5 (time.sleep(10))" in text
+    assert "  rank 1: in barrier (distributed_c10d.py:10)" in text
+    assert "Stacks of rank 0 (pid 100)" in text and "Stacks of rank 1" not in text
 
 
 def test_waiting_for_an_idle_rank_is_given_up_at_the_second_stalled_sample() -> None:
@@ -158,3 +181,113 @@ def test_a_gpu_bound_loop_waiting_in_item_most_of_the_time_is_never_given_up() -
     assert [alone.observe(float(now), one, {0}, idle=True, last_sign=0.0) for now in range(1, 40)] == [
         None
     ] * 39
+
+
+def test_a_rank_first_seen_waiting_is_counted_from_then_and_a_completed_wait_starts_afresh() -> None:
+    watch = _watch(10.0)
+    busy = {0: _stack(0, (CELL, 5, "<module>")), 1: _stack(1, (CELL, 1, "<module>"))}
+    assert watch.observe(5.0, busy, {0, 1}, idle=False, last_sign=0.0) is None
+    waits = {**busy, 1: _stack(1, (C10D, 10, "barrier"), (CELL, 3, "<module>"))}
+    # Seen busy at 5 s and waiting from 12 s: it has waited 10 s only at 22 s, not at 15.
+    assert all(watch.observe(t, waits, {0, 1}, idle=False, last_sign=0.0) is None for t in (12.0, 15.0, 21.5))
+    verdict = watch.observe(22.0, waits, {0, 1}, idle=False, last_sign=0.0)
+    assert verdict is not None and verdict.kind == "report" and verdict.waited == 10.0
+    # Bytes moved between two samples in the same barrier: that one completed, the next is a new wait.
+    watch = _watch(10.0)
+    assert watch.observe(1.0, waits, {0, 1}, idle=False, last_sign=0.0) is None
+    moved = {**waits, 1: _stack(1, (C10D, 10, "barrier"), (CELL, 3, "<module>"), io=5000)}
+    assert watch.observe(10.5, moved, {0, 1}, idle=False, last_sign=0.0) is None
+    assert watch.observe(11.5, moved, {0, 1}, idle=False, last_sign=0.0) is None  # 1 s, not 10.5
+    assert watch.observe(20.5, moved, {0, 1}, idle=False, last_sign=0.0).kind == "report"
+
+
+def _on_nodes() -> dict[int, RankStack]:
+    """Rank 0 on n1 busy (sleeping), ranks 1 (n1) and 3 (n2) in a barrier."""
+    return {
+        0: _stack(0, (CELL, 5, "<module>"), node="n1"),
+        1: _stack(1, (C10D, 10, "barrier"), (CELL, 3, "<module>"), node="n1"),
+        3: _stack(3, (C10D, 10, "barrier"), (CELL, 3, "<module>"), node="n2"),
+    }
+
+
+def test_every_report_and_error_names_each_ranks_node() -> None:
+    stacks = _on_nodes()
+    watch = _watch(2.0)
+    verdicts = [watch.observe(float(t), stacks, {0, 1, 3}, idle=False, last_sign=0.0) for t in range(1, 5)]
+    report = next(v for v in verdicts if v is not None)
+    assert report.where == "rank 1 (n1) in barrier, rank 3 (n2) in barrier"
+    text = report_text(report, "so it goes on")
+    assert "while rank(s) 0 (n1) are busy" in text
+    for line in ("  rank 0 (n1): in <module>", "  rank 1 (n1): in barrier", "  rank 3 (n2): in barrier"):
+        assert line in text, text
+    assert "Stacks of rank 0 (pid 100, on n1):" in text
+    # The deadlock error, the stop/timeout/interrupt stacks and the launch's texts: the same renderer.
+    waiting = {r: s for r, s in stacks.items() if r != 0}
+    deadlock = Verdict("deadlock", "rank 1 (n1) in barrier, rank 3 (n2) in barrier", waiting, waited=2.0)
+    reason = give_up_reason(deadlock, 2.0)
+    assert reason.startswith(
+        "deadlock: no rank has made progress for hang_timeout=2 s: rank 1 (n1) in barrier"
+    )
+    where = describe_stacks(stacks)
+    assert "Stacks of rank 1 (pid 101, on n1):" in where and "Stacks of rank 3 (pid 103, on n2):" in where
+    shown, why = launch_outcome(deadlock, 2.0, "report", [], {1: "n1", 3: "n2"})
+    assert why == reason and "  rank 3 (n2): in barrier" in shown and "on n2):" in shown
+    broken = Verdict("broken", "rank 3 (n2) in barrier", {3: stacks[3]})
+    shown, why = launch_outcome(broken, 2.0, "report", [0], {0: "n1", 3: "n2"})
+    assert why.startswith(
+        "rank 3 (n2) in barrier waits for rank(s) 0 (n1), which returned: a rank that has ended"
+    )
+    assert "cannot go on" in why and "Stacks of rank 3 (pid 103, on n2):" in shown
+
+
+def test_a_launch_goes_on_at_the_report_unless_on_hang_is_stop() -> None:
+    report = Verdict("report", "rank 1 in barrier", _on_nodes(), busy=(0,), waited=7.2)
+    text, why = launch_outcome(report, 5.0, "report", [], {})
+    assert why is None
+    assert text.startswith(
+        "rank 1 in barrier (for 7 s) while rank(s) 0 (n1) are busy; a busy rank is not a hang, so the launch "
+        'goes on (on_hang="stop" would stop it here). It is ended only when no rank has made progress for '
+        "hang_timeout=5 s.\nWhere each rank was:"
+    )
+    text, why = launch_outcome(report, 5.0, "stop", [], {})
+    assert (
+        why
+        == 'at the hang report (on_hang="stop"): rank 1 in barrier waited 7 s while rank(s) 0 (n1) were busy'
+    )
+    assert 'on_hang="stop" stops the launch at this report.' in text
+
+
+def test_the_sampled_watch_never_waits_for_a_sample_and_judges_it_when_it_lands() -> None:
+    release = threading.Event()
+    waiting = {r: _stack(r, (C10D, 10, "recv")) for r in (0, 1)}
+
+    def take() -> dict[int, RankStack]:
+        release.wait(30)  # a rank slow to answer
+        return waiting
+
+    watch = SampledWatch(1.0, started=0.0, take=take)
+    now = time.monotonic()
+    began = time.perf_counter()
+    assert watch.check(now, [0, 1], last_sign=0.0, idle_since=None) is None  # due: a sample starts
+    assert watch.sampler.running and time.perf_counter() - began < 0.5  # in a thread of its own
+    assert watch.check(now + 0.1, [0, 1], last_sign=0.0, idle_since=None) is None  # still being taken
+    verdicts = []
+    release.set()
+    deadline = time.monotonic() + 30
+    while not verdicts and time.monotonic() < deadline:
+        watch.sampler.join(5)
+        now = max(now, time.monotonic()) + 1.0  # one second later each time: the next sample is due
+        verdict = watch.check(now, [0, 1], last_sign=0.0, idle_since=None)
+        verdicts += [verdict] if verdict is not None else []
+    assert [v.kind for v in verdicts] == ["deadlock"], verdicts
+
+
+def test_a_failing_sample_is_no_sample() -> None:
+    def take() -> dict[int, RankStack]:
+        raise OSError("the stacks directory is gone")
+
+    sampler = StackSampler(take)
+    sampler.start()
+    sampler.join(10)
+    when, stacks = sampler.result()
+    assert stacks == {} and sampler.result() is None
