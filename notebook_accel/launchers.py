@@ -22,6 +22,7 @@ from typing import Any
 
 from ._lazy import LazyModule
 from .launch.cell_bars import CellBars, kernel_display
+from .launch.collapse import CollapsingPrinter
 from .launch.elastic import launch_elastic
 from .launch.handle import LaunchHandle
 from .launch.output import LogDirSink, OutputLine, PrintSink, announce
@@ -93,14 +94,14 @@ def _build_sinks(plan: LaunchPlan, request: LaunchRequest) -> list[Callable[[Out
         # The panel shows every line; printing them too would fill whichever cell runs meanwhile.
         return []
     template = request.log_line_prefix_template
-    return [
-        PrintSink(
-            prefix_template=template,
-            num_processes=plan.num_processes,
-            node_rank=plan.node_rank,
-            hosts=plan.hosts,
-        )
-    ]
+    printer = PrintSink(
+        prefix_template=template,
+        num_processes=plan.num_processes,
+        node_rank=plan.node_rank,
+        hosts=plan.hosts,
+    )
+    window = request.collapse_seconds
+    return [printer if window is None else CollapsingPrinter(printer, plan.supervised_ranks, window)]
 
 
 def _show_panel(handle: LaunchHandle | RestartingHandle) -> None:
@@ -142,6 +143,7 @@ def notebook_launcher(
     on_hang: str = "report",
     allow_oversubscribe: bool = False,
     nodes: Any = None,
+    collapse_output: bool | float = True,
 ) -> list[Any] | LaunchHandle | RestartingHandle:
     """Return each rank's return value (a list indexed by rank) after running ``function(*args)`` on every process.
 
@@ -180,6 +182,8 @@ def notebook_launcher(
         allow_oversubscribe: accept ``num_processes`` above 64 per CPU core (else refused as a likely typo).
         nodes: run ``num_processes`` ranks on each of several machines from this kernel: ``"slurm"`` (the
             allocation's nodes), ``"slurm:<jobid>"``, SSH host names or a ``Nodes`` (guide: "Several machines").
+        collapse_output: a line ranks print alike shows once in the cell, ``[ranks 0-3] text``, held up to
+            0.25 s for the others (a number: that many s); False: each rank's (lines()/log_dir keep all).
 
     Raises:
         LaunchError: a rank raised or died; the root cause's rank, pid, type and traceback first.
@@ -317,6 +321,9 @@ class _RunOutput:
     """The agents of a launch across nodes (``nodes.remote.NodeGroup``): they end with the launch."""
 
     def close(self) -> None:
+        for sink in self.sinks:
+            if isinstance(sink, CollapsingPrinter):
+                sink.close()  # the lines it still holds, before the launch's outcome
         if self.log_sink is not None:
             self.log_sink.close()
         if self.group is not None:

@@ -28,13 +28,14 @@ from ..launch.doctor import RankStack, describe_stacks
 from ..launch.errors import RankFailure, order_failures
 from ..launch.events import FrameDecoder
 from ..launch.handle import LaunchHandle
-from ..launch.output import OutputLine, PrintSink
+from ..launch.output import PrintSink
+from .cell_sink import CellSink
 from .errors import RankError
 from .rank_loop import send_frame
 from .rank_shell import show_rank_display
 from .watch import ProgressWatch, StackSampler, Verdict, report_text
 
-__all__ = ["CellSink", "Group"]
+__all__ = ["Group"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,59 +74,6 @@ def mark_idle(stacks: dict[int, RankStack]) -> dict[int, RankStack]:
             IdleRankStack(**{f.name: getattr(stack, f.name) for f in fields(stack)}) if waiting else stack
         )
     return out
-
-
-class CellSink:
-    """Where the group's lines go: queued for the thread of the running command, else printed at once."""
-
-    def __init__(self, printing: bool, prefix_template: str | None, num_processes: int) -> None:
-        self._lock = threading.Lock()
-        self._queue: collections.deque[OutputLine] | None = None
-        self.printing = printing
-        self._template, self._n = prefix_template, num_processes
-        self.last_line: dict[int, float] = {}
-        """When each rank last wrote a line (``time.monotonic()``): a sign that it is not stuck."""
-        self.hosts: tuple[str, ...] = ()  # ranks across nodes (``_n`` per node): lines labelled [n2 rank 3]
-
-    def printer(self) -> PrintSink:
-        """Return a PrintSink bound to the calling thread's streams now (a kernel's: the running cell)."""
-        return PrintSink(prefix_template=self._template, num_processes=self._n, hosts=self.hosts)
-
-    def __call__(self, line: OutputLine) -> None:
-        self.last_line[line.rank] = time.monotonic()
-        with self._lock:
-            if self._queue is not None:
-                self._queue.append(line)
-                return
-        if self.printing:
-            self.printer().write(line)
-
-    def announce(self, text: str) -> None:
-        """Show the launcher's own messages (the plan), as notebook_launcher does."""
-        if self.printing:
-            self.printer().announce(text)
-
-    def begin(self) -> None:
-        """Queue the lines from now on, for ``flush`` by the calling thread."""
-        with self._lock:
-            self._queue = collections.deque()
-
-    def flush(self, printer: PrintSink) -> None:
-        """Print the queued lines from the calling thread."""
-        while True:
-            with self._lock:
-                if not self._queue:
-                    return
-                line = self._queue.popleft()
-            printer.write(line)
-
-    def end(self, printer: PrintSink) -> None:
-        """Print what is queued, then print later lines at once again."""
-        self.flush(printer)
-        with self._lock:
-            rest, self._queue = list(self._queue or ()), None
-        for line in rest:
-            printer.write(line)
 
 
 class _CommandBars:
@@ -289,7 +237,7 @@ class Group:
         wait.sampler = StackSampler(self._take_stacks)
         printer = wait.printer = self.sink.printer()
         bars = wait.bars = _command_bars(self.handle, self.sink.printing)
-        self.sink.begin()
+        self.sink.begin(printer, targets)
         try:
             try:
                 for rank in targets:
@@ -458,7 +406,7 @@ class Group:
         for rank in ranks:
             while not self.handle.output_drained(rank) and time.monotonic() < deadline:
                 time.sleep(0.001)
-        self.sink.flush(printer)
+        self.sink.flush(printer, everything=True)
 
     # ------------------------------------------------------------------ the end
 

@@ -32,9 +32,10 @@ from ..launch.handle import LaunchHandle
 from ..launch.request import START_METHODS, LaunchRequest
 from ..launchers import start_persistent_group
 from ..utils.imports import cuda_device_count
+from .cell_sink import CellSink
 from .errors import NoRanksError, RankError
 from .gpus import check_gpus, choose_start_method, cuda_initialised
-from .group import CellSink, Group, failure_of, mark_idle
+from .group import Group, failure_of, mark_idle
 from .jobs import Job, command_guard, start_job, stop_running
 from .rank_loop import rank_main, recv_frame, remember_source, split_code, without_globals
 from .rank_shell import prepare_cell
@@ -47,7 +48,8 @@ __all__ = ["CellResult", "RankState", "Ranks", "current", "require_current", "st
 logger = logging.getLogger(__name__)
 
 # Options of notebook_launcher a persistent group takes too (through **more).
-_MORE = ("mixed_precision", "use_port", "master_addr", "log_dir", "log_line_prefix_template", "progress_bars")
+_MORE = ("mixed_precision", "use_port", "master_addr", "log_dir", "log_line_prefix_template", "progress_bars",
+         "collapse_output")  # fmt: skip
 _READY_SECONDS = 120.0  # forming the group: the first import of torch.distributed on a loaded machine is slow
 _cells = itertools.count(1)
 _current: Ranks | None = None
@@ -125,8 +127,8 @@ def start_ranks(
         nodes: run ``num_processes`` ranks on each of several machines: ``"slurm"`` (every node of
             this Slurm allocation), ``"slurm:<jobid>"``, a list of SSH host names, or a ``Nodes``.
             Those ranks start as fresh interpreters (spawn): push what they need.
-        **more: ``mixed_precision``, ``use_port``, ``master_addr``, ``log_dir``,
-            ``log_line_prefix_template`` and ``progress_bars``, as for ``notebook_launcher``.
+        **more: ``mixed_precision``, ``use_port``, ``master_addr``, ``log_dir``, ``log_line_prefix_template``,
+            ``progress_bars`` and ``collapse_output`` (all out by each command's end), as for ``notebook_launcher``.
 
     Raises:
         RuntimeError: ranks started earlier are still running (stop them first).
@@ -235,7 +237,7 @@ class Ranks:
             # Across nodes the ranks start once the agents joined and relay this socket (remote.py).
             joined = {"on_join": relay_hook(request, address)} if "nodes" in self._options else {}
             handle = start_persistent_group(request, **joined)
-            sink._n = handle.num_processes
+            sink._n, sink.window = handle.num_processes, request.collapse_seconds
             if handle.plan.hosts:  # across nodes: the prefix names the node, as notebook_launcher's does
                 sink.hosts, sink._n = handle.plan.hosts, handle.plan.num_processes
             try:
@@ -631,7 +633,7 @@ def _accept(listener: socket.socket, handle: LaunchHandle, sink: CellSink) -> di
     waiting: list[socket.socket] = []
     printer = sink.printer()
     deadline = time.monotonic() + _READY_SECONDS
-    sink.begin()  # what the ranks print while they start: by this thread, into the calling cell
+    sink.begin(printer)  # what the ranks print while they start: by this thread, into the calling cell
     try:
         while len(conns) < n:
             if handle.done:

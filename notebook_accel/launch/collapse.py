@@ -1,0 +1,382 @@
+"""Lines that many ranks print alike, shown once with their rank set: a cell stays readable at a hundred ranks.
+
+``Collapser`` is the rule, with no clock or thread of its own (the caller says what time it is);
+``CollapsingPrinter`` is the launch's printing sink built on it, a ``PrintSink`` whose held lines go
+out on a timer thread. The interactive ranks' cell sink (``interactive.cell_sink``) drives a
+``Collapser`` from the thread of the running command instead. Only what is printed in the cell is
+collapsed: the handle's history (``lines()``, the panel) and the ``log_dir`` files get every line.
+
+The rule:
+
+- Only **exactly equal** lines collapse (same stream, same text, same attempt); one printed by ranks
+  0 to 15 shows once as ``[ranks 0-15] text`` (``[n1-n8 ranks 0-15] text`` across nodes), one printed
+  by ranks 0 and 2 as ``[ranks 0,2] text``, one printed by one rank as ``[rank 3] text``. No text is
+  dropped or rewritten, and no line is counted into another.
+- A line is **held** while other ranks may still print it: it goes out as soon as every expected rank
+  (every rank of the launch; a command's target ranks) printed it, else ``window`` seconds after the
+  first rank did (0.25 s by default), else at the end of the launch or command. Lines of one rank keep
+  their order: a line behind a held line of its rank waits for it. So every line goes out at most
+  ``window`` seconds after it was read.
+- A line **nobody is likely to repeat goes out at once**. Lines are sorted by shape, their text with
+  every run of digits masked (``step # loss #.#``): a shape that only one rank has printed so far is that
+  rank's own (``if rank == 0: print(...)``), and a shape printed by several ranks whose last three held
+  lines each came back from one rank only differs per rank (``print(rank, loss)``); the lines of both
+  go out at once. The first line of a new shape is held (nothing is known of it yet), and a shape seen
+  from one rank is held again once another rank prints it, or once another rank repeats a line of it
+  within the window.
+- Collapsed lines go out in the order their first copy arrived. Work per line is a few dict
+  operations (and, for a line that joins no held group, one regular-expression pass over its text).
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import logging
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .output import OutputLine, PrintSink
+
+__all__ = ["DEFAULT_WINDOW", "CollapsingPrinter", "Collapser", "collapse_window"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_WINDOW = 0.25
+"""Seconds a line is held for the other ranks by default (``collapse_output=True``).
+
+Ranks that print the same line after a collective print it within milliseconds of each other, and a
+complete set goes out at once; a quarter of a second covers ranks a little apart without a visible
+delay (Ray waits 5 s)."""
+SOLO_AFTER = 3
+"""Held lines of a shape that came back from one rank each, in a row, before the shape goes out at once."""
+LONGEST = 10_000
+"""Characters above which a line is never held (printed per rank): a long dump is rarely repeated alike."""
+_SCAN = 8  # open groups of one text a line may try to join (a rank repeating a line starts another)
+_SHAPES_KEPT = 4096  # shapes remembered (the oldest forgotten first)
+_RECENT_KEPT = 1 << 16  # lines sent at once remembered for the window, to notice a second rank printing them
+_DIGITS = re.compile(r"\d+")
+
+Emit = Callable[[OutputLine, tuple[int, ...]], None]
+
+
+def collapse_window(value: Any) -> float | None:
+    """Return the hold window in seconds that ``collapse_output=value`` asks for (None: collapsing off).
+
+    Raises TypeError / ValueError naming ``value`` when it is not True, False or a positive number.
+    """
+    if value is True or value is False:
+        return DEFAULT_WINDOW if value else None
+    if not isinstance(value, (int, float)):
+        raise TypeError(
+            f"collapse_output={value!r} must be True (identical lines from several ranks shown once, each "
+            f"held up to {DEFAULT_WINDOW:g} s for the others), False (every rank's line printed as it comes) "
+            "or a number of seconds to hold a line for the other ranks"
+        )
+    if not 0 < value < math.inf:
+        raise ValueError(
+            f"collapse_output={value!r} must be a positive, finite number of seconds (how long a line waits "
+            f"for the other ranks; True: {DEFAULT_WINDOW:g} s), or False to print every rank's line as it comes"
+        )
+    return float(value)
+
+
+class _Entry:
+    """A line waiting to go out: held for other ranks (a group), or one rank's line behind a held one."""
+
+    __slots__ = ("seq", "line", "key", "shape", "ranks", "counted", "blocked", "ready", "deadline")
+
+    def __init__(self, seq: int, line: OutputLine, key: tuple, shape: tuple | None, deadline: float) -> None:
+        self.seq = seq  # order of arrival; a rank's queue holds increasing seqs (but for its own lines)
+        self.line, self.key, self.shape = line, key, shape  # shape None: not held, one rank's line
+        self.ranks: set[int] = set()
+        self.counted = 0  # ranks of the expected set among ``ranks``
+        self.blocked = 0  # ranks whose queue has an earlier entry before this one
+        self.ready = shape is None  # may go out once no rank of it is blocked
+        self.deadline = deadline
+
+
+class _Shape:
+    """What was learnt of one shape: who printed it, and whether its held lines came back alone."""
+
+    __slots__ = ("owner", "known", "solo")
+
+    def __init__(self, rank: int) -> None:
+        self.owner: int | None = rank  # the one rank that printed the shape so far (None: several did)
+        self.known = False  # a held line of it went out: what it came back with is known
+        self.solo = 0  # held lines of it in a row that came back from one rank only
+
+
+class Collapser:
+    """Hold, group and release lines by the module's rule; ``emit(line, ranks)`` prints one.
+
+    ``ranks``: the expected ranks (a held line is complete once all of them printed it). Not thread
+    safe: one thread feeds it, or the caller holds a lock. ``now`` is any clock's reading, the same
+    clock for every call (``time.monotonic()``).
+    """
+
+    def __init__(self, ranks: Iterable[int], window: float, emit: Emit) -> None:
+        self.expected = frozenset(ranks)
+        self.window = window
+        self._emit = emit
+        self._seq = 0
+        self._queues: dict[int, collections.deque[_Entry]] = {}
+        # (stream, attempt, text) -> the groups of that line still open to more ranks, oldest first
+        self._open: dict[tuple, collections.deque[_Entry]] = {}
+        self._timeline: collections.deque[_Entry] = collections.deque()  # held groups by deadline
+        self._shapes: dict[tuple[str, str], _Shape] = {}
+        self._recent: dict[tuple, tuple[float, int]] = {}  # key -> (when, rank) of a line sent at once
+
+    @property
+    def next_deadline(self) -> float | None:
+        """Return when the oldest held group must go out (None: nothing held)."""
+        timeline = self._timeline
+        while timeline and timeline[0].ready:
+            timeline.popleft()
+        return timeline[0].deadline if timeline else None
+
+    @property
+    def pending(self) -> int:
+        """Return the number of lines (of all ranks) not printed yet."""
+        return sum(len(queue) for queue in self._queues.values())
+
+    def feed(self, line: OutputLine, now: float) -> None:
+        """Take one rank's line read at ``now``: print it, hold it, or add its rank to a held group."""
+        self.expire(now)
+        rank = line.rank
+        queue = self._queues.get(rank)
+        if queue is None:
+            queue = self._queues[rank] = collections.deque()
+        key = (line.stream, line.attempt, line.text)
+        group = self._joinable(key, rank, queue)
+        if group is not None:
+            self._add(group, rank, queue)
+            if group.counted == len(self.expected):
+                self._make_ready(group)
+            return
+        shape = (line.stream, _DIGITS.sub("#", line.text)) if len(line.text) <= LONGEST else None
+        if shape is None or not self._hold(key, shape, rank, now):
+            self._remember_sent(key, rank, now)
+            if not queue:
+                self._emit(line, (rank,))
+                return
+            self._add(self._entry(line, key, None, now), rank, queue)
+            return
+        group = self._entry(line, key, shape, now + self.window)
+        self._open.setdefault(key, collections.deque()).append(group)
+        self._timeline.append(group)
+        self._add(group, rank, queue)
+        if group.counted == len(self.expected):
+            self._make_ready(group)
+
+    def expire(self, now: float) -> None:
+        """Print the groups held since ``window`` or longer before ``now`` (and what waited behind them)."""
+        timeline = self._timeline
+        while timeline and (timeline[0].ready or timeline[0].deadline <= now):
+            group = timeline.popleft()
+            if not group.ready:
+                self._make_ready(group)
+
+    def flush(self) -> None:
+        """Print everything held now, in order (the end of a launch or of a command)."""
+        while self._timeline:
+            group = self._timeline.popleft()
+            if not group.ready:
+                self._make_ready(group)
+
+    # ------------------------------------------------------------------ groups
+
+    def _entry(self, line: OutputLine, key: tuple, shape: tuple | None, deadline: float) -> _Entry:
+        self._seq += 1
+        return _Entry(self._seq, line, key, shape, deadline)
+
+    def _joinable(self, key: tuple, rank: int, queue: collections.deque[_Entry]) -> _Entry | None:
+        """Return the oldest held group of ``key`` that ``rank`` may join without reordering its lines."""
+        groups = self._open.get(key)
+        if groups is None:
+            return None
+        for i, group in enumerate(groups):
+            if i == _SCAN:
+                break
+            if group.ready or rank in group.ranks:
+                continue
+            if not queue or queue[-1].seq < group.seq or self._close_own_lines_after(group.seq, rank, queue):
+                return group
+        return None
+
+    def _close_own_lines_after(self, seq: int, rank: int, queue: collections.deque[_Entry]) -> bool:
+        """Return True after closing ``rank``'s held lines newer than group ``seq``, if they are its alone.
+
+        The rank printed them before a line other ranks printed earlier (it runs behind): those lines
+        are its own (``rank 1 loaded 100 rows``), and a rank printing one alike later would print it
+        after the shared line, so joining them can no longer keep every rank's order. They go out
+        with the rank's next lines; a later line shared with another rank keeps the rank apart.
+        """
+        later = []
+        for entry in reversed(queue):
+            if entry.seq < seq:
+                break
+            if len(entry.ranks) > 1 or len(later) == _SCAN:
+                return False
+            later.append(entry)
+        for entry in reversed(later):
+            if not entry.ready:
+                self._make_ready(entry)
+        return True
+
+    def _add(self, entry: _Entry, rank: int, queue: collections.deque[_Entry]) -> None:
+        entry.ranks.add(rank)
+        if rank in self.expected:
+            entry.counted += 1
+        if queue:
+            entry.blocked += 1
+        queue.append(entry)
+
+    def _make_ready(self, group: _Entry) -> None:
+        """Close ``group`` to new ranks; print it now unless a rank of it has an earlier line waiting."""
+        group.ready = True
+        groups = self._open.get(group.key)
+        if groups is not None:
+            while groups and groups[0].ready:
+                groups.popleft()
+            if not groups:
+                del self._open[group.key]
+        if group.blocked == 0:
+            self._release(group)
+
+    def _release(self, first: _Entry) -> None:
+        """Print ``first``, then each entry it unblocks that is ready, oldest first."""
+        heap = [(first.seq, first)]
+        while heap:
+            _, entry = heapq.heappop(heap)
+            ranks = tuple(sorted(entry.ranks))
+            self._emit(entry.line, ranks)
+            if entry.shape is not None:
+                self._learn(entry.shape, ranks)
+            for rank in ranks:
+                queue = self._queues[rank]
+                queue.popleft()
+                if queue:
+                    head = queue[0]
+                    head.blocked -= 1
+                    if head.blocked == 0 and head.ready:
+                        heapq.heappush(heap, (head.seq, head))
+
+    # ------------------------------------------------------------------ learning
+
+    def _hold(self, key: tuple, shape: tuple[str, str], rank: int, now: float) -> bool:
+        """Return whether a line of ``key`` (no group to join) should wait for other ranks."""
+        stats = self._shapes.get(shape)
+        if stats is None:
+            if len(self._shapes) >= _SHAPES_KEPT:
+                del self._shapes[next(iter(self._shapes))]
+            self._shapes[shape] = _Shape(rank)
+            return True
+        if rank != stats.owner:
+            stats.owner = None
+        sent = self._recent.get(key)
+        if sent is not None and sent[1] != rank and now - sent[0] <= self.window:
+            stats.solo = 0  # another rank printed this very line a moment ago: this shape's lines coincide
+            return True
+        if not stats.known:
+            return True  # its first held line has not come back yet
+        return stats.owner is None and stats.solo < SOLO_AFTER
+
+    def _learn(self, shape: tuple[str, str], ranks: tuple[int, ...]) -> None:
+        stats = self._shapes.get(shape)
+        if stats is not None:
+            stats.known = True
+            if len(ranks) > 1:
+                stats.owner, stats.solo = None, 0
+            else:
+                stats.solo += 1
+                if stats.owner != ranks[0]:
+                    stats.owner = None
+
+    def _remember_sent(self, key: tuple, rank: int, now: float) -> None:
+        recent = self._recent
+        recent.pop(key, None)
+        recent[key] = (now, rank)
+        while recent:
+            oldest = next(iter(recent))
+            if len(recent) <= _RECENT_KEPT and recent[oldest][0] >= now - self.window:
+                break
+            del recent[oldest]
+
+
+class CollapsingPrinter:
+    """A ``PrintSink`` whose lines go through a ``Collapser``; held lines go out on a timer thread.
+
+    The launch's printing sink (``collapse_output``). ``announce`` prints what is held first (a
+    message of the launcher comes after the lines before it); ``close`` prints the rest and ends the
+    thread, at the end of the launch. Every write happens under one lock, so lines never interleave.
+    """
+
+    def __init__(
+        self,
+        printer: PrintSink,
+        ranks: Iterable[int],
+        window: float = DEFAULT_WINDOW,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.printer = printer
+        self._collapser = Collapser(ranks, window, printer.write)
+        self._clock = clock
+        self._cond = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def __call__(self, line: OutputLine) -> None:
+        with self._cond:
+            if self._closed:
+                self.printer.write(line)
+                return
+            idle = self._collapser.next_deadline is None
+            self._collapser.feed(line, self._clock())
+            if idle and self._collapser.next_deadline is not None:
+                self._wake()
+
+    def announce(self, text: str) -> None:
+        """Print what is held, then a message of the launcher itself."""
+        with self._cond:
+            self._collapser.flush()
+            self.printer.announce(text)
+
+    def flush(self) -> None:
+        """Print everything held now."""
+        with self._cond:
+            self._collapser.flush()
+
+    def close(self) -> None:
+        """Print everything held and end the timer thread (idempotent); later lines print at once."""
+        with self._cond:
+            self._collapser.flush()
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _wake(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="notebook_accel-collapse", daemon=True)
+            self._thread.start()
+        else:
+            self._cond.notify()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._closed:
+                deadline = self._collapser.next_deadline
+                now = self._clock()
+                if deadline is None or deadline > now:
+                    self._cond.wait(None if deadline is None else deadline - now)
+                    continue
+                try:
+                    self._collapser.expire(now)
+                except Exception:  # a sink's error must not end the timer: later lines would wait for the end
+                    logger.exception("printing held output lines failed")
