@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections.abc import Callable
 
 import psutil
 
@@ -75,6 +76,11 @@ def printed_by(out: str, text: str) -> list[int]:
     on how far apart they printed it; this reads both.
     """
     return [rank for ranks, shown in printed_lines(out) if shown == text for rank in ranks]
+
+
+def shows(expected: str | Callable[[str], bool], out: str) -> bool:
+    """Return whether printed ``out`` holds the text ``expected`` (or ``expected(out)`` says it shows what it wants)."""
+    return expected(out) if callable(expected) else expected in out
 
 
 def warm_up_store() -> None:

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.launcher_helpers import StartedKernel
+from tests.launcher_helpers import StartedKernel, printed_by
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -111,9 +111,7 @@ def test_a_bg_cell_returns_at_once_and_its_output_lands_in_its_own_cell(kernel: 
     # The cell ended while its job waits for a file no one has written yet: it did not block.
     (out,) = kernel.shown(bg)
     assert out.startswith("<Job ") and " running " in out and "(every rank)>" in out, out
-    kernel.pump_until(
-        lambda: "[rank 0] job started" in kernel.stream(bg) and "[rank 1] job started" in kernel.stream(bg)
-    )
+    kernel.pump_until(lambda: sorted(printed_by(kernel.stream(bg), "job started")) == [0, 1])
 
     # A kernel cell runs meanwhile, and prints into its own cell only.
     plain = kernel.ok("print('kernel cell', 6 * 7)\nprint('job running:', not _.done())")
@@ -138,7 +136,7 @@ def test_a_bg_cell_returns_at_once_and_its_output_lands_in_its_own_cell(kernel: 
     assert kernel.shown(waited) == ["[rank 0] 0\n[rank 1] 10"]
     kernel.pump_until(lambda: "] done in " in kernel.stream(bg))
     # Every line of the job, its end line included, is in the job's cell and nowhere else.
-    assert "[rank 0] job finished" in kernel.stream(bg) and "[rank 1] job finished" in kernel.stream(bg)
+    assert sorted(printed_by(kernel.stream(bg), "job finished")) == [0, 1]
     others = [kernel.stream(m) for m in (plain, refused, table, waited)]
     assert not any("job finished" in text or "job started" in text for text in others), others
 

@@ -66,7 +66,7 @@ class CellSink:
             expected = world if targets is None else targets
             if self._collapser is None or self._collapser.window != self.window:
                 self._collapser = Collapser(expected, self.window, self._print)
-            self._collapser.expected = frozenset(expected)  # nothing is held between commands
+            self._collapser.expected = expected  # nothing is held between commands
             self._printer = printer
         with self._lock:
             self._queue = collections.deque()

@@ -18,12 +18,14 @@ The rule:
   their order: a line behind a held line of its rank waits for it. So every line goes out at most
   ``window`` seconds after it was read.
 - A line **nobody is likely to repeat goes out at once**. Lines are sorted by shape, their text with
-  every run of digits masked (``step # loss #.#``): a shape that only one rank has printed so far is that
-  rank's own (``if rank == 0: print(...)``), and a shape printed by several ranks whose last three held
-  lines each came back from one rank only differs per rank (``print(rank, loss)``); the lines of both
-  go out at once. The first line of a new shape is held (nothing is known of it yet), and a shape seen
-  from one rank is held again once another rank prints it, or once another rank repeats a line of it
-  within the window.
+  every run of digits masked (``step # loss #.#``). Once the first held line of a shape came back, a
+  shape only one rank has printed is that rank's own (``if rank == 0: print(...)``), and a shape whose
+  last three held lines each came back from one rank differs per rank (``print(rank, loss)``): the
+  lines of both go out at once. Until then a shape's lines are held; another rank printing a rank's
+  own shape, or repeating the line a shape last sent at once (within the window), makes it held again.
+  The last 4,096 shapes are remembered (an interactive group's carry from command to command).
+- A rank **running behind** (it printed lines of its own, still held, before a line the others
+  printed earlier) lets those lines go at once, so that it joins the shared one.
 - Collapsed lines go out in the order their first copy arrived. Work per line is a few dict
   operations (and, for a line that joins no held group, one regular-expression pass over its text).
 """
@@ -58,7 +60,6 @@ LONGEST = 10_000
 """Characters above which a line is never held (printed per rank): a long dump is rarely repeated alike."""
 _SCAN = 8  # open groups of one text a line may try to join (a rank repeating a line starts another)
 _SHAPES_KEPT = 4096  # shapes remembered (the oldest forgotten first)
-_RECENT_KEPT = 1 << 16  # lines sent at once remembered for the window, to notice a second rank printing them
 _DIGITS = re.compile(r"\d+")
 
 Emit = Callable[[OutputLine, tuple[int, ...]], None]
@@ -103,12 +104,13 @@ class _Entry:
 class _Shape:
     """What was learnt of one shape: who printed it, and whether its held lines came back alone."""
 
-    __slots__ = ("owner", "known", "solo")
+    __slots__ = ("owner", "known", "solo", "sent")
 
     def __init__(self, rank: int) -> None:
         self.owner: int | None = rank  # the one rank that printed the shape so far (None: several did)
         self.known = False  # a held line of it went out: what it came back with is known
         self.solo = 0  # held lines of it in a row that came back from one rank only
+        self.sent: tuple[tuple, int, float] | None = None  # (key, rank, when) of its last line sent at once
 
 
 class Collapser:
@@ -120,7 +122,7 @@ class Collapser:
     """
 
     def __init__(self, ranks: Iterable[int], window: float, emit: Emit) -> None:
-        self.expected = frozenset(ranks)
+        self.expected = ranks
         self.window = window
         self._emit = emit
         self._seq = 0
@@ -128,8 +130,18 @@ class Collapser:
         # (stream, attempt, text) -> the groups of that line still open to more ranks, oldest first
         self._open: dict[tuple, collections.deque[_Entry]] = {}
         self._timeline: collections.deque[_Entry] = collections.deque()  # held groups by deadline
-        self._shapes: dict[tuple[str, str], _Shape] = {}
-        self._recent: dict[tuple, tuple[float, int]] = {}  # key -> (when, rank) of a line sent at once
+        # Ordered: dropping the oldest shape is O(1) (a plain dict's first key is found by scanning).
+        self._shapes: collections.OrderedDict[tuple[str, str], _Shape] = collections.OrderedDict()
+
+    @property
+    def expected(self) -> frozenset[int]:
+        """Return the ranks a held line waits for (set it between commands, while nothing is held)."""
+        return self._expected
+
+    @expected.setter
+    def expected(self, ranks: Iterable[int]) -> None:
+        self._expected = frozenset(ranks)
+        self._complete = len(self._expected)
 
     @property
     def next_deadline(self) -> float | None:
@@ -146,7 +158,9 @@ class Collapser:
 
     def feed(self, line: OutputLine, now: float) -> None:
         """Take one rank's line read at ``now``: print it, hold it, or add its rank to a held group."""
-        self.expire(now)
+        timeline = self._timeline
+        if timeline and (timeline[0].ready or timeline[0].deadline <= now):
+            self.expire(now)
         rank = line.rank
         queue = self._queues.get(rank)
         if queue is None:
@@ -155,12 +169,11 @@ class Collapser:
         group = self._joinable(key, rank, queue)
         if group is not None:
             self._add(group, rank, queue)
-            if group.counted == len(self.expected):
+            if group.counted == self._complete:
                 self._make_ready(group)
             return
         shape = (line.stream, _DIGITS.sub("#", line.text)) if len(line.text) <= LONGEST else None
         if shape is None or not self._hold(key, shape, rank, now):
-            self._remember_sent(key, rank, now)
             if not queue:
                 self._emit(line, (rank,))
                 return
@@ -170,7 +183,7 @@ class Collapser:
         self._open.setdefault(key, collections.deque()).append(group)
         self._timeline.append(group)
         self._add(group, rank, queue)
-        if group.counted == len(self.expected):
+        if group.counted == self._complete:
             self._make_ready(group)
 
     def expire(self, now: float) -> None:
@@ -199,8 +212,10 @@ class Collapser:
         groups = self._open.get(key)
         if groups is None:
             return None
-        for i, group in enumerate(groups):
-            if i == _SCAN:
+        scanned = 0
+        for group in groups:
+            scanned += 1
+            if scanned > _SCAN:
                 break
             if group.ready or rank in group.ranks:
                 continue
@@ -230,7 +245,7 @@ class Collapser:
 
     def _add(self, entry: _Entry, rank: int, queue: collections.deque[_Entry]) -> None:
         entry.ranks.add(rank)
-        if rank in self.expected:
+        if rank in self._expected:
             entry.counted += 1
         if queue:
             entry.blocked += 1
@@ -269,22 +284,27 @@ class Collapser:
     # ------------------------------------------------------------------ learning
 
     def _hold(self, key: tuple, shape: tuple[str, str], rank: int, now: float) -> bool:
-        """Return whether a line of ``key`` (no group to join) should wait for other ranks."""
+        """Return whether a line of ``key`` (no group to join) should wait for other ranks.
+
+        A line that goes out at once is remembered as its shape's last: the same line from another
+        rank within the window shows that the shape's lines coincide after all.
+        """
         stats = self._shapes.get(shape)
         if stats is None:
             if len(self._shapes) >= _SHAPES_KEPT:
-                del self._shapes[next(iter(self._shapes))]
+                self._shapes.popitem(last=False)
             self._shapes[shape] = _Shape(rank)
             return True
         if rank != stats.owner:
             stats.owner = None
-        sent = self._recent.get(key)
-        if sent is not None and sent[1] != rank and now - sent[0] <= self.window:
-            stats.solo = 0  # another rank printed this very line a moment ago: this shape's lines coincide
+        sent = stats.sent
+        if sent is not None and sent[0] == key and sent[1] != rank and now - sent[2] <= self.window:
+            stats.solo = 0
             return True
-        if not stats.known:
-            return True  # its first held line has not come back yet
-        return stats.owner is None and stats.solo < SOLO_AFTER
+        if stats.known and (stats.owner is not None or stats.solo >= SOLO_AFTER):
+            stats.sent = (key, rank, now)
+            return False
+        return True  # shared, or its first held line has not come back yet
 
     def _learn(self, shape: tuple[str, str], ranks: tuple[int, ...]) -> None:
         stats = self._shapes.get(shape)
@@ -296,16 +316,6 @@ class Collapser:
                 stats.solo += 1
                 if stats.owner != ranks[0]:
                     stats.owner = None
-
-    def _remember_sent(self, key: tuple, rank: int, now: float) -> None:
-        recent = self._recent
-        recent.pop(key, None)
-        recent[key] = (now, rank)
-        while recent:
-            oldest = next(iter(recent))
-            if len(recent) <= _RECENT_KEPT and recent[oldest][0] >= now - self.window:
-                break
-            del recent[oldest]
 
 
 class CollapsingPrinter:
