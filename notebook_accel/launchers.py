@@ -93,13 +93,8 @@ def _build_sinks(plan: LaunchPlan, request: LaunchRequest) -> list[Callable[[Out
     if request.panel:
         # The panel shows every line; printing them too would fill whichever cell runs meanwhile.
         return []
-    template = request.log_line_prefix_template
-    printer = PrintSink(
-        prefix_template=template,
-        num_processes=plan.num_processes,
-        node_rank=plan.node_rank,
-        hosts=plan.hosts,
-    )
+    printer = PrintSink(prefix_template=request.log_line_prefix_template, num_processes=plan.num_processes,
+                        node_rank=plan.node_rank, hosts=plan.hosts)  # fmt: skip
     window = request.collapse_seconds
     return [printer if window is None else CollapsingPrinter(printer, plan.supervised_ranks, window)]
 
@@ -205,16 +200,15 @@ def _launch(request: LaunchRequest) -> list[Any] | LaunchHandle | RestartingHand
         return _launch_with_restarts(request, plan, group)
     plan = resolve_plan(request)
     if plan.backend == "xla":
-        request.refuse_on(
-            "a TPU launch (torch_xla runs to the end)", ("block", "sinks", "timeout", "panel", "log_dir")
-        )
+        request.refuse_on("a TPU launch (torch_xla runs to the end)",
+                          ("block", "sinks", "timeout", "panel", "log_dir", "collapse_output"))  # fmt: skip
         announce(_build_sinks(plan, request), plan.describe())
         return launch_xla(request.function, request.args, plan)
     if plan.num_nodes > 1 or request.rdzv_backend != "static":
         request.refuse_on(
             "num_nodes > 1 or rdzv_backend='c10d' (torch elastic runs to the end)",
-            ("block", "sinks", "timeout", "panel", "hang_timeout", "on_hang", "progress_bars"),
-        )
+            ("block", "sinks", "timeout", "panel", "hang_timeout", "on_hang", "progress_bars", "collapse_output"),
+        )  # fmt: skip
         announce(_build_sinks(plan, request), plan.describe())
         return launch_elastic(
             request.function, request.args, plan, rdzv_backend=request.rdzv_backend,

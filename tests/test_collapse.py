@@ -224,6 +224,27 @@ def test_flush_prints_everything_held_in_order_and_leaves_nothing() -> None:
     assert cell.shown[-1] == "[rank 3] late"
 
 
+def test_a_step_cut_short_by_ctrl_c_prints_what_waits_and_the_collapser_goes_on(monkeypatch, caplog) -> None:
+    cell = Cell(ranks=range(3))
+    cell.feed(0, "x")
+    cell.feed(2, "own")
+    add = Collapser._add
+
+    def interrupted(self, entry, rank, queue) -> None:
+        entry.ranks.add(rank)  # half of the step done when the signal lands
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Collapser, "_add", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cell.feed(1, "x")
+    assert sorted(cell.shown) == ["[rank 0] x", "[rank 1] x", "[rank 2] own"]  # uncollapsed, none lost
+    assert "collapsing them was interrupted" in caplog.text and cell.c.pending == 0
+    monkeypatch.setattr(Collapser, "_add", add)
+    for rank in range(3):
+        cell.feed(rank, "y")
+    assert cell.shown[-1] == "[ranks 0-2] y"
+
+
 def test_a_single_rank_run_and_very_long_lines_are_never_held() -> None:
     cell = Cell(ranks=[5])
     cell.feed(5, "hello")

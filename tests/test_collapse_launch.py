@@ -65,6 +65,11 @@ def test_a_bad_collapse_output_is_refused_before_anything_starts() -> None:
         notebook_launcher(_same_and_own, num_processes=4, collapse_output=0)
 
 
+def test_collapse_output_is_refused_where_torch_elastic_prints_the_lines_itself() -> None:
+    with pytest.raises(ValueError, match=r"collapse_output=False is not available with num_nodes > 1 .*True"):
+        notebook_launcher(_same_and_own, num_processes=2, num_nodes=2, collapse_output=False)
+
+
 def test_in_a_kernel_the_timer_prints_a_partial_set_into_the_running_cell() -> None:
     """Ranks 0 and 1 print a line rank 2 never prints: it shows after the window, while the launch runs.
 

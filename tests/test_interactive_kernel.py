@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.launcher_helpers import printed_by
+from tests.launcher_helpers import printed_by, printed_lines
 from tests.test_launcher_kernel import Kernel
 
 pytestmark = pytest.mark.timeout(180)
@@ -176,7 +176,8 @@ def test_a_commands_progress_bars_are_drawn_live_in_its_cell(kernel: Kernel) -> 
     )
     live = [text for text in shown if "[rank 0] steps:" in text]
     assert live, (out, shown)  # the open bar, redrawn in place while the command ran
-    assert "[rank 0] steps: 100%" in out  # the closed bar's last line, with the rank's other lines (stderr)
+    # the closed bar's last line, with the rank's other lines (stderr; shared by ranks whose bars ended alike)
+    assert any(0 in ranks for ranks, text in printed_lines(out) if text.startswith("steps: 100%")), out
 
 
 def test_the_ranks_end_with_the_kernel() -> None:

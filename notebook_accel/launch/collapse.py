@@ -127,6 +127,7 @@ class Collapser:
         self._emit = emit
         self._seq = 0
         self._queues: dict[int, collections.deque[_Entry]] = {}
+        self._feeding: OutputLine | None = None  # the line being fed, until it is queued or printed
         # (stream, attempt, text) -> the groups of that line still open to more ranks, oldest first
         self._open: dict[tuple, collections.deque[_Entry]] = {}
         self._timeline: collections.deque[_Entry] = collections.deque()  # held groups by deadline
@@ -158,13 +159,40 @@ class Collapser:
 
     def feed(self, line: OutputLine, now: float) -> None:
         """Take one rank's line read at ``now``: print it, hold it, or add its rank to a held group."""
+        try:
+            self._feed(line, now)
+        except BaseException:  # ^C between two steps of it, or a failing sink: print what waits, then raise
+            self._print_stranded()
+            raise
+
+    def expire(self, now: float) -> None:
+        """Print the groups held since ``window`` or longer before ``now`` (and what waited behind them)."""
+        try:
+            self._expire(now)
+        except BaseException:
+            self._print_stranded()
+            raise
+
+    def flush(self) -> None:
+        """Print everything held now, in order (the end of a launch or of a command)."""
+        try:
+            while self._timeline:
+                group = self._timeline.popleft()
+                if not group.ready:
+                    self._make_ready(group)
+        except BaseException:
+            self._print_stranded()
+            raise
+
+    def _feed(self, line: OutputLine, now: float) -> None:
         timeline = self._timeline
         if timeline and (timeline[0].ready or timeline[0].deadline <= now):
-            self.expire(now)
+            self._expire(now)
         rank = line.rank
         queue = self._queues.get(rank)
         if queue is None:
             queue = self._queues[rank] = collections.deque()
+        self._feeding = line  # until it is queued or printed
         key = (line.stream, line.attempt, line.text)
         group = self._joinable(key, rank, queue)
         if group is not None:
@@ -176,6 +204,7 @@ class Collapser:
         if shape is None or not self._hold(key, shape, rank, now):
             if not queue:
                 self._emit(line, (rank,))
+                self._feeding = None
                 return
             self._add(self._entry(line, key, None, now), rank, queue)
             return
@@ -186,20 +215,32 @@ class Collapser:
         if group.counted == self._complete:
             self._make_ready(group)
 
-    def expire(self, now: float) -> None:
-        """Print the groups held since ``window`` or longer before ``now`` (and what waited behind them)."""
+    def _expire(self, now: float) -> None:
         timeline = self._timeline
         while timeline and (timeline[0].ready or timeline[0].deadline <= now):
             group = timeline.popleft()
             if not group.ready:
                 self._make_ready(group)
 
-    def flush(self) -> None:
-        """Print everything held now, in order (the end of a launch or of a command)."""
-        while self._timeline:
-            group = self._timeline.popleft()
-            if not group.ready:
-                self._make_ready(group)
+    def _print_stranded(self) -> None:
+        """Print every waiting line, each rank's in its order, uncollapsed, and start afresh.
+
+        After a step was cut short the books may not add up, so nothing is released by them: a
+        line printed just before the cut may show twice, none is lost.
+        """
+        waiting = [(rank, entry.line) for rank, queue in self._queues.items() for entry in queue]
+        feeding, self._feeding = self._feeding, None
+        if feeding is not None:
+            waiting.append((feeding.rank, feeding))
+        self._queues.clear()
+        self._open.clear()
+        self._timeline.clear()
+        if waiting:
+            logger.warning(
+                "printing %d output line(s) uncollapsed: collapsing them was interrupted", len(waiting)
+            )
+        for rank, line in waiting:
+            self._emit(line, (rank,))
 
     # ------------------------------------------------------------------ groups
 
@@ -224,12 +265,12 @@ class Collapser:
         return None
 
     def _close_own_lines_after(self, seq: int, rank: int, queue: collections.deque[_Entry]) -> bool:
-        """Return True after closing ``rank``'s held lines newer than group ``seq``, if they are its alone.
+        """Return True after closing ``rank``'s held lines newer than group ``seq``, if each is its alone.
 
-        The rank printed them before a line other ranks printed earlier (it runs behind): those lines
-        are its own (``rank 1 loaded 100 rows``), and a rank printing one alike later would print it
-        after the shared line, so joining them can no longer keep every rank's order. They go out
-        with the rank's next lines; a later line shared with another rank keeps the rank apart.
+        The rank printed them before a line the others printed earlier: it runs behind, and those
+        lines are its own (``rank 1 loaded 100 rows``: another rank printing one alike would have
+        printed it before the shared line too). Closed, they go out ahead of the shared line, and the
+        rank joins it in order. A newer line some other rank shares keeps the rank out (False).
         """
         later = []
         for entry in reversed(queue):
@@ -250,6 +291,7 @@ class Collapser:
         if queue:
             entry.blocked += 1
         queue.append(entry)
+        self._feeding = None
 
     def _make_ready(self, group: _Entry) -> None:
         """Close ``group`` to new ranks; print it now unless a rank of it has an earlier line waiting."""

@@ -309,13 +309,13 @@ class PrintSink:
     def write(self, line: OutputLine, ranks: Sequence[int] = ()) -> None:
         """Print ``line`` now, from the calling thread, labelled with its rank or with ``ranks`` (sorted).
 
-        ``ranks``: every rank that printed this very line, when several did (``launch.collapse``).
+        ``ranks``: every rank that printed this very line (``launch.collapse``); one rank: that rank's copy.
         """
         stream = self.stderr if line.stream == "stderr" else self.stdout
         if len(ranks) > 1:
             prefix = self._group_prefix(ranks, line.attempt)
         else:
-            prefix = self._prefix(line.rank, line.attempt)
+            prefix = self._prefix(ranks[0] if ranks else line.rank, line.attempt)
         self._write(stream, f"{prefix}{line.text}\n")
 
     @staticmethod

@@ -297,7 +297,7 @@ class LaunchRequest:
     def refuse_on(self, path: str, names: Sequence[str]) -> None:
         """Raise ValueError for the first of ``names`` set away from its default (not available on ``path``)."""
         defaults = {"block": True, "sinks": None, "timeout": None, "panel": False, "hang_timeout": None,
-                    "on_hang": "report", "log_dir": None, "progress_bars": "auto"}  # fmt: skip
+                    "on_hang": "report", "log_dir": None, "progress_bars": "auto", "collapse_output": True}  # fmt: skip
         for name in names:
             if getattr(self, name) != defaults[name]:
                 raise ValueError(
