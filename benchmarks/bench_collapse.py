@@ -13,7 +13,9 @@ every other rank a line whose text differs per rank (``rank R: N samples/s``).
 time of that feeding divided by the lines fed: alone (nothing printed), through a ``PrintSink`` writing
 to /dev/null, and, as the reference, a plain ``PrintSink`` printing every line (``collapse_output=False``).
 The "added delay" of a line is when it was printed minus when it was read, per kind (median, 99th
-percentile, max: the max is the first lines of each kind, held before the collapser knows their shape).
+percentile, max), and the same after the first second: the first lines of each kind wait up to the
+window before the collapser knows their shape; after that a shared line waits for the last rank to
+print it (the jitter) and a line of one rank only for its rank's shared line before it.
 "--realtime S": the launch's real sink (``CollapsingPrinter``, its timer thread, the monotonic clock)
 fed at the real rate for S seconds from one thread; its delays include this machine's scheduling.
 """
@@ -57,9 +59,10 @@ def _schedule(ranks: int, seconds: float, jitter_ms: float, seed: int) -> list[t
 class _Delays:
     """Record, per kind, how long each rank's copy of a line waited between read and print."""
 
-    def __init__(self, ranks: int) -> None:
+    def __init__(self, ranks: int, start: float = 0.0) -> None:
         self.waiting: list[collections.deque[tuple[float, str]]] = [collections.deque() for _ in range(ranks)]
-        self.delays: dict[str, list[float]] = {kind: [] for kind in _KINDS}
+        self.delays: dict[str, list[tuple[float, float]]] = {kind: [] for kind in _KINDS}
+        self.start = start  # the clock's reading at the first line
         self.printed = 0
 
     def read(self, rank: int, at: float, kind: str) -> None:
@@ -69,19 +72,23 @@ class _Delays:
         self.printed += 1
         for rank in ranks:
             at, kind = self.waiting[rank].popleft()
-            self.delays[kind].append(now - at)
+            self.delays[kind].append((at - self.start, now - at))
 
     def summary(self) -> dict:
+        """Return per kind: median, 99th percentile and max of the delays, and of those after the first second."""
         out = {}
-        for kind, d in self.delays.items():
-            d = sorted(d)
-            out[kind] = {
-                "lines": len(d),
-                "median_ms": round(statistics.median(d) * 1000, 2) if d else None,
-                "p99_ms": round(d[int(len(d) * 0.99)] * 1000, 2) if d else None,
-                "max_ms": round(d[-1] * 1000, 2) if d else None,
-            }
+        for kind, pairs in self.delays.items():
+            out[kind] = {"lines": len(pairs), **_stats(d for _, d in pairs)}
+            out[kind]["after_the_first_s"] = _stats(d for at, d in pairs if at >= 1.0)
         return out
+
+
+def _stats(delays) -> dict:  # noqa: ANN001 - any iterable of seconds
+    d = sorted(delays)
+    if not d:
+        return {}
+    ms = [round(x * 1000, 2) for x in (statistics.median(d), d[int(len(d) * 0.99)], d[-1])]
+    return dict(zip(("median_ms", "p99_ms", "max_ms"), ms))
 
 
 def _simulated(events: list, ranks: int, window: float) -> dict:
@@ -142,7 +149,7 @@ def _realtime(events: list, ranks: int, window: float, seconds: float) -> dict:
         sink = CollapsingPrinter(_TimedSink(delays, stdout=null, num_processes=ranks), range(ranks), window)
         behind = 0.0
         cpu = time.process_time()
-        start = time.monotonic()
+        start = delays.start = time.monotonic()
         for at, rank, kind, text in events:
             late = start + at - time.monotonic()
             if late > 0:
