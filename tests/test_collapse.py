@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from notebook_accel.interactive.cell_sink import CellSink
+from notebook_accel.interactive.cell_output import CellSink
 from notebook_accel.launch.collapse import (
     DEFAULT_WINDOW,
     LONGEST,

@@ -177,6 +177,32 @@ def test_exception_on_one_rank_raises_its_traceback_and_keeps_the_namespaces(ran
     assert [s.state for s in ranks.status()] == ["idle", "idle"]
 
 
+def test_code_raising_keyboard_interrupt_itself_is_a_failure_of_that_rank(ranks: Ranks) -> None:
+    # The rank replies Interrupted (no Stop was pressed): its traceback, the ranks alive.
+    with pytest.raises(RankError, match=r"rank 0 \(pid \d+\) KeyboardInterrupt") as info:
+        ranks.run("if rank == 0:\n    raise KeyboardInterrupt")
+    assert not info.value.broken and [r.ok for r in info.value.results] == [False, True]
+    assert "raise KeyboardInterrupt" in str(info.value)
+    assert ranks.run("rank") == [0, 1]
+
+
+def test_a_rank_breaking_the_protocol_breaks_the_group_with_a_clear_error(ranks: Ranks) -> None:
+    # Rank 1 writes a frame of no known kind on its socket to the kernel before its reply.
+    code = (
+        "import gc, pickle, struct\n"
+        "from notebook_accel.interactive.rank_loop import RankLoop\n"
+        "loop = next(o for o in gc.get_objects() if isinstance(o, RankLoop))\n"
+        "body = pickle.dumps(('bogus', 1))\n"
+        "loop.sock.sendall(struct.pack('>I', len(body)) + body)"
+    )
+    with pytest.raises(
+        RankError,
+        match=r"rank 1 sent what the kernel<->rank protocol does not allow \(unknown message type 'bogus'",
+    ) as info:
+        ranks.run(code, on=1)
+    assert info.value.broken and not ranks.alive
+
+
 def test_push_and_pull(ranks: Ranks) -> None:
     ranks.push("lr", 0.5)
     ranks.push_many(alpha=1, beta=[2, 3])

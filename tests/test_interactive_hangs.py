@@ -148,15 +148,16 @@ class _ClaimThenInterrupt(dict):
 
 
 def test_a_stop_right_after_a_command_claimed_the_ranks_does_not_block_the_next(ranks: Ranks) -> None:
-    real = ranks._claims
-    ranks._claims = _ClaimThenInterrupt()
+    commands = ranks._commands
+    real = commands._claims
+    commands._claims = _ClaimThenInterrupt()
     try:
         with pytest.raises(KeyboardInterrupt):
             ranks.run("1")
     finally:
-        left, ranks._claims = dict(ranks._claims), real
+        left, commands._claims = dict(commands._claims), real
     assert left == {}  # released
-    ranks._claims.update(left)
+    commands._claims.update(left)
     assert ranks.run("rank") == [0, 1]
 
 

@@ -126,7 +126,7 @@ def test_connect_rank_to_a_missing_socket_raises(tmp_path) -> None:
 
 
 def test_relay_hook_opens_the_relay_and_gives_the_ranks_its_token() -> None:
-    from notebook_accel.interactive.rank_loop import rank_main
+    from notebook_accel.interactive.rank_entry import rank_main
     from notebook_accel.launch.request import LaunchRequest
 
     opened: list[str] = []
@@ -171,17 +171,17 @@ def test_status_table_names_each_ranks_node_across_nodes() -> None:
 
 
 def test_ranks_across_two_nodes_through_their_agents(monkeypatch, capsys) -> None:
-    from notebook_accel.interactive import session
+    from notebook_accel.interactive import startup
     from tests.nodes_helpers import LocalPlacement
 
     groups: list = []  # the joined NodeGroup of each start, to count the relayed streams
-    real_hook = session.relay_hook
+    real_hook = startup.relay_hook
 
     def recording_hook(request, address):
         hook = real_hook(request, address)
         return lambda group: groups.append(group) or hook(group)
 
-    monkeypatch.setattr(session, "relay_hook", recording_hook)
+    monkeypatch.setattr(startup, "relay_hook", recording_hook)
     placement = LocalPlacement(("n1", "n2"))
     kernel_only = "only in the kernel"  # noqa: F841 - the ranks must not see it
     ranks = start_ranks(2, nodes=placement, hang_timeout=60)

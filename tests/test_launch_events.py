@@ -10,10 +10,12 @@ import os
 import pickle
 import sys
 import time
+import types
 
 import pytest
 
 from notebook_accel import notebook_launcher
+from notebook_accel.launch.cell_bars import kernel_display
 from notebook_accel.launch.events import EventHub, FrameDecoder
 from notebook_accel.launch.usage import apply_usage
 from notebook_accel.launchers import _resolve_bars
@@ -253,6 +255,38 @@ def test_apply_usage_keeps_peaks() -> None:
     assert status.peak_rss == 400  # never below the resident memory seen
 
 
+def test_a_sample_of_an_exited_unreaped_worker_keeps_its_figures() -> None:
+    """A zombie reads as 0 bytes resident: such a sample must not replace what the rank reported as it ended."""
+    import os
+    import time
+
+    from notebook_accel.launch.handle import RankStatus
+    from notebook_accel.launch.usage import UsageSampler
+
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(0.5)
+        os._exit(0)
+    sampler = UsageSampler()
+    try:
+        status = RankStatus(0, pid, "running", 0.0)
+        sampler.sample(status)  # alive: real figures
+        assert status.rss and status.rss > 0 and status.cpu_percent is not None
+        apply_usage(status, {"rss": 12345, "peak_rss": 67890, "cpu_percent": 42.0})  # its final report
+        before = (status.rss, status.peak_rss, status.cpu_percent)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # wait until it is a zombie (exited, not reaped)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.01)
+        sampler.sample(status)
+        assert (status.rss, status.peak_rss, status.cpu_percent) == before
+        assert before[0] == 12345 and before[2] == 42.0
+    finally:
+        os.waitpid(pid, 0)
+
+
 def test_notebook_tracker_outside_a_launch_keeps_the_records() -> None:
     import torch
 
@@ -342,3 +376,13 @@ def test_utils_tqdm_stays_the_function_after_its_module_is_imported() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[0, 1, 2]", out.stderr[-2000:]
+
+
+def test_bars_mode_is_chosen_while_another_thread_imports_ipython(monkeypatch) -> None:
+    # A panel's first view imports ipywidgets, and with it IPython, in the caller's thread; a restart
+    # starting then asks kernel_display() on the supervising thread, and sees IPython half imported
+    # (no get_ipython yet). That is not a kernel: no live cell bars, and the restart goes on (it did
+    # not: "restart 1 could not start (AttributeError(... partially initialized module 'IPython'"))."
+    monkeypatch.setitem(sys.modules, "IPython", types.ModuleType("IPython"))
+    assert kernel_display() is None
+    assert _resolve_bars("auto", False) == (False, None)

@@ -149,7 +149,7 @@ def test_history_keeps_the_newest_lines_within_its_byte_bound():
         sys.getsizeof("x" * 1000) for _ in range(91)
     )
     assert [ln.text[:3] for ln in history.snapshot(rank=1)] == ["091", "093", "095", "097", "099"]
-    assert "91 older line(s)" in history.dropped_text()
+    assert "91 older output line(s) dropped (" in history.dropped_text()
 
 
 def test_history_keeps_the_newest_line_even_over_the_bound_and_counts_lines_too():

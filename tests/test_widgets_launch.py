@@ -9,6 +9,7 @@ import pytest
 from notebook_accel.widgets import LaunchPanel
 
 from notebook_accel import notebook_launcher
+from tests.panel_helpers import FakeRun, rank_status
 
 
 def _talk(steps: int, fail_rank: int | None) -> int:
@@ -215,44 +216,10 @@ def test_panel_shows_live_bars_of_the_main_process_and_usage_numbers():
     panel.close()
 
 
-class _FakeStatus:
-    def __init__(self, rank: int, **figures) -> None:  # noqa: ANN003
-        self.rank, self.pid, self.state, self.started_at, self.ended_at = (
-            rank,
-            100 + rank,
-            "running",
-            0.0,
-            None,
-        )
-        self.last_line = ""
-        self.cpu_percent, self.rss, self.peak_rss = 50.0, 2 << 20, 3 << 20
-        self.cuda_allocated = self.cuda_reserved = None
-        self.__dict__.update(figures)
-
-
-class _FakeHandle:
-    """The handle interface of LaunchPanel, with CUDA figures a CPU-only machine cannot produce."""
-
-    num_processes, done, error = 2, False, None
-
-    def __init__(self) -> None:
-        self.rows = [_FakeStatus(0, cuda_allocated=1 << 30, cuda_reserved=2 << 30), _FakeStatus(1)]
-
-    def status(self):  # noqa: ANN201
-        return self.rows
-
-    def subscribe(self, _callback):  # noqa: ANN001, ANN202
-        return lambda: None
-
-    def add_done_callback(self, _fn) -> None:  # noqa: ANN001
-        return None
-
-    def stop(self) -> None:
-        return None
-
-
 def test_cuda_column_shows_when_a_rank_reports_cuda_memory():
-    panel = LaunchPanel(_FakeHandle(), interval=0.05)
+    # CUDA figures a CPU-only machine cannot produce.
+    run = FakeRun([rank_status(0, cuda_allocated=1 << 30, cuda_reserved=2 << 30), rank_status(1)])
+    panel = LaunchPanel(run, interval=0.05)
     text = repr(panel)
     assert "CUDA allocated / reserved" in text and "1.00 GiB / 2.00 GiB" in text
     assert "- / -" in text  # rank 1 never initialised CUDA

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 import torch.nn as nn
@@ -252,3 +257,49 @@ def test_bad_arguments_raise():
     assert est.estimates["float32"].activations_measured  # keyword inputs
     with pytest.raises(ValueError, match="batch_size must be a positive int"):
         est.batch_size = -1
+
+
+# The model alone, with the GUI libraries blocked (importing any raises ImportError): every figure the view shows.
+_NO_WIDGETS = textwrap.dedent(
+    """
+    import json, sys
+    for name in ("ipywidgets", "matplotlib", "IPython"):
+        sys.modules[name] = None
+    import torch.nn as nn
+    from notebook_accel.widgets._machine import MachineInfo
+    from notebook_accel.widgets._memory_model import MemoryModel
+
+    mlp = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 256))
+    gib = 1024**3
+    model = MemoryModel(mlp, sample_input=(2, 512), machine=MachineInfo(ram_total=64 * gib, ram_available=64 * gib, disk_free=1024 * gib, gpus=()))
+    before = model.training_table()
+    model.batch_size = 64
+    print(json.dumps({
+        "rows": model.rows(), "training": [before, model.training_table()], "chart": model.chart_series(),
+        "machine": model.machine_line(), "sample_batch": model.sample_batch(),
+        "gui": [n for n in ("ipywidgets", "matplotlib", "IPython") if sys.modules[n] is not None],
+    }))
+    """
+)
+
+
+def test_model_without_ipywidgets_shows_what_the_view_shows():
+    run = subprocess.run([sys.executable, "-c", _NO_WIDGETS], capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["gui"] == [] and got["sample_batch"] == 2
+    view = MemoryEstimator(_mlp(), sample_input=(2, 512), machine=_machine())
+    heads, items = view.training_table()
+    assert got["training"][0] == [heads, items] and heads == ["training item", "float32", "float16"]
+    assert [row[0] for row in items][:2] == ["weights", "gradients"]
+    view.batch_size = 64
+    assert got["rows"] == view.rows() and [list(t) for t in got["training"][1]] == list(view.training_table())
+    assert got["training"][1] != got["training"][0]  # a bigger batch: more activation memory
+    labels, series, lines = got["chart"]
+    assert labels == ["float32", "float16", "int8", "int4"] and sorted(series) == [
+        "inference",
+        "training",
+        "weights",
+    ]
+    assert series["training"][2:] == [0, 0] and lines == {"RAM available": 64.0}
+    assert got["machine"] == view.machine_line() and got["machine"].startswith("This machine: RAM 64.00 GiB")

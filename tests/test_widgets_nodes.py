@@ -2,85 +2,29 @@
 
 A launch with ``nodes=`` gives each ``RankStatus`` its host (``node``); the panel then shows a row per
 node (state, summed CPU %, memory, CUDA memory) above that node's ranks, and names the node in output
-lines, bars and tabs. The handle here is a plain object carrying real ``RankStatus``/``OutputLine``/
-``BarState`` values (the end-to-end run across real nodes is in the cluster tests); a real launch on
-one machine shows no groups.
+lines, bars and tabs. The run here is ``tests/panel_helpers.FakeRun``, carrying real ``RankStatus``/
+``OutputLine``/``BarState`` values (the end-to-end run across real nodes is in the cluster tests, and a
+launch on two agents here below); a real launch on one machine shows no groups.
 """
 
 from __future__ import annotations
-
-import dataclasses
-import time
 
 import pytest
 from notebook_accel.widgets import LaunchPanel
 
 from notebook_accel import notebook_launcher
 from notebook_accel.launch.events import BarState
-from notebook_accel.launch.output import OutputLine
-from notebook_accel.launch.ranks import RankStatus
+from tests.panel_helpers import FakeRun, rank_status
 
 pytest.importorskip("ipywidgets")
 
 MiB = 1024**2
 
 
-class _Handle:
-    """A launch across nodes as the panel sees it: statuses, lines, bars, done callbacks, stop."""
-
-    def __init__(self, statuses: list, bars: list | None = None) -> None:
-        self._statuses = statuses
-        self._bars = bars or []
-        self.num_processes = len(statuses)
-        self.done = False
-        self.error = None
-        self.stopped = 0
-        self._line_subscribers: list = []
-        self._done_callbacks: list = []
-        self.live_bar_ranks = {s.rank for s in statuses}
-
-    def status(self) -> list:
-        return [dataclasses.replace(s) for s in self._statuses]
-
-    def subscribe(self, callback):
-        self._line_subscribers.append(callback)
-        return lambda: self._line_subscribers.remove(callback)
-
-    def add_done_callback(self, callback) -> None:
-        self._done_callbacks.append(callback)
-
-    def bars(self, rank: int) -> list:
-        return [b for b in self._bars if b.rank == rank]
-
-    def stop(self) -> None:
-        self.stopped += 1
-
-    def emit(self, rank: int, text: str, stream: str = "stdout") -> None:
-        for callback in list(self._line_subscribers):
-            callback(OutputLine(rank, stream, text, time.time()))
-
-    def finish(self, state: str) -> None:
-        for s in self._statuses:
-            s.state, s.ended_at = state, time.time()
-        self.done = True
-        for callback in self._done_callbacks:
-            callback(self)
-
-
 def _status(
     rank: int, node: str | None, state: str = "running", cpu: float = 50.0, rss: int = 100 * MiB, **kw
 ):
-    return RankStatus(
-        rank=rank,
-        pid=1000 + rank,
-        state=state,
-        started_at=time.time(),
-        cpu_percent=cpu,
-        rss=rss,
-        peak_rss=rss + MiB,
-        node=node,
-        **kw,
-    )
+    return rank_status(rank, node, state, cpu_percent=cpu, rss=rss, peak_rss=rss + MiB, **kw)
 
 
 def _bar(rank: int, n: float) -> BarState:
@@ -100,14 +44,14 @@ def _bar(rank: int, n: float) -> BarState:
     )
 
 
-def _two_nodes(**extra) -> _Handle:
+def _two_nodes(**extra) -> FakeRun:
     statuses = [
         _status(0, "gpu-a", cpu=90.0, rss=200 * MiB, **extra),
         _status(1, "gpu-a", cpu=10.0, rss=100 * MiB, **extra),
         _status(2, "gpu-b", state="failed", cpu=0.0, rss=50 * MiB, **extra),
         _status(3, "gpu-b", cpu=40.0, rss=150 * MiB, **extra),
     ]
-    return _Handle(statuses, bars=[_bar(0, 3), _bar(2, 1)])
+    return FakeRun(statuses, bars=[_bar(0, 3), _bar(2, 1)])
 
 
 def test_ranks_are_grouped_by_node_with_summed_figures():

@@ -6,6 +6,8 @@ import html
 import re
 from typing import Any
 
+from notebook_accel.launch.output import rank_label
+
 __all__: list[str] = []
 
 
@@ -20,7 +22,7 @@ def bar_text(bar: Any) -> str:
 
 def bar_label(bar: Any, node: str | None = None) -> str:
     """Return the HTML label beside a graphical bar: rank (and its node, across nodes), and tqdm's line less its text bar."""
-    where = f"{node} rank {bar.rank}" if node else f"rank {bar.rank}"
+    where = rank_label(bar.rank, node)
     return f"<span style='font-family:monospace;white-space:pre'>[{html.escape(where)}] {html.escape(bar_text(bar))}</span>"
 
 

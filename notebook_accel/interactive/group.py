@@ -10,10 +10,9 @@ to the busy ranks; ranks that do not stop within a few seconds break the group).
 
 from __future__ import annotations
 
-import collections
+import dataclasses
 import logging
 import os
-import pickle
 import select
 import signal
 import socket
@@ -21,21 +20,28 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
 
-from ..launch.cell_bars import CellBars, kernel_display
 from ..launch.doctor import RankStack, describe_stacks
 from ..launch.errors import RankFailure, order_failures
-from ..launch.events import FrameDecoder
 from ..launch.handle import LaunchHandle
 from ..launch.output import PrintSink
-from .cell_sink import CellSink
+from .cell_output import CellSink, CommandBars, command_bars
 from .errors import RankError
-from .rank_loop import send_frame
+from .protocol import (
+    IDLE_WAIT,
+    Command,
+    Display,
+    Err,
+    Interrupted,
+    MessageReader,
+    ProtocolError,
+    Reply,
+    encode,
+)
 from .rank_shell import show_rank_display
 from .watch import ProgressWatch, StackSampler, Verdict, report_text
 
-__all__ = ["Group"]
+__all__ = ["Group", "IdleRankStack", "failure_of", "mark_idle"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,85 +66,24 @@ class IdleRankStack(RankStack):
 
 
 def mark_idle(stacks: dict[int, RankStack]) -> dict[int, RankStack]:
-    """Return ``stacks`` with the ranks waiting for a command (in the rank loop's read) marked idle."""
+    """Return ``stacks`` with the ranks waiting for a command (in ``protocol.IDLE_WAIT``) marked idle."""
     out: dict[int, RankStack] = {}
     for rank, stack in stacks.items():
         main = stack.main
-        innermost = main.frames[0] if main is not None and main.frames else None
-        waiting = (
-            innermost is not None
-            and innermost.function == "_recv_exactly"
-            and innermost.filename.endswith(os.path.join("interactive", "rank_loop.py"))
-        )
+        waiting = main is not None and IDLE_WAIT.in_frames(main.frames)
         out[rank] = (
             IdleRankStack(**{f.name: getattr(stack, f.name) for f in fields(stack)}) if waiting else stack
         )
     return out
 
 
-class _CommandBars:
-    """The handle as ``CellBars`` sees it during one command: its bar events, passed on by ``pump()``.
-
-    Each command draws the ranks' live progress bars in its own cell (the running one), as a
-    blocking ``notebook_launcher`` does; nothing is drawn outside a kernel or with a panel. The
-    events are handed to ``CellBars`` from the calling thread: a kernel sends what a thread
-    displays to the cell that started the thread, and the supervising one was started by an
-    earlier cell.
-    """
-
-    def __init__(self, handle: LaunchHandle, display: Callable[..., Any]) -> None:
-        self._handle = handle
-        self._events: collections.deque[tuple[str, int, Any]] = collections.deque()
-        self._callbacks: list[Callable[[str, int, Any], None]] = []
-        self._done: list[Callable[[Any], None]] = []
-        self._unsubscribe = handle.subscribe_events(self._queue)
-        self.view = CellBars(self, display)
-
-    def _queue(self, kind: str, rank: int, item: Any) -> None:
-        if kind == "bar":
-            self._events.append((kind, rank, item))
-
-    def subscribe_events(self, callback: Callable[[str, int, Any], None]) -> Callable[[], None]:
-        self._callbacks.append(callback)
-        return lambda: self._callbacks.remove(callback)
-
-    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
-        self._done.append(fn)
-
-    def bars(self, rank: int | None = None, live_only: bool = False) -> list:
-        return self._handle.bars(rank, live_only)
-
-    def pump(self) -> None:
-        """Hand the bar events received so far to the view (from the calling thread)."""
-        while self._events:
-            event = self._events.popleft()
-            for callback in self._callbacks:
-                try:
-                    callback(*event)
-                except Exception:
-                    logger.exception("drawing the command's bars failed")
-
-    def close(self) -> None:
-        """Stop following the bars and draw them one last time."""
-        self._unsubscribe()
-        self.pump()
-        for fn in self._done:
-            try:
-                fn(self)
-            except Exception:
-                logger.exception("the last drawing of the command's bars failed")
-
-
-def _command_bars(handle: LaunchHandle, printing: bool) -> _CommandBars | None:
-    display = kernel_display() if printing else None
-    return _CommandBars(handle, display) if display is not None else None
-
-
 def _idle_ranks(wait: _Wait, world: int) -> str:
     """Return who the busy ranks wait for, and why those will not join: ``rank(s) [1], which raised``."""
     groups = {
-        "which raised": sorted(r for r, reply in wait.replies.items() if reply[0] == "err"),
-        "which finished the command": sorted(r for r, reply in wait.replies.items() if reply[0] != "err"),
+        "which raised": sorted(r for r, reply in wait.replies.items() if isinstance(reply, Err)),
+        "which finished the command": sorted(
+            r for r, reply in wait.replies.items() if not isinstance(reply, Err)
+        ),
         "which do not run this command": sorted(set(range(world)) - set(wait.replies) - wait.pending),
     }
     return "; ".join(f"rank(s) {ranks}, {why}" for why, ranks in groups.items() if ranks)
@@ -147,11 +92,14 @@ def _idle_ranks(wait: _Wait, world: int) -> str:
 class _Conn:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.decoder = FrameDecoder()
+        self.reader = MessageReader()
         self.closed = False
 
-    def read(self) -> list[tuple]:
-        """Return the messages completed by what can be read now (marks ``closed`` at EOF)."""
+    def read(self) -> list[Reply | Display]:
+        """Return the messages completed by what can be read now (marks ``closed`` at EOF).
+
+        Raises ProtocolError when the rank sent a message the protocol does not allow here.
+        """
         try:
             data = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
@@ -161,13 +109,14 @@ class _Conn:
         if not data:
             self.closed = True
             return []
-        return self.decoder.feed(data)
+        return self.reader.feed(data)  # type: ignore[return-value]  # REPLIES only, checked
 
 
-def failure_of(rank: int, pid: int | None, reply: tuple, when: float) -> RankFailure:
-    """Return the RankFailure an ``("err", seq, type, message, traceback)`` reply describes."""
-    _, _, exc_type, message, tb = reply
-    return RankFailure(rank, pid, exc_type, message, tb, None, None, when)
+def failure_of(rank: int, pid: int | None, reply: Err | Interrupted, when: float) -> RankFailure:
+    """Return the RankFailure an ``Err`` (or ``Interrupted``: its code raised KeyboardInterrupt) reply describes."""
+    if isinstance(reply, Interrupted):
+        return RankFailure(rank, pid, "KeyboardInterrupt", "interrupted", reply.traceback, None, None, when)
+    return RankFailure(rank, pid, reply.exc_type, reply.message, reply.traceback, None, None, when)
 
 
 class _Wait:
@@ -176,13 +125,13 @@ class _Wait:
     def __init__(self, seq: int, targets: list[int]) -> None:
         self.seq = seq
         self.pending = set(targets)
-        self.replies: dict[int, tuple] = {}
+        self.replies: dict[int, Reply] = {}
         self.times: dict[int, float] = {}
         self.first_idle: float | None = None
         """When some rank of the group first had nothing to do (replied, or not asked): now or never."""
         self.watch: ProgressWatch | None = None
         self.sampler: StackSampler | None = None
-        self.bars: _CommandBars | None = None
+        self.bars: CommandBars | None = None
         self.printer: PrintSink | None = None
 
 
@@ -215,11 +164,11 @@ class Group:
     def exchange(
         self,
         targets: list[int],
-        command: tuple,
-        on_reply: Callable[[int, tuple], None] | None = None,
+        command: Command,
+        on_reply: Callable[[int, Reply], None] | None = None,
         interrupt: threading.Event | None = None,
-    ) -> dict[int, tuple]:
-        """Return each target's reply to ``command`` (``(kind, *parts)``, sent as ``(kind, seq, *parts)``).
+    ) -> dict[int, Reply]:
+        """Return each target's reply to ``command`` (sent stamped with this exchange's sequence number).
 
         Raises RankError when the group broke meanwhile, KeyboardInterrupt after ^C (every busy
         rank interrupted, or the group stopped if one would not stop). ``interrupt`` set (from
@@ -228,7 +177,7 @@ class Group:
         if interrupt is not None and interrupt.is_set():
             raise KeyboardInterrupt("stopped before the command was sent; no rank ran it")
         self._seq += 1
-        body = pickle.dumps((command[0], self._seq, *command[1:]), protocol=pickle.HIGHEST_PROTOCOL)
+        frame = encode(dataclasses.replace(command, seq=self._seq))  # pickled once for every rank
         wait = _Wait(self._seq, targets)
         started = time.monotonic()
         if len(targets) < len(self._conns):
@@ -236,13 +185,13 @@ class Group:
         wait.watch = ProgressWatch(self.hang_timeout, started, self.device_sync)
         wait.sampler = StackSampler(self._take_stacks)
         printer = wait.printer = self.sink.printer()
-        bars = wait.bars = _command_bars(self.handle, self.sink.printing)
+        bars = wait.bars = command_bars(self.handle, self.sink.printing)
         self.sink.begin(printer, targets)
         try:
             try:
                 for rank in targets:
                     try:
-                        send_frame(self._conns[rank].sock, body)
+                        self._conns[rank].sock.sendall(frame)
                     except OSError:
                         self._conns[rank].closed = True
                 while wait.pending:
@@ -263,13 +212,18 @@ class Group:
         ready = select.select(list(socks), [], [], timeout)[0] if socks else time.sleep(timeout) or []
         for sock in ready:
             rank = socks[sock]
-            for message in self._conns[rank].read():
-                if message[0] == "display" and message[1] == wait.seq:
-                    if wait.printer is not None:  # after the lines the rank printed before it
-                        self._drain([rank], wait.printer)
-                    show_rank_display(rank, message[2], message[3], self.sink.printing)
+            try:
+                messages = self._conns[rank].read()
+            except ProtocolError as exc:
+                raise self._refused(rank, exc) from exc
+            for message in messages:
+                if isinstance(message, Display):
+                    if message.seq == wait.seq:
+                        if wait.printer is not None:  # after the lines the rank printed before it
+                            self._drain([rank], wait.printer)
+                        show_rank_display(rank, message.data, message.metadata, self.sink.printing)
                     continue
-                if message[1] != wait.seq:
+                if message.seq != wait.seq:
                     continue  # a late reply to an exchange given up on
                 now = time.monotonic()
                 wait.replies[rank], wait.times[rank] = message, now
@@ -296,7 +250,7 @@ class Group:
         sample = wait.sampler.result()
         if sample is not None:
             when, stacks = sample
-            raised = any(reply[0] == "err" for reply in wait.replies.values())
+            raised = any(isinstance(reply, Err) for reply in wait.replies.values())
             verdict = wait.watch.observe(
                 when, stacks, set(wait.pending), wait.first_idle is not None, last_sign, raised
             )
@@ -332,7 +286,7 @@ class Group:
         failures = [
             failure_of(r, self.pid(r), rep, wait.times[r])
             for r, rep in wait.replies.items()
-            if rep[0] == "err"
+            if isinstance(rep, Err)
         ]
         return RankError(
             order_failures(failures), reason, describe_stacks(stacks) if stacks else None, broken=True
@@ -358,13 +312,24 @@ class Group:
         failures += [
             failure_of(r, self.pid(r), rep, wait.times[r])
             for r, rep in wait.replies.items()
-            if rep[0] == "err"
+            if isinstance(rep, Err)
         ]
         reason = (
             f"rank(s) {dead} died, and the launcher stopped the others with them: the group is broken and every "
             "rank's namespace is lost; ranks.restart() (%ranks restart) forks new ranks from the kernel"
         )
         return RankError(order_failures(failures), reason, broken=True)
+
+    def _refused(self, rank: int, error: ProtocolError) -> RankError:
+        """Stop the group whose rank ``rank`` broke the protocol, and return the error saying so."""
+        self.broken = True
+        self.stop(graceful=False)
+        return RankError(
+            [],
+            f"rank {rank} sent what the kernel<->rank protocol does not allow ({error}), so the group was "
+            "stopped; ranks.restart() (%ranks restart) forks new ranks from the kernel",
+            broken=True,
+        )
 
     def _interrupt(self, wait: _Wait, printer: PrintSink, on_reply: Callable | None) -> None:
         """Interrupt the busy ranks (SIGINT), wait a little for them, then raise KeyboardInterrupt."""

@@ -2,27 +2,18 @@
 
 The ranks are the launcher's workers (same plan, environment, output, status and doctor as
 ``notebook_launcher``), forked from the kernel so they start with its imports, functions and
-variables, each running ``rank_loop.rank_main``: it forms the process group, then serves commands
-over a Unix socket until ``stop()``. One ``Ranks`` is the "current" one (``current()``), the one
-the ``%ranks`` magics drive.
+variables, each running ``rank_entry.rank_main``: it forms the process group, then serves commands
+over a Unix socket (``protocol.py``: the messages both sides share) until ``stop()``. ``startup.py``
+starts them, ``commands.py`` builds and sends each verb's command. One ``Ranks`` is the "current"
+one (``current()``), the one the ``%ranks`` magics drive.
 """
 
 from __future__ import annotations
 
-import atexit
-import itertools
+import dataclasses
 import logging
-import os
-import pickle
-import select
-import shutil
-import socket
 import sys
-import tempfile
-import threading
-import time
 import warnings
-import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -30,17 +21,27 @@ from typing import Any
 from ..launch.doctor import RankStack
 from ..launch.handle import LaunchHandle
 from ..launch.request import START_METHODS, LaunchRequest
-from ..launchers import start_persistent_group
 from ..utils.imports import cuda_device_count
-from .cell_sink import CellSink
-from .errors import NoRanksError, RankError
+from . import registry
+from .commands import (
+    Commands,
+    call_command,
+    exec_command,
+    pull_command,
+    push_command,
+    short_text,
+    targets_of,
+    usable,
+    values_of,
+)
+from .errors import NoRanksError
 from .gpus import check_gpus, choose_start_method, cuda_initialised
-from .group import Group, failure_of, mark_idle
+from .group import Group, mark_idle
 from .jobs import Job, command_guard, start_job, stop_running
-from .rank_loop import rank_main, recv_frame, remember_source, split_code, without_globals
-from .rank_shell import prepare_cell
-from .remote import relay_hook, resolve_nodes
-from .stale import StaleGlobalWarning, fingerprint, global_tokens, stale_message
+from .protocol import Command, Ok
+from .remote import resolve_nodes
+from .stale import StaleGlobalWarning, stale_message
+from .startup import start_group
 from .values import DEFAULT_VALUE_LIMIT, CellResult, cell_result, parse_size
 
 __all__ = ["CellResult", "RankState", "Ranks", "current", "require_current", "start_ranks"]
@@ -50,11 +51,6 @@ logger = logging.getLogger(__name__)
 # Options of notebook_launcher a persistent group takes too (through **more).
 _MORE = ("mixed_precision", "use_port", "master_addr", "log_dir", "log_line_prefix_template", "progress_bars",
          "collapse_output")  # fmt: skip
-_READY_SECONDS = 120.0  # forming the group: the first import of torch.distributed on a loaded machine is slow
-_cells = itertools.count(1)
-_current: Ranks | None = None
-_current_lock = threading.RLock()
-_LIVE: weakref.WeakSet[Ranks] = weakref.WeakSet()
 
 
 @dataclass
@@ -76,7 +72,7 @@ class RankState:
 
 def current() -> Ranks | None:
     """Return the running ``Ranks`` started last (None when none runs)."""
-    ranks = _current
+    ranks: Ranks | None = registry.get_current()
     return ranks if ranks is not None and not ranks._stopped else None
 
 
@@ -134,14 +130,13 @@ def start_ranks(
         RuntimeError: ranks started earlier are still running (stop them first).
         ValueError / TypeError: a bad option.
     """
-    global _current
     unknown = sorted(set(more) - set(_MORE))
     if unknown:
         raise TypeError(
             f"start_ranks() got unknown option(s) {unknown}; it takes num_processes, start_method, panel, "
             f"hang_timeout, gpus, value_limit, nodes and {', '.join(_MORE)}"
         )
-    with _current_lock:
+    with registry.lock:
         running = current()
         if running is not None and running.alive:
             raise RuntimeError(
@@ -161,7 +156,7 @@ def start_ranks(
             **more,
         )
         ranks._start()
-        _current = ranks
+        registry.set_current(ranks)
     return ranks
 
 
@@ -201,11 +196,11 @@ class Ranks:
         LaunchRequest(function=_placeholder, args=("", None, None), **self._options)
         self._group: Group | None = None
         self._stopped = True
-        self._claims: dict[str, object] = {}  # "command": the token of the command running
-        self._books: dict[int, dict[str, Any]] = {}
+        self._jobs: list[Job] = []
+        self._commands = Commands(self._jobs)
+        self._books = self._commands.books  # busy, cell, failed: per rank, for status()
         self._num_processes = num_processes
         self._known: frozenset[str] = frozenset()
-        self._jobs: list[Job] = []
 
     # ------------------------------------------------------------------ starting and stopping
 
@@ -215,61 +210,27 @@ class Ranks:
         self._options["start_method"] = method
         if note is not None:
             logger.warning("%s", note)
-        folder = tempfile.mkdtemp(prefix="notebook_accel-ranks-")
-        address = os.path.join(folder, "ranks.sock")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            listener.bind(address)
-            listener.listen(64)
-            sink = CellSink(
-                not self._options["panel"],
-                self._options.get("log_line_prefix_template"),
-                self._num_processes or 1,
-            )
-            request = LaunchRequest(
-                function=rank_main,
-                # Ranks elsewhere inherit no listener to close (and reach this one through their agent).
-                args=(address, None if "nodes" in self._options else listener.fileno(), self._gpus),
-                block=False,
-                sinks=[sink],
-                **self._options,
-            )
-            # Across nodes the ranks start once the agents joined and relay this socket (remote.py).
-            joined = {"on_join": relay_hook(request, address)} if "nodes" in self._options else {}
-            handle = start_persistent_group(request, **joined)
-            sink._n, sink.window = handle.num_processes, request.collapse_seconds
-            if handle.plan.hosts:  # across nodes: the prefix names the node, as notebook_launcher's does
-                sink.hosts, sink._n = handle.plan.hosts, handle.plan.num_processes
-            try:
-                conns = _accept(listener, handle, sink)
-            except BaseException:
-                handle.kill()
-                handle.wait(5)
-                raise
-        finally:
-            listener.close()
-            shutil.rmtree(folder, ignore_errors=True)
-        self._group = Group(handle, conns, sink)
+        self._group = start_group(self._options, self._gpus, self._num_processes)
+        handle = self._group.handle
         self._num_processes = handle.num_processes
-        self._books = {r: {"busy": False, "failed": False, "cell": ""} for r in range(handle.num_processes)}
+        self._commands.reset(handle.num_processes)
         self._stopped = False
         main = sys.modules.get("__main__")
         forked = self._options["start_method"] == "fork" and main is not None
         # Names every rank has for sure (a function using them need not bring them): the fork copied them.
         self._known = frozenset(vars(main)) if forked else frozenset()
-        _LIVE.add(self)
+        registry.started(self)
 
     def stop(self) -> None:
         """End the ranks (idempotent); they also end with the kernel."""
-        global _current
+        self._end()
+        registry.forget(self)
+
+    def _end(self) -> None:
         stop_running(self._jobs)  # a job's thread must not read sockets closed under it
         if self._group is not None:
             self._group.stop()
         self._stopped = True
-        _LIVE.discard(self)
-        with _current_lock:
-            if _current is self:
-                _current = None
 
     def restart(self) -> list[int]:
         """Stop the ranks and fork new ones from the kernel; return the ranks whose namespaces were lost."""
@@ -280,14 +241,9 @@ class Ranks:
                 "(ranks.stop() or %ranks stop), then restart these"
             )
         lost = list(range(self.num_processes)) if self._group is not None else []
-        stop_running(self._jobs)
-        if self._group is not None:
-            self._group.stop()
-        self._stopped = True  # until the new ranks are up (a failed start leaves this stopped)
+        self._end()  # stopped until the new ranks are up (a failed start leaves it so)
         self._start()
-        global _current
-        with _current_lock:
-            _current = self
+        registry.set_current(self)
         if lost:
             logger.warning(
                 "restarted %d ranks; the namespaces of ranks %s were lost (define their variables again)",
@@ -375,88 +331,16 @@ class Ranks:
     # ------------------------------------------------------------------ commands
 
     def _targets(self, on: int | Iterable[int] | None) -> list[int]:
-        n = self.num_processes
-        if on is None:
-            return list(range(n))
-        items = [on] if isinstance(on, int) else on
-        try:
-            ranks = sorted(set(items))
-        except TypeError:
-            raise TypeError(f"on={on!r} must be a rank, a list of ranks or None (every rank)") from None
-        if not ranks:
-            raise ValueError(f"on={on!r} names no rank; give ranks in 0..{n - 1}, or None for every rank")
-        for r in ranks:
-            if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < n:
-                raise ValueError(f"on={on!r}: rank {r!r} does not exist; this group has ranks 0..{n - 1}")
-        return ranks
+        return targets_of(on, self.num_processes)
 
     def _usable(self) -> Group:
-        if self._stopped or self._group is None:
-            raise NoRanksError(
-                "these ranks were stopped; start new ones with notebook_accel.start_ranks(...) (or %ranks start)"
-            )
-        if not self.alive:
-            handle = self._group.handle
-            error = handle.error if handle.done else None
-            why = (
-                error.failures[0].headline()
-                if error is not None and error.failures
-                else "a rank died or hung"
-            )
-            raise RuntimeError(
-                f"the ranks' group is broken ({why}): call ranks.restart() (or %ranks restart) to fork new "
-                "ranks from the kernel"
-            )
-        return self._group
+        return usable(self._group, self._stopped)
 
-    def _command(self, on: Any, command: tuple, cell: str) -> tuple[list[int], dict[int, tuple]]:
+    def _command(self, on: Any, command: Command, cell: str) -> tuple[list[int], dict[int, Ok]]:
         """Return (targets, replies) of ``command`` run on the ranks ``on`` names; raise if one failed."""
         targets = self._targets(on)
         group = self._usable()
-        # Refused while a background job runs, unless this is the job's own thread.
-        interrupt = command_guard(self._jobs)
-        me = object()  # this command's claim token
-        try:
-            # One command at a time. The claim is taken inside the try (a Stop landing just after it is
-            # released below), with one atomic dict call, so no lock can stay taken.
-            if self._claims.setdefault("command", me) is not me:
-                raise RuntimeError(
-                    "another command is running on these ranks (from another thread); wait for it"
-                )
-            for r in targets:
-                self._books[r].update(busy=True, cell=cell)
-
-            def on_reply(rank: int, reply: tuple) -> None:
-                self._books[rank].update(busy=False, failed=reply[0] == "err")
-
-            try:
-                replies = group.exchange(targets, command, on_reply, interrupt)
-            finally:
-                for r in targets:
-                    self._books[r]["busy"] = False
-        finally:
-            if self._claims.get("command") is me:
-                del self._claims["command"]
-        self._raise_failures(targets, replies)
-        return targets, replies
-
-    def _raise_failures(self, targets: list[int], replies: dict[int, tuple]) -> None:
-        failed = [r for r in targets if replies[r][0] != "ok"]
-        if not failed:
-            return
-        now = time.monotonic()
-        failures = [failure_of(r, self._group.pid(r), replies[r], now) for r in failed]
-        results = [
-            CellResult(r, ok=False, error=replies[r][4])
-            if r in failed
-            else cell_result(r, replies[r][2], self._value_limit)
-            for r in targets
-        ]
-        raise RankError(
-            failures,
-            f"raised on rank(s) {failed}; the ranks are alive and their namespaces intact",
-            results=results,
-        )
+        return targets, self._commands.run(group, targets, command, cell, self._value_limit)
 
     def execute(self, code: str, on: int | Iterable[int] | None = None) -> list[CellResult]:
         """Return one CellResult per targeted rank (rank order) after running ``code`` there.
@@ -469,20 +353,11 @@ class Ranks:
         return self._execute(code, on, self._value_limit)
 
     def _execute(self, code: str, on: Any, limit: int | None) -> list[CellResult]:
-        if not isinstance(code, str):
-            raise TypeError(
-                f"code must be a string of Python; got {type(code).__name__} (ranks.run() takes functions)"
-            )
-        filename = f"<rank cell {next(_cells)}>"
-        python, transformed = prepare_cell(code)  # %time, !ls ...: IPython's input transformations
-        split_code(python, filename)  # a SyntaxError stops here, before any rank sees the code
-        remember_source(code, filename)  # stacks taken here show the cell's lines
+        command = exec_command(code, limit)
         # Values are compared (digests, on the ranks) only where several ranks show theirs side by side.
-        options = {"limit": limit, "compare": len(self._targets(on)) > 1, "ipython": transformed}
-        if transformed:
-            options["python"] = python
-        targets, replies = self._command(on, ("exec", code, filename, options), _short(code))
-        return [cell_result(r, replies[r][2], limit) for r in targets]
+        command = dataclasses.replace(command, compare=len(self._targets(on)) > 1)
+        targets, replies = self._command(on, command, short_text(code))
+        return [cell_result(r, replies[r].payload, limit) for r in targets]
 
     def run(
         self, code_or_fn: str | Callable, *args: Any, on: int | Iterable[int] | None = None, **kwargs: Any
@@ -502,29 +377,20 @@ class Ranks:
                 )
             results = self._execute(code_or_fn, on, None)  # asked for the values: they all come
         elif callable(code_or_fn):
-            function = without_globals(code_or_fn, self._known)
-            blob = _dumps(
-                (function, args, kwargs), "the function and its arguments", "pass picklable arguments"
-            )
             forked = self._options["start_method"] == "fork"
-            command = ("call", blob, global_tokens(code_or_fn), forked)
-            targets, replies = self._command(on, command, _short(getattr(code_or_fn, "__qualname__", "call")))
-            results = [cell_result(r, replies[r][2]) for r in targets]
-            stale = stale_message(code_or_fn, {r: replies[r][2].get("stale", ()) for r in targets})
+            command = call_command(code_or_fn, args, kwargs, self._known, forked)
+            targets, replies = self._command(
+                on, command, short_text(getattr(code_or_fn, "__qualname__", "call"))
+            )
+            results = [cell_result(r, replies[r].payload) for r in targets]
+            stale = stale_message(code_or_fn, {r: replies[r].payload.get("stale", ()) for r in targets})
             if stale is not None:
                 warnings.warn(stale, StaleGlobalWarning, stacklevel=2)
         else:
             raise TypeError(
                 f"ranks.run() takes a string of code or a callable; got {type(code_or_fn).__name__}"
             )
-        for result in results:
-            if result.unpicklable is not None:
-                raise TypeError(
-                    f"the value rank {result.rank} computed ({result.unpicklable}) cannot be pickled back to the "
-                    "kernel (the code did run); assign it to a name and return a picklable part of it (a tensor, "
-                    "a state_dict(), plain numbers)"
-                )
-        return [result.value for result in results]
+        return values_of(results)
 
     def submit(
         self, code_or_fn: str | Callable, *args: Any, on: int | Iterable[int] | None = None, **kwargs: Any
@@ -551,9 +417,8 @@ class Ranks:
         targets = self._targets(on)  # bad ranks, stopped or broken ranks: raised now, not in job.result()
         self._usable()
         command_guard(self._jobs)  # one job at a time: the running one is named
-        if "command" in self._claims:
-            raise RuntimeError("another command is running on these ranks (from another thread); wait for it")
-        return start_job(self._jobs, _short(what), None if on is None else targets, call, show)
+        self._commands.refuse_if_busy()
+        return start_job(self._jobs, short_text(what), None if on is None else targets, call, show)
 
     @property
     def jobs(self) -> list[Job]:
@@ -567,111 +432,15 @@ class Ranks:
     def push_many(self, mapping: dict[str, Any] | None = None, /, *, on: Any = None, **values: Any) -> None:
         """Set every name of ``mapping`` / ``values`` in the namespaces of the targeted ranks."""
         values = {**(mapping or {}), **values}
-        if not values:
-            raise ValueError("push_many() got no values; pass name=value pairs")
-        for name in values:
-            if not isinstance(name, str) or not name.isidentifier():
-                raise ValueError(
-                    f"{name!r} is not a Python name; push values under names like 'model' or 'lr'"
-                )
-        for name, value in values.items():
-            _dumps(value, f"{name} (a {type(value).__module__}.{type(value).__qualname__})", _PUSH_FIX)
-        blob = _dumps(values, "the values", _PUSH_FIX)
-        tokens = {name: fingerprint(value) for name, value in values.items()}
-        self._command(on, ("push", blob, tokens), f"push {', '.join(values)}")
+        self._command(on, push_command(values), f"push {', '.join(values)}")
         if on is None:
             self._known |= frozenset(values)
 
     def pull(self, name: str, on: int | Iterable[int] | None = None) -> list:
         """Return the value of ``name`` on each targeted rank (rank order)."""
-        if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"{name!r} is not a Python name; pull a variable of the ranks by its name")
-        targets, replies = self._command(on, ("pull", name), f"pull {name}")
-        results = [cell_result(r, replies[r][2]) for r in targets]
-        for result in results:
-            if result.unpicklable is not None:
-                raise TypeError(
-                    f"{name} on rank {result.rank} is {result.unpicklable}, and cannot be pickled back to the "
-                    "kernel; pull a picklable part of it instead (a tensor, a state_dict(), plain lists or "
-                    "numbers): assign one to a name on the ranks first"
-                )
-        return [result.value for result in results]
-
-
-_PUSH_FIX = (
-    "push plain data instead (tensors, lists, numbers, a state_dict()), or build the object on the ranks"
-)
+        targets, replies = self._command(on, pull_command(name), f"pull {name}")
+        return values_of([cell_result(r, replies[r].payload) for r in targets], pulled=name)
 
 
 def _placeholder(address: str, listener_fd: int | None, gpus: tuple[int, ...] | None) -> None:
     """Stands for ``rank_main`` while the options are checked."""
-
-
-def _short(code: str, limit: int = 60) -> str:
-    lines = [line.strip() for line in code.strip().splitlines() if line.strip()]
-    text = lines[0] if lines else ""
-    if len(lines) > 1:
-        text += " …"
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _dumps(value: Any, what: str, fix: str) -> bytes:
-    import cloudpickle
-
-    try:
-        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        raise TypeError(
-            f"{what} cannot be pickled to send to the ranks ({type(exc).__name__}: {exc}); {fix}"
-        ) from exc
-
-
-def _accept(listener: socket.socket, handle: LaunchHandle, sink: CellSink) -> dict[int, socket.socket]:
-    """Return each rank's connected socket, once every rank has formed the group and said ready."""
-    n = handle.num_processes
-    conns: dict[int, socket.socket] = {}
-    waiting: list[socket.socket] = []
-    printer = sink.printer()
-    deadline = time.monotonic() + _READY_SECONDS
-    sink.begin(printer)  # what the ranks print while they start: by this thread, into the calling cell
-    try:
-        while len(conns) < n:
-            if handle.done:
-                error = handle.error
-                raise RuntimeError(f"the ranks ended before they were ready: {error or 'no error reported'}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"the ranks were not ready within {_READY_SECONDS:g} s; see their output above"
-                )
-            ready = select.select([listener, *waiting], [], [], 0.05)[0]
-            for sock in ready:
-                if sock is listener:
-                    waiting.append(listener.accept()[0])
-                    continue
-                waiting.remove(sock)
-                message = recv_frame(sock)
-                if message is None or message[0] != "ready":
-                    sock.close()
-                    continue
-                _, rank, _pid, problem = message
-                conns[rank] = sock
-                if problem:
-                    raise RuntimeError(f"rank {rank} could not join the process group: {problem}")
-            sink.flush(printer)
-    except BaseException:
-        for sock in (*conns.values(), *waiting):
-            sock.close()
-        raise
-    finally:
-        sink.end(printer)
-    return conns
-
-
-@atexit.register
-def _stop_live_ranks() -> None:
-    # The kernel is shutting down: end the ranks (they would also end with it, a moment later).
-    for ranks in list(_LIVE):
-        try:
-            ranks.stop()
-        except Exception:
-            logger.debug("stopping ranks at exit failed", exc_info=True)

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from ..utils._wire import dumps_by_value
+
 __all__ = [
     "DEFAULT_VALUE_LIMIT",
     "CellResult",
@@ -94,36 +96,25 @@ def _cpu_reducer(torch: ModuleType, obj: object, protocol: int) -> Any:
     return data.__reduce_ex__(protocol)
 
 
-_PICKLERS: dict[int, type] = {}
-
-
-def _cpu_pickler(torch: ModuleType) -> type:
-    """Return a CloudPickler class that pickles non-CPU tensors as CPU tensors (made once per torch)."""
-    import cloudpickle  # the rank side only: the kernel unpickles with plain pickle
-
-    pickler = _PICKLERS.get(id(torch))
-    if pickler is None:
-
-        class CPUPickler(cloudpickle.CloudPickler):
-            def reducer_override(self, obj: object) -> Any:
-                if isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
-                    return _cpu_reducer(torch, obj, _PROTOCOL)
-                return super().reducer_override(obj)
-
-        pickler = _PICKLERS[id(torch)] = CPUPickler
-    return pickler
-
-
 def dumps_cpu(value: object) -> bytes:
-    """Return ``value`` pickled (cloudpickle: classes of a rank's ``__main__`` by value), tensors as CPU tensors."""
-    import cloudpickle
+    """Return ``value`` pickled (cloudpickle: classes of a rank's ``__main__`` by value), tensors as CPU tensors.
 
+    Raises TypeError (``utils._wire.dumps_by_value``'s, the pickling error its ``__cause__``) when it cannot be.
+    """
     torch = _torch()
-    if torch is None:
-        return cloudpickle.dumps(value, protocol=_PROTOCOL)
-    buffer = io.BytesIO()
-    _cpu_pickler(torch)(buffer, protocol=_PROTOCOL).dump(value)
-    return buffer.getvalue()
+
+    def on_cpu(obj: object) -> Any:
+        if isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
+            return _cpu_reducer(torch, obj, _PROTOCOL)
+        return NotImplemented
+
+    return dumps_by_value(
+        value,
+        what="the value",
+        to="the kernel",
+        fix="return or pull a picklable part of it",
+        reduce=on_cpu if torch is not None else None,
+    )
 
 
 def _tensor_bytes(torch: ModuleType, tensor: Any) -> Any:
@@ -264,8 +255,9 @@ def value_payload(
         return payload
     try:
         blob = dumps_cpu(value)
-    except Exception as exc:
-        payload["unpicklable"] = f"{type(exc).__name__}: {exc}"
+    except TypeError as exc:
+        cause = exc.__cause__ or exc
+        payload["unpicklable"] = f"{type(cause).__name__}: {cause}"
         return payload
     payload["size"] = len(blob)
     if limit is not None and len(blob) > limit:

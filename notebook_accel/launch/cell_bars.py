@@ -25,7 +25,10 @@ def kernel_display() -> Callable[..., Any] | None:
     outside one the core must not load it.
     """
     ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
+    # IPython may be half imported by another thread right now (a panel's first view imports ipywidgets,
+    # which imports IPython, while a restart asks this): not a kernel's, which imported it long before.
+    get_ipython = getattr(ipython, "get_ipython", None)
+    shell = get_ipython() if get_ipython is not None else None
     if shell is None or not hasattr(shell, "kernel"):
         return None
     return ipython.display.display

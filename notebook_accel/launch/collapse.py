@@ -2,7 +2,7 @@
 
 ``Collapser`` is the rule, with no clock or thread of its own (the caller says what time it is);
 ``CollapsingPrinter`` is the launch's printing sink built on it, a ``PrintSink`` whose held lines go
-out on a timer thread. The interactive ranks' cell sink (``interactive.cell_sink``) drives a
+out on a timer thread. The interactive ranks' cell sink (``interactive.cell_output``) drives a
 ``Collapser`` from the thread of the running command instead. Only what is printed in the cell is
 collapsed: the handle's history (``lines()``, the panel) and the ``log_dir`` files get every line.
 

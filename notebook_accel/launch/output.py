@@ -26,6 +26,9 @@ from typing import IO
 
 __all__ = [
     "announce",
+    "dropped_note",
+    "line_prefix",
+    "rank_label",
     "unread_bytes",
     "HISTORY_BYTES",
     "HISTORY_LINES",
@@ -130,7 +133,11 @@ class OutputHistory:
     def __init__(self, max_lines: int | None = None, max_bytes: int | None = None) -> None:
         self.max_lines = HISTORY_LINES if max_lines is None else max_lines
         self.max_bytes = HISTORY_BYTES if max_bytes is None else max_bytes
-        self._lines: collections.deque[tuple[OutputLine, int]] = collections.deque()
+        # Two deques side by side, not one of (line, size) pairs: a pair per line is one more object for
+        # the garbage collector to track, which made an append 3-4x slower with many histories (a panel
+        # keeps one per rank).
+        self._lines: collections.deque[OutputLine] = collections.deque()
+        self._sizes: collections.deque[int] = collections.deque()
         self.bytes = 0
         """Memory taken by the kept lines' text."""
         self.dropped_lines = 0
@@ -139,10 +146,12 @@ class OutputHistory:
     def append(self, line: OutputLine) -> None:
         """Keep ``line``, dropping the oldest lines while over either bound."""
         size = sys.getsizeof(line.text)
-        self._lines.append((line, size))
+        self._lines.append(line)
+        self._sizes.append(size)
         self.bytes += size
         while len(self._lines) > 1 and (len(self._lines) > self.max_lines or self.bytes > self.max_bytes):
-            _, old = self._lines.popleft()
+            self._lines.popleft()
+            old = self._sizes.popleft()
             self.bytes -= old
             self.dropped_lines += 1
             self.dropped_bytes += old
@@ -152,17 +161,27 @@ class OutputHistory:
 
     def snapshot(self, rank: int | None = None) -> list[OutputLine]:
         """Return the kept lines, oldest first (of one ``rank`` or of all)."""
-        return [line for line, _ in self._lines if rank is None or line.rank == rank]
+        if rank is None:
+            return list(self._lines)
+        return [line for line in self._lines if line.rank == rank]
 
     def dropped_text(self) -> str:
         """Return a note on the lines dropped to stay within the bounds ("" when none were)."""
-        if not self.dropped_lines:
-            return ""
-        return (
-            f"{self.dropped_lines} older line(s) ({self.dropped_bytes / 2**20:.1f} MiB) dropped: the launch keeps "
-            f"the newest {self.max_lines} lines and {self.max_bytes / 2**20:.0f} MiB of output "
-            "(log_dir=... keeps everything on disk)"
+        return dropped_note(
+            self.dropped_lines,
+            f" ({self.dropped_bytes / 2**20:.1f} MiB): the launch keeps the newest {self.max_lines} lines "
+            f"and {self.max_bytes / 2**20:.0f} MiB of output",
         )
+
+
+def dropped_note(lines: int, detail: str = "") -> str:
+    """Return the note on ``lines`` oldest output lines no longer kept, ``detail`` after the count ("" for 0).
+
+    The one wording of it: the history's ``dropped_text()`` and the launch panel both show it.
+    """
+    if not lines:
+        return ""
+    return f"{lines} older output line(s) dropped{detail} (log_dir=... keeps every line on disk)"
 
 
 def short_host(host: str) -> str:
@@ -188,12 +207,6 @@ def span_text(numbers: Sequence[int]) -> str:
             )
         start = prev = n
     return ",".join(parts)
-
-
-def rank_span(ranks: Sequence[int]) -> str:
-    """Return ``"rank 5"`` for one rank, else ``"ranks "`` and the sorted set as ``span_text`` writes it (``"ranks 0-3,5"``)."""
-    ordered = sorted(set(ranks))
-    return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {span_text(ordered)}"
 
 
 def node_span(names: Sequence[str]) -> str:
@@ -234,9 +247,7 @@ def format_prefix(
     passes their set as text (``rank="0-3,5"``, ``node="n1-n2"``): ``"[n1-n2 ranks 0-3,5] "``.
     """
     if template is None:
-        where = f"{node} " if node else ""
-        word = "rank" if isinstance(rank, int) else "ranks"
-        return f"[{where}{word} {rank}] " if attempt == 1 else f"[{where}{word} {rank}, attempt {attempt}] "
+        return _default_prefix(rank, attempt, node)
     values = {
         "rank": rank,
         "local_rank": local_rank,
@@ -252,6 +263,34 @@ def format_prefix(
             f"log_line_prefix_template={template!r} cannot be formatted ({exc!r}); "
             "use the fields {rank}, {local_rank}, {role_name}, {attempt} and {node}"
         ) from None
+
+
+def rank_label(rank: int | str, node: str | None = None) -> str:
+    """Return ``rank N``, or ``NODE rank N`` for a rank of a launch across nodes (tabs, bars and prefixes say it so).
+
+    ``rank`` as text is a set of ranks (``span_text``'s ``"0-3,5"``): ``ranks 0-3,5``, ``n1-n2 ranks 0-3,5``.
+    """
+    word = "rank" if isinstance(rank, int) else "ranks"
+    return f"{node} {word} {rank}" if node else f"{word} {rank}"
+
+
+def rank_span(ranks: Sequence[int]) -> str:
+    """Return ``"rank 5"`` for one rank, else ``"ranks "`` and the sorted set as ``span_text`` writes it (``"ranks 0-3,5"``)."""
+    ordered = sorted(set(ranks))
+    return rank_label(ordered[0] if len(ordered) == 1 else span_text(ordered))
+
+
+def _default_prefix(rank: int | str, attempt: int = 1, node: str | None = None, mark: str = "") -> str:
+    where = rank_label(rank, node) + mark
+    return f"[{where}] " if attempt == 1 else f"[{where}, attempt {attempt}] "
+
+
+def line_prefix(line: OutputLine, node: str | None = None) -> str:
+    """Return the default prefix of ``line`` as a view shows it: ``format_prefix``'s, with ``!`` after the rank for stderr.
+
+    ``[rank 3] ``, ``[rank 3!] `` (stderr), ``[gpu-b rank 3, attempt 2] ``.
+    """
+    return _default_prefix(line.rank, line.attempt, node, "!" if line.stream == "stderr" else "")
 
 
 class PrintSink:

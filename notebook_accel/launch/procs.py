@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import replace
 
+from ..utils._wire import dumps_by_value
 from .worker import WorkerSpec, worker_main
 
 __all__ = ["WorkerProcess", "by_value", "start_worker"]
@@ -220,9 +221,12 @@ def by_value(spec: WorkerSpec) -> WorkerSpec:
     """
     if spec.payload is not None:
         return replace(spec, close_fds=())
-    import cloudpickle
-
-    payload = cloudpickle.dumps((spec.function, spec.args))
+    payload = dumps_by_value(
+        (spec.function, spec.args),
+        what=f"the function {getattr(spec.function, '__qualname__', spec.function)!r} and its arguments",
+        to=f"rank {spec.rank}, a fresh interpreter",
+        fix="pass arguments that pickle (tensors, numbers, lists, dicts), or build the objects in the function",
+    )
     return replace(spec, function=None, args=(), payload=payload, close_fds=())
 
 

@@ -67,6 +67,10 @@ class UsageSampler:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             self._procs.pop(pid, None)
             return
+        if rss == 0:
+            # A process that has exited but is not reaped yet (a zombie) reads as 0 bytes resident: its
+            # figures are those it sent as it ended (``final_usage``) or the last live sample, never these.
+            return
         status.cpu_percent = cpu
         status.rss = rss
         peak = _peak_rss(pid)

@@ -67,6 +67,18 @@ class LaunchViews(OutputRecord):
     _events: EventHub
     _ranks: list[Any]  # the handle's per-rank books (ranks._Rank)
 
+    # The restart facts of the run's read-only view, for a group that is one whole run (no ``max_restarts``):
+    # ``restarts.RestartingHandle`` has the real ones.
+    max_restarts = 0
+    """How many times a failed group is restarted: none."""
+    restarting = False
+    """True while waiting to start the next try: never."""
+
+    @property
+    def attempts(self) -> list[object]:
+        """Return the records of the tries that ended before this one (``restarts.Attempt``): none."""
+        return []
+
     @property
     def metrics(self) -> list[dict[str, Any]]:
         """Return what ``accelerator.log`` sent through ``NotebookTracker``: one dict per call, ``step`` first.

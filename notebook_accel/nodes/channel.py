@@ -27,6 +27,8 @@ import struct
 import threading
 from typing import Any
 
+from ..utils._wire import read_exactly
+
 __all__ = ["MAX_FRAME", "Channel", "ChannelError", "accept_channel", "connect_channel", "new_secret"]
 
 MAGIC = b"notebook_accel-nodes/1\n"
@@ -50,17 +52,6 @@ def new_secret() -> bytes:
 
 def _mac(key: bytes, *parts: bytes) -> bytes:
     return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
-
-
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
-    chunks, got = [], 0
-    while got < n:
-        chunk = sock.recv(min(n - got, 1 << 20))
-        if not chunk:
-            raise ChannelError(f"the connection closed after {got} of {n} bytes")
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
 
 
 class Channel:
@@ -95,11 +86,11 @@ class Channel:
     def recv_bytes(self) -> bytes:
         """Return the next frame's body once its signature verified (the connection is dropped if not)."""
         try:
-            (length,) = _HEADER.unpack(_read_exactly(self.sock, _HEADER.size))
+            (length,) = _HEADER.unpack(read_exactly(self.sock, _HEADER.size))
             if length > MAX_FRAME:
                 raise ChannelError(f"a frame of {length} bytes is over the limit of {MAX_FRAME}")
-            mac = _read_exactly(self.sock, _MAC)
-            body = _read_exactly(self.sock, length)
+            mac = read_exactly(self.sock, _MAC)
+            body = read_exactly(self.sock, length)
         except ChannelError:
             self.close()
             raise
@@ -142,7 +133,7 @@ def accept_channel(sock: socket.socket, secret: bytes, timeout: float = 10.0) ->
         sock.settimeout(timeout)
         nonce_k = secrets.token_bytes(_NONCE)
         sock.sendall(MAGIC + nonce_k)
-        answer = _read_exactly(sock, _NONCE + _MAC)
+        answer = read_exactly(sock, _NONCE + _MAC)
         nonce_a, proof = answer[:_NONCE], answer[_NONCE:]
         if not hmac.compare_digest(proof, _mac(secret, b"agent", nonce_k, nonce_a)):
             raise ChannelError("the peer did not prove the launch's secret; connection refused")
@@ -159,13 +150,13 @@ def connect_channel(address: tuple[str, int], secret: bytes, timeout: float = 10
     """Return the agent's channel to the kernel at ``address`` once both sides proved the secret."""
     sock = socket.create_connection(address, timeout=timeout)
     try:
-        hello = _read_exactly(sock, len(MAGIC) + _NONCE)
+        hello = read_exactly(sock, len(MAGIC) + _NONCE)
         if not hmac.compare_digest(hello[: len(MAGIC)], MAGIC):
             raise ChannelError(f"{address[0]}:{address[1]} is not a notebook_accel kernel")
         nonce_k = hello[len(MAGIC) :]
         nonce_a = secrets.token_bytes(_NONCE)
         sock.sendall(nonce_a + _mac(secret, b"agent", nonce_k, nonce_a))
-        proof = _read_exactly(sock, _MAC)
+        proof = read_exactly(sock, _MAC)
         if not hmac.compare_digest(proof, _mac(secret, b"kernel", nonce_a, nonce_k)):
             raise ChannelError("the kernel did not prove the launch's secret; connection refused")
         sock.settimeout(None)

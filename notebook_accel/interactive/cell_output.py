@@ -1,23 +1,30 @@
-"""Where the interactive ranks' lines go: into the cell of the running command, identical lines collapsed.
+"""Where an interactive group's output goes: into the cell running a command, from that cell's own thread.
 
-During a command (``begin`` .. ``end``) the launcher's supervising thread only queues each line; the
-command's own thread prints them (``flush``, every few milliseconds while it waits for the ranks), so
-they land in the running cell. Lines the command's ranks print alike go out once, labelled with their
-ranks (``launch.collapse``: held at most ``window`` seconds, everything printed by the end of the
-command). Between commands a line prints at once, as it comes.
+A kernel routes what a thread prints or displays to the cell that started the thread; the thread
+supervising the ranks was started by an earlier cell. So the ranks' lines are queued (``CellSink``)
+and their progress-bar events collected (``CommandBars``), and the thread running the command
+(``Group.exchange``) prints and draws them into its cell; between commands the lines are printed at once.
+Lines the command's ranks print alike go out once, labelled with their ranks (``launch.collapse``: held at
+most ``window`` seconds, everything printed by the end of the command).
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from ..launch.cell_bars import CellBars, kernel_display
 from ..launch.collapse import Collapser
+from ..launch.handle import LaunchHandle
 from ..launch.output import OutputLine, PrintSink
 
-__all__ = ["CellSink"]
+__all__ = ["CellSink", "CommandBars", "command_bars"]
+
+logger = logging.getLogger(__name__)
 
 
 class CellSink:
@@ -99,3 +106,62 @@ class CellSink:
         for line in rest:
             printer.write(line)
         self._printer = None
+
+
+class CommandBars:
+    """The handle as ``CellBars`` sees it during one command: its bar events, passed on by ``pump()``.
+
+    Each command draws the ranks' live progress bars in its own cell (the running one), as a
+    blocking ``notebook_launcher`` does; nothing is drawn outside a kernel or with a panel. The
+    events are handed to ``CellBars`` from the calling thread: a kernel sends what a thread
+    displays to the cell that started the thread, and the supervising one was started by an
+    earlier cell.
+    """
+
+    def __init__(self, handle: LaunchHandle, display: Callable[..., Any]) -> None:
+        self._handle = handle
+        self._events: collections.deque[tuple[str, int, Any]] = collections.deque()
+        self._callbacks: list[Callable[[str, int, Any], None]] = []
+        self._done: list[Callable[[Any], None]] = []
+        self._unsubscribe = handle.subscribe_events(self._queue)
+        self.view = CellBars(self, display)
+
+    def _queue(self, kind: str, rank: int, item: Any) -> None:
+        if kind == "bar":
+            self._events.append((kind, rank, item))
+
+    def subscribe_events(self, callback: Callable[[str, int, Any], None]) -> Callable[[], None]:
+        self._callbacks.append(callback)
+        return lambda: self._callbacks.remove(callback)
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        self._done.append(fn)
+
+    def bars(self, rank: int | None = None, live_only: bool = False) -> list:
+        return self._handle.bars(rank, live_only)
+
+    def pump(self) -> None:
+        """Hand the bar events received so far to the view (from the calling thread)."""
+        while self._events:
+            event = self._events.popleft()
+            for callback in self._callbacks:
+                try:
+                    callback(*event)
+                except Exception:
+                    logger.exception("drawing the command's bars failed")
+
+    def close(self) -> None:
+        """Stop following the bars and draw them one last time."""
+        self._unsubscribe()
+        self.pump()
+        for fn in self._done:
+            try:
+                fn(self)
+            except Exception:
+                logger.exception("the last drawing of the command's bars failed")
+
+
+def command_bars(handle: LaunchHandle, printing: bool) -> CommandBars | None:
+    """Return the bars of a command that draws them in its cell (a kernel's, printing), else None."""
+    display = kernel_display() if printing else None
+    return CommandBars(handle, display) if display is not None else None
