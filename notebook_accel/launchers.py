@@ -22,6 +22,7 @@ from typing import Any
 
 from ._lazy import LazyModule
 from .launch.cell_bars import CellBars, kernel_display
+from .launch.collapse import CollapsingPrinter
 from .launch.elastic import launch_elastic
 from .launch.handle import LaunchHandle
 from .launch.output import LogDirSink, OutputLine, PrintSink, announce
@@ -92,15 +93,10 @@ def _build_sinks(plan: LaunchPlan, request: LaunchRequest) -> list[Callable[[Out
     if request.panel:
         # The panel shows every line; printing them too would fill whichever cell runs meanwhile.
         return []
-    template = request.log_line_prefix_template
-    return [
-        PrintSink(
-            prefix_template=template,
-            num_processes=plan.num_processes,
-            node_rank=plan.node_rank,
-            hosts=plan.hosts,
-        )
-    ]
+    printer = PrintSink(prefix_template=request.log_line_prefix_template, num_processes=plan.num_processes,
+                        node_rank=plan.node_rank, hosts=plan.hosts)  # fmt: skip
+    window = request.collapse_seconds
+    return [printer if window is None else CollapsingPrinter(printer, plan.supervised_ranks, window)]
 
 
 def _show_panel(handle: LaunchHandle | RestartingHandle) -> None:
@@ -142,6 +138,7 @@ def notebook_launcher(
     on_hang: str = "report",
     allow_oversubscribe: bool = False,
     nodes: Any = None,
+    collapse_output: bool | float = True,
 ) -> list[Any] | LaunchHandle | RestartingHandle:
     """Return each rank's return value (a list indexed by rank) after running ``function(*args)`` on every process.
 
@@ -158,9 +155,8 @@ def notebook_launcher(
             runs through torch.distributed.elastic (see ``notebook_accel.launch.elastic``).
         rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id: elastic rendezvous settings (as in torchrun);
             ``"c10d"`` runs through torch elastic on one node too (``rdzv_id`` names the log folder).
-        max_restarts, monitor_interval: after a rank fails, restart the group up to ``max_restarts``
-            times, ``monitor_interval`` s later (a stop, ^C or the timeout never restarts); each restart
-            is announced; the handle is a ``RestartingHandle`` (``attempt``, ``restarts``, ``attempts``).
+        max_restarts, monitor_interval: after a rank fails, restart the group up to ``max_restarts`` times,
+            ``monitor_interval`` s later (never after a stop, ^C or the timeout); a ``RestartingHandle``.
         log_line_prefix_template: prefix of each output line, e.g. "[{rank}]: " (``${rank}``,
             ``{local_rank}``, ``{role_name}`` work too); default "[rank N] ".
         block: False returns a ``LaunchHandle`` at once (status, live output, stacks, wait/result/stop).
@@ -174,16 +170,15 @@ def notebook_launcher(
             was) is raised (with ``max_restarts``: counted over the whole run).
         progress_bars: "main": live bars of the main process's tqdm bars (panel or cell), "all": of
             every rank, "text": tqdm's own text; "auto": "main" in a kernel or panel, else "text".
-        hang_timeout: seconds without progress after which the hang rule acts (None: 60 s; math.inf:
-            never; guide: "A stuck rank"): a rank waiting in a collective that long while another is
-            busy is reported once; every rank waiting that long, none moving, is a deadlock that
-            stops the launch with every rank's stack. Ranks waiting for one that has returned stop
-            it at once.
-        on_hang: what a report of a rank waiting for a busy one does: "report" (show it once, keep
-            running) or "stop" (stop there, raise with the stacks).
+        hang_timeout: seconds without progress after which the hang rule acts (None: 60 s; math.inf: never;
+            guide: "A stuck rank"): a rank waiting that long for a busy one is reported once; every rank
+            waiting that long, none moving, is a deadlock that stops the launch with every rank's stack.
+        on_hang: what that report does: "report" (show it once, keep running) or "stop" (stop, raise with the stacks).
         allow_oversubscribe: accept ``num_processes`` above 64 per CPU core (else refused as a likely typo).
         nodes: run ``num_processes`` ranks on each of several machines from this kernel: ``"slurm"`` (the
             allocation's nodes), ``"slurm:<jobid>"``, SSH host names or a ``Nodes`` (guide: "Several machines").
+        collapse_output: a line ranks print alike shows once in the cell, ``[ranks 0-3] text``, held up to
+            0.25 s for the others (a number: that many s); False: each rank's (lines()/log_dir keep all).
 
     Raises:
         LaunchError: a rank raised or died; the root cause's rank, pid, type and traceback first.
@@ -205,16 +200,15 @@ def _launch(request: LaunchRequest) -> list[Any] | LaunchHandle | RestartingHand
         return _launch_with_restarts(request, plan, group)
     plan = resolve_plan(request)
     if plan.backend == "xla":
-        request.refuse_on(
-            "a TPU launch (torch_xla runs to the end)", ("block", "sinks", "timeout", "panel", "log_dir")
-        )
+        request.refuse_on("a TPU launch (torch_xla runs to the end)",
+                          ("block", "sinks", "timeout", "panel", "log_dir", "collapse_output"))  # fmt: skip
         announce(_build_sinks(plan, request), plan.describe())
         return launch_xla(request.function, request.args, plan)
     if plan.num_nodes > 1 or request.rdzv_backend != "static":
         request.refuse_on(
             "num_nodes > 1 or rdzv_backend='c10d' (torch elastic runs to the end)",
-            ("block", "sinks", "timeout", "panel", "hang_timeout", "on_hang", "progress_bars"),
-        )
+            ("block", "sinks", "timeout", "panel", "hang_timeout", "on_hang", "progress_bars", "collapse_output"),
+        )  # fmt: skip
         announce(_build_sinks(plan, request), plan.describe())
         return launch_elastic(
             request.function, request.args, plan, rdzv_backend=request.rdzv_backend,
@@ -321,6 +315,9 @@ class _RunOutput:
     """The agents of a launch across nodes (``nodes.remote.NodeGroup``): they end with the launch."""
 
     def close(self) -> None:
+        for sink in self.sinks:
+            if isinstance(sink, CollapsingPrinter):
+                sink.close()  # the lines it still holds, before the launch's outcome
         if self.log_sink is not None:
             self.log_sink.close()
         if self.group is not None:

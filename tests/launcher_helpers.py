@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
+from collections.abc import Callable
 
 import psutil
 
@@ -43,6 +45,42 @@ def _mp_helper_fds() -> set[str]:
 
 def fd_count() -> int:
     return len(set(os.listdir("/proc/self/fd")) - _mp_helper_fds())
+
+
+_LABEL = re.compile(r"\[(?:\S+ )?ranks? ([\d,\-]+)(?:, attempt \d+)?\] ")
+
+
+def label_ranks(spans: str) -> list[int]:
+    """Return the ranks a label's set names (``"0-3,5"``: [0, 1, 2, 3, 5])."""
+    ranks: list[int] = []
+    for part in spans.split(","):
+        first, _, last = part.partition("-")
+        ranks.extend(range(int(first), int(last or first) + 1))
+    return ranks
+
+
+def printed_lines(out: str) -> list[tuple[list[int], str]]:
+    """Return ``(ranks, text)`` of each labelled line of the printed ``out`` (``[ranks 0,1] x``: ([0, 1], "x"))."""
+    shown = []
+    for line in out.splitlines():
+        match = _LABEL.match(line)
+        if match is not None:
+            shown.append((label_ranks(match[1]), line[match.end() :]))
+    return shown
+
+
+def printed_by(out: str, text: str) -> list[int]:
+    """Return the ranks whose line ``text`` the printed ``out`` shows, each once per copy, in label order.
+
+    A line several ranks printed alike may be shown once (``[ranks 0,1] text``) or per rank, depending
+    on how far apart they printed it; this reads both.
+    """
+    return [rank for ranks, shown in printed_lines(out) if shown == text for rank in ranks]
+
+
+def shows(expected: str | Callable[[str], bool], out: str) -> bool:
+    """Return whether printed ``out`` holds the text ``expected`` (or ``expected(out)`` says it shows what it wants)."""
+    return expected(out) if callable(expected) else expected in out
 
 
 def warm_up_store() -> None:

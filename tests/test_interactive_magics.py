@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 from notebook_accel.interactive import CellResult, ValueOnRankError
 from notebook_accel.interactive.display import CellDisplay, StacksView, StatusTable, rank_label
 from notebook_accel.interactive.magics import SUBCOMMANDS, RanksMagic, RanksUsageError, parse_ranks
-from tests.launcher_helpers import StartedKernel
+from tests.launcher_helpers import StartedKernel, printed_by, shows
 
 
 def _Result(rank: int, value: Any, text: str | None, html: str | None = None, ok: bool = True) -> CellResult:  # noqa: N802
@@ -203,6 +204,12 @@ def magic() -> RanksMagic:
         ("0,1", r"To run code on rank\(s\) 0,1, start a cell with `%%ranks 0,1`"),
         ("start two", r"%ranks start: argument N: invalid int value: 'two'"),
         ("start 2 --spawn", r"%ranks start: unrecognized arguments: --spawn"),
+        (
+            "start 2 --collapse-output maybe",
+            r"argument --collapse-output: --collapse-output maybe: give on \(identical lines of several ranks "
+            r"shown once\), off, or the seconds a line waits for the other ranks \(like 0.5\)",
+        ),
+        ("start 2 --collapse-output 0", r"--collapse-output 0: give on"),
         ("auto", r"%ranks auto: the following arguments are required: on\|off"),
         ("pull 'w", r"%ranks pull 'w: No closing quotation; close the quote"),
         ("auto maybe", r"%ranks auto: argument on\|off: invalid choice: 'maybe'"),
@@ -279,8 +286,8 @@ class Cell:
 class MagicKernel(StartedKernel):
     """An ipykernel with ``%load_ext notebook_accel`` done; ``run(code)`` returns a :class:`Cell`."""
 
-    def run(self, code: str, timeout: float = 120, interrupt_after: str | None = None) -> Cell:
-        """Run ``code``; with ``interrupt_after``, press Stop once that text was printed."""
+    def run(self, code: str, timeout: float = 120, interrupt_after: str | Callable | None = None) -> Cell:
+        """Run ``code``; with ``interrupt_after``, press Stop once that text was printed (or it says so of stdout)."""
         streams = {"stdout": [], "stderr": []}
         result: dict[str, Any] = {}
         error: dict[str, str] = {}
@@ -291,7 +298,7 @@ class MagicKernel(StartedKernel):
             kind, content = msg["msg_type"], msg["content"]
             if kind == "stream":
                 streams[content["name"]].append(content["text"])
-                if interrupt_after and not pressed and interrupt_after in "".join(streams["stdout"]):
+                if interrupt_after and not pressed and shows(interrupt_after, "".join(streams["stdout"])):
                     pressed.append(True)  # once: a second press while the first is handled means more
                     self.km.interrupt_kernel()
             elif kind == "execute_result":
@@ -430,13 +437,17 @@ def test_status_stacks_restart_and_stop(ranks) -> None:
 
 @pytest.mark.timeout(300)
 def test_start_options_reach_start_ranks(kernel) -> None:
-    started = kernel.ok("%ranks start 2 --start-method fork --hang-timeout 30")
+    started = kernel.ok("%ranks start 2 --start-method fork --hang-timeout 30 --collapse-output off")
     assert started.out == "<Ranks 2 rank(s), alive>"  # Out[] is the Ranks object: `r = %ranks start 2`
     try:
         # The options the running group was started with (Ranks keeps them for restart()).
         opts = kernel.ok("from notebook_accel import interactive\ninteractive.current()._options").out
         assert "'hang_timeout': 30.0" in opts and "'start_method': 'fork'" in opts
+        assert "'collapse_output': False" in opts
         assert kernel.ok("%%ranks\nworld_size").out == "[all 2 ranks] 2"
+        # collapsing off: each rank's copy of a line both print
+        printed = kernel.ok("%%ranks\nprint('same')").stdout
+        assert sorted(printed.splitlines()) == ["[rank 0] same", "[rank 1] same"]
     finally:
         kernel.ok("%ranks stop")
     # --panel shows the launch panel (a widget, with its text form) for the ranks.
@@ -489,7 +500,7 @@ def test_stop_button_interrupts_a_ranks_cell_on_every_rank_and_keeps_the_namespa
     start = time.monotonic()
     cell = ranks.run(
         "%%ranks\nimport time\nprint('sleeping', flush=True)\ntime.sleep(60)",
-        interrupt_after="[rank 1] sleeping",
+        interrupt_after=lambda out: 1 in printed_by(out, "sleeping"),  # alone or as [ranks 0,1]
     )
     assert cell.ename == "KeyboardInterrupt" and time.monotonic() - start < 30
     assert ranks.ok("%%ranks\nkept").out == "[rank 0] 0\n[rank 1] 1"

@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from tests.launcher_helpers import printed_by, printed_lines
+
 jupyter_client = pytest.importorskip("jupyter_client")
 pytest.importorskip("ipykernel")
 
@@ -69,9 +71,10 @@ def test_bars_live_in_the_cell_and_leave_one_line_each() -> None:
     for m in messages:
         if m["msg_type"] == "stream":
             streams[m["content"]["name"]] += m["content"]["text"]
-    assert "[rank 0] half way" in streams["stdout"] and "[rank 1] half way" in streams["stdout"]
+    assert sorted(printed_by(streams["stdout"], "half way")) == [0, 1]
     assert "[1, 1]" in streams["stdout"]
     # Each rank's bar leaves one line, its final state; no redraws, no widget traffic from the workers.
-    bar_lines = [line for line in streams["stderr"].splitlines() if "cellbar" in line]
-    assert len(bar_lines) == 2 and all("200/200" in line for line in bar_lines), streams["stderr"]
+    bars = [(ranks, text) for ranks, text in printed_lines(streams["stderr"]) if "cellbar" in text]
+    assert sorted(r for ranks, _ in bars for r in ranks) == [0, 1], streams["stderr"]
+    assert all("200/200" in text for _, text in bars), streams["stderr"]
     assert "comm_open" not in streams["stderr"]

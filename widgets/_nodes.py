@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from notebook_accel.launch.output import rank_span
 from notebook_accel.launch.states import State
 
 from ._base import _badge, _fmt_bytes
@@ -59,15 +60,6 @@ def node_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         group.update({key: _summed(mine, key) for key in _SUMMED})
         groups.append(group)
     return groups
-
-
-def rank_span(ranks: list[int]) -> str:
-    """Return ``"ranks 0-3"`` for consecutive ranks, else ``"ranks 0,2"`` (``"rank 5"`` for one)."""
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"ranks {ranks[0]}-{ranks[-1]}"
-    return "ranks " + ",".join(map(str, ranks))
 
 
 def group_cells(group: dict[str, Any], width: int, cuda: bool) -> list[str]:

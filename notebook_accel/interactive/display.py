@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..launch.output import rank_span
 from .group import IdleRankStack
 from .values import ValueOnRankError, same_value
 
@@ -29,11 +30,9 @@ __all__ = [
 
 def rank_label(ranks: Sequence[int], world_size: int) -> str:
     """Return the label of a block of output: ``[rank 1]``, ``[ranks 0,2]`` or ``[all 4 ranks]``."""
-    if len(ranks) == 1:
-        return f"[rank {ranks[0]}]"
-    if world_size > 1 and sorted(ranks) == list(range(world_size)):
+    if world_size > 1 and len(ranks) > 1 and sorted(ranks) == list(range(world_size)):
         return f"[all {world_size} ranks]"
-    return f"[ranks {','.join(str(r) for r in ranks)}]"
+    return f"[{rank_span(ranks)}]"
 
 
 @dataclass(frozen=True)

@@ -187,7 +187,7 @@ class Group:
         wait.watch = SampledWatch(self.hang_timeout, started, self._take_stacks, self.device_sync)
         printer = wait.printer = self.sink.printer()
         bars = wait.bars = command_bars(self.handle, self.sink.printing)
-        self.sink.begin()
+        self.sink.begin(printer, targets)
         try:
             try:
                 for rank in targets:
@@ -364,7 +364,7 @@ class Group:
         for rank in ranks:
             while not self.handle.output_drained(rank) and time.monotonic() < deadline:
                 time.sleep(0.001)
-        self.sink.flush(printer)
+        self.sink.flush(printer, everything=True)
 
     # ------------------------------------------------------------------ the end
 

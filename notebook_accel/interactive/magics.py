@@ -6,7 +6,7 @@ with magics a script or a test does with ``start_ranks``:
 
 ==================================  ==================================================
 ``%ranks start 2``                  ``start_ranks(2)`` (``--start-method``, ``--panel``, ``--hang-timeout``,
-                                    ``--gpus``, ``--value-limit``)
+                                    ``--gpus``, ``--value-limit``, ``--collapse-output on|off|SECONDS``)
 ``%ranks start 2 --nodes slurm``    ``start_ranks(2, nodes="slurm")`` (or ``slurm:JOBID``, or a ``Nodes`` variable)
 ``%ranks start 2 --hosts a,b``      ``start_ranks(2, nodes=["a", "b"])``: SSH to each host
 ``%%ranks`` / ``%%ranks 0,2``       ``ranks.execute(cell, on=...)``, the values displayed per rank
@@ -36,6 +36,7 @@ import sys
 import tokenize
 from typing import Any
 
+from ..launch.collapse import collapse_window
 from ..nodes.spec import Nodes
 from .display import CellDisplay, StacksView, StatusTable
 from .gpus import parse_gpus
@@ -95,6 +96,20 @@ def _gpu_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(err)) from None  # argparse shows this message, not its own
 
 
+def _collapse(text: str) -> bool | float:
+    """Return ``collapse_output`` for ``--collapse-output on|off|SECONDS``."""
+    value = {"on": True, "off": False}.get(text.lower())
+    try:
+        value = float(text) if value is None else value
+        collapse_window(value)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"--collapse-output {text}: give on (identical lines of several ranks shown once), off, or the "
+            "seconds a line waits for the other ranks (like 0.5)"
+        ) from None
+    return value
+
+
 def _parsers() -> dict[str, _Parser]:
     parsers = {name: _Parser(prog=f"%ranks {name}", add_help=False) for name in SUBCOMMANDS}
     start = parsers["start"]
@@ -107,6 +122,7 @@ def _parsers() -> dict[str, _Parser]:
     parsers["value-limit"].add_argument("size", nargs="?", default=None, metavar="SIZE")
     start.add_argument("--nodes", default=None, metavar="slurm|slurm:JOBID|VARIABLE")
     start.add_argument("--hosts", default=None, metavar="HOST,HOST")
+    start.add_argument("--collapse-output", type=_collapse, default=True, metavar="on|off|SECONDS")
     parsers["pull"].add_argument("name", metavar="NAME")
     parsers["push"].add_argument("names", nargs="+", metavar="NAME")
     for name in ("pull", "push"):
@@ -237,6 +253,7 @@ class RanksMagic:
             **limit,
             gpus=args.gpus,
             nodes=nodes_option(args.nodes, args.hosts, self.shell.user_ns),
+            collapse_output=args.collapse_output,
         )
 
     def _stop(self, args: argparse.Namespace) -> None:

@@ -50,7 +50,8 @@ __all__ = ["CellResult", "RankState", "Ranks", "current", "require_current", "st
 logger = logging.getLogger(__name__)
 
 # Options of notebook_launcher a persistent group takes too (through **more).
-_MORE = ("mixed_precision", "use_port", "master_addr", "log_dir", "log_line_prefix_template", "progress_bars")
+_MORE = ("mixed_precision", "use_port", "master_addr", "log_dir", "log_line_prefix_template", "progress_bars",
+         "collapse_output")  # fmt: skip
 
 
 @dataclass
@@ -126,8 +127,8 @@ def start_ranks(
         nodes: run ``num_processes`` ranks on each of several machines: ``"slurm"`` (every node of
             this Slurm allocation), ``"slurm:<jobid>"``, a list of SSH host names, or a ``Nodes``.
             Those ranks start as fresh interpreters (spawn): push what they need.
-        **more: ``mixed_precision``, ``use_port``, ``master_addr``, ``log_dir``,
-            ``log_line_prefix_template`` and ``progress_bars``, as for ``notebook_launcher``.
+        **more: ``mixed_precision``, ``use_port``, ``master_addr``, ``log_dir``, ``log_line_prefix_template``,
+            ``progress_bars`` and ``collapse_output`` (all out by each command's end), as for ``notebook_launcher``.
 
     Raises:
         RuntimeError: ranks started earlier are still running (stop them first).

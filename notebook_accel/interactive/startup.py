@@ -44,7 +44,7 @@ def accept_ranks(listener: socket.socket, handle: LaunchHandle, sink: CellSink) 
     waiting: list[socket.socket] = []
     printer = sink.printer()
     deadline = time.monotonic() + READY_SECONDS
-    sink.begin()  # what the ranks print while they start: by this thread, into the calling cell
+    sink.begin(printer)  # what the ranks print while they start: by this thread, into the calling cell
     try:
         while len(conns) < n:
             if handle.done:
@@ -106,7 +106,7 @@ def start_group(options: dict[str, Any], gpus: tuple[int, ...] | None, num_proce
         # Across nodes the ranks start once the agents joined and relay this socket (remote.py).
         joined = {"on_join": relay_hook(request, address)} if "nodes" in options else {}
         handle = start_persistent_group(request, **joined)
-        sink._n = handle.num_processes
+        sink._n, sink.window = handle.num_processes, request.collapse_seconds
         if handle.plan.hosts:  # across nodes: the prefix names the node, as notebook_launcher's does
             sink.hosts, sink._n = handle.plan.hosts, handle.plan.num_processes
         try:

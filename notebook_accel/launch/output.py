@@ -38,12 +38,17 @@ __all__ = [
     "OutputLine",
     "PrintSink",
     "format_prefix",
+    "node_span",
+    "rank_span",
     "short_host",
+    "span_text",
 ]
 
 logger = logging.getLogger(__name__)
 
 _LINE_END = re.compile(r"(\n|\r)")
+_NUMBERED = re.compile(r"(.*?)(\d+)")
+_NODES_NAMED = 4  # a label names at most this many node runs (else it counts the nodes)
 
 
 @dataclass(frozen=True)
@@ -188,10 +193,48 @@ def short_host(host: str) -> str:
     return host
 
 
+def span_text(numbers: Sequence[int]) -> str:
+    """Return sorted distinct ``numbers`` as text, runs of three or more as ``first-last``: ``"0-3,5,7,8"``."""
+    parts: list[str] = []
+    start = prev = None
+    for n in (*numbers, None):
+        if prev is not None and n == prev + 1:
+            prev = n
+            continue
+        if start is not None:
+            parts.append(
+                f"{start}-{prev}" if prev - start >= 2 else ",".join(map(str, range(start, prev + 1)))
+            )
+        start = prev = n
+    return ",".join(parts)
+
+
+def node_span(names: Sequence[str]) -> str:
+    """Return node names (in order, distinct) as one label: numbered runs of three or more as ``n1-n8``.
+
+    ``("n1", ..., "n8")`` gives ``"n1-n8"``, ``("gpu-a", "gpu-b")`` gives ``"gpu-a,gpu-b"``; more than
+    four such parts give the count (``"12 nodes"``): the rank set beside it stays exact.
+    """
+    runs: list[list[str]] = []
+    last: tuple[str, int] | None = None  # (prefix, number) of the previous name
+    for name in names:
+        match = _NUMBERED.fullmatch(name)
+        key = (match[1], int(match[2])) if match else None
+        if runs and last is not None and key == (last[0], last[1] + 1):
+            runs[-1].append(name)
+        else:
+            runs.append([name])
+        last = key
+    parts = [f"{run[0]}-{run[-1]}" if len(run) >= 3 else ",".join(run) for run in runs]
+    if sum(len(run) if len(run) < 3 else 1 for run in runs) > _NODES_NAMED:
+        return f"{len(names)} nodes"
+    return ",".join(parts)
+
+
 def format_prefix(
     template: str | None,
-    rank: int,
-    local_rank: int,
+    rank: int | str,
+    local_rank: int | str,
     role_name: str = "default",
     attempt: int = 1,
     node: str | None = None,
@@ -200,7 +243,8 @@ def format_prefix(
 
     A launch across nodes names the rank's node first (``"[gpu-b rank 3] "``). Both torchrun's
     ``${rank}`` placeholders and ``{rank}`` format fields are accepted (``rank``, ``local_rank``,
-    ``role_name``, ``attempt``, ``node``).
+    ``role_name``, ``attempt``, ``node``). A line that several ranks printed alike (``collapse``)
+    passes their set as text (``rank="0-3,5"``, ``node="n1-n2"``): ``"[n1-n2 ranks 0-3,5] "``.
     """
     if template is None:
         return _default_prefix(rank, attempt, node)
@@ -221,12 +265,22 @@ def format_prefix(
         ) from None
 
 
-def rank_label(rank: int, node: str | None = None) -> str:
-    """Return ``rank N``, or ``NODE rank N`` for a rank of a launch across nodes (tabs, bars and prefixes say it so)."""
-    return f"{node} rank {rank}" if node else f"rank {rank}"
+def rank_label(rank: int | str, node: str | None = None) -> str:
+    """Return ``rank N``, or ``NODE rank N`` for a rank of a launch across nodes (tabs, bars and prefixes say it so).
+
+    ``rank`` as text is a set of ranks (``span_text``'s ``"0-3,5"``): ``ranks 0-3,5``, ``n1-n2 ranks 0-3,5``.
+    """
+    word = "rank" if isinstance(rank, int) else "ranks"
+    return f"{node} {word} {rank}" if node else f"{word} {rank}"
 
 
-def _default_prefix(rank: int, attempt: int = 1, node: str | None = None, mark: str = "") -> str:
+def rank_span(ranks: Sequence[int]) -> str:
+    """Return ``"rank 5"`` for one rank, else ``"ranks "`` and the sorted set as ``span_text`` writes it (``"ranks 0-3,5"``)."""
+    ordered = sorted(set(ranks))
+    return rank_label(ordered[0] if len(ordered) == 1 else span_text(ordered))
+
+
+def _default_prefix(rank: int | str, attempt: int = 1, node: str | None = None, mark: str = "") -> str:
     where = rank_label(rank, node) + mark
     return f"[{where}] " if attempt == 1 else f"[{where}, attempt {attempt}] "
 
@@ -270,6 +324,20 @@ class PrintSink:
             )
         return prefix
 
+    def _group_prefix(self, ranks: Sequence[int], attempt: int) -> str:
+        """Return the prefix of a line all of ``ranks`` (sorted, two or more) printed: ``"[n1-n8 ranks 0-15] "``."""
+        node = None
+        if self._hosts:
+            node = node_span(list(dict.fromkeys(short_host(self._hosts[r // self._n]) for r in ranks)))
+            local = sorted({r % self._n for r in ranks})
+        else:
+            local = [r - self._node_rank * self._n for r in ranks]
+        values = (span_text(ranks), span_text(local))
+        try:
+            return format_prefix(self._template, *values, attempt=attempt, node=node)
+        except ValueError:  # a template formatting {rank} as a number ("{rank:03d}"): the default label
+            return format_prefix(None, *values, attempt=attempt, node=node)
+
     def announce(self, text: str) -> None:
         """Print a message of the launcher itself."""
         self._write(self.stdout, text + "\n")
@@ -277,10 +345,17 @@ class PrintSink:
     def __call__(self, line: OutputLine) -> None:
         self.write(line)
 
-    def write(self, line: OutputLine) -> None:
-        """Print ``line`` now, from the calling thread."""
+    def write(self, line: OutputLine, ranks: Sequence[int] = ()) -> None:
+        """Print ``line`` now, from the calling thread, labelled with its rank or with ``ranks`` (sorted).
+
+        ``ranks``: every rank that printed this very line (``launch.collapse``); one rank: that rank's copy.
+        """
         stream = self.stderr if line.stream == "stderr" else self.stdout
-        self._write(stream, f"{self._prefix(line.rank, line.attempt)}{line.text}\n")
+        if len(ranks) > 1:
+            prefix = self._group_prefix(ranks, line.attempt)
+        else:
+            prefix = self._prefix(ranks[0] if ranks else line.rank, line.attempt)
+        self._write(stream, f"{prefix}{line.text}\n")
 
     @staticmethod
     def _write(stream: IO[str], text: str) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..utils.enums import MIXED_PRECISION_CHOICES, PrecisionType
+from .collapse import collapse_window
 from .output import OutputLine, format_prefix
 from .ports import DEFAULT_PORT, check_master_addr, parse_port
 
@@ -119,6 +120,10 @@ class LaunchRequest:
     """Accept more than ``MAX_PROCESSES_PER_CORE`` processes per CPU core."""
     nodes: Any = None
     """The machines to run on, each with ``num_processes`` ranks (``"slurm"``, host names, a ``Nodes``); None: this one."""
+    collapse_output: bool | float = True
+    """Lines several ranks print alike show once in the cell, labelled with their ranks (``launch.collapse``):
+    True holds a line up to ``collapse.DEFAULT_WINDOW`` s for the other ranks, a number that many seconds;
+    False prints every rank's line as it comes."""
     master_port: int = field(init=False, default=0)
     """``use_port`` as a number (set by the checks)."""
 
@@ -137,6 +142,7 @@ class LaunchRequest:
                 if not callable(sink):
                     raise TypeError(f"sinks must be callables taking an OutputLine; got {sink!r}")
         format_prefix(self.log_line_prefix_template, 0, 0)  # a bad template fails here, not in a thread
+        collapse_window(self.collapse_output)
 
     def _check_call(self) -> None:
         if not callable(self.function):
@@ -280,6 +286,11 @@ class LaunchRequest:
                 )
 
     @property
+    def collapse_seconds(self) -> float | None:
+        """Return how long a line is held for the other ranks in the cell (None: lines are not collapsed)."""
+        return collapse_window(self.collapse_output)
+
+    @property
     def effective_hang_timeout(self) -> float:
         """Return the hang timeout in seconds (``math.inf``: detection off)."""
         return DEFAULT_HANG_TIMEOUT if self.hang_timeout is None else float(self.hang_timeout)
@@ -287,7 +298,7 @@ class LaunchRequest:
     def refuse_on(self, path: str, names: Sequence[str]) -> None:
         """Raise ValueError for the first of ``names`` set away from its default (not available on ``path``)."""
         defaults = {"block": True, "sinks": None, "timeout": None, "panel": False, "hang_timeout": None,
-                    "on_hang": "report", "log_dir": None, "progress_bars": "auto"}  # fmt: skip
+                    "on_hang": "report", "log_dir": None, "progress_bars": "auto", "collapse_output": True}  # fmt: skip
         for name in names:
             if getattr(self, name) != defaults[name]:
                 raise ValueError(
