@@ -107,12 +107,13 @@ class DeviceMapExplorer(DeviceMapModel, _Panel):
         budgets = self._budget_widgets(w)
         controls = self._control_widgets(w)
         self._w_chart = w.Image(format="png")
-        self._w_usage = w.HTML()
+        # Sized from 26em, not from its widest line: the table sits beside the chart in a panel of ~850 px
+        # (its long header wrapping) and goes below it only in a narrower one.
+        self._w_usage = w.HTML(layout=w.Layout(flex="1 1 26em"))
         self._w_extras = w.HTML()
         self._w_tree = w.HTML(layout=w.Layout(max_height="24em", overflow="auto"))
         self._w_code = w.Textarea(layout=w.Layout(width="100%", height="10em"))
         self._w_timing = w.Label()
-        # The usage table wraps below the chart when the panel is narrow instead of running off its edge.
         shown = w.HBox([self._w_chart, self._w_usage], layout=w.Layout(flex_flow="row wrap", width="100%"))
         return w.VBox(
             budgets + controls + [shown, self._w_extras, self._w_tree, self._w_code, self._w_timing]
