@@ -154,6 +154,23 @@ def test_dtype_dropdown_labels_as_stored(gpt):
     assert _explorer(gpt, dtype="int8").widget is not None
 
 
+def test_controls_set_from_code_show_in_the_view_and_replan_once(gpt):
+    ex = _explorer(gpt, strategy="sequential")
+    assert ex.widget is not None
+    plans = []
+    replan = ex.recompute
+    ex.recompute = lambda: (plans.append(1), replan())
+    ex.strategy = "balanced_low_0"
+    ex.no_split_module_classes = []
+    # The buttons and tags follow; their handlers see the value the model has and plan nothing more.
+    assert ex._w_strategy.value == "balanced_low_0" and list(ex._w_no_split.value) == []
+    assert len(plans) == 2
+    ex._w_strategy.value = "auto"  # the user's click plans once too
+    assert ex.strategy == "auto" and len(plans) == 3
+    # A size keeps its number and unit on one line in the usage table beside the chart.
+    assert "\xa0MiB" in ex._w_usage.value and " MiB" not in ex._w_usage.value
+
+
 def test_to_code_round_trips(gpt):
     ex = _explorer(gpt, max_memory={0: "1536KiB", "cpu": "2GiB"})
     scope: dict = {}

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 from notebook_accel.widgets import MemoryEstimator
+from notebook_accel.widgets._activations import trace_activations
 from notebook_accel.widgets._machine import GpuInfo, MachineInfo
 
 MiB = 1024**2
@@ -257,6 +258,27 @@ def test_bad_arguments_raise():
     assert est.estimates["float32"].activations_measured  # keyword inputs
     with pytest.raises(ValueError, match="batch_size must be a positive int"):
         est.batch_size = -1
+
+
+class _TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 6)
+        self.b = nn.Linear(8, 6)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.a(a) * self.b(b)
+
+
+def test_two_positional_inputs_are_traced_like_two_keyword_inputs():
+    model = _TwoInputs()
+    # Two shapes given positionally: each is one input (a pair of shapes is no (shape, dtype) spec).
+    positional = trace_activations(model, [(2, 4), (2, 8)])
+    assert positional == trace_activations(model, {"a": (2, 4), "b": (2, 8)})
+    assert positional.inputs == 2 * (4 + 8) * 4
+    assert positional.gradients == sum(p.numel() * 4 for p in model.parameters())
+    # batch_size replaces dimension 0 of every input, and both inputs keep their own feature size.
+    assert trace_activations(model, [(2, 4), torch.zeros(2, 8)], batch_size=5).inputs == 5 * (4 + 8) * 4
 
 
 # The model alone, with the GUI libraries blocked (importing any raises ImportError): every figure the view shows.

@@ -24,7 +24,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.func import functional_call
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["ActivationTrace", "trace_activations", "normalize_sample_input"]
@@ -122,8 +122,59 @@ def _describe(args_spec: tuple, kwargs_spec: dict) -> str:
     return ", ".join(parts)
 
 
-def _is_spec(obj: Any) -> bool:
-    return isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], tuple)
+def _make_input(
+    spec: tuple[tuple[int, ...], torch.dtype | None], batch_size: int | None, compute_dtype: torch.dtype
+) -> torch.Tensor:
+    """Return a zero tensor for one input spec: dimension 0 set to ``batch_size``, floats in ``compute_dtype``."""
+    shape, dtype = spec
+    if batch_size is not None:
+        shape = (int(batch_size),) + tuple(shape[1:])
+    if dtype is None or dtype.is_floating_point:
+        dtype = compute_dtype
+    # zeros, not empty: integer inputs (token ids) must be valid indices for embeddings.
+    return torch.zeros(shape, dtype=dtype, device="cpu")
+
+
+def _fake_like(tensor: torch.Tensor, grad: bool, compute_dtype: torch.dtype) -> torch.Tensor:
+    """Return an empty CPU tensor shaped like ``tensor`` (floats in ``compute_dtype``), needing grad if asked."""
+    dtype = compute_dtype if tensor.is_floating_point() else tensor.dtype
+    fake = torch.empty(tensor.shape, dtype=dtype, device="cpu")
+    return fake.requires_grad_(grad and fake.is_floating_point())
+
+
+def _traced_pass(
+    model: torch.nn.Module,
+    inputs_spec: tuple[tuple, dict],
+    batch_size: int | None,
+    compute_dtype: torch.dtype,
+    training: bool,
+) -> tuple[int, int, int]:
+    """Return ``(peak live bytes, gradient bytes, input bytes)`` of one forward (and backward when ``training``)."""
+    model.train(training)  # dropout/batch-norm behave as in a real inference or training step
+    mode = FakeTensorMode()
+    with mode:
+        # One fake per distinct parameter: functional_call(tie_weights=True) re-ties the aliases.
+        params = {n: _fake_like(p, p.requires_grad, compute_dtype) for n, p in model.named_parameters()}
+        buffers = {n: _fake_like(b, False, compute_dtype) for n, b in model.named_buffers()}
+        # normalize_sample_input gives flat specs: a tuple of them and a dict of them, never nested.
+        args = tuple(_make_input(spec, batch_size, compute_dtype) for spec in inputs_spec[0])
+        kwargs = {name: _make_input(spec, batch_size, compute_dtype) for name, spec in inputs_spec[1].items()}
+    counter = _LiveBytes(ignore=list(params.values()) + list(buffers.values()))
+    for tensor in tree_flatten((args, kwargs))[0]:
+        if isinstance(tensor, torch.Tensor):
+            counter.track(tensor)
+    input_bytes = counter.live
+    with mode, counter, torch.set_grad_enabled(training):
+        out = functional_call(model, {**params, **buffers}, args, kwargs, tie_weights=True, strict=False)
+        if training:
+            outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+            if outs:
+                loss = sum(t.float().sum() for t in outs)
+                del out, outs
+                loss.backward()
+                del loss
+    grads = sum(p.grad.untyped_storage().nbytes() for p in params.values() if p.grad is not None)
+    return counter.peak, grads, input_bytes
 
 
 def trace_activations(
@@ -138,55 +189,14 @@ def trace_activations(
     dimension 0 of every input. The model may live on any device, the meta device included; no
     real memory is allocated and the model itself is not modified.
     """
-    args_spec, kwargs_spec = normalize_sample_input(sample_input)
-
-    def make(shape_dtype: tuple[tuple[int, ...], torch.dtype | None]) -> torch.Tensor:
-        shape, dtype = shape_dtype
-        if batch_size is not None:
-            shape = (int(batch_size),) + tuple(shape[1:])
-        if dtype is None or dtype.is_floating_point:
-            dtype = compute_dtype
-        # zeros, not empty: integer inputs (token ids) must be valid indices for embeddings.
-        return torch.zeros(shape, dtype=dtype, device="cpu")
-
-    def fake_like(tensor: torch.Tensor, grad: bool) -> torch.Tensor:
-        dtype = compute_dtype if tensor.is_floating_point() else tensor.dtype
-        fake = torch.empty(tensor.shape, dtype=dtype, device="cpu")
-        return fake.requires_grad_(grad and fake.is_floating_point())
-
-    def run(training: bool) -> tuple[int, int, int]:
-        model.train(training)  # dropout/batch-norm behave as in a real inference or training step
-        mode = FakeTensorMode()
-        with mode:
-            # One fake per distinct parameter: functional_call(tie_weights=True) re-ties the aliases.
-            params = {n: fake_like(p, p.requires_grad) for n, p in model.named_parameters()}
-            buffers = {n: fake_like(b, False) for n, b in model.named_buffers()}
-            args = tree_map(make, args_spec, is_leaf=_is_spec)
-            kwargs = tree_map(make, kwargs_spec, is_leaf=_is_spec)
-        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        counter = _LiveBytes(ignore=list(params.values()) + list(buffers.values()))
-        for tensor in inputs:
-            counter.track(tensor)
-        input_bytes = counter.live
-        with mode, counter, torch.set_grad_enabled(training):
-            out = functional_call(model, {**params, **buffers}, args, kwargs, tie_weights=True, strict=False)
-            if training:
-                outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
-                if outs:
-                    loss = sum(t.float().sum() for t in outs)
-                    del out, outs
-                    loss.backward()
-                    del loss
-        grads = sum(p.grad.untyped_storage().nbytes() for p in params.values() if p.grad is not None)
-        return counter.peak, grads, input_bytes
-
+    inputs_spec = normalize_sample_input(sample_input)
     was_training = model.training
     try:
-        inference_peak, _, input_bytes = run(training=False)
-        training_peak, grads, _ = run(training=True)
+        inference_peak, _, input_bytes = _traced_pass(model, inputs_spec, batch_size, compute_dtype, False)
+        training_peak, grads, _ = _traced_pass(model, inputs_spec, batch_size, compute_dtype, True)
     except Exception as exc:
         raise RuntimeError(
-            f"Tracing {type(model).__name__} on sample_input {_describe(args_spec, kwargs_spec)} failed with "
+            f"Tracing {type(model).__name__} on sample_input {_describe(*inputs_spec)} failed with "
             f"{type(exc).__name__}: {exc}. Check that model(*sample_input) runs, or pass sample_input=None "
             "to estimate without measured activations."
         ) from exc
