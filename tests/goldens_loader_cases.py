@@ -15,26 +15,20 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import IterableDataset
+
+from tests.goldens_shared import Samples, registrar
 
 __all__ = ["LOADER_CASES"]
 
 LOADER_CASES: dict[str, Callable[[Any, dict], dict]] = {}
 
 
-def _case(fn: Callable[[Any, dict], dict]) -> Callable[[Any, dict], dict]:
-    LOADER_CASES[fn.__name__.removeprefix("case_")] = fn
-    return fn
+_case = registrar(LOADER_CASES)
 
 
-class _Indexed(Dataset):
+class _Indexed(Samples):
     """``n`` samples, each a dict carrying its own index."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return {"idx": torch.tensor(i), "x": torch.tensor([float(i)])}

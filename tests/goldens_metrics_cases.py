@@ -14,26 +14,20 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
+
+from tests.goldens_shared import Samples, registrar
 
 __all__ = ["METRICS_CASES"]
 
 METRICS_CASES: dict[str, Callable[[Any, dict], dict]] = {}
 
 
-def _case(fn: Callable[[Any, dict], dict]) -> Callable[[Any, dict], dict]:
-    METRICS_CASES[fn.__name__.removeprefix("case_")] = fn
-    return fn
+_case = registrar(METRICS_CASES)
 
 
-class _Labelled(Dataset):
+class _Labelled(Samples):
     """``n`` samples: an index, 3 "logits" that encode it and a label (index mod 5)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         logits = torch.tensor([i, 10.0 * i, 100.0 * i])

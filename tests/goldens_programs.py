@@ -25,15 +25,14 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset,
 from tests.goldens_dropin_cases import DROPIN_CASES
 from tests.goldens_loader_cases import LOADER_CASES
 from tests.goldens_metrics_cases import METRICS_CASES
+from tests.goldens_shared import registrar
 
 __all__ = ["CASES", "run_cases"]
 
 CASES: dict[str, Callable[[Any, dict], dict]] = {}
 
 
-def _case(fn: Callable[[Any, dict], dict]) -> Callable[[Any, dict], dict]:
-    CASES[fn.__name__.removeprefix("case_")] = fn
-    return fn
+_case = registrar(CASES)
 
 
 # ---------------------------------------------------------------------------------------------
