@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from tests.goldens_shared import Samples, registrar
+from tests.goldens_shared import Samples, gather_objects, registrar
 
 __all__ = ["METRICS_CASES"]
 
@@ -110,10 +110,4 @@ def case_gather_for_metrics_inside_training(A, ctx):
 
 @_case
 def case_gather_for_metrics_objects_uneven(A, ctx):
-    accelerator = A.Accelerator()
-    loader = accelerator.prepare(_loader(n=13, batch_size=3))
-    seen = []
-    for batch in loader:
-        records = [{"i": i, "name": f"s{i}"} for i in batch["idx"].tolist()]
-        seen.extend(accelerator.gather_for_metrics(records))
-    return {"seen": seen}
+    return gather_objects(A, _loader(n=13, batch_size=3), lambda i: {"i": i, "name": f"s{i}"})

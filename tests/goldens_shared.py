@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-__all__ = ["Samples", "registrar"]
+__all__ = ["Samples", "gather_objects", "registrar"]
 
 
 def registrar(table: dict[str, Callable[..., Any]]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -38,3 +38,16 @@ class Samples(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         raise NotImplementedError(f"{type(self).__name__} says what sample {i} holds")
+
+
+def gather_objects(A: Any, loader: Any, per_sample: Callable[[int], Any], **gather: Any) -> dict:
+    """Return ``{"seen": [...]}``: what ``gather_for_metrics`` gives back of ``per_sample(i)`` for each batch's indices.
+
+    ``A`` is the library's top-level module; ``loader`` is prepared by a fresh Accelerator; ``gather`` goes to
+    ``gather_for_metrics`` (``use_gather_object=True``...).
+    """
+    accelerator = A.Accelerator()
+    seen = []
+    for batch in accelerator.prepare(loader):
+        seen.extend(accelerator.gather_for_metrics([per_sample(i) for i in batch["idx"].tolist()], **gather))
+    return {"seen": seen}
