@@ -30,6 +30,7 @@ import os
 import statistics
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -346,14 +347,16 @@ def _print_linear(ours: dict, theirs: dict, bandwidth: float, args: Any) -> None
         f"{compute * 1000:.2f} ms, {nbytes / 1e9:.2f} GB / {bandwidth / 1e9:.1f} GB/s = {transfer * 1000:.1f} ms)"
     )
     expected = resident.get("output")
-    for name, figures in _variants(ours, theirs, "cpu_offload"):
-        extra, ms = "", None
-        if figures and "ms" in figures:
-            ms = figures["ms"]
-            extra = f"peak +{figures['peak_mb']:.0f} MB; output {_same(expected, figures, resident)}"
-            if "lookahead_mb" in figures:
-                extra += f"; lookahead {figures['lookahead_mb']:.0f} MB (pool peak {figures['pool_peak_mb']:.0f} MB)"
-        _row(name, figures, ms, floor * 1000, extra)
+
+    def measured(figures: dict) -> tuple[float, str]:
+        extra = f"peak +{figures['peak_mb']:.0f} MB; output {_same(expected, figures, resident)}"
+        if "lookahead_mb" in figures:
+            extra += (
+                f"; lookahead {figures['lookahead_mb']:.0f} MB (pool peak {figures['pool_peak_mb']:.0f} MB)"
+            )
+        return figures["ms"], extra
+
+    _print_variants(_variants(ours, theirs, "cpu_offload"), "ms", measured, floor * 1000)
     print("  goal: notebook_accel <= 1.15x floor, ahead of diffusers; peak <= resident part (0) + lookahead")
 
 
@@ -365,6 +368,18 @@ def _variants(ours: dict, theirs: dict, how: str) -> list[tuple[str, dict | None
         (f"Accelerate 1.15 {how}", theirs.get("offload")),
         ("diffusers group offload (leaf)", ours.get("diffusers")),
     ]
+
+
+def _print_variants(
+    variants: list[tuple[str, dict | None]],
+    key: str,
+    measured: Callable[[dict], tuple[float, str]],
+    floor_ms: float,
+) -> None:
+    """Print a row per variant; ``measured(figures)`` gives the milliseconds and notes of one that has ``key``."""
+    for name, figures in variants:
+        ms, extra = measured(figures) if figures and key in figures else (None, "")
+        _row(name, figures, ms, floor_ms, extra)
 
 
 def _same(expected: Any, figures: dict, resident: dict) -> str:
@@ -396,15 +411,15 @@ def _print_generate(ours: dict, theirs: dict, bandwidth: float) -> None:
         f"{transfer / 8 * 1000:.1f} ms)"
     )
     want = resident.get("tokens")
-    for name, figures in _variants(ours, theirs, "device_map='auto'"):
-        extra, ms = "", None
-        if figures and "s" in figures:
-            ms = figures["s"] / 8 * 1000
-            same = "same tokens" if figures.get("tokens") == want else "OTHER TOKENS"
-            extra = f"loaded {figures['loaded_mb']:.0f} MB, peak +{figures['peak_mb']:.0f} MB; {same}"
-            if "lookahead_mb" in figures:
-                extra += f"; lookahead {figures['lookahead_mb']:.0f} MB"
-        _row(name, figures, ms, floor * 1000, extra)
+
+    def measured(figures: dict) -> tuple[float, str]:
+        same = "same tokens" if figures.get("tokens") == want else "OTHER TOKENS"
+        extra = f"loaded {figures['loaded_mb']:.0f} MB, peak +{figures['peak_mb']:.0f} MB; {same}"
+        if "lookahead_mb" in figures:
+            extra += f"; lookahead {figures['lookahead_mb']:.0f} MB"
+        return figures["s"] / 8 * 1000, extra
+
+    _print_variants(_variants(ours, theirs, "device_map='auto'"), "s", measured, floor * 1000)
     print("  goal: notebook_accel <= 1.25x floor per token, ahead of diffusers; same tokens")
 
 

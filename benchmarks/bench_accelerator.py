@@ -146,26 +146,35 @@ def main() -> None:
 
     from notebook_accel import debug_launcher
 
-    per_rank = debug_launcher(worker, args=(steps, rounds), num_processes=2)
-    acc = statistics.median(t for rank in per_rank for t in rank["accelerator"])
-    raw = statistics.median(t for rank in per_rank for t in rank["raw_ddp"])
-    print(
-        f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-1, batch {BATCH}/process, 2 CPU processes (gloo), {steps} steps x {rounds} rounds, interleaved"
+    _print_comparison(
+        f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-1, batch {BATCH}/process, 2 CPU processes (gloo), {steps} steps x "
+        f"{rounds} rounds, interleaved",
+        debug_launcher(worker, args=(steps, rounds), num_processes=2),
+        {"raw_ddp": "raw DDP", "accelerator": "Accelerator"},
+        ("loop", "median ms/step", 1e3, 3),
+        target=1.02,
     )
-    print(f"{'loop':<14}{'median ms/step':>16}")
-    print(f"{'raw DDP':<14}{raw * 1e3:>16.3f}")
-    print(f"{'Accelerator':<14}{acc * 1e3:>16.3f}")
-    print(f"{'ratio':<14}{acc / raw:>16.3f}   (target <= 1.02)")
-    per_rank = debug_launcher(loader_worker, args=(steps * 4, rounds), num_processes=2)
-    ours = statistics.median(t for rank in per_rank for t in rank["prepared"])
-    base = statistics.median(t for rank in per_rank for t in rank["raw"])
-    print(
-        f"\nloader iteration, shuffled, batch {BATCH}/process, {steps * 4} batches x {rounds} rounds, interleaved"
+    _print_comparison(
+        f"\nloader iteration, shuffled, batch {BATCH}/process, {steps * 4} batches x {rounds} rounds, interleaved",
+        debug_launcher(loader_worker, args=(steps * 4, rounds), num_processes=2),
+        {"raw": "raw", "prepared": "prepared"},
+        ("loader", "median us/batch", 1e6, 1),
+        target=1.05,
     )
-    print(f"{'loader':<14}{'median us/batch':>16}")
-    print(f"{'raw':<14}{base * 1e6:>16.1f}")
-    print(f"{'prepared':<14}{ours * 1e6:>16.1f}")
-    print(f"{'ratio':<14}{ours / base:>16.3f}   (target <= 1.05)")
+
+
+def _print_comparison(
+    title: str, per_rank: list[dict], rows: dict[str, str], column: tuple[str, str, float, int], target: float
+) -> None:
+    """Print ``title``, each row's median over every rank's timings (seconds, shown scaled) and second/first."""
+    first_column, heading, scale, digits = column
+    median = {key: statistics.median(t for rank in per_rank for t in rank[key]) for key in rows}
+    print(title)
+    print(f"{first_column:<14}{heading:>16}")
+    for key, label in rows.items():
+        print(f"{label:<14}{median[key] * scale:>16.{digits}f}")
+    base, ours = rows
+    print(f"{'ratio':<14}{median[ours] / median[base]:>16.3f}   (target <= {target})")
 
 
 if __name__ == "__main__":

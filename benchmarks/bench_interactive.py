@@ -39,40 +39,54 @@ from pathlib import Path
 # Timed inside the kernel; each snippet prints one "JSON ..." line. {n}: empty cells, {k}: cycles.
 _SETUP = "import json, statistics, time\nip = get_ipython()\n"
 
+
+def _timed_start(started: str, check: str, empty: str, before: str = "") -> str:
+    """Return a variant's "start" snippet: the seconds from starting 2 ranks to their first value, then ``{n}`` + 1
+    empty cells' seconds, printed as one "JSON ..." line.
+
+    Code, each: ``before`` the clock starts, ``started`` (start the ranks, get a first value), ``check`` (of that
+    value, off the clock), ``empty`` (one empty cell).
+    """
+    lines = [
+        textwrap.dedent(before).strip(),
+        "t0 = time.perf_counter()",
+        textwrap.dedent(started).strip(),
+        "first = time.perf_counter() - t0",
+        textwrap.dedent(check).strip(),
+        "times = []",
+        "for _ in range({n} + 1):",
+        "    t0 = time.perf_counter()",
+        textwrap.indent(textwrap.dedent(empty).strip(), "    "),
+        "    times.append(time.perf_counter() - t0)",
+        'print("JSON", json.dumps({{"first": first, "empty": times[1:]}}))',
+    ]
+    return "\n".join(line for line in lines if line) + "\n"
+
+
 _MAGIC = {
     "load": "%load_ext notebook_accel",
-    "start": """
-        t0 = time.perf_counter()
-        ip.run_line_magic("ranks", "start 2")
-        shown = ip.run_cell_magic("ranks", "", "rank")
-        first = time.perf_counter() - t0
-        assert shown.values == [0, 1], shown
-        times = []
-        for _ in range({n} + 1):
-            t0 = time.perf_counter()
-            ip.run_cell_magic("ranks", "", "pass")
-            times.append(time.perf_counter() - t0)
-        print("JSON", json.dumps({{"first": first, "empty": times[1:]}}))
-        """,
+    "start": _timed_start(
+        started="""
+            ip.run_line_magic("ranks", "start 2")
+            shown = ip.run_cell_magic("ranks", "", "rank")
+            """,
+        check="assert shown.values == [0, 1], shown",
+        empty='ip.run_cell_magic("ranks", "", "pass")',
+    ),
     "empty_cell": "%%ranks\npass",
     "stop": "%ranks stop",
 }
 
 _API = {
     "load": "from notebook_accel.interactive import start_ranks",
-    "start": """
-        t0 = time.perf_counter()
-        ranks = start_ranks(2)
-        values = ranks.run("rank")
-        first = time.perf_counter() - t0
-        assert values == [0, 1], values
-        times = []
-        for _ in range({n} + 1):
-            t0 = time.perf_counter()
-            ranks.run("pass")
-            times.append(time.perf_counter() - t0)
-        print("JSON", json.dumps({{"first": first, "empty": times[1:]}}))
-        """,
+    "start": _timed_start(
+        started="""
+            ranks = start_ranks(2)
+            values = ranks.run("rank")
+            """,
+        check="assert values == [0, 1], values",
+        empty='ranks.run("pass")',
+    ),
     "empty_cell": "_ = ranks.run('pass')",
     "stop": "ranks.stop()",
 }
@@ -81,30 +95,30 @@ _API = {
 # so the timing cells begin with %dist_mode --disable.
 _NBD = {
     "load": "%load_ext nbdistributed",
-    "start": """
-        %dist_mode --disable
-        from IPython.utils.capture import capture_output
-        def _first_values():
-            for _ in range(20):
-                with capture_output() as cap:
-                    ip.run_cell_magic("distributed", "", "rank")
-                if "Rank 0" in cap.stdout and "Rank 1" in cap.stdout and "Error" not in cap.stdout:
-                    return
-            raise RuntimeError("no cell returned the ranks' values: " + cap.stdout[-500:])
-        t0 = time.perf_counter()
-        with capture_output():
-            ip.run_line_magic("dist_init", "-n 2")
-        ip.run_line_magic("dist_mode", "--disable")
-        _first_values()
-        first = time.perf_counter() - t0
-        times = []
-        for _ in range({n} + 1):
-            t0 = time.perf_counter()
+    "start": _timed_start(
+        before="""
+            %dist_mode --disable
+            from IPython.utils.capture import capture_output
+            def _first_values():
+                for _ in range(20):
+                    with capture_output() as cap:
+                        ip.run_cell_magic("distributed", "", "rank")
+                    if "Rank 0" in cap.stdout and "Rank 1" in cap.stdout and "Error" not in cap.stdout:
+                        return
+                raise RuntimeError("no cell returned the ranks' values: " + cap.stdout[-500:])
+            """,
+        started="""
+            with capture_output():
+                ip.run_line_magic("dist_init", "-n 2")
+            ip.run_line_magic("dist_mode", "--disable")
+            _first_values()
+            """,
+        check="",
+        empty="""
             with capture_output():
                 ip.run_cell_magic("distributed", "", "pass")
-            times.append(time.perf_counter() - t0)
-        print("JSON", json.dumps({{"first": first, "empty": times[1:]}}))
-        """,
+            """,
+    ),
     "empty_cell": "%%distributed\npass",
     "stop": "%dist_shutdown",
 }

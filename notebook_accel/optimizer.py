@@ -54,7 +54,13 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             raise TypeError(
                 f"AcceleratedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}"
             )
-        # Deliberately no super().__init__: this object is a view of ``optimizer``.
+        self._view_of(optimizer, device_placement, scaler)
+        if device_placement and self.optimizer.state:
+            # State created before prepare() (e.g. a resumed optimizer) follows the model to its device.
+            self.load_state_dict(self.optimizer.state_dict())
+
+    def _view_of(self, optimizer: Any, device_placement: bool, scaler: torch.amp.GradScaler | None) -> None:
+        """Return nothing; make this object a view of ``optimizer`` (deliberately no super().__init__)."""
         self.optimizer = optimizer
         self.scaler = scaler
         self.accelerator_state = AcceleratorState()
@@ -62,9 +68,6 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.device_placement = device_placement
         self._is_overflow = False
         self._accelerate_step_called = False
-        if device_placement and self.optimizer.state:
-            # State created before prepare() (e.g. a resumed optimizer) follows the model to its device.
-            self.load_state_dict(self.optimizer.state_dict())
 
     # The torch.optim.Optimizer surface, read through to the wrapped optimizer.
     @property

@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _recorder import CLEAN_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "goldens" / "cli_prepare.json"
 OUT_COMMANDS = ROOT / "tests" / "data" / "goldens" / "cli_commands.json"
@@ -67,7 +69,6 @@ TO_FSDP2_CASES = {
         "fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": False},
     },
 }
-CLEAN_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 
 CASES = {
     "cpu_two": ["--cpu", "--num_processes", "2", "--main_process_port", "29555", "s.py", "--x", "1"],

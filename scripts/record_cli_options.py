@@ -11,7 +11,6 @@ Our parsers are held to these by tests/test_cli_options.py. Run with the real Ac
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -19,10 +18,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _recorder import CLEAN_ENV, command_line, run_worker
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT_OPTIONS = ROOT / "tests" / "data" / "cli_options_1_15.json"
 OUT_TPU = ROOT / "tests" / "data" / "goldens" / "cli_tpu_config.json"
-CLEAN_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 TYPE_PROBES = ("true", "no", "1", "0", "true,false,true", "1,0", "maybe")
 TPU_CONFIG = {
     "compute_environment": "LOCAL_MACHINE",
@@ -166,24 +166,8 @@ def _tpu_cases(python: str, workdir: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--python", required=True, help="interpreter with accelerate==1.15 installed")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ns = parser.parse_args()
-    if ns.worker:
-        options_worker()
-        return
-    home = tempfile.mkdtemp()  # no default config file of this machine's user
-    run = lambda *argv: subprocess.run(  # noqa: E731
-        [ns.python, *argv],
-        env={**CLEAN_ENV, "HF_HOME": home},
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd="/tmp",
-    ).stdout.strip()
-    version = run("-c", "import accelerate; print(accelerate.__version__)")
-    options = json.loads(run(__file__, "--python", ns.python, "--worker").splitlines()[-1])
+    ns = command_line(__doc__, lambda ns: options_worker())
+    version, options = run_worker(ns.python, __file__)
     OUT_OPTIONS.write_text(json.dumps({"accelerate_version": version, **options}, indent=1) + "\n")
     print(f"wrote {OUT_OPTIONS} ({len(options['launch'])} launch options)")
     with tempfile.TemporaryDirectory() as workdir:

@@ -12,17 +12,16 @@ tests/test_launch_validation.py. Run with the real Accelerate installed:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from _recorder import command_line, run_worker
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "launch_validation_1_15.json"
-CLEAN_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 # The namespace fields that depend on the machine the recorder ran on (none on a CPU-only machine today,
 # but kept out so a GPU machine's record would compare the same).
 MACHINE_FIELDS = ("num_cpu_threads_per_process",)
@@ -223,20 +222,8 @@ def worker() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--python", required=True, help="interpreter with accelerate==1.15 installed")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ns = parser.parse_args()
-    if ns.worker:
-        worker()
-        return
-    home = tempfile.mkdtemp()  # no default config file of this machine's user
-    run = lambda *argv: subprocess.run(  # noqa: E731
-        [ns.python, *argv], env={**CLEAN_ENV, "HF_HOME": home}, capture_output=True, text=True, check=True,
-        cwd="/tmp",
-    ).stdout.strip()  # fmt: skip
-    version = run("-c", "import accelerate; print(accelerate.__version__)")
-    record = json.loads(run(__file__, "--python", ns.python, "--worker").splitlines()[-1])
+    ns = command_line(__doc__, lambda ns: worker())
+    version, record = run_worker(ns.python, __file__)
     OUT.write_text(json.dumps({"accelerate_version": version, **record}, indent=1, sort_keys=True) + "\n")
     print(f"wrote {OUT}")
 

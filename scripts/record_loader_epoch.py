@@ -19,9 +19,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _recorder import CLEAN_ENV, accelerate_version, command_line
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "loader_set_epoch_1_15.json"
-CLEAN_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
+_WORKER_ENV = {**CLEAN_ENV, "OMP_NUM_THREADS": "1"}
 
 
 def cases(lib: str) -> dict:
@@ -92,25 +94,21 @@ def run(python: str, lib: str, processes: int, env: dict[str, str] | None = None
         if processes > 1:
             base = [python, "-m", "torch.distributed.run", f"--nproc_per_node={processes}", "--master_port=0",
                     "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", *base[1:]]  # fmt: skip
-        proc = subprocess.run(base, env={**CLEAN_ENV, **(env or {})}, capture_output=True, text=True, timeout=300,
+        proc = subprocess.run(base, env={**_WORKER_ENV, **(env or {})}, capture_output=True, text=True, timeout=300,
                               cwd="/tmp")  # fmt: skip
         if proc.returncode:
             raise RuntimeError(f"{lib} in {processes} processes failed:\n{proc.stderr[-3000:]}")
         return [json.loads(Path(folder, f"{rank}.json").read_text()) for rank in range(processes)]
 
 
+def _worker(ns: argparse.Namespace) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    Path(ns.out, f"{rank}.json").write_text(json.dumps(cases(ns.worker)))
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--python", help="interpreter with accelerate==1.15 installed")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    ns = parser.parse_args()
-    if ns.worker:
-        rank = int(os.environ.get("RANK", "0"))
-        Path(ns.out, f"{rank}.json").write_text(json.dumps(cases(ns.worker)))
-        return
-    version = subprocess.run([ns.python, "-c", "import accelerate; print(accelerate.__version__)"],
-                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    ns = command_line(__doc__, _worker, worker_lib=True, hidden=("out",))
+    version = accelerate_version(ns.python)
     record = {"accelerate_version": version, "one_process": run(ns.python, "accelerate", 1),
               "two_processes": run(ns.python, "accelerate", 2)}  # fmt: skip
     OUT.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")

@@ -12,15 +12,16 @@ test's check that a state of ours resumes on 1.15). tests/test_loader_state.py c
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from _recorder import CLEAN_ENV, accelerate_version, command_line
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "loader_state_1_15.json"
-CLEAN_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
+_WORKER_ENV = {**CLEAN_ENV, "OMP_NUM_THREADS": "1"}
 BREAK = 3
 CASES = {f"workers={w}/dispatch={d}": (w, d) for w in (0, 2) for d in (False, True)}
 
@@ -78,7 +79,7 @@ def worker(lib: str, state_file: str | None) -> dict:
 def run(python: str, lib: str, state_file: str | None = None, env: dict | None = None) -> dict:
     """Return ``worker(lib, state_file)`` run by ``python`` in a fresh interpreter."""
     argv = [python, __file__, "--worker", lib, *(["--state", state_file] if state_file else [])]
-    proc = subprocess.run(argv, env={**CLEAN_ENV, **(env or {})}, capture_output=True, text=True, timeout=300,
+    proc = subprocess.run(argv, env={**_WORKER_ENV, **(env or {})}, capture_output=True, text=True, timeout=300,
                           cwd="/tmp")  # fmt: skip
     if proc.returncode:
         raise RuntimeError(f"{lib} failed:\n{proc.stderr[-3000:]}")
@@ -86,16 +87,14 @@ def run(python: str, lib: str, state_file: str | None = None, env: dict | None =
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--python", help="interpreter with accelerate==1.15 and torchdata installed")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--state", help=argparse.SUPPRESS)
-    ns = parser.parse_args()
-    if ns.worker:
-        print(json.dumps(worker(ns.worker, ns.state)))
-        return
-    version = subprocess.run([ns.python, "-c", "import accelerate; print(accelerate.__version__)"],
-                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    ns = command_line(
+        __doc__,
+        lambda ns: print(json.dumps(worker(ns.worker, ns.state))),
+        "accelerate==1.15 and torchdata",
+        worker_lib=True,
+        hidden=("state",),
+    )
+    version = accelerate_version(ns.python)
     record = {"accelerate_version": version, "break": BREAK, "cases": run(ns.python, "accelerate")}
     OUT.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     print(f"wrote {OUT}")

@@ -24,12 +24,12 @@ from unittest import mock
 import torch
 from torch import nn
 
+from tests.goldens_shared import registrar
+
 CASES: dict[str, Callable[[Any], Any]] = {}
 
 
-def _case(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    CASES[fn.__name__.removeprefix("case_")] = fn
-    return fn
+_case = registrar(CASES)
 
 
 def _mod(A: Any, path: str) -> Any:

@@ -14,14 +14,14 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Sampler, TensorDataset
 
+from tests.goldens_shared import registrar
+
 __all__ = ["DROPIN_CASES"]
 
 DROPIN_CASES: dict[str, Callable[[Any, dict], dict]] = {}
 
 
-def _case(fn: Callable[[Any, dict], dict]) -> Callable[[Any, dict], dict]:
-    DROPIN_CASES[fn.__name__.removeprefix("case_")] = fn
-    return fn
+_case = registrar(DROPIN_CASES)
 
 
 def _utils(A: Any) -> Any:

@@ -15,26 +15,20 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import IterableDataset
+
+from tests.goldens_shared import Samples, registrar
 
 __all__ = ["LOADER_CASES"]
 
 LOADER_CASES: dict[str, Callable[[Any, dict], dict]] = {}
 
 
-def _case(fn: Callable[[Any, dict], dict]) -> Callable[[Any, dict], dict]:
-    LOADER_CASES[fn.__name__.removeprefix("case_")] = fn
-    return fn
+_case = registrar(LOADER_CASES)
 
 
-class _Indexed(Dataset):
+class _Indexed(Samples):
     """``n`` samples, each a dict carrying its own index."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return {"idx": torch.tensor(i), "x": torch.tensor([float(i)])}
@@ -57,6 +51,12 @@ def _dl(A: Any) -> Any:
     return importlib.import_module(f"{A.__name__}.data_loader")
 
 
+def _loaders(A: Any) -> Any:
+    """Return the library's data_loader module, once an Accelerator made the process state its loaders read."""
+    A.Accelerator()
+    return _dl(A)
+
+
 def _rows(loader: Any) -> list[list]:
     """Return ``[indices, end_of_dataloader, remainder]`` for every batch of one pass."""
     return [[b["idx"].tolist(), bool(loader.end_of_dataloader), int(loader.remainder)] for b in loader]
@@ -64,8 +64,7 @@ def _rows(loader: Any) -> list[list]:
 
 @_case
 def case_loader_shard_direct(A, ctx):
-    A.Accelerator()
-    dl = _dl(A)
+    dl = _loaders(A)
     skipping = dl.DataLoaderShard(_Indexed(10), batch_size=3, skip_batches=1)
     out = {"skip": _rows(skipping), "skip_len": len(skipping), "total_batch_size": skipping.total_batch_size}
     stream = _IndexedStream(10)
@@ -82,8 +81,7 @@ def case_loader_shard_direct(A, ctx):
 
 @_case
 def case_loader_shard_rng_types(A, ctx):
-    A.Accelerator()
-    dl = _dl(A)
+    dl = _loaders(A)
     torch.manual_seed(10 + ctx["rank"])
     generator = torch.Generator().manual_seed(100 + ctx["rank"])
     loader = dl.DataLoaderShard(
@@ -99,8 +97,7 @@ def case_loader_shard_rng_types(A, ctx):
 
 @_case
 def case_loader_dispatcher_direct(A, ctx):
-    A.Accelerator()
-    dl = _dl(A)
+    dl = _loaders(A)
     out = {}
     for name, n, kwargs in (
         ("pad11", 11, {"batch_size": 3}),
@@ -119,29 +116,26 @@ def case_loader_dispatcher_direct(A, ctx):
 
 @_case
 def case_loader_dispatcher_stream(A, ctx):
-    A.Accelerator()
     stream = _IndexedStream(11)
-    loader = _dl(A).DataLoaderDispatcher(stream, batch_size=2, iteration=1)
+    loader = _loaders(A).DataLoaderDispatcher(stream, batch_size=2, iteration=1)
     return {"rows": _rows(loader), "epoch": stream.epoch, "iteration": loader.iteration}
 
 
 @_case
 def case_loader_dispatcher_slice_fn(A, ctx):
-    A.Accelerator()
     seen = []
 
     def slice_fn(data, tensor_slice, process_index=None, num_processes=None):
         seen.append([process_index, num_processes, tensor_slice.start, tensor_slice.stop])
         return {key: value[tensor_slice] for key, value in data.items()}
 
-    loader = _dl(A).DataLoaderDispatcher(_Indexed(10), batch_size=4, slice_fn=slice_fn)
+    loader = _loaders(A).DataLoaderDispatcher(_Indexed(10), batch_size=4, slice_fn=slice_fn)
     return {"rows": _rows(loader), "calls": seen}
 
 
 @_case
 def case_loader_skip_dataloader(A, ctx):
-    A.Accelerator()
-    dl = _dl(A)
+    dl = _loaders(A)
     loader = dl.SkipDataLoader(_Indexed(10), skip_batches=2, batch_size=3)
     active = []
     for _ in loader:

@@ -14,26 +14,20 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
+
+from tests.goldens_shared import Samples, gather_objects, registrar
 
 __all__ = ["METRICS_CASES"]
 
 METRICS_CASES: dict[str, Callable[[Any, dict], dict]] = {}
 
 
-def _case(fn: Callable[[Any, dict], dict]) -> Callable[[Any, dict], dict]:
-    METRICS_CASES[fn.__name__.removeprefix("case_")] = fn
-    return fn
+_case = registrar(METRICS_CASES)
 
 
-class _Labelled(Dataset):
+class _Labelled(Samples):
     """``n`` samples: an index, 3 "logits" that encode it and a label (index mod 5)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         logits = torch.tensor([i, 10.0 * i, 100.0 * i])
@@ -116,10 +110,4 @@ def case_gather_for_metrics_inside_training(A, ctx):
 
 @_case
 def case_gather_for_metrics_objects_uneven(A, ctx):
-    accelerator = A.Accelerator()
-    loader = accelerator.prepare(_loader(n=13, batch_size=3))
-    seen = []
-    for batch in loader:
-        records = [{"i": i, "name": f"s{i}"} for i in batch["idx"].tolist()]
-        seen.extend(accelerator.gather_for_metrics(records))
-    return {"seen": seen}
+    return gather_objects(A, _loader(n=13, batch_size=3), lambda i: {"i": i, "name": f"s{i}"})

@@ -25,15 +25,14 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset,
 from tests.goldens_dropin_cases import DROPIN_CASES
 from tests.goldens_loader_cases import LOADER_CASES
 from tests.goldens_metrics_cases import METRICS_CASES
+from tests.goldens_shared import gather_objects, registrar
 
 __all__ = ["CASES", "run_cases"]
 
 CASES: dict[str, Callable[[Any, dict], dict]] = {}
 
 
-def _case(fn: Callable[[Any, dict], dict]) -> Callable[[Any, dict], dict]:
-    CASES[fn.__name__.removeprefix("case_")] = fn
-    return fn
+_case = registrar(CASES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -564,14 +563,7 @@ def case_gather_for_metrics_dispatch(A, ctx):
 
 @_case
 def case_gather_for_metrics_objects(A, ctx):
-    accelerator = A.Accelerator()
-    loader = accelerator.prepare(_plain(n=90, batch_size=8))
-    seen = []
-    for batch in loader:
-        seen.extend(
-            accelerator.gather_for_metrics([f"s{i}" for i in batch["idx"].tolist()], use_gather_object=True)
-        )
-    return {"seen": seen}
+    return gather_objects(A, _plain(n=90, batch_size=8), lambda i: f"s{i}", use_gather_object=True)
 
 
 def _skip_run(A: Any, loader: DataLoader, skip: int) -> dict:

@@ -30,8 +30,8 @@ SURFACE = json.loads((DATA / "accelerate_surface.json").read_text(encoding="utf-
 EXCLUSIONS = tomllib.loads((DATA / "accelerate_surface_exclusions.toml").read_text(encoding="utf-8"))
 
 
-# The recorder's value normalisation is reused so both sides are compared in one form; loading it
-# does not import accelerate (it only does so inside its functions).
+# The recorder's signature reading and value normalisation are reused so both sides are compared in one
+# form; loading it does not import accelerate (it only does so inside its functions).
 RECORDER = load_script("record_accelerate_surface.py")
 EXCLUDED: dict[str, str] = EXCLUSIONS.get("excluded", {})
 PENDING: dict[str, list[str]] = EXCLUSIONS.get("pending", {})
@@ -52,20 +52,6 @@ def _classify(qualified: str) -> tuple[str, str | None]:
         if any(fnmatch.fnmatchcase(qualified, p) for p in patterns):
             return "pending", owner
     return "checked", None
-
-
-def _params(obj: Any) -> list[dict[str, Any]] | None:
-    try:
-        sig = inspect.signature(obj)
-    except (TypeError, ValueError):
-        return None
-    out = []
-    for p in sig.parameters.values():
-        entry = {"name": p.name, "kind": RECORDER._PARAM_KINDS[p.kind]}
-        if p.default is not inspect.Parameter.empty:
-            entry["default"] = RECORDER.default_repr(p.default)
-        out.append(entry)
-    return out
 
 
 def compare_parameters(recorded: list[dict[str, Any]], ours: list[dict[str, Any]] | None) -> list[str]:
@@ -139,7 +125,7 @@ def check_name(entry: dict[str, Any], obj: Any) -> list[str]:
         if ours_classes != entry["classes"]:
             return [f"classes {ours_classes} != recorded {entry['classes']}"]
     if entry.get("parameters") is not None and kind != "instance":
-        problems += compare_parameters(entry["parameters"], _params(obj))
+        problems += compare_parameters(entry["parameters"], RECORDER._signature(obj))
     return problems
 
 

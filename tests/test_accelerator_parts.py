@@ -14,6 +14,7 @@ from notebook_accel.scheduler import AcceleratedScheduler
 from notebook_accel.state import AcceleratorState, GradientState
 from notebook_accel.utils import AutocastKwargs, GradientAccumulationPlugin, GradScalerKwargs
 from notebook_accel.utils.enums import DistributedType, PrecisionType
+from tests.test_checkpointing import Counter
 
 
 def _flags(**overrides):
@@ -266,16 +267,6 @@ def test_scheduler_needs_a_step_method() -> None:
 def test_checkpointer_saves_and_restores_registered_objects_without_an_accelerator(tmp_path) -> None:
     from notebook_accel.accelerator.checkpoint import Checkpointer, PreparedObjects
     from notebook_accel.utils import ProjectConfiguration
-
-    class Counter:
-        def __init__(self) -> None:
-            self.count = 0
-
-        def state_dict(self) -> dict:
-            return {"count": self.count}
-
-        def load_state_dict(self, state: dict) -> None:
-            self.count = state["count"]
 
     config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=1)
     prepared = PreparedObjects()

@@ -319,16 +319,22 @@ def checkpoint(net: Net, tmp_path) -> str:
     return str(path)
 
 
+STAGES_ON_DISK = {"embed": "cpu", "stages": "disk", "bn": "cpu", "head": "cpu"}
+
+
+def _dispatched(checkpoint: str, **options) -> Net:
+    """Return an empty-weights Net filled from ``checkpoint`` by ``load_checkpoint_and_dispatch(**options)``."""
+    with init_empty_weights():
+        model = Net().eval()
+    return load_checkpoint_and_dispatch(model, checkpoint, **options)
+
+
 @pytest.mark.parametrize(
     "device_map", [None, "auto", "balanced", "balanced_low_0", "sequential", {"": "cpu"}]
 )
 def test_load_checkpoint_and_dispatch_maps(net: Net, ids, checkpoint, device_map) -> None:
     expected = net(ids)
-    with init_empty_weights():
-        model = Net().eval()
-    model = load_checkpoint_and_dispatch(
-        model, checkpoint, device_map=device_map, no_split_module_classes=["Block"]
-    )
+    model = _dispatched(checkpoint, device_map=device_map, no_split_module_classes=["Block"])
     assert torch.allclose(model(ids), expected)
     if device_map is not None:
         check_device_map(model, model.hf_device_map)  # every weight placed
@@ -337,13 +343,10 @@ def test_load_checkpoint_and_dispatch_maps(net: Net, ids, checkpoint, device_map
 
 def test_load_checkpoint_and_dispatch_disk_copies_nothing(net: Net, ids, checkpoint, tmp_path) -> None:
     expected = net(ids)
-    with init_empty_weights():
-        model = Net().eval()
     offload = tmp_path / "offload"
-    model = load_checkpoint_and_dispatch(
-        model,
+    model = _dispatched(
         checkpoint,
-        device_map={"embed": "cpu", "stages": "disk", "bn": "cpu", "head": "cpu"},
+        device_map=STAGES_ON_DISK,
         offload_folder=offload,
     )
     assert os.listdir(offload) == ["index.json"]  # pointers into the safetensors file, no weight copied
@@ -357,10 +360,7 @@ def test_load_checkpoint_and_dispatch_disk_copies_nothing(net: Net, ids, checkpo
 
 def test_load_checkpoint_and_dispatch_max_memory_to_disk(net: Net, ids, checkpoint, tmp_path) -> None:
     expected = net(ids)
-    with init_empty_weights():
-        model = Net().eval()
-    model = load_checkpoint_and_dispatch(
-        model,
+    model = _dispatched(
         checkpoint,
         device_map="auto",
         max_memory={"cpu": 1200},
@@ -373,10 +373,7 @@ def test_load_checkpoint_and_dispatch_max_memory_to_disk(net: Net, ids, checkpoi
 
 def test_load_checkpoint_and_dispatch_options(net: Net, ids, checkpoint, tmp_path) -> None:
     expected = net(ids)
-    with init_empty_weights():
-        model = Net().eval()
-    model = load_checkpoint_and_dispatch(
-        model,
+    model = _dispatched(
         checkpoint,
         device_map={"": "cpu"},
         dtype=torch.bfloat16,
@@ -391,12 +388,9 @@ def test_load_checkpoint_and_dispatch_options(net: Net, ids, checkpoint, tmp_pat
     model = model.float()
     assert torch.allclose(model(ids), expected, atol=0.3)
     # dtype on weights read from disk: converted at each load, never cached converted.
-    with init_empty_weights():
-        model = Net().eval()
-    model = load_checkpoint_and_dispatch(
-        model,
+    model = _dispatched(
         checkpoint,
-        device_map={"embed": "cpu", "stages": "disk", "bn": "cpu", "head": "cpu"},
+        device_map=STAGES_ON_DISK,
         offload_folder=tmp_path / "off",
         dtype="float16",
         offload_state_dict=False,
@@ -432,10 +426,7 @@ def test_load_checkpoint_and_dispatch_checks_the_map_once(
     real_check = placement.check_device_map
     monkeypatch.setattr(placement, "check_device_map", lambda m, dm: calls.append(dm) or real_check(m, dm))
     expected = net(ids)
-    with init_empty_weights():
-        model = Net().eval()
-    model = load_checkpoint_and_dispatch(
-        model,
+    model = _dispatched(
         checkpoint,
         device_map=device_map,
         offload_folder=tmp_path / "off",

@@ -10,6 +10,7 @@ driver; no browser is downloaded. Skips, saying why, where Chromium, Playwright 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -309,6 +311,26 @@ def _no_widget_errors(page: Page, name: str) -> None:
     assert broken.count() == 0, f"{name}: a widget failed to render: {broken.all_inner_texts()}"
 
 
+class _Opened:
+    """A notebook run in the browser: its ``page``, and the ``panel`` a test found (screenshot alone too)."""
+
+    def __init__(self, page: Page) -> None:
+        self.page = page
+        self.panel = None
+
+
+@contextlib.contextmanager
+def _opened(browser, lab: str, name: str, **run: Any) -> Iterator[_Opened]:  # noqa: ANN001
+    """Run notebook ``name`` in a new page and check no widget failed; after the test, screenshot and close it."""
+    opened = _Opened(_open_and_run(browser, lab, name, **run))
+    try:
+        _no_widget_errors(opened.page, name)
+        yield opened
+    finally:
+        _screenshot(opened.page, name, opened.panel)
+        opened.page.close()
+
+
 # Installed in the page before JupyterLab loads: on every change of the page, it looks at the last
 # output holding a progress bar (the dashboard's launch panel) and notes, while a rank's row reads
 # "running", CPU % and memory numbers in every running row, rank 0's bar label and a chart image.
@@ -371,13 +393,13 @@ def _watch_dashboard(shot: dict) -> Callable[[Page], None]:
 def test_quickstart_launch_panel_has_one_tab_per_rank(browser, lab: str) -> None:  # noqa: ANN001
     name = "quickstart.ipynb"
     shot: dict = {}
-    page = _open_and_run(browser, lab, name, during=_watch_dashboard(shot), init_script=_DASHBOARD_WATCH_JS)
-    panel = None
-    try:
-        _no_widget_errors(page, name)
+    with _opened(
+        browser, lab, name, during=_watch_dashboard(shot), init_script=_DASHBOARD_WATCH_JS
+    ) as opened:
+        page = opened.page
         tab_widget = page.locator(".jupyter-widget-tab, .widget-tab").first
         tab_widget.wait_for(state="visible")
-        panel = _panel_of(tab_widget)
+        panel = opened.panel = _panel_of(tab_widget)
         tabs = tab_widget.locator(".lm-TabBar-tab")
         titles = [t.strip() for t in tabs.all_inner_texts()]
         rank_tabs = {
@@ -404,20 +426,15 @@ def test_quickstart_launch_panel_has_one_tab_per_rank(browser, lab: str) -> None
         chart = chart.locator("img.widget-image").first
         expect(chart).to_be_visible()
         page.wait_for_function("img => img.complete && img.naturalWidth > 20", arg=chart.element_handle())
-    finally:
-        _screenshot(page, name, panel)
-        page.close()
 
 
 def test_big_model_inference_device_map_bars_visible(browser, lab: str) -> None:  # noqa: ANN001
     name = "big_model_inference.ipynb"
-    page = _open_and_run(browser, lab, name)
-    panel = None
-    try:
-        _no_widget_errors(page, name)
+    with _opened(browser, lab, name) as opened:
+        page = opened.page
         # The device-map explorer: its sliders, then one stacked bar per device drawn as a PNG.
         explorer = _panel_of(page.locator(".widget-slider", has_text="cpu").first)
-        panel = explorer
+        opened.panel = explorer
         bars = explorer.locator(".widget-image").first
         bars.wait_for(state="visible")
         bars.scroll_into_view_if_needed()
@@ -433,20 +450,15 @@ def test_big_model_inference_device_map_bars_visible(browser, lab: str) -> None:
         )
         # The offload monitor, further down, rendered too.
         assert page.get_by_text("OffloadMonitor").count() >= 1
-    finally:
-        _screenshot(page, name, panel)
-        page.close()
 
 
 def test_memory_estimation_table_visible(browser, lab: str) -> None:  # noqa: ANN001
     name = "memory_estimation.ipynb"
-    page = _open_and_run(browser, lab, name)
-    panel = None
-    try:
-        _no_widget_errors(page, name)
+    with _opened(browser, lab, name) as opened:
+        page = opened.page
         table = page.locator(".jp-OutputArea-output .widget-html table", has_text="float16").first
         table.wait_for(state="visible")
-        panel = _panel_of(table)
+        panel = opened.panel = _panel_of(table)
         text = table.inner_text()
         assert "float32" in text and "int8" in text, f"the memory table lacks dtypes: {text[:500]!r}"
         assert re.search(r"\d+(\.\d+)? GiB", text), f"the memory table shows no sizes: {text[:500]!r}"
@@ -461,21 +473,15 @@ def test_memory_estimation_table_visible(browser, lab: str) -> None:  # noqa: AN
         )
         overflow = panel.evaluate("el => el.scrollWidth - el.clientWidth")
         assert overflow <= 1, f"the memory estimator overflows its output area by {overflow} px"
-    finally:
-        _screenshot(page, name, panel)
-        page.close()
 
 
 def test_handling_failures_runs_in_the_browser(browser, lab: str) -> None:  # noqa: ANN001
     name = "handling_failures.ipynb"
-    page = _open_and_run(browser, lab, name)
-    try:
+    with _opened(browser, lab, name) as opened:
+        page = opened.page
         text = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
         assert "root cause: rank 1 ValueError" in text, "the failing rank's error is not shown"
         assert "interrupted" in text and "['rank 0 done', 'rank 1 done']" in text
-    finally:
-        _screenshot(page, name)
-        page.close()
 
 
 def test_interactive_ranks_panel_while_a_cell_runs(browser, lab: str, lab_dir: Path) -> None:  # noqa: ANN001
@@ -505,23 +511,20 @@ def test_interactive_ranks_panel_while_a_cell_runs(browser, lab: str, lab_dir: P
             seen["rows"] = rows
             flag.write_text("seen\n")  # the cell on the ranks ends at its next step
 
-    page = _open_and_run(browser, lab, INTERACTIVE, during=look)
-    panel = None
     try:
-        _no_widget_errors(page, INTERACTIVE)
-        assert seen.get("rows"), f"the panel never showed both ranks running the cell: {seen}"
-        tab_widget = page.locator(".jupyter-widget-tab, .widget-tab").first
-        panel = _panel_of(tab_widget)
-        # The all-reduce cell's value, equal on both ranks, is shown once.
-        outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
-        assert "tensor([3., 3.])" in outputs, outputs[-2000:]
-        # After %ranks stop: the panel says stopped, each rank's row too, and its buttons are greyed out.
-        expect(panel.locator(".widget-button", has_text=re.compile(r"^\s*stopped\s*$"))).to_have_count(1)
-        expect(panel.locator("table").first.locator("tbody tr", has_text="stopped")).to_have_count(2)
-        expect(panel.locator(".widget-button", has_text="Stacks")).to_be_disabled()
-        titles = [t.strip() for t in tab_widget.locator(".lm-TabBar-tab").all_inner_texts()]
-        assert titles == ["all ranks", "rank 0", "rank 1"], titles
+        with _opened(browser, lab, INTERACTIVE, during=look) as opened:
+            page = opened.page
+            assert seen.get("rows"), f"the panel never showed both ranks running the cell: {seen}"
+            tab_widget = page.locator(".jupyter-widget-tab, .widget-tab").first
+            panel = opened.panel = _panel_of(tab_widget)
+            # The all-reduce cell's value, equal on both ranks, is shown once.
+            outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+            assert "tensor([3., 3.])" in outputs, outputs[-2000:]
+            # After %ranks stop: the panel says stopped, each rank's row too, and its buttons are greyed out.
+            expect(panel.locator(".widget-button", has_text=re.compile(r"^\s*stopped\s*$"))).to_have_count(1)
+            expect(panel.locator("table").first.locator("tbody tr", has_text="stopped")).to_have_count(2)
+            expect(panel.locator(".widget-button", has_text="Stacks")).to_be_disabled()
+            titles = [t.strip() for t in tab_widget.locator(".lm-TabBar-tab").all_inner_texts()]
+            assert titles == ["all ranks", "rank 0", "rank 1"], titles
     finally:
-        _screenshot(page, INTERACTIVE, panel)
-        page.close()
         flag.unlink(missing_ok=True)

@@ -1,6 +1,7 @@
 """The engine configurations of Accelerate 1.15: ParallelismConfig, FSDP2 plugin fields, TP plugin, ProfileKwargs.
 
-Single-process checks of defaults, environment variables and validation; the engines themselves run
+Single-process checks of defaults, environment variables (every plugin's, from the variables ``accelerate
+launch`` sets: ``_LAUNCHER_ENVIRONMENT``) and validation; the engines themselves run
 on 2 and 4 CPU processes in tests/test_fsdp_engines.py.
 """
 
@@ -14,10 +15,13 @@ from torch.distributed import fsdp
 
 from notebook_accel.parallelism_config import ParallelismConfig
 from notebook_accel.utils import (
+    DeepSpeedPlugin,
+    DynamoBackend,
     FullyShardedDataParallelPlugin,
     MegatronLMPlugin,
     ProfileKwargs,
     TorchContextParallelConfig,
+    TorchDynamoPlugin,
     TorchTensorParallelConfig,
     TorchTensorParallelPlugin,
     patch_environment,
@@ -141,27 +145,67 @@ def test_fsdp2_plugin_defaults_and_conversions() -> None:
     assert v2.mixed_precision_policy.output_dtype is torch.float32
 
 
-def test_fsdp_plugin_reads_launcher_environment() -> None:
-    with patch_environment(
-        FSDP_VERSION="2",
-        FSDP_RESHARD_AFTER_FORWARD="false",
-        FSDP_OFFLOAD_PARAMS="true",
-        FSDP_STATE_DICT_TYPE="FULL_STATE_DICT",
-        FSDP_AUTO_WRAP_POLICY="TRANSFORMER_BASED_WRAP",
-        FSDP_TRANSFORMER_CLS_TO_WRAP="Block, Head",
-        FSDP_ACTIVATION_CHECKPOINTING="true",
-        FSDP_CPU_RAM_EFFICIENT_LOADING="true",
-    ):
-        plugin = FullyShardedDataParallelPlugin()
-    assert (plugin.fsdp_version, plugin.reshard_after_forward, plugin.cpu_offload_enabled) == (2, False, True)
-    assert plugin.state_dict_type is fsdp.StateDictType.FULL_STATE_DICT
-    assert plugin.transformer_cls_names_to_wrap == ["Block", "Head"]
-    assert plugin.activation_checkpointing and plugin.cpu_ram_efficient_loading
-    with patch_environment(
-        FSDP_USE_ORIG_PARAMS="true", FSDP_SYNC_MODULE_STATES="true", FSDP_IGNORED_MODULES="head.*"
-    ):
-        v1 = FullyShardedDataParallelPlugin()
-    assert v1.use_orig_params and v1.sync_module_states and v1.ignored_modules == "head.*"
+# The variables `accelerate launch` sets for a plugin, and the fields a plugin built without arguments
+# takes from them: plugin class, environment, fields (compared with their types: an enum, not its text).
+_LAUNCHER_ENVIRONMENT = {
+    "dynamo": (
+        TorchDynamoPlugin,
+        {"ACCELERATE_DYNAMO_BACKEND": "inductor", "ACCELERATE_DYNAMO_MODE": "max-autotune",
+         "ACCELERATE_DYNAMO_USE_FULLGRAPH": "1", "ACCELERATE_DYNAMO_USE_DYNAMIC": "false"},
+        {"backend": DynamoBackend.INDUCTOR, "mode": "max-autotune", "fullgraph": True, "dynamic": False},
+    ),
+    "deepspeed": (
+        DeepSpeedPlugin,
+        {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "1",
+         "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "cpu", "ACCELERATE_GRADIENT_CLIPPING": "0.5",
+         "ACCELERATE_DEEPSPEED_ZERO3_INIT": "true"},
+        # zero3_init only means something for ZeRO 3
+        {"gradient_accumulation_steps": 4, "zero_stage": 1, "offload_optimizer_device": "cpu",
+         "gradient_clipping": 0.5, "zero3_init_flag": False},
+    ),
+    "fsdp, size-based wrap": (
+        FullyShardedDataParallelPlugin,
+        {"FSDP_SHARDING_STRATEGY": "NO_SHARD", "FSDP_OFFLOAD_PARAMS": "true",
+         "FSDP_AUTO_WRAP_POLICY": "SIZE_BASED_WRAP", "FSDP_MIN_NUM_PARAMS": "10"},
+        {"sharding_strategy": fsdp.ShardingStrategy.NO_SHARD, "auto_wrap_policy": "SIZE_BASED_WRAP",
+         "min_num_params": 10},
+    ),
+    "fsdp2": (
+        FullyShardedDataParallelPlugin,
+        {"FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "false", "FSDP_OFFLOAD_PARAMS": "true",
+         "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
+         "FSDP_TRANSFORMER_CLS_TO_WRAP": "Block, Head", "FSDP_ACTIVATION_CHECKPOINTING": "true",
+         "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"},
+        {"fsdp_version": 2, "reshard_after_forward": False, "cpu_offload_enabled": True,
+         "state_dict_type": fsdp.StateDictType.FULL_STATE_DICT, "transformer_cls_names_to_wrap": ["Block", "Head"],
+         "activation_checkpointing": True, "cpu_ram_efficient_loading": True},
+    ),
+    "fsdp1 modules and parameters": (
+        FullyShardedDataParallelPlugin,
+        {"FSDP_USE_ORIG_PARAMS": "true", "FSDP_SYNC_MODULE_STATES": "true", "FSDP_IGNORED_MODULES": "head.*"},
+        {"use_orig_params": True, "sync_module_states": True, "ignored_modules": "head.*"},
+    ),
+}  # fmt: skip
+
+
+def _from_launcher(case: str):
+    """Return the plugin of ``_LAUNCHER_ENVIRONMENT[case]`` built without arguments under its environment."""
+    plugin_class, environment, _ = _LAUNCHER_ENVIRONMENT[case]
+    with patch_environment(**environment):
+        return plugin_class()
+
+
+@pytest.mark.parametrize("case", sorted(_LAUNCHER_ENVIRONMENT))
+def test_plugin_takes_its_fields_from_the_launcher_environment(case) -> None:
+    plugin, fields = _from_launcher(case), _LAUNCHER_ENVIRONMENT[case][2]
+    assert {name: (type(value), value) for name in fields for value in [getattr(plugin, name)]} == {
+        name: (type(value), value) for name, value in fields.items()
+    }
+
+
+def test_fsdp_plugin_ignored_modules_name_submodules() -> None:
+    # The fields the launcher's FSDP_* variables set: tests/test_utils_kwargs_plugins.py (_LAUNCHER_ENVIRONMENT).
+    v1 = FullyShardedDataParallelPlugin(ignored_modules="head.*")
     model = torch.nn.Sequential()
     model.add_module("body", torch.nn.Linear(2, 2))
     model.add_module("head", torch.nn.Linear(2, 2))

@@ -9,12 +9,16 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-from notebook_accel.integrations.deepspeed.engine import DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 from notebook_accel.integrations.engine_stepped import EngineSteppedOptimizer, EngineSteppedScheduler
 from notebook_accel.integrations.fsdp import fsdp2
 from notebook_accel.integrations.fsdp.plugin import FullyShardedDataParallelPlugin
-from notebook_accel.integrations.megatron.engine import MegatronLMOptimizerWrapper, MegatronLMSchedulerWrapper
+from notebook_accel.state import AcceleratorState
 from notebook_accel.utils import other
+from notebook_accel.utils.deepspeed import (
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+)  # Accelerate's paths
+from notebook_accel.utils.megatron_lm import MegatronLMOptimizerWrapper, MegatronLMSchedulerWrapper
 
 
 class Block(nn.Module):
@@ -35,16 +39,32 @@ def test_engine_wrappers_share_one_no_op_base() -> None:
         assert "step" not in vars(wrapper) and "zero_grad" not in vars(wrapper)
 
 
-def test_engine_stepped_optimizer_leaves_the_weights_alone() -> None:
+@pytest.mark.parametrize(
+    ("optimizer_view", "scheduler_view", "skip_flag"),
+    [
+        (DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper, "overflow"),
+        (MegatronLMOptimizerWrapper, MegatronLMSchedulerWrapper, "skipped_iter"),
+    ],
+)
+def test_engine_views_leave_stepping_to_the_engine(optimizer_view, scheduler_view, skip_flag) -> None:
+    AcceleratorState(cpu=True)
     layer = nn.Linear(2, 1)
     optimizer = torch.optim.SGD(layer.parameters(), lr=1.0)
     layer(torch.ones(1, 2)).sum().backward()
-    before = layer.weight.detach().clone()
-    view = DeepSpeedOptimizerWrapper(optimizer)
+    before, grad = layer.weight.detach().clone(), layer.weight.grad.clone()
+    view = optimizer_view(optimizer)
     view.step()
     view.zero_grad()
     assert torch.equal(layer.weight, before)  # the engine steps, not the view
-    assert layer.weight.grad is not None  # and the engine zeroes
+    assert torch.equal(layer.weight.grad, grad)  # and the engine zeroes
+    assert view.step_was_skipped is False and view.device_placement is False
+    setattr(optimizer, skip_flag, True)  # read at each question, not once when wrapped
+    assert view.step_was_skipped is True and optimizer_view(optimizer).step_was_skipped is True
+    setattr(optimizer, skip_flag, False)
+    assert view.step_was_skipped is False
+    schedule = scheduler_view(torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5), [view])
+    schedule.step()
+    assert schedule.get_last_lr() == [1.0] and optimizer.param_groups[0]["lr"] == 1.0
 
 
 def test_one_get_module_class_from_name_breadth_first() -> None:

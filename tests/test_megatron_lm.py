@@ -18,8 +18,6 @@ from notebook_accel.utils.megatron_lm import (
     MegatronEngine,
     MegatronLMDummyDataLoader,
     MegatronLMDummyScheduler,
-    MegatronLMOptimizerWrapper,
-    MegatronLMSchedulerWrapper,
     avg_losses_across_data_parallel_group,
     gather_across_data_parallel_groups,
     megatron_training_args,
@@ -229,23 +227,6 @@ def test_engine_reports_averaged_eval_losses_and_perplexity() -> None:
     engine.eval_iterations = 2
     assert engine.log_eval_results() == "lm loss value: 2.000000E+00 | lm loss PPL: 7.389056E+00"
     assert engine.log_eval_results() == ""  # reset after reporting
-
-
-def test_wrappers_leave_stepping_to_the_engine() -> None:
-    Accelerator(cpu=True)
-    parameter = torch.nn.Parameter(torch.ones(2))
-    inner = torch.optim.SGD([parameter], lr=1.0)
-    parameter.grad = torch.ones(2)
-    optimizer = MegatronLMOptimizerWrapper(inner)
-    optimizer.step()
-    optimizer.zero_grad()
-    assert parameter.tolist() == [1.0, 1.0] and parameter.grad.tolist() == [1.0, 1.0]
-    assert optimizer.step_was_skipped is False
-    inner.skipped_iter = True
-    assert optimizer.step_was_skipped is True
-    schedule = torch.optim.lr_scheduler.StepLR(inner, step_size=1, gamma=0.5)
-    MegatronLMSchedulerWrapper(schedule, [optimizer]).step()
-    assert inner.param_groups[0]["lr"] == 1.0
 
 
 def test_prepare_data_loader_shards_a_torch_loader_over_data_parallel_ranks() -> None:

@@ -114,36 +114,37 @@ def test_committed_spec_is_current(tmp_path) -> None:
     assert sigs == SPEC["signatures"], "tests/data/api_spec.json is stale: run scripts/extract_api_spec.py"
 
 
+# Run after some imports in a fresh interpreter: no notebook stack loaded, no CUDA context created.
+_STAYS_LIGHT = (
+    "heavy = [m for m in ('ipywidgets', 'matplotlib', 'IPython') if m in sys.modules]\n"
+    "assert not heavy, heavy\n"
+    "import torch\n"
+    "assert not torch.cuda.is_initialized()\n"
+    "print('ok')\n"
+)
+
+
+def _assert_stays_light(imports: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", imports + _STAYS_LIGHT], capture_output=True, text=True, cwd="/"
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
 def test_import_is_light() -> None:
     """`import notebook_accel` loads no notebook stack and never initialises CUDA."""
-    code = (
-        "import sys, notebook_accel, notebook_accel.utils\n"
-        "heavy = [m for m in ('ipywidgets', 'matplotlib', 'IPython') if m in sys.modules]\n"
-        "assert not heavy, heavy\n"
-        "import torch\n"
-        "assert not torch.cuda.is_initialized()\n"
-        "print('ok')\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    _assert_stays_light("import sys, notebook_accel, notebook_accel.utils\n")
 
 
 def test_full_surface_loads_without_notebook_stack() -> None:
     """Touching every public core name still loads no notebook stack and no CUDA context."""
-    code = (
+    _assert_stays_light(
         "import sys, json, importlib\n"
         f"spec = json.load(open({str(ROOT / 'tests' / 'data' / 'api_spec.json')!r}))\n"
         "for name, paths in spec['names'].items():\n"
         "    for p in paths:\n"
         "        getattr(importlib.import_module(p), name)\n"
-        "heavy = [m for m in ('ipywidgets', 'matplotlib', 'IPython') if m in sys.modules]\n"
-        "assert not heavy, heavy\n"
-        "import torch\n"
-        "assert not torch.cuda.is_initialized()\n"
-        "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
 def test_facade_packages_pickle_by_reference() -> None:

@@ -13,8 +13,6 @@ import torch
 from notebook_accel.utils import DistributedType
 from notebook_accel.utils.deepspeed import (
     DeepSpeedEngineWrapper,
-    DeepSpeedOptimizerWrapper,
-    DeepSpeedSchedulerWrapper,
     DummyOptim,
     DummyScheduler,
     HfDeepSpeedConfig,
@@ -175,26 +173,3 @@ def test_engine_wrapper_steps_only_at_the_boundary():
         ("step",),
     ]
     assert wrapper.get_global_grad_norm() == 2.5
-
-
-def test_optimizer_and_scheduler_wrappers_leave_stepping_to_the_engine():
-    from notebook_accel.state import AcceleratorState
-
-    AcceleratorState(cpu=True)
-    model = torch.nn.Linear(2, 2)
-    optim = torch.optim.SGD(model.parameters(), lr=1.0)
-    model(torch.ones(1, 2)).sum().backward()
-    before = model.weight.detach().clone()
-    wrapped = DeepSpeedOptimizerWrapper(optim)
-    wrapped.step()
-    wrapped.zero_grad()
-    assert torch.equal(model.weight, before) and model.weight.grad is not None
-    assert wrapped.step_was_skipped is False and wrapped.device_placement is False
-    optim.overflow = True  # read at each question, not once when wrapped
-    assert wrapped.step_was_skipped is True and DeepSpeedOptimizerWrapper(optim).step_was_skipped is True
-    optim.overflow = False
-    assert wrapped.step_was_skipped is False
-    sched = torch.optim.lr_scheduler.StepLR(optim, step_size=1, gamma=0.5)
-    wrapped_sched = DeepSpeedSchedulerWrapper(sched, [wrapped])
-    wrapped_sched.step()
-    assert wrapped_sched.get_last_lr() == [1.0]

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 import torch
+from torch.distributed import fsdp
 
 from notebook_accel.utils import (
     AutocastKwargs,
@@ -27,6 +28,7 @@ from notebook_accel.utils import (
     TorchDynamoPlugin,
 )
 from notebook_accel.utils.environment import patch_environment
+from tests.test_engine_configs import _from_launcher
 
 # ---------------------------------------------------------------------------------------------- kwargs
 
@@ -160,14 +162,7 @@ def test_ddp_kwargs_to_dict_leaves_out_the_comm_hook_fields_unless_asked() -> No
 def test_dynamo_plugin_defaults_env_and_kwargs() -> None:
     plugin = TorchDynamoPlugin()
     assert plugin.backend is DynamoBackend.NO and plugin.mode == "default" and plugin.fullgraph is False
-    with patch_environment(
-        ACCELERATE_DYNAMO_BACKEND="inductor",
-        ACCELERATE_DYNAMO_MODE="max-autotune",
-        ACCELERATE_DYNAMO_USE_FULLGRAPH="1",
-        ACCELERATE_DYNAMO_USE_DYNAMIC="false",
-    ):
-        plugin = TorchDynamoPlugin()
-    assert plugin.backend is DynamoBackend.INDUCTOR
+    plugin = _from_launcher("dynamo")
     assert plugin.to_kwargs() == {
         "backend": "inductor",
         "mode": "max-autotune",
@@ -208,22 +203,7 @@ def test_deepspeed_plugin_builds_config_from_fields() -> None:
     assert cfg["train_batch_size"] == "auto" and plugin.is_zero3
 
 
-def test_deepspeed_plugin_reads_env_defaults() -> None:
-    with patch_environment(
-        ACCELERATE_GRADIENT_ACCUMULATION_STEPS="4",
-        ACCELERATE_DEEPSPEED_ZERO_STAGE="1",
-        ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE="cpu",
-        ACCELERATE_GRADIENT_CLIPPING="0.5",
-        ACCELERATE_DEEPSPEED_ZERO3_INIT="true",
-    ):
-        plugin = DeepSpeedPlugin()
-    assert (plugin.gradient_accumulation_steps, plugin.zero_stage, plugin.offload_optimizer_device) == (
-        4,
-        1,
-        "cpu",
-    )
-    assert plugin.gradient_clipping == 0.5
-    assert plugin.zero3_init_flag is False  # only meaningful for ZeRO 3
+def test_deepspeed_plugin_defaults() -> None:
     default = DeepSpeedPlugin()
     assert (default.zero_stage, default.gradient_accumulation_steps, default.offload_param_device) == (
         2,
@@ -362,8 +342,6 @@ def test_deepspeed_engine_required_only_when_used() -> None:
 
 
 def test_fsdp_state_dict_type_brings_its_gather_configs_and_keeps_given_ones() -> None:
-    from torch.distributed import fsdp
-
     full = FullyShardedDataParallelPlugin(state_dict_type="FULL_STATE_DICT")
     assert (full.state_dict_config.offload_to_cpu, full.state_dict_config.rank0_only) == (True, True)
     assert isinstance(full.optim_state_dict_config, fsdp.FullOptimStateDictConfig)
@@ -385,8 +363,6 @@ def test_fsdp_state_dict_type_brings_its_gather_configs_and_keeps_given_ones() -
 
 
 def test_fsdp_plugin_maps_names_and_ints_to_torch_enums() -> None:
-    from torch.distributed import fsdp
-
     plugin = FullyShardedDataParallelPlugin()
     assert plugin.sharding_strategy is fsdp.ShardingStrategy.FULL_SHARD
     assert plugin.state_dict_type is fsdp.StateDictType.FULL_STATE_DICT
@@ -399,17 +375,8 @@ def test_fsdp_plugin_maps_names_and_ints_to_torch_enums() -> None:
     assert plugin.cpu_offload.offload_params is True
     assert isinstance(plugin.state_dict_config, fsdp.ShardedStateDictConfig)
     assert plugin.mixed_precision_policy.param_dtype is torch.bfloat16
-    with patch_environment(
-        FSDP_SHARDING_STRATEGY="NO_SHARD",
-        FSDP_OFFLOAD_PARAMS="true",
-        FSDP_AUTO_WRAP_POLICY="SIZE_BASED_WRAP",
-        FSDP_MIN_NUM_PARAMS="10",
-    ):
-        from_env = FullyShardedDataParallelPlugin()
-    assert (
-        from_env.sharding_strategy is fsdp.ShardingStrategy.NO_SHARD and from_env.cpu_offload.offload_params
-    )
-    assert (from_env.auto_wrap_policy, from_env.min_num_params) == ("SIZE_BASED_WRAP", 10)
+    from_env = _from_launcher("fsdp, size-based wrap")
+    assert from_env.cpu_offload.offload_params
     kwargs = from_env.to_fsdp_kwargs()
     assert (
         kwargs["sharding_strategy"] is fsdp.ShardingStrategy.NO_SHARD and kwargs["auto_wrap_policy"] is None

@@ -40,9 +40,23 @@ def _wait_for(cond, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
+def _panel(function, args: tuple = (), interval: float = 0.05) -> tuple:
+    """Return ``(handle, panel)``: a non-blocking launch of ``function`` on 2 workers and its panel, view built."""
+    handle = notebook_launcher(function, args, num_processes=2, block=False, sinks=[])
+    panel = LaunchPanel(handle, interval=interval)
+    assert panel.widget is not None
+    return handle, panel
+
+
+def _forever_panel(interval: float = 0.05) -> tuple:
+    """Return ``(handle, panel)`` of 2 workers that run until stopped, once both printed their first line."""
+    handle, panel = _panel(_forever, interval=interval)
+    _wait_for(lambda: len(panel.merged_lines()) == 2)
+    return handle, panel
+
+
 def test_successful_launch():
-    handle = notebook_launcher(_talk, (3, None), num_processes=2, block=False, sinks=[])
-    panel = LaunchPanel(handle, interval=0.05)
+    handle, panel = _panel(_talk, (3, None))
     view = panel.widget
     assert handle.result(timeout=30) == [0, 1]
     _wait_for(lambda: panel.state == "succeeded" and panel._w_state.description == "succeeded")
@@ -64,9 +78,7 @@ def test_successful_launch():
 
 
 def test_failed_launch_shows_the_root_cause():
-    handle = notebook_launcher(_talk, (2, 1), num_processes=2, block=False, sinks=[])
-    panel = LaunchPanel(handle, interval=0.05)
-    assert panel.widget is not None
+    handle, panel = _panel(_talk, (2, 1))
     handle.wait(30)
     _wait_for(lambda: panel._w_state.description == "failed")
     assert panel.state == "failed" and panel._w_state.button_style == "danger"
@@ -80,10 +92,7 @@ def test_failed_launch_shows_the_root_cause():
 
 
 def test_stop_button_stops_every_worker():
-    handle = notebook_launcher(_forever, num_processes=2, block=False, sinks=[])
-    panel = LaunchPanel(handle, interval=0.05)
-    assert panel.widget is not None
-    _wait_for(lambda: len(panel.merged_lines()) == 2)
+    handle, panel = _forever_panel()
     running = panel.rows()
     assert all(r["state"] == "running" for r in running)
     _wait_for(lambda: all(r["rss"] for r in panel.rows()))
@@ -118,11 +127,8 @@ def test_panel_of_a_finished_launch_and_of_a_running_one():
 
 
 def test_stop_button_is_disabled_as_soon_as_the_launch_ends():
-    handle = notebook_launcher(_forever, num_processes=2, block=False, sinks=[])
     # A one-hour throttle: only the done callback itself can update the controls in this test.
-    panel = LaunchPanel(handle, interval=3600)
-    assert panel.widget is not None
-    _wait_for(lambda: len(panel.merged_lines()) == 2)
+    handle, panel = _forever_panel(interval=3600)
     panel._throttle.flush()
     assert not panel._w_stop.disabled and panel._w_stop.button_style == "danger"
     panel.stop()
@@ -134,10 +140,7 @@ def test_stop_button_is_disabled_as_soon_as_the_launch_ends():
 
 
 def test_closed_panel_still_greys_out_its_stop_button():
-    handle = notebook_launcher(_forever, num_processes=2, block=False, sinks=[])
-    panel = LaunchPanel(handle, interval=0.05)
-    assert panel.widget is not None
-    _wait_for(lambda: len(panel.merged_lines()) == 2)
+    handle, panel = _forever_panel()
     panel.close()  # no more view updates...
     handle.stop()
     assert handle.wait(20)

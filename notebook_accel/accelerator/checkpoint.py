@@ -176,7 +176,7 @@ class Checkpointer:
             for hook in prepared.save_hooks.values():
                 hook(list(prepared.models), weights, str(tmp))
             if fsdp:  # Accelerate's FSDP layout: the plugin's state_dict_type says full file or shards
-                self._save_fsdp(tmp)
+                self._fsdp_files(tmp, _fsdp_ckpt.save_fsdp_model, _fsdp_ckpt.save_fsdp_optimizer)
             _ckpt.save_accelerator_state(
                 tmp,
                 [] if fsdp else weights,
@@ -205,19 +205,13 @@ class Checkpointer:
         for old in folders[: max(len(folders) - config.total_limit, 0)]:
             shutil.rmtree(old)
 
-    def _save_fsdp(self, folder: Path) -> None:
+    def _fsdp_files(self, folder: Path, model_files: Callable, optimizer_files: Callable) -> None:
+        """Save or load (``fsdp_utils``' pair of functions given) every prepared model, then every optimizer."""
         plugin = self.state.fsdp_plugin
         for i, model in enumerate(self.prepared.models):
-            _fsdp_ckpt.save_fsdp_model(plugin, None, model, str(folder), i)
+            model_files(plugin, None, model, str(folder), i)
         for i, (opt, model) in enumerate(self._fsdp_pairs()):
-            _fsdp_ckpt.save_fsdp_optimizer(plugin, None, opt, model, str(folder), i)
-
-    def _load_fsdp(self, folder: Path) -> None:
-        plugin = self.state.fsdp_plugin
-        for i, model in enumerate(self.prepared.models):
-            _fsdp_ckpt.load_fsdp_model(plugin, None, model, str(folder), i)
-        for i, (opt, model) in enumerate(self._fsdp_pairs()):
-            _fsdp_ckpt.load_fsdp_optimizer(plugin, None, opt, model, str(folder), i)
+            optimizer_files(plugin, None, opt, model, str(folder), i)
 
     def _load_source(self, input_dir: str | os.PathLike | None) -> Path:
         """Return the folder a load reads: ``input_dir``, or the latest automatic checkpoint."""
@@ -271,7 +265,7 @@ class Checkpointer:
                     f"load_state failed on process(es) {failed} while reading {str(source)!r} (the error is "
                     "raised there); nothing was restored"
                 )
-            self._load_fsdp(source)
+            self._fsdp_files(source, _fsdp_ckpt.load_fsdp_model, _fsdp_ckpt.load_fsdp_optimizer)
 
         try:
             override = _ckpt.load_accelerator_state(

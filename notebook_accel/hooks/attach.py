@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..utils.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 from ..utils.device_planning.devices import Device
 from ..utils.offload import PrefixedDataset
 from .align import AlignDevicesHook, LayerwiseCastingHook
@@ -89,15 +90,25 @@ class _Attacher:
         """Return whether ``module`` loads its whole subtree's weights at once (a preload class)."""
         return type(module).__name__ in self.preload_module_classes
 
+    def align(
+        self, module: nn.Module, device: Device, name: str = "", append: bool = False, **options: Any
+    ) -> None:
+        """Add to ``module`` an AlignDevicesHook onto ``device`` that knows this model's skip keys and tied weights."""
+        hook = AlignDevicesHook(
+            execution_device=device,
+            skip_keys=self.skip_keys,
+            tied_params_map=self.tied_params_map,
+            module_name=name,
+            **options,
+        )
+        add_hook_to_module(module, hook, append=append)
+
     def execution_hooks(self, module: nn.Module, device: Device, stop_at_preload: bool = True) -> None:
         """Hook every module under ``module`` holding weights and no hook yet to move its inputs to ``device``."""
         stop = self.preloads if stop_at_preload else None
         for _, current in _walk(module, stop=stop):
             if "_hf_hook" not in current.__dict__ and _holds_weights(current):
-                hook = AlignDevicesHook(
-                    device, skip_keys=self.skip_keys, tied_params_map=self.tied_params_map
-                )
-                add_hook_to_module(current, hook)
+                self.align(current, device)
 
     def weight_hooks(self, module: nn.Module, name: str, device: Device, offload: bool) -> None:
         """Chain a hook placing (or offloading) its own weights onto every module under ``module`` that has some."""
@@ -106,17 +117,16 @@ class _Attacher:
             preload = whole_subtree is not None and whole_subtree(qualified, current)
             if not (preload or _has_own_weights(current)):
                 continue
-            hook = AlignDevicesHook(
-                execution_device=device,
+            self.align(
+                current,
+                device,
+                qualified,
+                append=True,
                 offload=offload,
                 weights_map=self._weights_under(qualified),
                 offload_buffers=self.offload_buffers,
                 place_submodules=preload,
-                skip_keys=self.skip_keys,
-                tied_params_map=self.tied_params_map,
-                module_name=qualified,
             )
-            add_hook_to_module(current, hook, append=True)
 
     def _weights_under(self, name: str) -> Mapping | None:
         """Return the weights map seen from module ``name`` (keys relative to it)."""
@@ -126,16 +136,14 @@ class _Attacher:
 
     def kept_block(self, block: nn.Module, name: str, device: Device, *, io_same_device: bool) -> None:
         """Place the whole ``block`` on ``device`` with one hook; inner modules only move their inputs."""
-        hook = AlignDevicesHook(
-            execution_device=device,
+        self.align(
+            block,
+            device,
+            name,
             io_same_device=io_same_device,
             offload_buffers=self.offload_buffers,
             place_submodules=True,
-            skip_keys=self.skip_keys,
-            tied_params_map=self.tied_params_map,
-            module_name=name,
         )
-        add_hook_to_module(block, hook)
         # Nothing inside a kept block is offloaded, so preload classes do not matter here.
         self.execution_hooks(block, device, stop_at_preload=False)
 
@@ -143,14 +151,7 @@ class _Attacher:
         """Offload ``block``'s weights module by module; the block itself moves inputs if it owns no weights."""
         self.weight_hooks(block, name, device, offload=True)
         if "_hf_hook" not in block.__dict__:
-            hook = AlignDevicesHook(
-                execution_device=device,
-                io_same_device=io_same_device,
-                skip_keys=self.skip_keys,
-                tied_params_map=self.tied_params_map,
-                module_name=name,
-            )
-            add_hook_to_module(block, hook)
+            self.align(block, device, name, io_same_device=io_same_device)
         self.execution_hooks(block, device)
 
 
@@ -230,8 +231,8 @@ def attach_align_device_hook_on_blocks(
     if not isinstance(execution_device, Mapping) and not isinstance(offload, Mapping):
         if offload:
             attacher.weight_hooks(module, module_name, execution_device, offload=True)
-        else:
-            _whole_module_kept(attacher, module, module_name, execution_device)
+        else:  # one hook placing every weight, inputs and outputs back where they came from
+            attacher.align(module, execution_device, module_name, io_same_device=True, place_submodules=True)
         return
     blocks, devices = _per_block(execution_device, offload)
     for name, current in _walk(module, module_name):
@@ -240,35 +241,10 @@ def attach_align_device_hook_on_blocks(
             place = attacher.offloaded_block if offloaded else attacher.kept_block
             place(current, name, device, io_same_device=name == "")
         elif name == "":
-            root = AlignDevicesHook(
-                execution_device=devices.get(""), io_same_device=True, skip_keys=skip_keys,
-                tied_params_map=tied_params_map,
-            )  # fmt: skip
-            add_hook_to_module(current, root)
+            attacher.align(current, devices.get(""), io_same_device=True)
 
 
-def _whole_module_kept(attacher: _Attacher, module: nn.Module, name: str, device: Device) -> None:
-    """One hook placing every weight of ``module`` on ``device``, inputs and outputs back where they came from."""
-    hook = AlignDevicesHook(
-        execution_device=device,
-        io_same_device=True,
-        place_submodules=True,
-        skip_keys=attacher.skip_keys,
-        tied_params_map=attacher.tied_params_map,
-        module_name=name,
-    )
-    add_hook_to_module(module, hook)
-
-
-_CASTABLE_LAYERS = (
-    nn.Conv1d,
-    nn.Conv2d,
-    nn.Conv3d,
-    nn.ConvTranspose1d,
-    nn.ConvTranspose2d,
-    nn.ConvTranspose3d,
-    nn.Linear,
-)
+_CASTABLE_LAYERS = SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 
 
 def attach_layerwise_casting_hooks(

@@ -14,7 +14,18 @@ __all__ = ["EngineSteppedOptimizer", "EngineSteppedScheduler"]
 
 
 class EngineSteppedOptimizer(AcceleratedOptimizer):
-    """An optimizer view whose engine steps and zeroes the real optimizer: ``step`` and ``zero_grad`` do nothing."""
+    """An optimizer view whose engine steps and zeroes the real optimizer: ``step`` and ``zero_grad`` do nothing.
+
+    A subclass names in ``skip_flag`` the attribute its engine's optimizer raises when it skipped a step.
+    """
+
+    skip_flag = ""
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Return whether the engine skipped the last step (its optimizer's ``skip_flag`` attribute)."""
+        # Read at each question: the engine raises and lowers the flag at each of its steps.
+        return bool(getattr(self.optimizer, self.skip_flag, False)) if self.skip_flag else False
 
     def zero_grad(self, set_to_none=None) -> None:
         """Return None: the engine zeroes the gradients inside its own step."""
@@ -27,6 +38,9 @@ class EngineSteppedOptimizer(AcceleratedOptimizer):
 
 class EngineSteppedScheduler(AcceleratedScheduler):
     """A scheduler view whose engine advances the real scheduler: ``step`` does nothing."""
+
+    def __init__(self, scheduler, optimizers) -> None:
+        super().__init__(scheduler, optimizers)
 
     def step(self) -> None:
         """Return None: the engine already advanced the learning-rate schedule."""

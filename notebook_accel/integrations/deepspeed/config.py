@@ -83,6 +83,17 @@ def _read_config(config_file_or_dict: Any) -> dict:
     return config
 
 
+def config_node(config: dict, ds_key_long: str) -> tuple[dict | None, str]:
+    """Return ``(parent dict, leaf key)`` for the dotted ``ds_key_long`` in ``config``; None when a parent is missing."""
+    node: Any = config
+    *parents, leaf = ds_key_long.split(".")
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            return None, leaf
+    return (node if isinstance(node, dict) else None), leaf
+
+
 class HfDeepSpeedConfig:
     """A DeepSpeed config with the queries libraries ask of it (ZeRO stage, offload, dotted-key values).
 
@@ -111,13 +122,7 @@ class HfDeepSpeedConfig:
 
     def find_config_node(self, ds_key_long):
         """Return ``(parent dict, leaf key)`` for the dotted ``ds_key_long``; the dict is None when a parent is missing."""
-        node: Any = self.config
-        *parents, leaf = ds_key_long.split(".")
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-            if node is None:
-                return None, leaf
-        return (node if isinstance(node, dict) else None), leaf
+        return config_node(self.config, ds_key_long)
 
     def get_value(self, ds_key_long, default=None):
         """Return the value at the dotted key ``ds_key_long`` (e.g. "zero_optimization.stage"), or ``default``."""

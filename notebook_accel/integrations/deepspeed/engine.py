@@ -46,18 +46,12 @@ class DeepSpeedEngineWrapper:
 class DeepSpeedOptimizerWrapper(EngineSteppedOptimizer):
     """The optimizer view under DeepSpeed: stepping and zeroing belong to the engine, so those calls do nothing."""
 
+    # DeepSpeed's fp16 optimizers raise their ``overflow`` flag when they skip a step; others have none.
+    skip_flag = "overflow"
+
     def __init__(self, optimizer) -> None:
         super().__init__(optimizer, device_placement=False, scaler=None)
-
-    @property
-    def step_was_skipped(self) -> bool:
-        """Return whether the last step was skipped because of an fp16 overflow."""
-        # DeepSpeed's fp16 optimizers raise their ``overflow`` flag when they skip a step; others have none.
-        return bool(getattr(self.optimizer, "overflow", False))
 
 
 class DeepSpeedSchedulerWrapper(EngineSteppedScheduler):
     """The scheduler view under DeepSpeed: the engine steps the scheduler, so ``step()`` does nothing."""
-
-    def __init__(self, scheduler, optimizers) -> None:
-        super().__init__(scheduler, optimizers)

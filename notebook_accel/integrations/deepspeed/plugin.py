@@ -22,6 +22,7 @@ from ...utils._validation import positive_int as _positive_int
 from ...utils.enums import MIXED_PRECISION_CHOICES
 from ...utils.environment import parse_flag_from_env
 from ...utils.other import get_module_class_from_name
+from .config import config_node
 
 if TYPE_CHECKING:
     import torch
@@ -285,13 +286,7 @@ class DeepSpeedPlugin:
             )
 
     def _find_config_node(self, ds_key_long: str) -> tuple[dict | None, str]:
-        node: Any = self.deepspeed_config
-        *parents, leaf = ds_key_long.split(".")
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-            if node is None:
-                return None, leaf
-        return (node if isinstance(node, dict) else None), leaf
+        return config_node(self.deepspeed_config, ds_key_long)
 
     def get_value(self, ds_key_long: str, default: Any = None) -> Any:
         """Return the value at dotted key ``ds_key_long`` of the DeepSpeed config (``default`` if absent)."""

@@ -60,6 +60,18 @@ def _fill(plugin: _ArgsOwner, model_type_name: str, **network: Any) -> None:
     plugin.seq_length = network.get("seq_length", getattr(plugin, "seq_length", None))
 
 
+def _network(config: Any, layers: str, hidden: str, heads: str, positions: int) -> dict[str, Any]:
+    """Return what every architecture fills: ``positions`` and, read from ``config``, the layers, hidden size and
+    attention heads (its attributes of those names) and the vocabulary size."""
+    return {
+        "num_layers": getattr(config, layers),
+        "hidden_size": getattr(config, hidden),
+        "num_attention_heads": getattr(config, heads),
+        "max_position_embeddings": positions,
+        "orig_vocab_size": config.vocab_size,
+    }
+
+
 @add_model_config_to_megatron_parser("megatron-bert")
 def parse_bert_config(
     megatron_lm_plugin: _ArgsOwner, model: nn.Module, batch_data: Mapping[str, torch.Tensor] | None
@@ -67,15 +79,12 @@ def parse_bert_config(
     """Fill the Megatron arguments of a BERT model (pretraining heads when it is a masked-LM / pretraining model)."""
     config = model.config
     name = type(model).__name__.lower()
+    positions = config.max_position_embeddings
     _fill(
         megatron_lm_plugin,
         "bert",
-        num_layers=config.num_hidden_layers,
-        hidden_size=config.hidden_size,
-        num_attention_heads=config.num_attention_heads,
-        max_position_embeddings=config.max_position_embeddings,
-        seq_length=_sequence_length(megatron_lm_plugin, batch_data, config.max_position_embeddings),
-        orig_vocab_size=config.vocab_size,
+        **_network(config, "num_hidden_layers", "hidden_size", "num_attention_heads", positions),
+        seq_length=_sequence_length(megatron_lm_plugin, batch_data, positions),
         pretraining_flag="maskedlm" in name or "pretraining" in name,
         num_labels=getattr(config, "num_labels", 2),
     )
@@ -90,12 +99,8 @@ def parse_gpt2_config(
     _fill(
         megatron_lm_plugin,
         "gpt",
-        num_layers=config.n_layer,
-        hidden_size=config.n_embd,
-        num_attention_heads=config.n_head,
-        max_position_embeddings=config.n_positions,
+        **_network(config, "n_layer", "n_embd", "n_head", config.n_positions),
         seq_length=_sequence_length(megatron_lm_plugin, batch_data, config.n_positions),
-        orig_vocab_size=config.vocab_size,
         return_logits=getattr(megatron_lm_plugin, "return_logits", False),
     )
 
@@ -106,38 +111,34 @@ def parse_t5_config(
 ) -> None:
     """Fill the Megatron arguments of a T5 model (encoder and decoder lengths from the plugin or 512/128)."""
     config = model.config
-    positions = getattr(config, "n_positions", 1024)
     encoder = getattr(megatron_lm_plugin, "encoder_seq_length", None) or 512
     decoder = getattr(megatron_lm_plugin, "decoder_seq_length", None) or 128
     _fill(
         megatron_lm_plugin,
         "t5",
-        num_layers=config.num_layers,
-        hidden_size=config.d_model,
-        num_attention_heads=config.num_heads,
-        max_position_embeddings=positions,
+        **_network(config, "num_layers", "d_model", "num_heads", getattr(config, "n_positions", 1024)),
         seq_length=encoder,
         encoder_seq_length=encoder,
         decoder_seq_length=decoder,
-        orig_vocab_size=config.vocab_size,
     )
 
 
-def _llama_like(config: Any) -> dict[str, Any]:
+def _llama_like(
+    megatron_lm_plugin: _ArgsOwner, config: Any, batch_data: Mapping[str, torch.Tensor] | None
+) -> dict[str, Any]:
+    """Return the arguments of a Llama-shaped model: a GPT with SwiGLU, RMSNorm, rotary positions, GQA."""
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    positions = config.max_position_embeddings
     return {
-        "num_layers": config.num_hidden_layers,
-        "hidden_size": config.hidden_size,
-        "num_attention_heads": heads,
-        "max_position_embeddings": config.max_position_embeddings,
-        "orig_vocab_size": config.vocab_size,
+        **_network(config, "num_hidden_layers", "hidden_size", "num_attention_heads", positions),
         "ffn_hidden_size": config.intermediate_size,
         "swiglu": True,
         "normalization": "RMSNorm",
         "position_embedding_type": "rope",
         "group_query_attention": kv_heads != heads,
         "num_query_groups": kv_heads,
+        "seq_length": _sequence_length(megatron_lm_plugin, batch_data, positions),
     }
 
 
@@ -146,11 +147,7 @@ def parse_llama_config(
     megatron_lm_plugin: _ArgsOwner, model: nn.Module, batch_data: Mapping[str, torch.Tensor] | None
 ) -> None:
     """Fill the Megatron arguments of a Llama model (a GPT with SwiGLU, RMSNorm, rotary positions, GQA)."""
-    network = _llama_like(model.config)
-    network["seq_length"] = _sequence_length(
-        megatron_lm_plugin, batch_data, network["max_position_embeddings"]
-    )
-    _fill(megatron_lm_plugin, "gpt", **network)
+    _fill(megatron_lm_plugin, "gpt", **_llama_like(megatron_lm_plugin, model.config, batch_data))
 
 
 @add_model_config_to_megatron_parser("glm4_moe")
@@ -159,10 +156,7 @@ def parse_glm4_moe_config(
 ) -> None:
     """Fill the Megatron arguments of a GLM-4 MoE model (Llama-like, with routed experts)."""
     config = model.config
-    network = _llama_like(config)
-    network["seq_length"] = _sequence_length(
-        megatron_lm_plugin, batch_data, network["max_position_embeddings"]
-    )
+    network = _llama_like(megatron_lm_plugin, config, batch_data)
     network.update(
         num_experts=getattr(config, "n_routed_experts", None),
         moe_router_topk=getattr(config, "num_experts_per_tok", None),

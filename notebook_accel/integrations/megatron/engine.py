@@ -19,7 +19,6 @@ import torch.distributed as dist
 from torch import nn
 
 from ...data_loader import prepare_data_loader as _shard_data_loader
-from ...state import AcceleratorState, GradientState
 from ..engine_stepped import EngineSteppedOptimizer, EngineSteppedScheduler
 from .lm import MegatronLMDummyDataLoader, megatron_only, megatron_plugin_of, require_megatron
 from .train_steps import BertTrainStep, GPTTrainStep, T5TrainStep
@@ -42,28 +41,16 @@ _TRAIN_STEPS = {"gpt": GPTTrainStep, "bert": BertTrainStep, "t5": T5TrainStep}
 class MegatronLMOptimizerWrapper(EngineSteppedOptimizer):
     """Wrap Megatron's optimizer: ``MegatronEngine.train_step`` steps it, so ``step`` and ``zero_grad`` do nothing."""
 
+    skip_flag = "skipped_iter"  # Megatron's optimizer raises it when a gradient overflow skipped the step
+
     def __init__(self, optimizer) -> None:
         # Not AcceleratedOptimizer.__init__: Megatron's optimizers are not torch.optim.Optimizer subclasses,
         # and they keep their own state on the device (no placement, no grad scaler).
-        self.optimizer = optimizer
-        self.scaler = None
-        self.accelerator_state = AcceleratorState()
-        self.gradient_state = GradientState()
-        self.device_placement = False
-        self._is_overflow = False
-        self._accelerate_step_called = False
-
-    @property
-    def step_was_skipped(self) -> bool:
-        """Whether Megatron skipped the last step (gradient overflow)."""
-        return bool(getattr(self.optimizer, "skipped_iter", False))
+        self._view_of(optimizer, device_placement=False, scaler=None)
 
 
 class MegatronLMSchedulerWrapper(EngineSteppedScheduler):
     """Wrap Megatron's scheduler: ``MegatronEngine.train_step`` steps it, so ``step`` does nothing."""
-
-    def __init__(self, scheduler, optimizers) -> None:
-        super().__init__(scheduler, optimizers)
 
     def step(self, *args, **kwargs) -> None:
         """Return None (Megatron's schedulers take arguments; the engine stepped it already)."""

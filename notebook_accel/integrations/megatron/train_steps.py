@@ -47,6 +47,29 @@ def _masked_mean(losses: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
     return torch.sum(losses.reshape(-1).float() * mask) / mask.sum()
 
 
+def _lm_loss_func(step: AbstractTrainStep, accelerator: AcceleratorLike) -> Callable:
+    """Return the plugin's ``custom_loss_function``, or the masked mean of a language model's per-token losses.
+
+    ``loss_func(loss_mask, output_tensor)`` gives back the loss and ``{"lm loss": its average over the
+    data-parallel ranks}``; when ``step.return_logits`` is set (read at each call), the output is
+    ``(losses, logits)`` and the logits are reported too.
+    """
+    custom = _custom(accelerator, "custom_loss_function")
+    if custom is not None:
+        return custom
+
+    def loss_func(loss_mask, output_tensor):
+        with_logits = getattr(step, "return_logits", False)
+        losses, logits = output_tensor if with_logits else (output_tensor, None)
+        loss = _masked_mean(losses, loss_mask)
+        report = {"lm loss": avg_losses_across_data_parallel_group([loss])[0]}
+        if logits is not None:
+            report["logits"] = logits
+        return loss, report
+
+    return loss_func
+
+
 def _forward_step(step: AbstractTrainStep, run_model: Callable[[Any, tuple], tuple[Any, tuple]]) -> Callable:
     """Return Megatron's ``forward_step(data_iterator, model)`` for ``step``.
 
@@ -165,19 +188,7 @@ class GPTTrainStep(AbstractTrainStep):
 
     def get_loss_func(self, accelerator) -> Callable:
         """Return ``loss_func(loss_mask, output_tensor)`` -> (loss, {"lm loss": average over data-parallel ranks})."""
-        custom = _custom(accelerator, "custom_loss_function")
-        if custom is not None:
-            return custom
-
-        def loss_func(loss_mask, output_tensor):
-            losses, logits = output_tensor if self.return_logits else (output_tensor, None)
-            loss = _masked_mean(losses, loss_mask)
-            report = {"lm loss": avg_losses_across_data_parallel_group([loss])[0]}
-            if logits is not None:
-                report["logits"] = logits
-            return loss, report
-
-        return loss_func
+        return _lm_loss_func(self, accelerator)
 
     def get_forward_step_func(self) -> Callable:
         """Return ``forward_step(data_iterator, model)`` -> (model output, loss function to apply to it)."""
@@ -346,15 +357,7 @@ class T5TrainStep(AbstractTrainStep):
 
     def get_loss_func(self, accelerator) -> Callable:
         """Return ``loss_func(loss_mask, output_tensor)`` -> (loss, {"lm loss": average over data-parallel ranks})."""
-        custom = _custom(accelerator, "custom_loss_function")
-        if custom is not None:
-            return custom
-
-        def loss_func(loss_mask, output_tensor):
-            loss = _masked_mean(output_tensor, loss_mask)
-            return loss, {"lm loss": avg_losses_across_data_parallel_group([loss])[0]}
-
-        return loss_func
+        return _lm_loss_func(self, accelerator)
 
     def get_forward_step_func(self) -> Callable:
         """Return ``forward_step(data_iterator, model)`` -> (model output, loss function to apply to it)."""
