@@ -16,7 +16,7 @@ import re
 import shutil
 import socket
 import tempfile
-import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +24,9 @@ import pytest
 
 from notebook_accel import Nodes, notebook_launcher
 from tests.launcher_helpers import label_ranks
+from tests.test_interactive_ipython import _cell
 from tests.test_launcher_kernel import Kernel
+from tests.test_nodes_faults import _wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -67,15 +69,6 @@ def sixteen(lines: int) -> dict:
         "address": address,
         "sum": total.item(),
     }
-
-
-def _wait_until(predicate, timeout: float, what: str) -> float:
-    """Return the seconds it took for ``predicate()`` to hold; fail naming ``what`` after ``timeout``."""
-    start = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - start < timeout, f"{what}: not within {timeout:.0f} s"
-        time.sleep(0.2)
-    return time.monotonic() - start
 
 
 def _ours(cluster, nodes=None) -> dict[str, list[int]]:
@@ -182,43 +175,8 @@ def test_sixteen_ranks_on_eight_nodes_form_one_world_and_their_output_is_labelle
     assert sorted(p.name for p in node_tmp.iterdir()) == []
 
 
-def _cell(kernel: Kernel, code: str, timeout: float = GENEROUS, after: str | None = None, action=None):
-    """Run ``code`` in ``kernel``; return (status, output, error text, seconds from ``action()`` to the cell's end).
-
-    The output is what the cell shows: its streams and its displayed values (``text/plain``). With
-    ``action``, ``action()`` is called once the output shows ``after``, while the cell runs.
-    """
-    out: list[str] = []
-    err: list[str] = []
-    msg_id = kernel.kc.execute(textwrap.dedent(code))
-    deadline = time.monotonic() + timeout
-    acted = None
-    while True:
-        msg = kernel.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        kind, content = msg["msg_type"], msg["content"]
-        if kind == "stream":
-            (out if content["name"] == "stdout" else err).append(content["text"])
-        elif kind in ("execute_result", "display_data"):
-            out.append(content["data"].get("text/plain", "") + "\n")
-        elif kind == "error":
-            err.append("\n".join(content["traceback"]))
-        elif kind == "status" and content["execution_state"] == "idle":
-            break
-        if action is not None and acted is None and after in "".join(out):
-            action()
-            acted = time.monotonic()
-    ended = time.monotonic()
-    reply = kernel.kc.get_shell_msg(timeout=timeout)
-    while reply["parent_header"].get("msg_id") != msg_id:
-        reply = kernel.kc.get_shell_msg(timeout=timeout)
-    assert action is None or acted is not None, ("the cell ended before it printed", after, out, err)
-    return reply["content"]["status"], "".join(out), "".join(err), ended - (acted or ended)
-
-
 def _ok(kernel: Kernel, code: str, timeout: float = GENEROUS) -> str:
-    status, out, err, _ = _cell(kernel, code, timeout)
+    status, out, err, _ = kernel.run(code, timeout=timeout)
     assert status == "ok", (out, err)
     return out
 
@@ -230,8 +188,24 @@ dist.all_reduce(t)
 print("reduced to", t.item(), "across", world_size, "ranks")
 t.item()
 """
-SLEEP = "%%ranks\nimport time\nprint('sleeping', flush=True)\ntime.sleep(600)"
+SLEEP = """%%ranks
+import pathlib, time
+print("sleeping", flush=True)
+pathlib.Path({folder!r}, str(rank)).touch()
+time.sleep(600)
+"""
 REASONS = {"kill_node": "the connection to its agent closed", "link_down": "no heartbeat from its agent"}
+
+
+def _strike_when(sleeping: Path, fault) -> float | None:
+    """Call ``fault()`` once every rank has marked ``sleeping``; return when (None: not within GENEROUS s)."""
+    deadline = time.monotonic() + GENEROUS
+    while len(list(sleeping.iterdir())) < WORLD:
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
+    fault()
+    return time.monotonic()
 
 
 def _start_and_reduce(kernel: Kernel, where: str) -> tuple[float, float]:
@@ -239,12 +213,14 @@ def _start_and_reduce(kernel: Kernel, where: str) -> tuple[float, float]:
     started = time.monotonic()
     _ok(kernel, f"%ranks start {PER_NODE} --nodes {where} --collapse-output {WINDOW:g}", 2 * GENEROUS)
     up = time.monotonic() - started
-    out = _ok(kernel, REDUCE)
+    out, shown, error = _cell(kernel, REDUCE, GENEROUS)
+    assert error is None, error
     cell = time.monotonic() - started - up
     total = WORLD * (WORLD + 1) / 2
     shared = f"reduced to {total} across {WORLD} ranks"
     assert [p for p in _printed(out) if p[2] == shared] == [("n1-n8", list(range(WORLD)), shared)], out
-    assert f"[all {WORLD} ranks] {total}" in out, out  # the cell's value, alike on every rank
+    values = [bundle["data"].get("text/plain", "") for bundle in shown]
+    assert values == [f"[all {WORLD} ranks] {total}"], values  # the cell's value, alike on every rank
     out = _ok(kernel, "print({s.rank: s.node for s in interactive.current().status()})")
     assert out.strip() == repr({r: node_of(r) for r in range(WORLD)}), out
     return up, cell
@@ -256,7 +232,7 @@ def _start_and_reduce(kernel: Kernel, where: str) -> tuple[float, float]:
     ids=["slurm-node-killed", "ssh-node-cut-off"],
 )
 def test_a_cell_across_sixteen_ranks_on_eight_nodes_then_a_node_lost(
-    ns_cluster8, inside, clean, engine, lost, fault, node_tmp, capsys, monkeypatch
+    ns_cluster8, inside, clean, engine, lost, fault, node_tmp, tmp_path, capsys, monkeypatch
 ) -> None:
     """``%ranks start 2 --nodes ...`` in a real kernel; a reducing cell; then ``lost`` crashes or is cut off mid-cell.
 
@@ -266,7 +242,7 @@ def test_a_cell_across_sixteen_ranks_on_eight_nodes_then_a_node_lost(
     """
     cluster = ns_cluster8
     survivors = [node for node in cluster.nodes if node != lost]
-    struck = []  # the fault, once done (the node is revived or reconnected at the end)
+    struck: list[float | None] = []  # when the fault was made (the node is revived or reconnected at the end)
     if engine == "slurm":  # srun carries the kernel's environment to the agents and ranks
         monkeypatch.setenv("TMPDIR", str(node_tmp))
     kernel = Kernel()
@@ -282,13 +258,20 @@ def test_a_cell_across_sixteen_ranks_on_eight_nodes_then_a_node_lost(
         )
         up, cell = _start_and_reduce(kernel, "slurm" if engine == "slurm" else "cluster")
         # The node is lost while every rank sleeps in a cell: the cell ends with an error naming it.
-        status, out, err, noticed = _cell(
-            kernel,
-            SLEEP,
-            2 * GENEROUS,
-            after=f"ranks 0-{WORLD - 1}] sleeping",
-            action=lambda: struck.append(getattr(cluster, fault)(lost)),
+        sleeping = tmp_path / "sleeping"
+        sleeping.mkdir()
+        strike = threading.Thread(
+            target=lambda: struck.append(_strike_when(sleeping, lambda: getattr(cluster, fault)(lost)))
         )
+        strike.start()
+        try:
+            status, out, err, _ = kernel.run(SLEEP.format(folder=str(sleeping)), timeout=2 * GENEROUS)
+            ended = time.monotonic()
+        finally:
+            strike.join()
+        assert struck and struck[0] is not None, "every rank was sleeping: the fault was never made"
+        noticed = ended - struck[0]
+        assert f"[n1-n8 ranks 0-{WORLD - 1}] sleeping" in out.splitlines(), out
         with capsys.disabled():
             print(
                 f"\n[{engine}] %ranks start of 16 ranks on 8 nodes {up:.1f} s, reducing cell {cell:.1f} s; "
@@ -317,9 +300,7 @@ def test_a_cell_across_sixteen_ranks_on_eight_nodes_then_a_node_lost(
             left = collections.Counter(p.name.rsplit("-", 1)[0] for p in node_tmp.iterdir())
             assert all(count == 1 for count in left.values()), left
     finally:
-        _cell(kernel, "interactive.current() and interactive.current().stop()")
+        kernel.run("interactive.current() and interactive.current().stop()", timeout=GENEROUS)
         kernel.close()
-        if struck and fault == "link_down":
-            cluster.link_up(lost)
-        elif struck:
-            cluster.revive(lost)
+        if struck and struck[0] is not None:
+            cluster.link_up(lost) if fault == "link_down" else cluster.revive(lost)
