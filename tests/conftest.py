@@ -67,3 +67,22 @@ def ns_cluster():
         yield cluster
     finally:
         cluster.close()
+
+
+@pytest.fixture(scope="session")
+def ns_cluster8():
+    """Eight nodes of the namespace cluster (n1..n8), built only in a run that selects a test using it.
+
+    Beside ``ns_cluster`` (its own subnet, daemons and ports); it leaves ``SLURM_CONF`` alone, so the
+    two-node tests keep talking to theirs: a test of this one sets it from ``client_env()``.
+    """
+    from tests.ns_cluster import NsCluster, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    cluster = NsCluster(8, export_slurm_conf=False).start()
+    try:
+        yield cluster
+    finally:
+        cluster.close()

@@ -12,9 +12,13 @@ addresses is ever contacted. On the nodes:
   the namespace's address): ``salloc -N 2 --no-shell`` gives an allocation and ``srun`` steps run inside
   the nodes' namespaces.
 
+``NsCluster(count)`` builds ``count`` nodes (2 for most tests, 8 for tests/test_cluster_eight_nodes.py);
+two clusters live side by side in one run, each with its own subnet, keys, daemons, ports and
+``slurm.conf`` (only the first exports ``SLURM_CONF``, see ``export_slurm_conf``).
+
 The namespaces share the filesystem, so every node has this repository's venv Python and source at
-the same paths, as on a cluster with a shared home. ``python tests/ns_cluster.py`` builds one and waits
-(Ctrl-C tears it down): handy for trying a launch by hand.
+the same paths, as on a cluster with a shared home. ``python tests/ns_cluster.py [COUNT]`` builds one and
+waits (Ctrl-C tears it down): handy for trying a launch by hand.
 """
 
 from __future__ import annotations
@@ -140,7 +144,7 @@ def _claim_subnet() -> int:
                 pid = -1
             if pid > 0 and _pid_alive(pid):
                 continue
-            _remove_network(number, count=9)
+            _remove_network(number, count=_leftover_count(number))
             shutil.rmtree(slot, ignore_errors=True)
             try:
                 slot.mkdir()
@@ -154,6 +158,15 @@ def _claim_subnet() -> int:
 def _names(number: int, index: int) -> tuple[str, str, str]:
     """Return (namespace, veth in the root namespace, its peer) of node ``index`` of run ``number``."""
     return f"nac{number}n{index}", f"nac{number}v{index}", f"nac{number}p{index}"
+
+
+def _leftover_count(number: int) -> int:
+    """Return the highest node index of run ``number`` that still has a namespace or a veth here (0: none)."""
+    found = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    found += subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    found += " ".join(path.name for path in Path("/etc/netns").glob(f"nac{number}n*"))
+    indexes = [int(i) for i in re.findall(rf"\bnac{number}[nv](\d+)\b", found)]
+    return max(indexes, default=0)
 
 
 def _remove_network(number: int, count: int) -> None:
@@ -182,13 +195,25 @@ def _kill_namespace(namespace: str) -> list[int]:
 
 
 class NsCluster:
-    """Nodes ``n1``..``nK`` as network namespaces with sshd and slurmd, built by ``start()``, ended by ``close()``."""
+    """Nodes ``n1``..``nK`` as network namespaces with sshd and slurmd, built by ``start()``, ended by ``close()``.
 
-    def __init__(self, count: int = 2) -> None:
+    ``export_slurm_conf``: set ``SLURM_CONF`` in this process's environment for as long as the cluster
+    lives, so that every Slurm client started here talks to it. A second cluster of the same session
+    passes False: its own calls (``allocate``, ``release``, ...) name its configuration, and a test of
+    it sets ``SLURM_CONF`` from ``client_env()`` for what it starts itself.
+    """
+
+    def __init__(self, count: int = 2, *, export_slurm_conf: bool = True) -> None:
         reason = unavailable_reason()
         if reason:
             raise NsClusterUnavailable(reason)
+        if not 1 <= count <= 90:
+            raise ValueError(
+                f"NsCluster(count={count!r}): give 1 to 90 nodes (they take .2 up of one /24 subnet, "
+                "below the .99 that no node may have)"
+            )
         self.count = count
+        self.export_slurm_conf = export_slurm_conf
         self.number = _claim_subnet()
         self.root = Path(tempfile.mkdtemp(prefix=f"nac-cluster{self.number}-"))
         self.nodes = [f"n{i}" for i in range(1, count + 1)]
@@ -403,7 +428,8 @@ class NsCluster:
         self.slurm_conf.write_text(self._slurm_conf_text(slurm, _free_port(), _free_port()))
         (slurm / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
         # The Slurm clients (salloc, srun, scontrol, and the placement engine under test) read SLURM_CONF.
-        self._set_env("SLURM_CONF", str(self.slurm_conf))
+        if self.export_slurm_conf:
+            self._set_env("SLURM_CONF", str(self.slurm_conf))
         self._spawn(
             "slurmctld",
             [_which("slurmctld"), "-D", "-c", "-f", str(self.slurm_conf)],
@@ -411,7 +437,7 @@ class NsCluster:
         )
         for node in self.nodes:
             self._start_slurmd(node)
-        self._wait_for(self._all_idle, "every node idle in sinfo", timeout=60)
+        self._wait_for(self._all_idle, "every node idle in sinfo", timeout=30 + 10 * self.count)
 
     def _start_slurmd(self, node: str) -> None:
         slurm = self.slurm_conf.parent
@@ -433,7 +459,9 @@ class NsCluster:
         )
 
     def _all_idle(self) -> bool:
-        done = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True)
+        done = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, env=self.client_env()
+        )
         states = dict(line.split() for line in done.stdout.splitlines() if line.strip())
         return all(states.get(node) == "idle" for node in self.nodes)
 
@@ -461,6 +489,10 @@ class NsCluster:
         os.environ[key] = value
 
     # ----- using it
+    def client_env(self) -> dict[str, str]:
+        """Return this process's environment with ``SLURM_CONF`` naming this cluster (for its Slurm clients)."""
+        return {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+
     def ssh(
         self, node: str, command: str, check: bool = True, timeout: float = 30
     ) -> subprocess.CompletedProcess:
@@ -489,6 +521,7 @@ class NsCluster:
             capture_output=True,
             text=True,
             timeout=60,
+            env=self.client_env(),
         )
         found = re.search(r"Granted job allocation (\d+)", done.stderr)
         if not found:
@@ -498,19 +531,19 @@ class NsCluster:
 
     def release(self, job_id: str) -> None:
         """Cancel allocation ``job_id`` (its steps end with it)."""
-        subprocess.run(["scancel", job_id], capture_output=True)
+        subprocess.run(["scancel", job_id], capture_output=True, env=self.client_env())
         if job_id in self._jobs:
             self._jobs.remove(job_id)
 
     def allocation_env(self, job_id: str) -> dict[str, str]:
         """Return the variables salloc's shell would set inside allocation ``job_id``."""
-        shown = _run(["scontrol", "show", "job", job_id])
+        shown = _run(["scontrol", "show", "job", job_id], env=self.client_env())
         nodelist = re.search(r"\bNodeList=(\S+)", shown).group(1)
         return {
             "SLURM_JOB_ID": job_id,
             "SLURM_JOBID": job_id,
             "SLURM_JOB_NODELIST": nodelist,
-            "SLURM_NNODES": str(self.count),
+            "SLURM_NNODES": re.search(r"\bNumNodes=(\d+)", shown).group(1),
             "SLURM_CONF": str(self.slurm_conf),
         }
 
