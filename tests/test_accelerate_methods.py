@@ -40,7 +40,7 @@ def member_difference(recorded: dict[str, Any], attr: Any) -> str | None:
     if isinstance(attr, property):
         return f"{recorded['kind']} recorded, ours is a property"
     func = attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
-    ours = surface._params(func)
+    ours = surface.RECORDER._signature(func)
     if ours and recorded["kind"] == "method" and not isinstance(attr, staticmethod):
         ours = ours[1:]  # the recorder drops self
     found = surface.compare_parameters(recorded["parameters"], ours)
