@@ -19,10 +19,11 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
-from _worker import ACCELERATE_PYTHON
+from _worker import ACCELERATE_PYTHON, ROOT
 
 ACCEL_PY = Path(ACCELERATE_PYTHON)
 
@@ -128,31 +129,24 @@ def accelerate(n: int) -> tuple | None:
 
 def in_kernel(n: int) -> tuple | None:
     try:
-        import jupyter_client
+        import jupyter_client  # noqa: F401
     except ImportError:
         return None
-    km = jupyter_client.KernelManager(kernel_name="python3")
-    km.start_kernel(extra_arguments=["--HistoryManager.enabled=False"])
-    kc = km.client()
-    kc.start_channels()
+    sys.path.insert(0, ROOT)
+    from tests.launcher_helpers import StartedKernel
+
+    kernel = StartedKernel()
     try:
-        kc.wait_for_ready(timeout=60)
-        out: list[str] = []
         code = (
             _TIMING_CODE.format(lib="notebook_accel", port={})
             + f"\nprint('JSON', json.dumps(_measure({n})))\n"
         )
-
-        def hook(msg):
-            if msg["msg_type"] == "stream":
-                out.append(msg["content"]["text"])
-
-        kc.execute_interactive(textwrap.dedent(code), timeout=600, output_hook=hook)
+        messages = kernel.cell(textwrap.dedent(code), timeout=600)
+        out = [m["content"]["text"] for m in messages if m["msg_type"] == "stream"]
         line = [ln for ln in "".join(out).splitlines() if ln.startswith("JSON ")]
         return tuple(json.loads(line[0][5:])) if line else None
     finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
+        kernel.close()
 
 
 def main() -> None:

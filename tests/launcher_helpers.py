@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 import psutil
 
@@ -119,17 +120,20 @@ class Snapshot:
 
 
 class Collect:
-    """A sink keeping every line (and the launcher's announcements)."""
+    """A sink keeping every line and the launcher's announcements (each also passed to ``on_announce``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_announce: Callable[[str], None] | None = None) -> None:
         self.lines: list[OutputLine] = []
         self.announced: list[str] = []
+        self._on_announce = on_announce
 
     def __call__(self, line: OutputLine) -> None:
         self.lines.append(line)
 
     def announce(self, text: str) -> None:
         self.announced.append(text)
+        if self._on_announce is not None:
+            self._on_announce(text)
 
     def texts(self, rank: int | None = None, stream: str | None = None) -> list[str]:
         """Return the texts of the lines of ``rank`` on ``stream`` (None: every rank, every stream)."""
@@ -138,6 +142,20 @@ class Collect:
             for ln in self.lines
             if (rank is None or ln.rank == rank) and (stream is None or ln.stream == stream)
         ]
+
+
+def wait_until(
+    predicate: Callable[[], object],
+    timeout: float = 60.0,
+    what: str = "the condition",
+    interval: float = 0.05,
+) -> float:
+    """Return the seconds it took for ``predicate()`` to hold; fail naming ``what`` after ``timeout``."""
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < timeout, f"{what}: not within {timeout:.0f} s"
+        time.sleep(interval)
+    return time.monotonic() - start
 
 
 class StartedKernel:
@@ -152,6 +170,27 @@ class StartedKernel:
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
+        self.reply: dict = {}
+
+    def cell(self, code: str, timeout: float = 60) -> Iterator[dict]:
+        """Yield the iopub messages of ``code`` run as one cell, until the kernel is idle after it.
+
+        Once the cell ended, its shell reply is in ``self.reply`` (other cells' messages are passed over:
+        e.g. ``wait_for_ready``'s extra kernel_info replies).
+        """
+        msg_id = self.kc.execute(code)
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+            yield msg
+        reply = self.kc.get_shell_msg(timeout=timeout)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = self.kc.get_shell_msg(timeout=timeout)
+        self.reply = reply
 
     def close(self) -> None:
         self.kc.stop_channels()

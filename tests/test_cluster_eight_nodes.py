@@ -23,10 +23,9 @@ from pathlib import Path
 import pytest
 
 from notebook_accel import Nodes, notebook_launcher
-from tests.launcher_helpers import label_ranks
+from tests.launcher_helpers import label_ranks, wait_until
 from tests.test_interactive_ipython import _cell
 from tests.test_launcher_kernel import Kernel
-from tests.test_nodes_faults import _wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -97,10 +96,10 @@ def inside(ns_cluster8, allocation, monkeypatch):
 @pytest.fixture()
 def clean(ns_cluster8):
     """Wait until nothing of an earlier test runs on any node; afterwards, until nothing of this one does."""
-    _wait_until(lambda: _none_left(ns_cluster8), GENEROUS, "processes of an earlier test ended")
+    wait_until(lambda: _none_left(ns_cluster8), GENEROUS, "processes of an earlier test ended")
     ports = {node: ns_cluster8.listening(node) for node in ns_cluster8.nodes}
     yield ports
-    _wait_until(lambda: _none_left(ns_cluster8), GENEROUS, "every agent and rank ended")
+    wait_until(lambda: _none_left(ns_cluster8), GENEROUS, "every agent and rank ended")
 
 
 @pytest.fixture()
@@ -140,7 +139,7 @@ def test_sixteen_ranks_on_eight_nodes_form_one_world_and_their_output_is_labelle
         sixteen, args=(LINES,), num_processes=PER_NODE, nodes=nodes, block=False, collapse_output=WINDOW
     )
     try:
-        first = _wait_until(lambda: len(handle.lines()) > 0, GENEROUS, "a first line from a rank")
+        first = wait_until(lambda: len(handle.lines()) > 0, GENEROUS, "a first line from a rank")
         results = handle.result(timeout=GENEROUS)
         done = time.monotonic() - started
     finally:
@@ -170,7 +169,7 @@ def test_sixteen_ranks_on_eight_nodes_form_one_world_and_their_output_is_labelle
             shared,
         ]
     # Nothing is left on any node: no process, no listening port, no temporary file.
-    _wait_until(lambda: _none_left(ns_cluster8), GENEROUS, "every agent and rank ended")
+    wait_until(lambda: _none_left(ns_cluster8), GENEROUS, "every agent and rank ended")
     assert {node: ns_cluster8.listening(node) for node in ns_cluster8.nodes} == clean
     assert sorted(p.name for p in node_tmp.iterdir()) == []
 
@@ -283,13 +282,13 @@ def test_a_cell_across_sixteen_ranks_on_eight_nodes_then_a_node_lost(
             assert re.search(rf"rank {rank} \(pid \d+, on {lost}\)", err), err
         assert _ok(kernel, "print(interactive.current().alive)").strip() == "False"
         _ok(kernel, "%ranks stop")
-        _wait_until(
+        wait_until(
             lambda: _none_left(cluster, survivors), GENEROUS, "the other nodes' agents and ranks ended"
         )
         assert {node: cluster.listening(node) for node in survivors} == {n: clean[n] for n in survivors}
         if fault == "link_down":
             # Cut off, the node heard nothing from the kernel either: its agent ended its ranks, then itself.
-            _wait_until(lambda: not cluster.python_pids(lost), GENEROUS, f"{lost}'s agent ended its ranks")
+            wait_until(lambda: not cluster.python_pids(lost), GENEROUS, f"{lost}'s agent ended its ranks")
             cluster.link_up(lost)
             assert cluster.listening(lost) == clean[lost]
             # Every node ended cleanly (none crashed): no temporary file is left either.

@@ -11,7 +11,6 @@ from __future__ import annotations
 import bisect
 import io
 import random
-import time
 from collections import Counter
 
 import pytest
@@ -29,7 +28,7 @@ from notebook_accel.launch.output import OutputLine, PrintSink, node_span, rank_
 from notebook_accel.launch.plan import resolve_plan
 from notebook_accel.launch.request import LaunchRequest
 from notebook_accel.launchers import _build_sinks
-from tests.launcher_helpers import printed_by
+from tests.launcher_helpers import printed_by, wait_until
 
 W = 0.25
 
@@ -399,19 +398,14 @@ def test_the_request_checks_the_option_and_the_off_switch_prints_plainly() -> No
 # ---------------------------------------------------------------------- the launch's printing sink
 
 
-def _wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert predicate()
-
-
 def test_the_printer_s_timer_prints_a_partial_set_without_a_next_line_and_close_ends_it() -> None:
     out = io.StringIO()
     printer = CollapsingPrinter(PrintSink(stdout=out, num_processes=4), range(4), window=0.05)
     printer(_line(0, "partial"))
     printer(_line(1, "partial"))
-    _wait_for(lambda: out.getvalue() == "[ranks 0,1] partial\n")  # no further line came: the timer did it
+    wait_until(
+        lambda: out.getvalue() == "[ranks 0,1] partial\n", interval=0.005
+    )  # no further line came: the timer did it
     printer(_line(2, "held"))
     printer.announce("Launching the next try")  # a launcher message comes after the lines before it
     assert out.getvalue().splitlines()[-2:] == ["[rank 2] held", "Launching the next try"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.launcher_helpers import printed_by
-from tests.test_launcher_kernel import Kernel
+from tests.test_launcher_kernel import Kernel, interactive_kernel
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
@@ -23,31 +23,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def kernel(ns_cluster):
-    k = Kernel()
-    status, _, err, _ = k.run(
+    yield from interactive_kernel(
         f"""
         import time
         from notebook_accel import Nodes, interactive
         %load_ext notebook_accel
         cluster = Nodes(hosts={list(ns_cluster.nodes)!r}, ssh_options={list(ns_cluster.ssh_options)!r})
         kernel_only = "from the kernel"
-        """
+        """,
+        timeout=60,
     )
-    assert status == "ok", err
-    yield k
-    k.run("interactive.current() and interactive.current().stop()")
-    k.close()
-
-
-def _ok(kernel: Kernel, code: str, timeout: float = 120) -> str:
-    status, out, err, _ = kernel.run(code, timeout=timeout)
-    assert status == "ok", (out, err)
-    return out
 
 
 def _ensure(kernel: Kernel) -> None:
-    _ok(
-        kernel,
+    kernel.ok(
         "ranks = interactive.current()\nif ranks is None or not ranks.alive:\n    %ranks stop\n    %ranks start 2 --nodes cluster",
         240,
     )
@@ -67,15 +56,14 @@ def _assert_nothing_left(ns_cluster, timeout: float = 30) -> None:
 
 def test_ranks_on_two_nodes_start_empty_and_reduce_across_them(kernel, ns_cluster) -> None:
     _ensure(kernel)
-    out = _ok(kernel, "print([(s.rank, s.node) for s in interactive.current().handle.status()])")
+    out = kernel.ok("print([(s.rank, s.node) for s in interactive.current().handle.status()])")
     assert "[(0, 'n1'), (1, 'n1'), (2, 'n2'), (3, 'n2')]" in out
     # Spawned on the nodes: nothing of the kernel's namespace is there, only rank, world_size and device.
     status, out, err, ename = kernel.run("%%ranks\nkernel_only")
     assert status == "error" and "NameError" in err and "raised on rank(s) [0, 1, 2, 3]" in err, err
-    _ok(kernel, "%ranks push kernel_only")
+    kernel.ok("%ranks push kernel_only")
     # What the ranks print streams into the cell, labelled with the node and rank.
-    out = _ok(
-        kernel,
+    out = kernel.ok(
         "%%ranks\nimport torch, torch.distributed as dist\nt = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)\n"
         "print('reduced', t.item(), world_size, kernel_only)",
     )
@@ -84,37 +72,33 @@ def test_ranks_on_two_nodes_start_empty_and_reduce_across_them(kernel, ns_cluste
     assert sorted(printed_by(out, text)) == [0, 1, 2, 3], out
     labels = [line[: -len(text)] for line in out.splitlines() if line.endswith(f"] {text}")]
     assert labels and all(re.fullmatch(r"\[n[12](,n2)? ranks? [\d,-]+\] ", label) for label in labels), out
-    out = _ok(kernel, "%%ranks 0,3\nprint('hundreds', rank * 100)")
+    out = kernel.ok("%%ranks 0,3\nprint('hundreds', rank * 100)")
     assert re.search(r"rank 0\] hundreds 0", out) and re.search(r"rank 3\] hundreds 300", out), out
     assert "rank 1]" not in out and "rank 2]" not in out
-    out = _ok(kernel, "%ranks pull t\nprint([x.item() for x in t])")
+    out = kernel.ok("%ranks pull t\nprint([x.item() for x in t])")
     assert "[10.0, 10.0, 10.0, 10.0]" in out
-    out = _ok(kernel, "table = %ranks status\nprint(repr(table))")
+    out = kernel.ok("table = %ranks status\nprint(repr(table))")
     assert re.search(r"^node\s+rank\s+pid", out, re.M) and re.search(r"^n2\s+3\s+\d+\s+idle", out, re.M), out
 
 
 def test_stop_button_interrupts_ranks_on_every_node(kernel, ns_cluster) -> None:
     _ensure(kernel)
-    _ok(kernel, "%%ranks\nkept = rank * 2")
-    started = time.monotonic()
-    status, out, err, ename = kernel.run(
-        "%%ranks\nimport time\nprint('sleeping', flush=True)\ntime.sleep(120)",
-        interrupt_after="sleeping",
-        timeout=120,
+    kernel.ok("%%ranks\nkept = rank * 2")
+    seconds, _, _ = kernel.interrupted(
+        "%%ranks\nimport time\nprint('sleeping', flush=True)\ntime.sleep(120)", after="sleeping", timeout=120
     )
-    assert status == "error" and ename == "KeyboardInterrupt", (status, out, err)
-    assert time.monotonic() - started < 60
-    out = _ok(kernel, "%ranks pull kept\nprint(kept, interactive.current().alive)")
+    assert seconds < 60
+    out = kernel.ok("%ranks pull kept\nprint(kept, interactive.current().alive)")
     assert "[0, 2, 4, 6] True" in out  # namespaces kept after Stop, as on one machine
 
 
 def test_restart_and_stop_leave_nothing_on_the_nodes(kernel, ns_cluster) -> None:
     _ensure(kernel)
-    _ok(kernel, "%%ranks\nkept = rank")
-    _ok(kernel, "%ranks restart", 240)
+    kernel.ok("%%ranks\nkept = rank")
+    kernel.ok("%ranks restart", 240)
     status, _, err, _ = kernel.run("%%ranks\nkept")
     assert status == "error" and "NameError" in err  # fresh namespaces on every node
-    _ok(kernel, "%ranks stop")
+    kernel.ok("%ranks stop")
     _assert_nothing_left(ns_cluster)
 
 

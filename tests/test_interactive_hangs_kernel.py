@@ -13,18 +13,14 @@ import pytest
 pytest.importorskip("jupyter_client")
 pytest.importorskip("ipykernel")
 
-from tests.test_interactive_magics import MagicKernel  # noqa: E402  (after the skips: it needs the kernel)
+from tests.test_interactive_magics import magic_kernel  # noqa: E402  (after the skips: it needs the kernel)
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    k = MagicKernel()
-    k.ok("%load_ext notebook_accel")
-    yield k
-    k.run("%ranks stop")
-    k.close()
+    yield from magic_kernel()
 
 
 def test_rank_0_working_past_hang_timeout_under_main_process_first_keeps_the_ranks(kernel) -> None:

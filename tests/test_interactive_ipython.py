@@ -7,7 +7,7 @@ import time
 import pytest
 
 from tests.launcher_helpers import printed_by, printed_lines
-from tests.test_launcher_kernel import Kernel
+from tests.test_launcher_kernel import Kernel, interactive_kernel
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -24,25 +24,15 @@ if interactive.current() is None or not interactive.current().alive:
 
 @pytest.fixture(scope="module")
 def kernel():
-    k = Kernel()
-    status, _, err, _ = k.run(ENSURE, timeout=120)
-    assert status == "ok", err
-    yield k
-    k.run("interactive.current() and interactive.current().stop()")
-    k.close()
+    yield from interactive_kernel(ENSURE)
 
 
 def _cell(kernel: Kernel, code: str, timeout: float = 90) -> tuple[str, list[dict], str | None]:
     """Return (stdout and stderr, every display bundle, the error's traceback or None) of one cell."""
-    msg_id = kernel.kc.execute(code)
     out: list[str] = []
     shown: list[dict] = []
     error = None
-    deadline = time.monotonic() + timeout
-    while True:
-        msg = kernel.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
+    for msg in kernel.cell(code, timeout):
         kind, content = msg["msg_type"], msg["content"]
         if kind == "stream":
             out.append(content["text"])
@@ -50,11 +40,6 @@ def _cell(kernel: Kernel, code: str, timeout: float = 90) -> tuple[str, list[dic
             shown.append({"data": content["data"], "metadata": content.get("metadata", {})})
         elif kind == "error":
             error = "\n".join(content["traceback"])
-        elif kind == "status" and content["execution_state"] == "idle":
-            break
-    reply = kernel.kc.get_shell_msg(timeout=timeout)
-    while reply["parent_header"].get("msg_id") != msg_id:
-        reply = kernel.kc.get_shell_msg(timeout=timeout)
     return "".join(out), shown, error
 
 

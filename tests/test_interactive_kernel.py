@@ -7,7 +7,7 @@ import time
 import pytest
 
 from tests.launcher_helpers import printed_by, printed_lines
-from tests.test_launcher_kernel import Kernel
+from tests.test_launcher_kernel import Kernel, interactive_kernel
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -22,27 +22,15 @@ if not ranks.alive:
 
 @pytest.fixture(scope="module")
 def kernel():
-    k = Kernel()
-    status, _, err, _ = k.run("def helper(x):\n    return x + 100\nkernel_value = 'from the kernel'")
-    assert status == "ok", err
-    yield k
-    k.run("interactive.current() and interactive.current().stop()")
-    k.close()
-
-
-def _ok(kernel: Kernel, code: str, timeout: float = 60) -> str:
-    status, out, err, _ = kernel.run(code, timeout=timeout)
-    assert status == "ok", err
-    return out
+    yield from interactive_kernel("def helper(x):\n    return x + 100\nkernel_value = 'from the kernel'")
 
 
 def test_cell_functions_and_all_reduce_on_the_ranks(kernel: Kernel) -> None:
-    out = _ok(kernel, ENSURE)
+    out = kernel.ok(ENSURE)
     assert "Launching 2 process(es) | backend gloo" in out
-    out = _ok(kernel, "print(ranks.run('helper(rank), kernel_value'))")
+    out = kernel.ok("print(ranks.run('helper(rank), kernel_value'))")
     assert "[(100, 'from the kernel'), (101, 'from the kernel')]" in out
-    out = _ok(
-        kernel,
+    out = kernel.ok(
         "print(ranks.run('import torch.distributed as dist\\nt = torch.ones(1) * (rank + 1)\\n"
         'dist.all_reduce(t)\\nprint("reduced", t.item())\\nt.item()\'))',
     )
@@ -59,8 +47,8 @@ def test_cell_functions_and_all_reduce_on_the_ranks(kernel: Kernel) -> None:
 def test_a_cell_s_identical_prints_show_once_labelled_with_the_ranks(kernel: Kernel) -> None:
     # A long window makes the grouping exact on a loaded machine: a line both ranks printed goes out as
     # soon as the second did, a line one rank printed at the end of the command at the latest.
-    _ok(kernel, "interactive.current() and interactive.current().stop()")
-    _ok(kernel, "import notebook_accel\nranks = notebook_accel.start_ranks(2, collapse_output=60)")
+    kernel.ok("interactive.current() and interactive.current().stop()")
+    kernel.ok("import notebook_accel\nranks = notebook_accel.start_ranks(2, collapse_output=60)")
     try:
         code = "import sys\nprint('same line')\nprint('own', rank)\nprint('a warning', file=sys.stderr)"
         status, out, err, _ = kernel.run(f"ranks.run({code!r})")
@@ -69,29 +57,25 @@ def test_a_cell_s_identical_prints_show_once_labelled_with_the_ranks(kernel: Ker
         assert "[rank 0] own 0\n" in out and "[rank 1] own 1\n" in out
         assert err.count("a warning") == 1 and "[ranks 0,1] a warning\n" in err, err
         # the handle (what the panel's per-rank view reads) keeps every rank's copy
-        kept = _ok(kernel, "print([[line.text for line in ranks.handle.lines(r)] for r in (0, 1)])")
+        kept = kernel.ok("print([[line.text for line in ranks.handle.lines(r)] for r in (0, 1)])")
         assert kept.strip() == "[['same line', 'own 0', 'a warning'], ['same line', 'own 1', 'a warning']]"
     finally:
-        _ok(kernel, "ranks.stop()")
+        kernel.ok("ranks.stop()")
 
 
 def test_stop_button_interrupts_every_rank_and_the_next_cell_works(kernel: Kernel) -> None:
-    _ok(kernel, ENSURE + "\nranks.run('kept = rank * 2')")
-    started = time.monotonic()
-    status, out, err, ename = kernel.run(
-        "ranks.run('print(\"sleeping\", flush=True)\\ntime.sleep(60)')",
-        interrupt_after="sleeping",
-        timeout=60,
+    kernel.ok(ENSURE + "\nranks.run('kept = rank * 2')")
+    seconds, out, err = kernel.interrupted(
+        "ranks.run('print(\"sleeping\", flush=True)\\ntime.sleep(60)')", after="sleeping"
     )
-    assert status == "error" and ename == "KeyboardInterrupt", (status, out, err)
-    assert time.monotonic() - started < 5 + 3  # < 5 s after the interrupt (the ranks printed first)
+    assert seconds < 5 + 3  # < 5 s after the interrupt (the ranks printed first)
     assert "namespaces intact" in err
-    out = _ok(kernel, "print(ranks.run('kept'), ranks.alive)")
+    out = kernel.ok("print(ranks.run('kept'), ranks.alive)")
     assert "[0, 2] True" in out
 
 
 def test_error_on_rank_1_while_rank_0_waits_in_all_reduce(kernel: Kernel) -> None:
-    _ok(kernel, ENSURE)
+    kernel.ok(ENSURE)
     started = time.monotonic()
     status, out, err, ename = kernel.run(
         'ranks.run(\'import torch.distributed as dist\\nif rank == 1:\\n    raise KeyError("rank one broke")\\n'
@@ -111,15 +95,13 @@ def test_error_on_rank_1_while_rank_0_waits_in_all_reduce(kernel: Kernel) -> Non
 
 
 def test_accelerator_steps_cell_by_cell_keep_the_ranks_in_sync(kernel: Kernel) -> None:
-    _ok(kernel, ENSURE)
-    out = _ok(
-        kernel,
+    kernel.ok(ENSURE)
+    out = kernel.ok(
         "print(ranks.run('from notebook_accel import Accelerator\\nacc = Accelerator()\\n"
         "(acc.num_processes, acc.process_index)'))",
     )
     assert "[(2, 0), (2, 1)]" in out
-    _ok(
-        kernel,
+    kernel.ok(
         "ranks.run('torch.manual_seed(rank)\\nmodel = torch.nn.Linear(4, 1)\\n"
         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\\nmodel, opt = acc.prepare(model, opt)\\n"
         "start = acc.unwrap_model(model).weight.detach().clone()')",
@@ -129,30 +111,22 @@ def test_accelerator_steps_cell_by_cell_keep_the_ranks_in_sync(kernel: Kernel) -
         "opt.step()\\nopt.zero_grad()\\nloss.item()"
     )
     for _ in range(3):  # one cell per step
-        _ok(kernel, f"print(ranks.run('{step}'))")
-    out = _ok(
-        kernel,
+        kernel.ok(f"print(ranks.run('{step}'))")
+    out = kernel.ok(
         "w = ranks.run('acc.unwrap_model(model).weight.detach()')\n"
         "moved = ranks.run('(acc.unwrap_model(model).weight - start).abs().max().item()')\n"
         "print('EQUAL', torch.equal(w[0], w[1]), 'MOVED', min(moved) > 0)",
     )
     assert "EQUAL True MOVED True" in out
-    out = _ok(
-        kernel, "import psutil\nranks.stop()\nprint(interactive.current(), psutil.Process().children())"
-    )
+    out = kernel.ok("import psutil\nranks.stop()\nprint(interactive.current(), psutil.Process().children())")
     assert "None []" in out
 
 
 def _run_collecting_displays(kernel: Kernel, code: str, timeout: float = 60) -> tuple[str, list[str]]:
     """Return (stdout and stderr, the text/plain of every display and display update) of one cell."""
-    msg_id = kernel.kc.execute(code)
     out: list[str] = []
     shown: list[str] = []
-    deadline = time.monotonic() + timeout
-    while True:
-        msg = kernel.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
+    for msg in kernel.cell(code, timeout):
         kind, content = msg["msg_type"], msg["content"]
         if kind == "stream":
             out.append(content["text"])
@@ -160,16 +134,11 @@ def _run_collecting_displays(kernel: Kernel, code: str, timeout: float = 60) -> 
             shown.append(content["data"].get("text/plain", ""))
         elif kind == "error":
             raise AssertionError("\n".join(content["traceback"]))
-        elif kind == "status" and content["execution_state"] == "idle":
-            break
-    reply = kernel.kc.get_shell_msg(timeout=timeout)
-    while reply["parent_header"].get("msg_id") != msg_id:
-        reply = kernel.kc.get_shell_msg(timeout=timeout)
     return "".join(out), shown
 
 
 def test_a_commands_progress_bars_are_drawn_live_in_its_cell(kernel: Kernel) -> None:
-    _ok(kernel, ENSURE)
+    kernel.ok(ENSURE)
     out, shown = _run_collecting_displays(
         kernel,
         "ranks.run('from tqdm.auto import tqdm\\nfor i in tqdm(range(40), desc=\"steps\"):\\n    time.sleep(0.05)')",
@@ -185,8 +154,7 @@ def test_the_ranks_end_with_the_kernel() -> None:
 
     k = Kernel()
     try:
-        out = _ok(
-            k,
+        out = k.ok(
             "import notebook_accel\nranks = notebook_accel.start_ranks(2)\nprint('PIDS', ranks.handle.pids)",
         )
         pids = eval(out.split("PIDS", 1)[1].strip())

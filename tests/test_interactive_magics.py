@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -331,13 +331,18 @@ class MagicKernel(StartedKernel):
         return cell
 
 
-@pytest.fixture(scope="module")
-def kernel():
+def magic_kernel(setup: str = "") -> Iterator[MagicKernel]:
+    """Yield a :class:`MagicKernel` that loaded the extension and ran ``setup``; then stop its ranks, close it."""
     k = MagicKernel()
-    k.ok("%load_ext notebook_accel\nimport psutil\nbefore_start = 7")
+    k.ok("%load_ext notebook_accel\n" + setup)
     yield k
     k.run("%ranks stop")
     k.close()
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    yield from magic_kernel("import psutil\nbefore_start = 7")
 
 
 @pytest.fixture()

@@ -3,26 +3,18 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from notebook_accel.widgets import LaunchPanel
 
 from notebook_accel.interactive import RankError, Ranks, start_ranks
+from tests.launcher_helpers import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
 # One line (the panel shows it whole as the cell), running until the test creates the file ``flag``
 # names: the cell is seen running however slow the machine, not for a fixed time.
 WAIT = "while not os.path.exists(flag): time.sleep(0.05)"
-
-
-def _wait_for(cond, timeout: float = 30.0) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +35,9 @@ def test_panel_shows_each_rank_idle_running_its_cell_then_idle(ranks: Ranks, tmp
     panel = LaunchPanel(ranks, interval=0.05)
     assert panel.handle is ranks.handle and panel.ranks_object is ranks
     assert panel.widget is not None
-    _wait_for(lambda: panel.state == "idle")
+    wait_until(lambda: panel.state == "idle")
     assert [state for state, _ in _states(panel)] == ["idle", "idle"]
-    _wait_for(lambda: ">cell</th>" in panel._w_status.value and panel._w_state.description == "idle")
+    wait_until(lambda: ">cell</th>" in panel._w_status.value and panel._w_state.description == "idle")
     assert panel._w_stop.tooltip == "stop the ranks"
 
     done = threading.Event()
@@ -53,13 +45,13 @@ def test_panel_shows_each_rank_idle_running_its_cell_then_idle(ranks: Ranks, tmp
     worker.start()
     try:
         # Each rank's row: "running" and the cell it runs; the view follows without any output line.
-        _wait_for(
+        wait_until(
             lambda: (
                 _states(panel) == [("running", WAIT), ("running", WAIT)]
                 and "running" in panel._w_status.value
             )
         )
-        _wait_for(lambda: panel._w_state.description == "running")
+        wait_until(lambda: panel._w_state.description == "running")
         assert panel.state == "running" and WAIT in panel._w_status.value
         assert "LaunchPanel(running)" in repr(panel) and WAIT in repr(panel)
         # The Stacks button while the cell runs: each rank's frame in the cell, with the cell's line.
@@ -71,15 +63,15 @@ def test_panel_shows_each_rank_idle_running_its_cell_then_idle(ranks: Ranks, tmp
         flag.write_text("done")  # the cell ends
     worker.join(60)
     assert done.is_set()
-    _wait_for(lambda: _states(panel) == [("idle", WAIT), ("idle", WAIT)])
-    _wait_for(lambda: panel._w_state.description == "idle" and "running" not in panel._w_status.value)
+    wait_until(lambda: _states(panel) == [("idle", WAIT), ("idle", WAIT)])
+    wait_until(lambda: panel._w_state.description == "idle" and "running" not in panel._w_status.value)
 
     # A cell raising on rank 1: that rank reads "failed", the other stays idle; the ranks are alive.
     with pytest.raises(RankError, match="ZeroDivisionError"):
         ranks.run("1 / (rank - 1)")
-    _wait_for(lambda: [state for state, _ in _states(panel)] == ["idle", "failed"])
+    wait_until(lambda: [state for state, _ in _states(panel)] == ["idle", "failed"])
     assert panel.state == "idle"
-    _wait_for(lambda: "failed" in panel._w_status.value)
+    wait_until(lambda: "failed" in panel._w_status.value)
     panel.close()
 
 
@@ -87,7 +79,7 @@ def test_panel_of_the_ranks_handle_finds_the_current_ranks(ranks: Ranks) -> None
     # start_ranks(..., panel=True) builds its panel from the handle alone, while the ranks start.
     panel = LaunchPanel(ranks.handle, interval=0.05)
     assert panel.ranks_object is ranks
-    _wait_for(lambda: panel.state == "idle")
+    wait_until(lambda: panel.state == "idle")
     assert [row["cell"] is not None for row in panel.rows()] == [True, True]
     panel.close()
 
@@ -107,18 +99,18 @@ def test_a_dead_rank_restart_and_stop_show_in_the_panel(ranks: Ranks) -> None:
     with pytest.raises(RankError, match="exited with code 3"):
         ranks.run("if rank == 1:\n    import os\n    os._exit(3)")
     # A rank died: the group is broken (restart() recovers), and the panel says so with the root cause.
-    _wait_for(lambda: old.state == "broken" and old._w_stop.disabled)
+    wait_until(lambda: old.state == "broken" and old._w_stop.disabled)
     assert old._w_state.description == "broken" and old._w_state.button_style == "danger"
     assert "rank 1" in old.error_text() and "rank 1" in old._w_error.value
     ranks.restart()
     # The old panel's ranks were replaced: stopped; a new panel shows the new ones.
-    _wait_for(lambda: old.state == "stopped")
+    wait_until(lambda: old.state == "stopped")
     new = LaunchPanel(ranks, interval=0.05)
     assert new.widget is not None
-    _wait_for(lambda: new.state == "idle")
+    wait_until(lambda: new.state == "idle")
     new._w_stop.click()  # ranks.stop()
     assert not ranks.alive
-    _wait_for(lambda: new.state == "stopped" and new._w_stop.disabled)
+    wait_until(lambda: new.state == "stopped" and new._w_stop.disabled)
     assert [row["state"] for row in new.rows()] == ["stopped", "stopped"]
     old.close()
     new.close()

@@ -7,7 +7,7 @@ import pytest
 from notebook_accel.interactive.stale import fingerprint, global_tokens, stale_message
 from notebook_accel.interactive.values import digest, parse_size, value_payload
 from tests.test_interactive_ipython import _cell, _ok
-from tests.test_launcher_kernel import Kernel
+from tests.test_launcher_kernel import Kernel, interactive_kernel
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -26,12 +26,7 @@ ranks = notebook_accel.start_ranks(2)
 
 @pytest.fixture(scope="module")
 def kernel():
-    k = Kernel()
-    status, _, err, _ = k.run(SETUP, timeout=120)
-    assert status == "ok", err
-    yield k
-    k.run("interactive.current() and interactive.current().stop()")
-    k.close()
+    yield from interactive_kernel(SETUP)
 
 
 def _shown(kernel: Kernel, code: str) -> str:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import textwrap
-import time
 
 import pytest
 
-from tests.launcher_helpers import printed_by, printed_lines
+from tests.launcher_helpers import StartedKernel, printed_by, printed_lines
 
-jupyter_client = pytest.importorskip("jupyter_client")
+pytest.importorskip("jupyter_client")
 pytest.importorskip("ipykernel")
 
 pytestmark = pytest.mark.timeout(180)
@@ -30,31 +29,12 @@ print(notebook_launcher(loop, num_processes=2))
 """
 
 
-def _run(client, code: str, timeout: float = 120) -> list[dict]:  # noqa: ANN001
-    """Return every iopub message of the cell running ``code``, until the kernel is idle again."""
-    msg_id = client.execute(textwrap.dedent(code))
-    deadline = time.monotonic() + timeout
-    messages = []
-    while True:
-        msg = client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        messages.append(msg)
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return messages
-
-
 def test_bars_live_in_the_cell_and_leave_one_line_each() -> None:
-    km = jupyter_client.KernelManager(kernel_name="python3")
-    km.start_kernel(extra_arguments=["--HistoryManager.enabled=False"])
-    client = km.client()
-    client.start_channels()
+    kernel = StartedKernel()
     try:
-        client.wait_for_ready(timeout=60)
-        messages = _run(client, _CELL)
+        messages = list(kernel.cell(textwrap.dedent(_CELL), timeout=120))
     finally:
-        client.stop_channels()
-        km.shutdown_kernel(now=True)
+        kernel.close()
     errors = [m["content"] for m in messages if m["msg_type"] == "error"]
     assert not errors, errors
     shown = [m["content"] for m in messages if m["msg_type"] == "display_data"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -24,13 +24,8 @@ class Kernel(StartedKernel):
         out: list[str] = []
         err: list[str] = []
         ename: list[str] = []
-        msg_id = self.kc.execute(textwrap.dedent(code))
-        deadline = time.monotonic() + timeout
         interrupted = False
-        while True:
-            msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
+        for msg in self.cell(textwrap.dedent(code), timeout):
             kind, content = msg["msg_type"], msg["content"]
             if kind == "stream":
                 (out if content["name"] == "stdout" else err).append(content["text"])
@@ -40,14 +35,31 @@ class Kernel(StartedKernel):
             elif kind == "error":
                 ename.append(content["ename"])
                 err.append("\n".join(content["traceback"]))
-            elif kind == "status" and content["execution_state"] == "idle":
-                break
-        reply = self.kc.get_shell_msg(timeout=timeout)
-        while (
-            reply["parent_header"].get("msg_id") != msg_id
-        ):  # e.g. wait_for_ready's extra kernel_info replies
-            reply = self.kc.get_shell_msg(timeout=timeout)
-        return reply["content"]["status"], "".join(out), "".join(err), ename[0] if ename else None
+        return self.reply["content"]["status"], "".join(out), "".join(err), ename[0] if ename else None
+
+    def interrupted(
+        self, code: str, after: str | Callable[[str], bool], timeout: float = 60
+    ) -> tuple[float, str, str]:
+        """Return (seconds, stdout, stderr) of ``code`` stopped with the Stop button once ``after`` was printed."""
+        started = time.monotonic()
+        status, out, err, ename = self.run(code, timeout=timeout, interrupt_after=after)
+        assert status == "error" and ename == "KeyboardInterrupt", (status, out, err)
+        return time.monotonic() - started, out, err
+
+    def ok(self, code: str, timeout: float = 120) -> str:
+        """Return the stdout of ``code`` run as one cell, asserting it raised nothing."""
+        status, out, err, _ = self.run(code, timeout=timeout)
+        assert status == "ok", (out, err)
+        return out
+
+
+def interactive_kernel(setup: str, timeout: float = 120) -> Iterator[Kernel]:
+    """Yield a :class:`Kernel` that ran ``setup``, then stop its interactive ranks and close it (a fixture's body)."""
+    k = Kernel()
+    k.ok(setup, timeout)
+    yield k
+    k.run("interactive.current() and interactive.current().stop()")
+    k.close()
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +102,15 @@ def _fds(kernel: Kernel) -> int:
     return eval(kernel.run("print(_leaks())")[1].strip())[1]
 
 
-def test_cell_function_on_two_processes(kernel):
+@pytest.fixture(autouse=True)
+def _no_leaks(kernel: Kernel) -> Iterator[None]:
+    """Check after each test that the kernel has no process left and no more file descriptors than before."""
     before = _fds(kernel)
+    yield
+    _assert_no_leaks(kernel, before)
+
+
+def test_cell_function_on_two_processes(kernel):
     status, out, err, _ = kernel.run(
         """
         def train(scale):
@@ -109,11 +128,9 @@ def test_cell_function_on_two_processes(kernel):
     assert sorted(printed_by(out, "world 2 sum 3.0")) == [0, 1]  # once as [ranks 0,1], or apart
     assert "RESULTS [(6.0, False), (6.0, False)] False" in out
     assert out.startswith("Launching 2 process(es) | backend gloo")
-    _assert_no_leaks(kernel, before)
 
 
 def test_failing_and_killed_ranks_in_a_kernel(kernel):
-    before = _fds(kernel)
     status, out, err, ename = kernel.run(
         """
         def bad():
@@ -137,26 +154,21 @@ def test_failing_and_killed_ranks_in_a_kernel(kernel):
         """
     )
     assert status == "error" and ename == "LaunchError" and "killed by SIGKILL" in err
-    _assert_no_leaks(kernel, before)
 
 
 def test_kernel_interrupt_stops_the_workers(kernel):
-    before = _fds(kernel)
-    status, out, err, ename = kernel.run(
+    kernel.interrupted(
         """
         def forever():
             print("working", flush=True)
             time.sleep(120)
         notebook_launcher(forever, num_processes=2)
         """,
-        interrupt_after=lambda out: 1 in printed_by(out, "working"),  # alone or as [ranks 0,1]
+        after=lambda out: 1 in printed_by(out, "working"),  # alone or as [ranks 0,1]
     )
-    assert status == "error" and ename == "KeyboardInterrupt", (out, err)
-    _assert_no_leaks(kernel, before)
 
 
 def test_twenty_relaunches_and_busy_port_in_a_kernel(kernel):
-    before = _fds(kernel)
     status, out, err, _ = kernel.run(
         """
         import socket
@@ -177,11 +189,9 @@ def test_twenty_relaunches_and_busy_port_in_a_kernel(kernel):
     )
     assert status == "ok", err
     assert "OK 20" in out and "EXPLICIT True" in out
-    _assert_no_leaks(kernel, before)
 
 
 def test_spawn_from_a_kernel_ships_the_cell_function(kernel):
-    before = _fds(kernel)
     status, out, err, _ = kernel.run(
         """
         offset = 5
@@ -193,11 +203,9 @@ def test_spawn_from_a_kernel_ships_the_cell_function(kernel):
     )
     assert status == "ok", err
     assert "SPAWN [5, 6]" in out
-    _assert_no_leaks(kernel, before)
 
 
 def test_restarts_in_a_kernel_print_each_attempt_and_stop_on_interrupt(kernel):
-    before = _fds(kernel)
     define = """
         import tempfile
         _tries_dir = tempfile.mkdtemp()
@@ -224,10 +232,8 @@ def test_restarts_in_a_kernel_print_each_attempt_and_stop_on_interrupt(kernel):
         "restarting the group in 0.05 s (restart 1 of 1) after rank 1" in out and "RESULTS [1, 1]" in out
     ), out
     # ^C during the wait before a restart: the run ends there, nothing restarts, nothing is left.
-    status, out, err, ename = kernel.run(
+    _, out, _ = kernel.interrupted(
         define + "notebook_launcher(flaky, (9,), num_processes=2, max_restarts=3, monitor_interval=60)",
-        interrupt_after="restarting the group",
+        after="restarting the group",
     )
-    assert status == "error" and ename == "KeyboardInterrupt", (status, out, err)
     assert "attempt 2" not in out, out
-    _assert_no_leaks(kernel, before)

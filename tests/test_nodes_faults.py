@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -24,6 +25,7 @@ from notebook_accel import Nodes, notebook_launcher
 from notebook_accel.launch.errors import LaunchError
 from notebook_accel.launch.output import OutputLine
 from notebook_accel.nodes.remote import NodeJoinError
+from tests.launcher_helpers import wait_until
 from tests.test_nodes_launch import wait_here, world
 
 pytestmark = pytest.mark.cluster
@@ -32,17 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GENEROUS = 30.0  # seconds: bounds for a loaded 2-core CI machine, far above the goals
 
 
-def _wait_until(predicate, timeout: float, what: str) -> float:
-    """Return the seconds it took for ``predicate()`` to hold; fail naming ``what`` after ``timeout``."""
-    start = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - start < timeout, f"{what}: not within {timeout:.0f} s"
-        time.sleep(0.1)
-    return time.monotonic() - start
-
-
 def _all_waiting(handle, count: int = 4) -> None:
-    _wait_until(
+    wait_until(
         lambda: sum("waiting on rank" in line.text for line in handle.lines()) >= count, 240, "ranks up"
     )
 
@@ -61,6 +54,19 @@ def _agent_pid(cluster, node: str) -> int:
     raise AssertionError(f"no agent runs on {node}")
 
 
+def _ended_after(handle, strike: Callable[[], object]) -> float:
+    """Return the seconds the launch took to end after ``strike()``, called once its 4 ranks wait; kill it after."""
+    try:
+        _all_waiting(handle)
+        strike()
+        struck = time.monotonic()
+        assert handle.wait(GENEROUS)
+        return time.monotonic() - struck
+    finally:
+        handle.kill()
+        handle.wait(60)
+
+
 @pytest.fixture(scope="module")
 def allocation(ns_cluster):
     job_id = ns_cluster.allocate()
@@ -76,9 +82,9 @@ def ssh(ns_cluster):
 @pytest.fixture()
 def clean(ns_cluster):
     """Wait until no process of an earlier test runs on any node; afterwards, until none of this one does."""
-    _wait_until(lambda: _nothing_of_ours_runs(ns_cluster), GENEROUS, "processes of an earlier test ended")
+    wait_until(lambda: _nothing_of_ours_runs(ns_cluster), GENEROUS, "processes of an earlier test ended")
     yield
-    _wait_until(lambda: _nothing_of_ours_runs(ns_cluster), GENEROUS, "every agent and rank ended")
+    wait_until(lambda: _nothing_of_ours_runs(ns_cluster), GENEROUS, "every agent and rank ended")
 
 
 @pytest.mark.parametrize("engine", ["slurm", "ssh"])
@@ -111,7 +117,7 @@ def test_node_that_never_joins_names_node_and_engine_message(ns_cluster, allocat
         with pytest.raises(NodeJoinError, match=match):
             notebook_launcher(world, num_processes=1, nodes=nodes, sinks=[])
         assert time.monotonic() - started < nodes.join_timeout + GENEROUS
-        _wait_until(lambda: _nothing_of_ours_runs(ns_cluster), GENEROUS, "the started agent ended")
+        wait_until(lambda: _nothing_of_ours_runs(ns_cluster), GENEROUS, "the started agent ended")
     # A Slurm step refused: n2's slurmd is gone (slurmctld has not noticed), srun says why.
     [slurmd] = [p for name, p in ns_cluster._daemons.items() if name == "slurmd n2"]
     slurmd.kill()
@@ -127,18 +133,10 @@ def test_node_that_never_joins_names_node_and_engine_message(ns_cluster, allocat
 
 def test_killed_agent_stops_every_rank_and_names_the_node(ns_cluster, ssh, clean) -> None:
     handle = notebook_launcher(wait_here, args=(300,), num_processes=2, nodes=ssh, block=False, sinks=[])
-    try:
-        _all_waiting(handle)
-        os.kill(_agent_pid(ns_cluster, "n2"), signal.SIGKILL)
-        killed = time.monotonic()
-        assert handle.wait(GENEROUS)
-        noticed = time.monotonic() - killed
-    finally:
-        handle.kill()
-        handle.wait(60)
+    noticed = _ended_after(handle, lambda: os.kill(_agent_pid(ns_cluster, "n2"), signal.SIGKILL))
     print(f"agent killed -> launch ended in {noticed:.2f} s")
     assert isinstance(handle.error, LaunchError) and "node n2 (node 1) was lost" in str(handle.error)
-    ended = _wait_until(lambda: _nothing_of_ours_runs(ns_cluster), GENEROUS, "every rank stopped")
+    ended = wait_until(lambda: _nothing_of_ours_runs(ns_cluster), GENEROUS, "every rank stopped")
     print(f"... and every rank on every node gone {ended:.2f} s later")
 
 
@@ -146,14 +144,9 @@ def test_whole_node_killed_stops_every_rank(ns_cluster, allocation, clean) -> No
     nodes = Nodes(engine="slurm", job_id=allocation, heartbeat=1.0)
     handle = notebook_launcher(wait_here, args=(300,), num_processes=2, nodes=nodes, block=False, sinks=[])
     try:
-        _all_waiting(handle)
-        ns_cluster.kill_node("n2")  # slurmd, the step, the agent, the ranks: everything of n2 at once
-        killed = time.monotonic()
-        assert handle.wait(GENEROUS)
-        noticed = time.monotonic() - killed
+        # slurmd, the step, the agent, the ranks: everything of n2 at once
+        noticed = _ended_after(handle, lambda: ns_cluster.kill_node("n2"))
     finally:
-        handle.kill()
-        handle.wait(60)
         ns_cluster.revive("n2")
     print(f"node killed -> launch ended in {noticed:.2f} s")
     assert isinstance(handle.error, LaunchError) and "node n2 (node 1) was lost" in str(handle.error)
@@ -170,9 +163,9 @@ def test_partitioned_node_is_noticed_and_ends_its_own_ranks(ns_cluster, ssh, cle
             assert handle.wait(GENEROUS)
             noticed = time.monotonic() - cut
             # The ranks the kernel still reaches are stopped (their agent may take a moment more to exit).
-            _wait_until(lambda: not ns_cluster.python_pids("n1"), GENEROUS, "n1's ranks and agent ended")
+            wait_until(lambda: not ns_cluster.python_pids("n1"), GENEROUS, "n1's ranks and agent ended")
             # n2 hears nothing from the kernel either: its agent ends its own ranks, link still down.
-            alone = _wait_until(
+            alone = wait_until(
                 lambda: not any(psutil.pid_exists(p) for p in cut_off), GENEROUS, "n2 ended itself"
             )
         finally:
@@ -206,7 +199,7 @@ def test_killed_kernel_lets_every_agent_end_its_ranks(ns_cluster, clean) -> None
         assert all(len(ns_cluster.python_pids(node)) >= 3 for node in ns_cluster.nodes)  # agent + 2 ranks
         proc.kill()
         proc.wait()
-        gone = _wait_until(lambda: _nothing_of_ours_runs(ns_cluster), GENEROUS, "agents ended their ranks")
+        gone = wait_until(lambda: _nothing_of_ours_runs(ns_cluster), GENEROUS, "agents ended their ranks")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -260,6 +253,6 @@ def test_launches_leave_no_process_port_or_temp_file_on_any_node(ns_cluster, ssh
         assert [r["sum"] for r in notebook_launcher(world, num_processes=2, nodes=nodes, sinks=[])] == [
             6.0
         ] * 4
-    _wait_until(lambda: _nothing_of_ours_runs(ns_cluster), GENEROUS, "every agent and rank ended")
+    wait_until(lambda: _nothing_of_ours_runs(ns_cluster), GENEROUS, "every agent and rank ended")
     assert {node: ns_cluster.listening(node) for node in ns_cluster.nodes} == ports
     assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 from notebook_accel.widgets import LaunchPanel
 
 from notebook_accel import notebook_launcher
+from tests.launcher_helpers import wait_until
 from tests.panel_helpers import FakeRun, rank_status
 
 
@@ -32,14 +32,6 @@ def _forever() -> None:
         _time.sleep(0.05)
 
 
-def _wait_for(cond, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.05)
-
-
 def _panel(function, args: tuple = (), interval: float = 0.05) -> tuple:
     """Return ``(handle, panel)``: a non-blocking launch of ``function`` on 2 workers and its panel, view built."""
     handle = notebook_launcher(function, args, num_processes=2, block=False, sinks=[])
@@ -51,7 +43,7 @@ def _panel(function, args: tuple = (), interval: float = 0.05) -> tuple:
 def _forever_panel(interval: float = 0.05) -> tuple:
     """Return ``(handle, panel)`` of 2 workers that run until stopped, once both printed their first line."""
     handle, panel = _panel(_forever, interval=interval)
-    _wait_for(lambda: len(panel.merged_lines()) == 2)
+    wait_until(lambda: len(panel.merged_lines()) == 2)
     return handle, panel
 
 
@@ -59,7 +51,7 @@ def test_successful_launch():
     handle, panel = _panel(_talk, (3, None))
     view = panel.widget
     assert handle.result(timeout=30) == [0, 1]
-    _wait_for(lambda: panel.state == "succeeded" and panel._w_state.description == "succeeded")
+    wait_until(lambda: panel.state == "succeeded" and panel._w_state.description == "succeeded")
     assert panel._w_state.button_style == "success" and panel._w_stop.disabled
     assert panel.lines(0) == ["step 0 loss 1.000", "step 1 loss 0.500", "step 2 loss 0.333"]
     assert sorted(panel.merged_lines()) == sorted(f"[rank {r}] {t}" for r in (0, 1) for t in panel.lines(r))
@@ -80,7 +72,7 @@ def test_successful_launch():
 def test_failed_launch_shows_the_root_cause():
     handle, panel = _panel(_talk, (2, 1))
     handle.wait(30)
-    _wait_for(lambda: panel._w_state.description == "failed")
+    wait_until(lambda: panel._w_state.description == "failed")
     assert panel.state == "failed" and panel._w_state.button_style == "danger"
     text = panel.error_text()
     assert (
@@ -95,12 +87,12 @@ def test_stop_button_stops_every_worker():
     handle, panel = _forever_panel()
     running = panel.rows()
     assert all(r["state"] == "running" for r in running)
-    _wait_for(lambda: all(r["rss"] for r in panel.rows()))
+    wait_until(lambda: all(r["rss"] for r in panel.rows()))
     assert all(r["cpu_percent"] is not None for r in panel.rows())
     assert panel._w_state.description == "running" and not panel._w_stop.disabled
     panel._w_stop.click()
     assert handle.wait(20)
-    _wait_for(lambda: panel._w_state.description == "stopped")
+    wait_until(lambda: panel._w_state.description == "stopped")
     assert panel.state == "stopped" and panel._w_stop.disabled
     panel.stop()  # idempotent
     panel.close()
@@ -118,9 +110,9 @@ def test_panel_of_a_finished_launch_and_of_a_running_one():
     assert not finished._ticker.is_alive()
     assert finished.widget is not None
     assert finished._w_stop.disabled and finished._w_state.description == "succeeded"
-    _wait_for(lambda: running.lines(1) == finished.lines(1))
+    wait_until(lambda: running.lines(1) == finished.lines(1))
     assert running.widget is not None
-    _wait_for(lambda: running._w_stop.disabled)
+    wait_until(lambda: running._w_stop.disabled)
     assert running._w_state.description == "succeeded"
     running.close()
     finished.close()
@@ -133,7 +125,7 @@ def test_stop_button_is_disabled_as_soon_as_the_launch_ends():
     assert not panel._w_stop.disabled and panel._w_stop.button_style == "danger"
     panel.stop()
     assert handle.wait(20)
-    _wait_for(lambda: panel._w_stop.disabled, timeout=5)
+    wait_until(lambda: panel._w_stop.disabled, timeout=5)
     assert panel._w_state.description == "stopped" and panel._w_state.button_style == "warning"
     assert panel._w_stop.button_style == "" and panel._w_stop.tooltip == "launch stopped"
     panel.close()
@@ -144,7 +136,7 @@ def test_closed_panel_still_greys_out_its_stop_button():
     panel.close()  # no more view updates...
     handle.stop()
     assert handle.wait(20)
-    _wait_for(lambda: panel._w_stop.disabled, timeout=5)  # ...but the end still shows
+    wait_until(lambda: panel._w_stop.disabled, timeout=5)  # ...but the end still shows
     assert panel._w_state.description == "stopped"
 
 
@@ -193,10 +185,10 @@ def test_panel_shows_live_bars_of_the_main_process_and_usage_numbers():
             seen_running.append((progress.value, progress.max, label.value))
         return handle.done
 
-    _wait_for(running_bar, timeout=60)
+    wait_until(running_bar, timeout=60)
     assert handle.result() == [1000, 1000]
     assert any(0 < value < 1000 and top == 1000.0 for value, top, _ in seen_running), seen_running
-    _wait_for(lambda: panel._w_state.description == "succeeded")
+    wait_until(lambda: panel._w_state.description == "succeeded")
     (box,) = panel._w_bars.box.children  # the main process's bar only: one row
     progress, label = box.children
     assert (progress.value, progress.max, progress.bar_style) == (1000.0, 1000.0, "success")
@@ -234,9 +226,9 @@ def test_stacks_button_shows_every_rank_side_by_side():
     handle = notebook_launcher(_forever, num_processes=2, block=False, sinks=[])
     panel = LaunchPanel(handle, interval=0.05)
     assert panel.widget is not None
-    _wait_for(lambda: len(panel.merged_lines()) == 2)
+    wait_until(lambda: len(panel.merged_lines()) == 2)
     # both workers installed their stacks handler
-    _wait_for(lambda: all(s.answered for s in handle.stacks().values()))
+    wait_until(lambda: all(s.answered for s in handle.stacks().values()))
     # handle.stacks(): each frame is followed by its source line, as in a traceback.
     for stack in handle.stacks().values():
         lines = stack.text.splitlines()
@@ -253,7 +245,7 @@ def test_stacks_button_shows_every_rank_side_by_side():
     assert handle.status()[0].state == "running"  # taking the stacks stopped nothing
     panel.stop()
     assert handle.wait(20)
-    _wait_for(lambda: panel._w_stacks_button.disabled)
+    wait_until(lambda: panel._w_stacks_button.disabled)
     panel.close()
 
 
