@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +16,7 @@ from notebook_accel.widgets import LaunchPanel
 
 from notebook_accel.interactive import Job, JobRunningError, RankError, Ranks, current, start_ranks
 from notebook_accel.interactive.magics import RanksMagic, RanksUsageError
+from tests.launcher_helpers import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -40,20 +40,12 @@ def ranks(_group: Ranks, tmp_path) -> Ranks:  # noqa: ANN001
     return _group
 
 
-def _wait_for(cond, timeout: float = 60.0) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
-
-
 def test_submit_returns_at_once_and_other_commands_are_refused_while_it_runs(ranks: Ranks, tmp_path) -> None:  # noqa: ANN001
     job = ranks.submit(WAIT + "rank * 10")
     assert isinstance(job, Job) and ranks.jobs[-1] is job
     try:
         assert not job.done() and job.state == "running"  # the job waits for the flag: submit did not
-        _wait_for(lambda: [s.state for s in ranks.status()] == ["running", "running"])
+        wait_until(lambda: [s.state for s in ranks.status()] == ["running", "running"])
         # Every other command is refused (not queued), naming the job and the way out.
         with pytest.raises(JobRunningError, match=REFUSED):
             ranks.run("1")
@@ -106,7 +98,7 @@ def test_stop_interrupts_the_job_and_the_namespaces_survive(ranks: Ranks, capsys
     job = ranks.submit(
         "import time\nkept = rank * 2\nprint('looping', flush=True)\nwhile True: time.sleep(0.05)"
     )
-    _wait_for(lambda: all(any("looping" in line.text for line in ranks.handle.lines(r)) for r in (0, 1)))
+    wait_until(lambda: all(any("looping" in line.text for line in ranks.handle.lines(r)) for r in (0, 1)))
     job.stop()
     assert job.done() and job.state == "stopped"
     with pytest.raises(KeyboardInterrupt, match=r"interrupted rank\(s\) \[0, 1\]; the ranks are alive"):
@@ -115,35 +107,41 @@ def test_stop_interrupts_the_job_and_the_namespaces_survive(ranks: Ranks, capsys
     assert ranks.alive and ranks.run("kept") == [0, 2]
 
 
-def test_a_collective_failure_in_a_job_ends_the_job_with_every_stack(ranks: Ranks) -> None:
-    # The collective-failure watch of Group.exchange runs in the job's thread as in a foreground cell.
-    job = ranks.submit(
-        "import torch, torch.distributed as dist\nif rank == 1:\n    raise KeyError('rank one broke')\n"
-        "dist.all_reduce(torch.ones(1))"
-    )
-    with pytest.raises(RankError, match=r"(?s)rank 0 in all_reduce.*rank one broke") as info:
-        job.result(timeout=120)
-    assert info.value.broken and ranks.broken
-    with pytest.raises(RuntimeError, match=r"the ranks' group is broken .*ranks.restart\(\)"):
-        ranks.run("1")
-    ranks.restart()
-    assert ranks.run("rank") == [0, 1]
-
-
-def test_a_rank_dying_during_a_job_breaks_the_group_as_in_the_foreground(ranks: Ranks) -> None:
-    job = ranks.submit("import os, time\nif rank == 1:\n    time.sleep(0.3)\n    os._exit(3)\ntime.sleep(30)")
-    with pytest.raises(RankError, match=r"(?s)exited with code 3.*died.*restart") as info:
+@pytest.mark.parametrize(
+    ("code", "error", "refused"),
+    [
+        pytest.param(
+            "import torch, torch.distributed as dist\nif rank == 1:\n    raise KeyError('rank one broke')\n"
+            "dist.all_reduce(torch.ones(1))",
+            r"(?s)rank 0 in all_reduce.*rank one broke",
+            "run",
+            id="collective-failure-with-every-stack",
+        ),
+        pytest.param(
+            "import os, time\nif rank == 1:\n    time.sleep(0.3)\n    os._exit(3)\ntime.sleep(30)",
+            r"(?s)exited with code 3.*died.*restart",
+            "submit",
+            id="rank-dying",
+        ),
+    ],
+)
+def test_a_job_breaking_the_group_fails_as_in_the_foreground(
+    ranks: Ranks, code: str, error: str, refused: str
+) -> None:
+    # The watches of Group.exchange (a collective failure, a rank's death) run in the job's thread as in a cell.
+    job = ranks.submit(code)
+    with pytest.raises(RankError, match=error) as info:
         job.result(timeout=120)
     assert info.value.broken and job.state == "failed" and ranks.broken
     with pytest.raises(RuntimeError, match=r"the ranks' group is broken .*ranks.restart\(\)"):
-        ranks.submit("1")
+        getattr(ranks, refused)("1")
     ranks.restart()
     assert ranks.run("rank") == [0, 1]
 
 
 def test_stopping_the_ranks_stops_their_job_first(ranks: Ranks) -> None:
     job = ranks.submit("import time\nwhile True: time.sleep(0.05)")
-    _wait_for(lambda: [s.state for s in ranks.status()] == ["running", "running"])
+    wait_until(lambda: [s.state for s in ranks.status()] == ["running", "running"])
     ranks.stop()
     assert job.done() and job.state == "stopped" and not ranks.alive
     ranks.restart()
@@ -215,14 +213,14 @@ def test_the_panel_shows_the_job_running_then_done(ranks: Ranks, tmp_path) -> No
     panel = LaunchPanel(ranks, interval=0.05)
     job = ranks.submit(WAIT + "rank")
     try:
-        _wait_for(lambda: panel.state == "running")
+        wait_until(lambda: panel.state == "running")
         assert panel.job_text() == job.line() and f"job {job.number} running" in panel.job_text()
         assert f"background job {job.number} running" in repr(panel)
         assert f"<b>background</b> <code>job {job.number} running" in panel._status_html()
     finally:
         (tmp_path / "release").write_text("go")
     job.result(timeout=60)
-    _wait_for(lambda: panel.state == "idle")
+    wait_until(lambda: panel.state == "idle")
     assert f"job {job.number} done after" in panel.job_text()
     assert f"job {job.number} done after" in panel._status_html()
     panel.close()

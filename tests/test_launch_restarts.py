@@ -21,29 +21,22 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from notebook_accel.launch import LaunchError, OutputLine, PrintSink
+from notebook_accel.launch import LaunchError, PrintSink
 from notebook_accel.launch.restarts import RestartingHandle
 from notebook_accel.launchers import notebook_launcher
-from tests.launcher_helpers import Snapshot
+from tests.launcher_helpers import Collect
 
 pytestmark = pytest.mark.timeout(180)
 
 
-class Collect:
-    """A sink keeping every line and the launcher's announcements."""
-
-    def __init__(self, on_announce=None) -> None:
-        self.lines: list[OutputLine] = []
-        self.announced: list[str] = []
-        self._on_announce = on_announce
-
-    def __call__(self, line: OutputLine) -> None:
-        self.lines.append(line)
-
-    def announce(self, text: str) -> None:
-        self.announced.append(text)
-        if self._on_announce is not None:
-            self._on_announce(text)
+def _count_try(counter_dir: str) -> tuple[int, int]:
+    """Return (this rank, how many tries it made before this one), counting this try in ``counter_dir``."""
+    rank = int(os.environ["RANK"])
+    path = os.path.join(counter_dir, f"rank{rank}")
+    tries = os.path.getsize(path) if os.path.exists(path) else 0
+    with open(path, "a") as f:
+        f.write("x")
+    return rank, tries
 
 
 def _flaky(counter_dir: str, failures: int, gate: str = "", sleeps: tuple = ()) -> tuple[int, float]:
@@ -52,11 +45,7 @@ def _flaky(counter_dir: str, failures: int, gate: str = "", sleeps: tuple = ()) 
     Every try forms a real gloo group (a fresh rendezvous each time). With ``gate``, each try first
     waits for that file; ``sleeps[t]`` seconds are slept by try ``t`` before it fails or returns.
     """
-    rank = int(os.environ["RANK"])
-    path = os.path.join(counter_dir, f"rank{rank}")
-    tries = os.path.getsize(path) if os.path.exists(path) else 0
-    with open(path, "a") as f:
-        f.write("x")
+    rank, tries = _count_try(counter_dir)
     print(f"try {tries}", flush=True)
     while gate and not os.path.exists(gate):
         time.sleep(0.02)
@@ -77,6 +66,14 @@ def _tries(tmp_path, rank: int = 1) -> int:
     return os.path.getsize(path) if path.exists() else 0
 
 
+def _always_failing(tmp_path, monitor_interval: float) -> RestartingHandle:
+    """Return the handle of a non-blocking launch of 2 ranks whose rank 1 fails each of its 3 tries."""
+    return notebook_launcher(
+        _flaky, args=(str(tmp_path), 99), num_processes=2, max_restarts=2, monitor_interval=monitor_interval,
+        block=False, sinks=[],
+    )  # fmt: skip
+
+
 def _wait_for(cond, timeout: float = 60.0, handle=None) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -88,8 +85,8 @@ def _wait_for(cond, timeout: float = 60.0, handle=None) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.usefixtures("no_launch_leaks")
 def test_block_false_handle_follows_the_restarts_until_a_try_succeeds(tmp_path):
-    snap = Snapshot()
     gate = tmp_path / "go"
     sink, out = Collect(), io.StringIO()
     handle = notebook_launcher(
@@ -123,15 +120,11 @@ def test_block_false_handle_follows_the_restarts_until_a_try_succeeds(tmp_path):
     assert "[rank 1] try 0" in printed and "[rank 1, attempt 2] try 1" in printed
     assert "[rank 0, attempt 3] try 2" in printed
     handle.wait()
-    snap.assert_clean()
 
 
+@pytest.mark.usefixtures("no_launch_leaks")
 def test_every_try_failing_raises_the_last_failure_with_its_traceback(tmp_path):
-    snap = Snapshot()
-    handle = notebook_launcher(
-        _flaky, args=(str(tmp_path), 99), num_processes=2, max_restarts=2, monitor_interval=0.05,
-        block=False, sinks=[],
-    )  # fmt: skip
+    handle = _always_failing(tmp_path, monitor_interval=0.05)
     with pytest.raises(LaunchError, match=r"rank 1 \(pid \d+\) ValueError: try 2 fails") as info:
         handle.result(timeout=120)
     error = info.value
@@ -141,15 +134,11 @@ def test_every_try_failing_raises_the_last_failure_with_its_traceback(tmp_path):
     assert error.__cause__ is handle.attempts[-1].error
     assert [a.state for a in handle.attempts] == ["failed"] * 3 and handle.error is error
     assert _tries(tmp_path) == 3  # k + 1 tries, no more
-    snap.assert_clean()
 
 
+@pytest.mark.usefixtures("no_launch_leaks")
 def test_stop_during_the_wait_before_a_restart_ends_the_run(tmp_path):
-    snap = Snapshot()
-    handle = notebook_launcher(
-        _flaky, args=(str(tmp_path), 99), num_processes=2, max_restarts=2, monitor_interval=60,
-        block=False, sinks=[],
-    )  # fmt: skip
+    handle = _always_failing(tmp_path, monitor_interval=60)
     _wait_for(lambda: handle.restarting, 60, handle)
     assert handle.attempt == 1 and not handle.done
     handle.stop()
@@ -159,16 +148,11 @@ def test_stop_during_the_wait_before_a_restart_ends_the_run(tmp_path):
     ):
         handle.result()
     assert _tries(tmp_path) == 1 and handle.restarts == 0 and not handle.restarting
-    snap.assert_clean()
 
 
 def _dies_with_3_when_interrupted(counter_dir: str) -> None:
     """Rank 1 fails its first try; from the second on, every rank exits with code 3 on SIGINT (a failure)."""
-    rank = int(os.environ["RANK"])
-    path = os.path.join(counter_dir, f"rank{rank}")
-    tries = os.path.getsize(path) if os.path.exists(path) else 0
-    with open(path, "a") as f:
-        f.write("x")
+    rank, tries = _count_try(counter_dir)
     if tries == 0 and rank == 1:
         raise ValueError("try 0 fails")
     signal.signal(signal.SIGINT, lambda *_: os._exit(3))
@@ -176,8 +160,8 @@ def _dies_with_3_when_interrupted(counter_dir: str) -> None:
     time.sleep(120)
 
 
+@pytest.mark.usefixtures("no_launch_leaks")
 def test_stop_during_a_restarted_try_does_not_restart_again(tmp_path):
-    snap = Snapshot()
     handle = notebook_launcher(
         _dies_with_3_when_interrupted, args=(str(tmp_path),), num_processes=2, max_restarts=3,
         monitor_interval=0.05, block=False, sinks=[],
@@ -191,7 +175,6 @@ def test_stop_during_a_restarted_try_does_not_restart_again(tmp_path):
         handle.result(timeout=60)
     assert [a.state for a in handle.attempts] == ["failed", "failed"]
     assert _tries(tmp_path) == 2 and handle.restarts == 1
-    snap.assert_clean()
 
 
 def test_block_true_restarts_into_the_same_log_files(tmp_path):
@@ -209,8 +192,8 @@ def test_block_true_restarts_into_the_same_log_files(tmp_path):
     )
 
 
+@pytest.mark.usefixtures("no_launch_leaks")
 def test_interrupt_during_the_wait_before_a_restart_stops_a_blocking_run(tmp_path):
-    snap = Snapshot()
 
     def interrupt_soon(text: str) -> None:
         if text.startswith("restarting the group"):
@@ -222,7 +205,6 @@ def test_interrupt_during_the_wait_before_a_restart_stops_a_blocking_run(tmp_pat
             sinks=[Collect(interrupt_soon)],
         )  # fmt: skip
     assert _tries(tmp_path) == 1
-    snap.assert_clean()
 
 
 def test_timeout_covers_the_whole_run_not_each_try(tmp_path):
@@ -274,11 +256,7 @@ def test_panel_shows_the_attempt_and_the_earlier_failures(tmp_path):
 
 
 def _gated_third_try(counter_dir: str, gate: str) -> int:
-    rank = int(os.environ["RANK"])
-    path = os.path.join(counter_dir, f"rank{rank}")
-    tries = os.path.getsize(path) if os.path.exists(path) else 0
-    with open(path, "a") as f:
-        f.write("x")
+    rank, tries = _count_try(counter_dir)
     print("waiting", flush=True)
     if rank == 1 and tries < 2:
         raise ValueError(f"try {tries} fails")
@@ -287,10 +265,9 @@ def _gated_third_try(counter_dir: str, gate: str) -> int:
     return tries
 
 
+@pytest.mark.usefixtures("no_launch_leaks")
 def test_interrupt_right_after_a_group_started_leaves_no_worker_behind(tmp_path, monkeypatch):
     from notebook_accel.launch.handle import LaunchHandle
-
-    snap = Snapshot()
 
     def interrupted(self, callback):  # ^C between the fork and the start of supervision
         raise KeyboardInterrupt
@@ -301,4 +278,3 @@ def test_interrupt_right_after_a_group_started_leaves_no_worker_behind(tmp_path,
             _flaky, args=(str(tmp_path), 0, str(tmp_path / "never")), num_processes=2, max_restarts=1,
             block=False, sinks=[],
         )  # fmt: skip
-    snap.assert_clean()

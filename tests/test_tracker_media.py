@@ -79,19 +79,24 @@ def test_tensorboard_log_images_adds_each_batch(monkeypatch) -> None:
     assert len(calls) == 2  # other processes log nothing
 
 
-@pytest.fixture
-def wandb_run(monkeypatch):
+def _started_run_tracker(monkeypatch, cls: type, module: str) -> tuple:
+    """Return (tracker, calls): ``cls`` started over a fake ``module`` whose run records every call."""
     calls: list = []
     _module(
         monkeypatch,
-        "wandb",
+        module,
         init=lambda **kwargs: _Recorder(calls, "run."),
         Image=lambda image: _Wrapped("Image", image),
         Table=lambda **kwargs: _Wrapped("Table", **kwargs),
     )
-    tracker = WandBTracker("project")
+    tracker = cls("project")
     tracker.start()
     return tracker, calls
+
+
+@pytest.fixture
+def wandb_run(monkeypatch):
+    return _started_run_tracker(monkeypatch, WandBTracker, "wandb")
 
 
 def test_wandb_log_images_wraps_every_image(wandb_run) -> None:
@@ -227,15 +232,7 @@ def test_mlflow_artifacts_and_figures(monkeypatch, tmp_path) -> None:
 
 
 def test_swanlab_log_images_wraps_every_image(monkeypatch) -> None:
-    calls: list = []
-    _module(
-        monkeypatch,
-        "swanlab",
-        init=lambda **kwargs: _Recorder(calls, "run."),
-        Image=lambda image: _Wrapped("Image", image),
-    )
-    tracker = SwanLabTracker("project")
-    tracker.start()
+    tracker, calls = _started_run_tracker(monkeypatch, SwanLabTracker, "swanlab")
     tracker.log_images({"gen": [IMAGE]}, step=7, print_to_console=True)
     ((name, (logged,), kwargs),) = calls
     assert name == "run.log" and kwargs == {"step": 7, "print_to_console": True}
