@@ -22,11 +22,14 @@ import torch
 
 from notebook_accel.commands import launch_env as L
 from notebook_accel.utils import launch as utils_launch
+from tests.script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = json.loads((ROOT / "tests" / "data" / "goldens" / "cli_prepare.json").read_text(encoding="utf-8"))
 CASES = GOLDEN["cases"]
-CLEAN_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+# The recorder's own conversions and clean environment, so that both ends compare alike.
+_RECORDER = load_script("record_cli_goldens.py")
+CLEAN_ENV, jsonable = _RECORDER.CLEAN_ENV, _RECORDER.jsonable
 BUILDERS = {
     "prepare_simple_launcher_cmd_env": lambda a: L.prepare_simple_launcher_cmd_env(a),
     "prepare_multi_gpu_env": lambda a: L.prepare_multi_gpu_env(a),
@@ -43,14 +46,6 @@ def _namespace(recorded: dict) -> argparse.Namespace:
     return argparse.Namespace(**values)
 
 
-def _jsonable(value):
-    if isinstance(value, (set, frozenset)):
-        return sorted(value)
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
 @pytest.mark.parametrize("builder", sorted(BUILDERS))
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_prepare_builders_match_1_15(case, builder, monkeypatch, tmp_path):
@@ -65,7 +60,7 @@ def test_prepare_builders_match_1_15(case, builder, monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     recorded = CASES[case]
     expected = recorded[builder]
-    before = {k: _jsonable(v) for k, v in recorded["namespace"].items()}
+    before = {k: jsonable(v) for k, v in recorded["namespace"].items()}
     args = copy.deepcopy(_namespace(recorded["namespace"]))
     if "error" in expected:
         with pytest.raises(getattr(builtins, expected["error"])) as info:
@@ -81,7 +76,7 @@ def test_prepare_builders_match_1_15(case, builder, monkeypatch, tmp_path):
         assert (None if cmd is None else ["<python>" if c == sys.executable else c for c in cmd]) == expected[
             "cmd"
         ]
-    changes = {k: _jsonable(v) for k, v in vars(args).items() if k not in before or before[k] != _jsonable(v)}
+    changes = {k: jsonable(v) for k, v in vars(args).items() if k not in before or before[k] != jsonable(v)}
     assert changes == expected["namespace_changes"]
 
 
