@@ -16,6 +16,7 @@ import pickle
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,17 @@ __all__ = ["BarState", "EventHub", "FrameDecoder"]
 logger = logging.getLogger(__name__)
 
 _KEPT_CLOSED_BARS = 100  # per rank: a loop opening a bar per batch must not grow the launcher's memory
+
+
+def unsubscriber(lock: AbstractContextManager, subscribers: list, callback: Callable) -> Callable[[], None]:
+    """Return the function that takes ``callback`` out of ``subscribers`` under ``lock`` (again: nothing happens)."""
+
+    def unsubscribe() -> None:
+        with lock:
+            if callback in subscribers:
+                subscribers.remove(callback)
+
+    return unsubscribe
 
 
 class FrameDecoder:
@@ -117,13 +129,7 @@ class EventHub:
         """Call ``callback(kind, rank, state)`` on every event; return the unsubscribe function."""
         with self._lock:
             self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if callback in self._subscribers:
-                    self._subscribers.remove(callback)
-
-        return unsubscribe
+        return unsubscriber(self._lock, self._subscribers, callback)
 
     # -- receiving ----------------------------------------------------------------------------
     def dispatch(self, rank: int, kind: str, payload: dict[str, Any]) -> list[OutputLine]:
