@@ -116,8 +116,27 @@ def _is_full(plugin: FullyShardedDataParallelPlugin) -> bool:
     return kind == fsdp.StateDictType.FULL_STATE_DICT
 
 
-def _name(base: str, index: int, suffix: str) -> str:
-    return f"{base}{suffix}" if index == 0 else f"{base}_{index}{suffix}"
+def _piece(folder: str, base: str, index: int, full: bool) -> str:
+    """Return where piece ``index`` of a checkpoint lies: one ``.bin`` file (full) or a DCP folder (sharded)."""
+    if not full:
+        return os.path.join(folder, f"{base}_{index}")
+    return os.path.join(folder, f"{base}.bin" if index == 0 else f"{base}_{index}.bin")
+
+
+def _save_piece(state: dict, folder: str, base: str, index: int, full: bool, key: str) -> str:
+    """Return the path written: ``state`` as one file by rank 0 (full) or as DCP shards by every rank (``key``)."""
+    path = _piece(folder, base, index, full)
+    if not full:
+        dcp.save({key: state}, checkpoint_id=path)
+    elif _rank() == 0:
+        _write(state, path)
+    _barrier()
+    return path
+
+
+def _adapter_weights(state: dict) -> dict:
+    """Return the PEFT adapter entries of ``state`` (names containing ``lora_``)."""
+    return {name: value for name, value in state.items() if "lora_" in name}
 
 
 def _rank() -> int:
@@ -207,15 +226,8 @@ def save_fsdp_model(
     os.makedirs(output_dir, exist_ok=True)
     state = _model_state(model, fsdp_plugin, full, use_dcp)
     if adapter_only:
-        state = {name: value for name, value in state.items() if "lora_" in name}
-    if full:
-        path = os.path.join(output_dir, _name(FSDP_MODEL_NAME, model_index, ".bin"))
-        if _rank() == 0:
-            _write(state, path)
-    else:
-        path = os.path.join(output_dir, f"{FSDP_MODEL_NAME}_{model_index}")
-        dcp.save({"model": state}, checkpoint_id=path)
-    _barrier()
+        state = _adapter_weights(state)
+    path = _save_piece(state, output_dir, FSDP_MODEL_NAME, model_index, full, "model")
     logger.info("FSDP model saved to %s", path)
     return path
 
@@ -242,14 +254,14 @@ def load_fsdp_model(
     """
     full = _is_full(fsdp_plugin)
     _barrier()
+    path = _piece(input_dir, FSDP_MODEL_NAME, model_index, full)
     if full:
-        state = _read(os.path.join(input_dir, _name(FSDP_MODEL_NAME, model_index, ".bin")))
+        state = _read(path)
     else:
-        path = os.path.join(input_dir, f"{FSDP_MODEL_NAME}_{model_index}")
         _check_folder(path)
         state = _model_state(model, fsdp_plugin, False, use_dcp)
         if adapter_only:
-            state = {name: value for name, value in state.items() if "lora_" in name}
+            state = _adapter_weights(state)
         dcp.load({"model": state}, checkpoint_id=path)
     if adapter_only:
         # Only the adapter weights were saved: start from the model's own weights for everything else.
@@ -283,15 +295,7 @@ def save_fsdp_optimizer(
     optimizer = getattr(optimizer, "optimizer", optimizer)  # an AcceleratedOptimizer holds torch's
     os.makedirs(output_dir, exist_ok=True)
     state = _optimizer_state(model, optimizer, fsdp_plugin, full, use_dcp)
-    if full:
-        path = os.path.join(output_dir, _name(OPTIMIZER_NAME, optimizer_index, ".bin"))
-        if _rank() == 0:
-            _write(state, path)
-    else:
-        path = os.path.join(output_dir, f"{OPTIMIZER_NAME}_{optimizer_index}")
-        dcp.save({"optimizer": state}, checkpoint_id=path)
-    _barrier()
-    return path
+    return _save_piece(state, output_dir, OPTIMIZER_NAME, optimizer_index, full, "optimizer")
 
 
 def load_fsdp_optimizer(
@@ -319,10 +323,10 @@ def load_fsdp_optimizer(
     full = _is_full(fsdp_plugin)
     optimizer = getattr(optimizer, "optimizer", optimizer)
     _barrier()
+    path = _piece(input_dir, OPTIMIZER_NAME, optimizer_index, full)
     if full:
-        state = _read(os.path.join(input_dir, _name(OPTIMIZER_NAME, optimizer_index, ".bin")))
+        state = _read(path)
     else:
-        path = os.path.join(input_dir, f"{OPTIMIZER_NAME}_{optimizer_index}")
         _check_folder(path)
         state = _optimizer_state(model, optimizer, fsdp_plugin, False, use_dcp)
         # FSDP1 flattens a unit's parameters into one flat shard per rank: a parameter that falls wholly in
