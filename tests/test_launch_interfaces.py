@@ -135,8 +135,8 @@ def test_the_handle_supervises_a_fake_in_memory_backend():
     backend = FakeBackend()
     sink = Collect()
     handle = LaunchHandle(_plan(3), print, sinks=[sink], backend=backend)
-    handle._start(threaded=False)
-    handle._run_here()
+    handle.start(threaded=False)
+    handle.run_here()
     assert handle.result() == [0, 10, 20]
     assert backend.methods == ["fork"]
     assert sorted(line.text for line in sink.lines) == ["hello from 0", "hello from 1", "hello from 2"]
@@ -151,7 +151,7 @@ def test_a_backend_that_cannot_start_every_rank_leaves_nothing_behind():
     before = _fd_count()
     handle = LaunchHandle(_plan(3), print, backend=backend)
     with pytest.raises(OSError, match="rank 2 cannot start"):
-        handle._start(threaded=False)
+        handle.start(threaded=False)
     # start_each took down the two that started; the handle closed every pipe and its stack source.
     assert [p.exitcode for p in backend.started] == [-signal.SIGKILL] * 2
     assert all(p.sentinel is None for p in backend.started)

@@ -19,7 +19,8 @@ from typing import Any
 
 from ..launch.handle import LaunchHandle
 from ..launch.request import LaunchRequest
-from ..launchers import start_persistent_group
+from ..launch.runner import start_persistent_group
+from ..nodes.plan import place_ranks
 from .cell_output import CellSink
 from .group import Group
 from .protocol import Ready, receive
@@ -104,8 +105,8 @@ def start_group(options: dict[str, Any], gpus: tuple[int, ...] | None, num_proce
             **options,
         )
         # Across nodes the ranks start once the agents joined and relay this socket (remote.py).
-        joined = {"on_join": relay_hook(request, address)} if "nodes" in options else {}
-        handle = start_persistent_group(request, **joined)
+        on_join = relay_hook(request, address) if "nodes" in options else None
+        handle = start_persistent_group(request, *place_ranks(request), on_join=on_join)
         sink._n, sink.window = handle.num_processes, request.collapse_seconds
         if handle.plan.hosts:  # across nodes: the prefix names the node, as notebook_launcher's does
             sink.hosts, sink._n = handle.plan.hosts, handle.plan.num_processes

@@ -179,7 +179,7 @@ class LaunchHandle(Completion, LaunchViews):
 
     # ------------------------------------------------------------------ starting
 
-    def _start(self, threaded: bool = True) -> None:
+    def start(self, threaded: bool = True) -> None:
         """Start the workers, and the supervising thread unless ``threaded`` is False."""
         freeze = self.plan.start_method == "fork"
         if freeze:
@@ -218,7 +218,7 @@ class LaunchHandle(Completion, LaunchViews):
         _LIVE.add(self)
         if threaded:
             self._thread = threading.Thread(
-                target=self._supervise, name=f"notebook_accel-launch-{self.run_id}", daemon=True
+                target=self.supervise, name=f"notebook_accel-launch-{self.run_id}", daemon=True
             )
             self._thread.start()
 
@@ -256,14 +256,14 @@ class LaunchHandle(Completion, LaunchViews):
             starts.append(WorkerStart(spec, *own))
         return starts
 
-    def _run_here(self) -> None:
+    def run_here(self) -> None:
         """Supervise the launch in the calling thread until it is done (a blocking launch).
 
         No extra thread to start or hand over to, and a blocking launch's output is printed by
         the caller's own thread (in a kernel: the cell's). ^C stops the workers (a second ^C kills
         them); KeyboardInterrupt is re-raised once they are all gone.
         """
-        self._supervise(interruptible=True)
+        self.supervise(interruptible=True)
 
     # ------------------------------------------------------------------ supervising thread
 
@@ -304,7 +304,7 @@ class LaunchHandle(Completion, LaunchViews):
             if r.proc is not None and not r.exited:
                 r.proc.signal_group(signum)
 
-    def _supervise(self, interruptible: bool = False) -> None:
+    def supervise(self, interruptible: bool = False) -> None:
         sel = selectors.DefaultSelector()
         interrupts = 0
         try:

@@ -12,11 +12,13 @@ from dataclasses import replace
 from typing import Any
 
 from .._lazy import LazyModule
+from ..launch.interfaces import WorkerBackend
 from ..launch.plan import LaunchPlan, resolve_plan
+from ..launch.procs import LocalProcesses
 from ..launch.request import LaunchRequest
 from .remote import NodeGroup, NodeSettings
 
-__all__ = ["join_nodes", "node_plan", "placement_of"]
+__all__ = ["join_nodes", "node_plan", "place_ranks", "placement_of"]
 
 # The engines (Slurm, SSH) and the public ``Nodes``: loaded when a launch names nodes.
 _placement = LazyModule("notebook_accel.nodes.placement")
@@ -54,3 +56,20 @@ def node_plan(request: LaunchRequest, group: NodeGroup) -> LaunchPlan:
         distributed_type="MULTI_GPU" if plan.device_type == "cuda" else "MULTI_CPU",
         start_method="spawn",
     )
+
+
+def place_ranks(request: LaunchRequest, plan: LaunchPlan | None = None) -> tuple[LaunchPlan, WorkerBackend]:
+    """Return the plan of ``request``'s ranks and the backend they run on: every launch's one ``nodes=`` branch.
+
+    Without ``request.nodes``: processes on this machine, under ``plan`` (resolved here when None).
+    With it: the agents joined on every node it names, and the plan across them (the agents end if
+    the plan fails).
+    """
+    if request.nodes is None:
+        return (resolve_plan(request) if plan is None else plan), LocalProcesses()
+    group = join_nodes(request.nodes)
+    try:
+        return node_plan(request, group), group
+    except BaseException:
+        group.close()
+        raise
