@@ -227,3 +227,33 @@ def test_a_local_process_has_a_public_pidfd_and_signals_through_the_interface():
         proc.kill_and_reap()
         proc.close()
     assert proc.sentinel is None
+
+
+def _rank_function(address: str, listener_fd: int | None = None, gpus: tuple | None = None) -> None:
+    pass
+
+
+def test_a_persistent_request_takes_only_the_options_of_a_persistent_group():
+    from notebook_accel.launch.request import DEFAULT_HANG_TIMEOUT
+
+    request = LaunchRequest.persistent(_rank_function, ("",), num_processes=2, collapse_output=False)
+    assert request.block is False and request.effective_hang_timeout == DEFAULT_HANG_TIMEOUT
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['max_restarts', 'timeout'\]; it takes gpus"):
+        LaunchRequest.persistent(_rank_function, ("",), max_restarts=1, timeout=3)
+    with pytest.raises(ValueError, match="start_method='thread' is not supported; choose one of fork"):
+        LaunchRequest.persistent(_rank_function, ("",), start_method="thread")
+
+
+def test_a_placement_is_known_by_its_type_not_by_its_methods():
+    import types
+
+    from notebook_accel.nodes.plan import placement_of
+    from tests.nodes_helpers import LocalPlacement
+
+    placement = LocalPlacement(("n1",))
+    assert placement_of(placement) is placement
+    duck = types.SimpleNamespace(
+        **{name: getattr(placement, name) for name in ("hosts", "kernel_address", "start", "failure")}
+    )
+    with pytest.raises(TypeError, match=r"\(a SimpleNamespace\) is not one of the forms"):
+        placement_of(duck)

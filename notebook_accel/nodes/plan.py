@@ -16,21 +16,20 @@ from ..launch.interfaces import WorkerBackend
 from ..launch.plan import LaunchPlan, resolve_plan
 from ..launch.procs import LocalProcesses
 from ..launch.request import LaunchRequest
+from .placement import Placement, placement_for
 from .remote import NodeGroup, NodeSettings
 
 __all__ = ["join_nodes", "node_plan", "place_ranks", "placement_of"]
 
-# The engines (Slurm, SSH) and the public ``Nodes``: loaded when a launch names nodes.
-_placement = LazyModule("notebook_accel.nodes.placement")
+# The public ``Nodes``: loaded when a launch names nodes.
 _spec = LazyModule("notebook_accel.nodes.spec")
-_PLACEMENT_METHODS = ("hosts", "kernel_address", "start", "failure")
 
 
 def placement_of(nodes: Any) -> Any:
     """Return the placement of ``nodes``: a ``Placement`` as given, else the engine ``Nodes.of(nodes)`` names."""
-    if all(callable(getattr(nodes, name, None)) for name in _PLACEMENT_METHODS):
+    if isinstance(nodes, Placement):
         return nodes
-    return _placement.placement_for(_spec.Nodes.of(nodes))
+    return placement_for(_spec.Nodes.of(nodes))
 
 
 def join_nodes(nodes: Any) -> NodeGroup:
