@@ -11,6 +11,7 @@ import pytest
 from notebook_accel.launch.doctor import StackCollector
 from notebook_accel.launch.handle import LaunchHandle
 from notebook_accel.launch.interfaces import (
+    RunView,
     StackSource,
     UsageSource,
     WorkerBackend,
@@ -257,3 +258,21 @@ def test_a_placement_is_known_by_its_type_not_by_its_methods():
     )
     with pytest.raises(TypeError, match=r"\(a SimpleNamespace\) is not one of the forms"):
         placement_of(duck)
+
+
+def _run_view_members() -> set[str]:
+    return set(RunView.__abstractmethods__) | set(RunView.__annotations__)
+
+
+def test_both_handles_are_run_views_with_every_member():
+    from notebook_accel.launch.restarts import RestartingHandle
+
+    launch = LaunchHandle(_plan(2), print, backend=FakeBackend())
+    restarting = RestartingHandle(lambda attempt, started: launch, 1, 0.1)
+    for run in (launch, restarting):
+        assert isinstance(run, RunView)
+        missing = sorted(m for m in _run_view_members() if m not in dir(run))
+        assert not missing, f"{type(run).__name__} lacks {missing}"
+    broken = type("Broken", (RunView,), {m: None for m in RunView.__abstractmethods__ if m != "stacks"})
+    with pytest.raises(TypeError, match="abstract method.*stacks"):
+        object.__new__(broken)

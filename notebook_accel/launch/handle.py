@@ -30,7 +30,7 @@ from .doctor import RankStack, describe_stacks, named_ranks
 from .errors import LaunchError, RankFailure, death_notes, order_failures, signal_name
 from .events import EventHub
 from .hangs import SampledWatch, Verdict, launch_outcome, returned_note
-from .interfaces import WorkerBackend, WorkerStart
+from .interfaces import RunView, WorkerBackend, WorkerStart
 from .output import LineSplitter, OutputHistory, OutputLine, announce
 from .plan import LaunchPlan, threads_per_worker
 from .procs import LocalProcesses
@@ -48,7 +48,7 @@ _LIVE: weakref.WeakSet[LaunchHandle] = weakref.WeakSet()  # running launches, st
 _DRAIN_SECONDS = 2.0  # after the last exit, how long pipes held by stray descendants may stay open
 
 
-class LaunchHandle(Completion, LaunchViews):
+class LaunchHandle(Completion, LaunchViews, RunView):
     """A launch in progress: per-rank status, live output, results, stop."""
 
     def __init__(

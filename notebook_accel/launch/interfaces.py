@@ -6,6 +6,8 @@
   figures from (``doctor.StackCollector`` / ``usage.UsageSampler`` here, the agents' answers across nodes).
 - ``WorkerBackend``: where ranks run: it starts them and gives the stack and usage sources of its ranks
   (``procs.LocalProcesses`` on this machine, ``nodes.remote.NodeGroup`` across nodes).
+- ``RunView``: the read-only view of a run that panels, magics and cell bars read (``LaunchHandle``,
+  ``RestartingHandle``); the panel checks it with ``isinstance``.
 
 A class that misses a member cannot be instantiated (``TypeError`` naming it), so a side that
 drifts from the interface fails at once, in tests/test_launch_interfaces.py. This module imports
@@ -20,7 +22,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["StackSource", "UsageSource", "WorkerBackend", "WorkerProcess", "WorkerStart", "start_each"]
+__all__ = [
+    "RunView",
+    "StackSource",
+    "UsageSource",
+    "WorkerBackend",
+    "WorkerProcess",
+    "WorkerStart",
+    "start_each",
+]
 
 
 class WorkerProcess(ABC):
@@ -151,3 +161,60 @@ def start_each(
             proc.close()
         raise
     return started
+
+
+class RunView(ABC):
+    """The read-only view of a run (and its two verbs, stop and kill) that panels and magics read.
+
+    The methods are abstract; the data members below are attributes or properties of the run (a
+    class missing one is caught by tests/test_launch_interfaces.py, which compares the two handles).
+    """
+
+    num_processes: int
+    done: bool
+    error: Any
+    """The run's ``LaunchError`` once it ended with one, else None."""
+    hang_report: str | None
+    live_bar_ranks: set[int] | None
+    metrics: list[dict[str, Any]]
+    dropped_lines: int
+    attempt: int
+    max_restarts: int
+    restarting: bool
+    attempts: list[Any]
+
+    @abstractmethod
+    def status(self) -> list[Any]:
+        """Return a snapshot of every rank's ``RankStatus``."""
+
+    @abstractmethod
+    def stacks(self) -> dict[int, Any]:
+        """Return every live rank's current stacks (``doctor.RankStack``)."""
+
+    @abstractmethod
+    def lines(self, rank: int | None = None) -> list[Any]:
+        """Return the kept output lines (of ``rank``)."""
+
+    @abstractmethod
+    def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
+        """Call ``callback(line)`` for each new output line; return the unsubscribe function."""
+
+    @abstractmethod
+    def subscribe_events(self, callback: Callable[[str, int, Any], None]) -> Callable[[], None]:
+        """Call ``callback(kind, rank, state)`` for each bar/metrics/usage event; return the unsubscribe function."""
+
+    @abstractmethod
+    def bars(self, rank: int | None = None, live_only: bool = False) -> list[Any]:
+        """Return the progress bars' last states."""
+
+    @abstractmethod
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        """Call ``fn(run)`` once the run ended (at once if it has)."""
+
+    @abstractmethod
+    def stop(self, grace: float = 1.0) -> None:
+        """Stop every rank (SIGINT, then SIGTERM and SIGKILL)."""
+
+    @abstractmethod
+    def kill(self) -> None:
+        """Stop every rank with SIGKILL at once."""

@@ -27,6 +27,7 @@ from .doctor import RankStack
 from .errors import LaunchError
 from .events import BarState
 from .handle import LaunchHandle, RankStatus
+from .interfaces import RunView
 from .output import OutputHistory, OutputLine
 from .plan import LaunchPlan
 from .states import State
@@ -92,7 +93,7 @@ def _record(handle: LaunchHandle, started_at: float) -> Attempt:
     )
 
 
-class RestartingHandle(Completion, OutputRecord):
+class RestartingHandle(Completion, OutputRecord, RunView):
     """A launch with ``max_restarts``: the same interface as :class:`LaunchHandle`, over every attempt.
 
     ``status()``, ``pids``, ``stacks()``, ``bars()``, ``metrics`` and ``hang_report`` are those of
