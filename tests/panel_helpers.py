@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from notebook_accel.launch.errors import LaunchError
 from notebook_accel.launch.events import BarState
+from notebook_accel.launch.interfaces import RunView
 from notebook_accel.launch.output import OutputLine
 from notebook_accel.launch.ranks import RankStatus
 
@@ -23,7 +24,7 @@ def rank_status(rank: int, node: str | None = None, state: str = "running", **fi
     return RankStatus(rank=rank, pid=1000 + rank, state=state, started_at=time.time(), node=node, **figures)
 
 
-class FakeRun:
+class FakeRun(RunView):
     """A run of ``statuses`` with ``bars``; ``emit`` sends a line, ``finish`` ends it."""
 
     live_bar_ranks: set[int] | None = None
@@ -63,10 +64,11 @@ class FakeRun:
     def stacks(self) -> dict:
         return {}
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 1.0) -> None:
         self.stopped += 1
 
-    kill = stop
+    def kill(self) -> None:
+        self.stopped += 1
 
     # -- the test's hand -----------------------------------------------------------------------------
     def emit(self, rank: int, text: str, stream: str = "stdout", attempt: int = 1) -> None:

@@ -121,7 +121,7 @@ _ENGINES_SERVED_BY_UTILS = (
 # reference resolves at first use (a facade's table entry, a LazyModule or forward() target, a
 # sys.modules look-up), so it costs the lower module nothing at import; each is here because
 # Accelerate serves the name at that path (the path is given), for the two real imports because the
-# function needs the process state, or (launchers -> widgets) because panel=True shows a widget. The
+# function needs the process state, or (launch.runner -> widgets) because panel=True shows a widget. The
 # test fails on an upward reference not listed here, and on an entry nothing uses any more (delete it).
 UPWARD_ALLOWED: dict[tuple[str, str, str], str] = {
     # real imports: the collectives and the process helpers read the rank and world size
@@ -193,7 +193,7 @@ UPWARD_ALLOWED: dict[tuple[str, str, str], str] = {
     **_upward_entries("accelerator", ("hooks.offloaded",), "accelerate.accelerator.has_offloaded_params"),
     **_upward_entries("local_sgd", ("accelerator",), "accelerate.local_sgd.Accelerator"),
     **_upward_entries(
-        "launchers",
+        "launch.runner",
         ("widgets",),
         "panel=True shows widgets.LaunchPanel; the core loads no GUI library until then (ipywidgets is optional)",
     ),

@@ -27,7 +27,7 @@ from notebook_accel.launch.collapse import (
 from notebook_accel.launch.output import OutputLine, PrintSink, node_span, rank_span, span_text
 from notebook_accel.launch.plan import resolve_plan
 from notebook_accel.launch.request import LaunchRequest
-from notebook_accel.launchers import _build_sinks
+from notebook_accel.launch.runner import build_sinks as _build_sinks
 from tests.launcher_helpers import printed_by, wait_until
 
 W = 0.25

@@ -17,8 +17,8 @@ import pytest
 from notebook_accel import notebook_launcher
 from notebook_accel.launch.cell_bars import kernel_display
 from notebook_accel.launch.events import EventHub, FrameDecoder
+from notebook_accel.launch.runner import resolve_bars as _resolve_bars
 from notebook_accel.launch.usage import apply_usage
-from notebook_accel.launchers import _resolve_bars
 from notebook_accel.tracking import NotebookTracker, filter_trackers
 from notebook_accel.utils._worker_channel import FRAME_HEADER, send_event
 

@@ -148,7 +148,9 @@ def test_notebook_launcher_panel_true(capsys):
 
 
 def test_bad_arguments_raise():
-    with pytest.raises(TypeError, match="LaunchPanel needs a LaunchHandle.*has no 'status'"):
+    with pytest.raises(
+        TypeError, match="LaunchPanel needs a LaunchHandle.*got object, not a .*RunView"
+    ):
         LaunchPanel(object())
     handle = notebook_launcher(_talk, (1, None), num_processes=2, block=False, sinks=[])
     panel = LaunchPanel(handle)

@@ -22,6 +22,7 @@ from typing import Any
 from notebook_accel.interactive import Ranks, RankState, current
 from notebook_accel.launch.doctor import RankStack
 from notebook_accel.launch.events import BarState
+from notebook_accel.launch.interfaces import RunView
 from notebook_accel.launch.output import HISTORY_BYTES, OutputHistory, OutputLine, dropped_note, line_prefix
 from notebook_accel.launch.ranks import RankStatus
 from notebook_accel.launch.states import State
@@ -44,13 +45,6 @@ _STATE_STYLE = {
     State.BROKEN: "danger",
 }
 _KEPT_BARS = 3  # finished bars (leave=True) still shown per rank, newest last, as tqdm.notebook keeps them
-# What the panel reads of a run: the members of the run's read-only view (launch.interfaces.RunView),
-# checked once when the panel is built so that a wrong argument fails there, naming what it lacks.
-_RUN_VIEW = (
-    "status", "subscribe", "add_done_callback", "stop", "done", "error", "num_processes", "lines",
-    "subscribe_events", "bars", "live_bar_ranks", "metrics", "dropped_lines", "hang_report", "stacks", "kill",
-    "attempt", "max_restarts", "restarting", "attempts",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -408,13 +402,12 @@ class LaunchModel:
 
 
 def _check_run_view(handle: object) -> None:
-    """Raise TypeError unless ``handle`` has every member of the run's read-only view, naming the first it lacks."""
-    for member in _RUN_VIEW:
-        if not hasattr(handle, member):
-            raise TypeError(
-                f"LaunchPanel needs a LaunchHandle (notebook_launcher(..., block=False)) or interactive "
-                f"ranks (start_ranks(...)); {type(handle).__name__} has no {member!r}"
-            )
+    """Raise TypeError unless ``handle`` is a run's read-only view (``launch.interfaces.RunView``)."""
+    if not isinstance(handle, RunView):
+        raise TypeError(
+            f"LaunchPanel needs a LaunchHandle (notebook_launcher(..., block=False)) or interactive "
+            f"ranks (start_ranks(...)); got {type(handle).__name__}, not a launch.interfaces.RunView"
+        )
 
 
 def _handle_of_ranks(ranks: object, handle: object) -> Any:

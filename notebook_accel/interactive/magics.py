@@ -117,7 +117,7 @@ def _parsers() -> dict[str, _Parser]:
     start.add_argument("--start-method", default=None)
     start.add_argument("--gpus", type=_gpu_list, default=None, metavar="0,1")
     start.add_argument("--panel", action="store_true")
-    start.add_argument("--hang-timeout", type=float, default=60.0, metavar="SECONDS")
+    start.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS")
     start.add_argument("--value-limit", default=None, metavar="SIZE")
     parsers["value-limit"].add_argument("size", nargs="?", default=None, metavar="SIZE")
     start.add_argument("--nodes", default=None, metavar="slurm|slurm:JOBID|VARIABLE")

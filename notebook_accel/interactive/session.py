@@ -20,7 +20,6 @@ from typing import Any
 
 from ..launch.doctor import RankStack
 from ..launch.handle import LaunchHandle
-from ..launch.request import START_METHODS, LaunchRequest
 from ..launch.states import State
 from ..utils.imports import cuda_device_count
 from . import registry
@@ -42,16 +41,12 @@ from .jobs import Job, command_guard, start_job, stop_running
 from .protocol import Command, Ok
 from .remote import resolve_nodes
 from .stale import StaleGlobalWarning, stale_message
-from .startup import start_group
+from .startup import group_request, start_group
 from .values import DEFAULT_VALUE_LIMIT, CellResult, cell_result, parse_size
 
 __all__ = ["CellResult", "RankState", "Ranks", "current", "require_current", "start_ranks"]
 
 logger = logging.getLogger(__name__)
-
-# Options of notebook_launcher a persistent group takes too (through **more).
-_MORE = ("mixed_precision", "use_port", "master_addr", "log_dir", "log_line_prefix_template", "progress_bars",
-         "collapse_output")  # fmt: skip
 
 
 @dataclass
@@ -95,7 +90,7 @@ def start_ranks(
     *,
     start_method: str | None = None,
     panel: bool = False,
-    hang_timeout: float = 60,
+    hang_timeout: float | None = None,
     value_limit: int | str | None = DEFAULT_VALUE_LIMIT,
     gpus: list[int] | None = None,
     nodes: Any = None,
@@ -112,7 +107,8 @@ def start_ranks(
         gpus: one CUDA device index per rank (``[0, 1]``): rank ``r`` sees only those devices and
             uses ``gpus[r]`` (``cuda:r`` there), held in its namespace as ``device``.
         panel: show the launch panel (status, CPU, memory, stacks, output per rank).
-        hang_timeout: seconds without progress after which a wait is judged (math.inf: never). A
+        hang_timeout: seconds without progress after which a wait is judged (None: 60 s, the launcher's
+            ``DEFAULT_HANG_TIMEOUT``; math.inf: never). A
             rank computing while the others wait (``main_process_first()``, a checkpoint written by
             one rank) is honest work: after ``hang_timeout`` the cell shows one report (which ranks
             wait, where the busy one is, its stack) and goes on waiting; only Stop ends it. When
@@ -134,12 +130,17 @@ def start_ranks(
         RuntimeError: ranks started earlier are still running (stop them first).
         ValueError / TypeError: a bad option.
     """
-    unknown = sorted(set(more) - set(_MORE))
-    if unknown:
-        raise TypeError(
-            f"start_ranks() got unknown option(s) {unknown}; it takes num_processes, start_method, panel, "
-            f"hang_timeout, gpus, value_limit, nodes and {', '.join(_MORE)}"
-        )
+    # Every option checked first: a bad one changes nothing (the ranks running stay as they are).
+    ranks = Ranks(
+        num_processes,
+        start_method=start_method,
+        panel=panel,
+        hang_timeout=hang_timeout,
+        value_limit=value_limit,
+        gpus=gpus,
+        nodes=nodes,
+        **more,
+    )
     with registry.lock:
         running = current()
         if running is not None and running.alive:
@@ -149,16 +150,6 @@ def start_ranks(
             )
         if running is not None:
             running.stop()  # broken: nothing left to lose
-        ranks = Ranks(
-            num_processes,
-            start_method=start_method,
-            panel=panel,
-            hang_timeout=hang_timeout,
-            value_limit=value_limit,
-            gpus=gpus,
-            nodes=nodes,
-            **more,
-        )
         ranks._start()
         registry.set_current(ranks)
     return ranks
@@ -173,7 +164,7 @@ class Ranks:
         *,
         start_method: str | None = None,
         panel: bool = False,
-        hang_timeout: float = 60,
+        hang_timeout: float | None = None,
         value_limit: int | str | None = DEFAULT_VALUE_LIMIT,
         gpus: list[int] | None = None,
         nodes: Any = None,
@@ -188,16 +179,11 @@ class Ranks:
         )
         self._options["hang_timeout"] = hang_timeout
         self._start_method = start_method  # None: chosen at each start (gpus.choose_start_method)
-        if start_method is not None and start_method not in START_METHODS:
-            raise ValueError(
-                f"start_method={start_method!r} is not supported; choose one of {', '.join(START_METHODS)} "
-                "(fork: the ranks start with the kernel's names), or None (fork, spawn once CUDA is initialised)"
-            )
         self._gpus = check_gpus(gpus, num_processes, cuda_device_count() if gpus is not None else 0)
         if num_processes is None and self._gpus is not None:
             self._options["num_processes"] = num_processes = len(self._gpus)
-        # Every option checked now, before anything starts (the function and its args are replaced later).
-        LaunchRequest(function=_placeholder, args=("", None, None), **self._options)
+        # Every option checked now, before anything starts; each start fills in the socket's address.
+        self._request = group_request(self._options, self._gpus)
         self._group: Group | None = None
         self._stopped = True
         self._jobs: list[Job] = []
@@ -212,9 +198,10 @@ class Ranks:
         uses_cuda = self._gpus is not None or cuda_device_count() > 0
         method, note = choose_start_method(self._start_method, uses_cuda, cuda_initialised())
         self._options["start_method"] = method
+        self._request = dataclasses.replace(self._request, start_method=method)
         if note is not None:
             logger.warning("%s", note)
-        self._group = start_group(self._options, self._gpus, self._num_processes)
+        self._group = start_group(self._request, self._num_processes)
         handle = self._group.handle
         self._num_processes = handle.num_processes
         self._commands.reset(handle.num_processes)
@@ -444,7 +431,3 @@ class Ranks:
         """Return the value of ``name`` on each targeted rank (rank order)."""
         targets, replies = self._command(on, pull_command(name), f"pull {name}")
         return values_of([cell_result(r, replies[r].payload) for r in targets], pulled=name)
-
-
-def _placeholder(address: str, listener_fd: int | None, gpus: tuple[int, ...] | None) -> None:
-    """Stands for ``rank_main`` while the options are checked."""

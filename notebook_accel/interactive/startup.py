@@ -9,6 +9,7 @@ ranks write meanwhile, until every rank is ready, the launch ended, or ``READY_S
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import shutil
@@ -19,14 +20,15 @@ from typing import Any
 
 from ..launch.handle import LaunchHandle
 from ..launch.request import LaunchRequest
-from ..launchers import start_persistent_group
+from ..launch.runner import start_persistent_group
+from ..nodes.plan import place_ranks
 from .cell_output import CellSink
 from .group import Group
 from .protocol import Ready, receive
 from .rank_entry import rank_main
 from .remote import relay_hook
 
-__all__ = ["READY_SECONDS", "accept_ranks", "start_group"]
+__all__ = ["READY_SECONDS", "accept_ranks", "group_request", "start_group"]
 
 READY_SECONDS = 120.0
 """How long the ranks get to form the group: the first import of torch.distributed on a loaded machine is slow."""
@@ -79,33 +81,35 @@ def accept_ranks(listener: socket.socket, handle: LaunchHandle, sink: CellSink) 
     return conns
 
 
-def start_group(options: dict[str, Any], gpus: tuple[int, ...] | None, num_processes: int | None) -> Group:
-    """Return the started group of ranks ``options`` (``start_ranks``' checked options) describe, every rank ready.
+def group_request(options: dict[str, Any], gpus: tuple[int, ...] | None) -> LaunchRequest:
+    """Return the checked request of a group whose ranks run ``rank_main`` (``options``: ``start_ranks``' own).
+
+    Refused here, before anything starts: an option a persistent group does not take, a bad value.
+    Each start fills in the address of its socket (``start_group``).
+    """
+    return LaunchRequest.persistent(rank_main, ("", None, gpus), **options)
+
+
+def start_group(request: LaunchRequest, num_processes: int | None) -> Group:
+    """Return the started group of ranks ``request`` (``group_request``'s) describes, every rank ready.
 
     The ranks are killed again when they do not all get ready (``accept_ranks`` says why).
     """
     folder = tempfile.mkdtemp(prefix="notebook_accel-ranks-")
     address = os.path.join(folder, "ranks.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    remote = request.nodes is not None
     try:
         listener.bind(address)
         listener.listen(64)
-        sink = CellSink(
-            not options["panel"],
-            options.get("log_line_prefix_template"),
-            num_processes or 1,
-        )
-        request = LaunchRequest(
-            function=rank_main,
-            # Ranks elsewhere inherit no listener to close (and reach this one through their agent).
-            args=(address, None if "nodes" in options else listener.fileno(), gpus),
-            block=False,
-            sinks=[sink],
-            **options,
+        sink = CellSink(not request.panel, request.log_line_prefix_template, num_processes or 1)
+        # Ranks elsewhere inherit no listener to close (and reach this one through their agent).
+        request = dataclasses.replace(
+            request, args=(address, None if remote else listener.fileno(), request.args[2]), sinks=[sink]
         )
         # Across nodes the ranks start once the agents joined and relay this socket (remote.py).
-        joined = {"on_join": relay_hook(request, address)} if "nodes" in options else {}
-        handle = start_persistent_group(request, **joined)
+        on_join = relay_hook(request, address) if remote else None
+        handle = start_persistent_group(request, *place_ranks(request), on_join=on_join)
         sink._n, sink.window = handle.num_processes, request.collapse_seconds
         if handle.plan.hosts:  # across nodes: the prefix names the node, as notebook_launcher's does
             sink.hosts, sink._n = handle.plan.hosts, handle.plan.num_processes

@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_HANG_TIMEOUT",
     "HANG_ACTIONS",
     "MAX_PROCESSES_PER_CORE",
+    "PERSISTENT_OPTIONS",
     "PROGRESS_BARS",
     "RDZV_BACKENDS",
     "START_METHODS",
@@ -46,6 +47,12 @@ DEFAULT_HANG_TIMEOUT = 60.0
 A minute: long past any collective of a healthy notebook-sized step (milliseconds to seconds), short
 enough that someone watching a silent cell hears about it long before gloo's 30-minute timeout. A
 legitimate wait (rank 0 saving while the others wait in a barrier) only earns a note by default."""
+
+PERSISTENT_OPTIONS = ("num_processes", "start_method", "panel", "hang_timeout", "nodes", "mixed_precision",
+                      "use_port", "master_addr", "log_dir", "log_line_prefix_template", "progress_bars",
+                      "collapse_output")  # fmt: skip
+"""The options of ``notebook_launcher`` a persistent group (``start_ranks``) takes too; the others have no
+meaning for ranks that wait for commands (restarts, timeouts, elastic rendezvous, sinks: each command has its own)."""
 
 # Options that only torch elastic (num_nodes > 1) reads, with their defaults.
 _ELASTIC_ONLY = {
@@ -284,6 +291,20 @@ class LaunchRequest:
                     f"{name}={getattr(self, name)!r} cannot be combined with nodes={self.nodes!r}: nodes= runs every "
                     f"node's ranks from this kernel and {where}; leave {name} at {default!r}"
                 )
+
+    @classmethod
+    def persistent(cls, function: Callable, args: tuple = (), **options: Any) -> LaunchRequest:
+        """Return the checked request of a persistent group (``start_ranks``): ``options`` among ``PERSISTENT_OPTIONS``.
+
+        The group's launch never blocks the caller; ``hang_timeout`` None is ``DEFAULT_HANG_TIMEOUT``, as everywhere.
+        """
+        unknown = sorted(set(options) - set(PERSISTENT_OPTIONS))
+        if unknown:
+            raise TypeError(
+                f"start_ranks() got unknown option(s) {unknown}; it takes gpus, value_limit and "
+                f"{', '.join(PERSISTENT_OPTIONS)}"
+            )
+        return cls(function=function, args=args, block=False, **options)
 
     @property
     def collapse_seconds(self) -> float | None:

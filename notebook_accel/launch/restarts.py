@@ -27,6 +27,7 @@ from .doctor import RankStack
 from .errors import LaunchError
 from .events import BarState
 from .handle import LaunchHandle, RankStatus
+from .interfaces import RunView
 from .output import OutputHistory, OutputLine
 from .plan import LaunchPlan
 from .states import State
@@ -92,7 +93,7 @@ def _record(handle: LaunchHandle, started_at: float) -> Attempt:
     )
 
 
-class RestartingHandle(Completion, OutputRecord):
+class RestartingHandle(Completion, OutputRecord, RunView):
     """A launch with ``max_restarts``: the same interface as :class:`LaunchHandle`, over every attempt.
 
     ``status()``, ``pids``, ``stacks()``, ``bars()``, ``metrics`` and ``hang_report`` are those of
@@ -265,7 +266,7 @@ class RestartingHandle(Completion, OutputRecord):
         self._wake.set()
         return current
 
-    def _start(self, threaded: bool = True) -> None:
+    def start(self, threaded: bool = True) -> None:
         """Start the first try here (its errors raise in the caller), and the supervising thread if ``threaded``."""
         try:
             self._begin(1)
@@ -274,19 +275,19 @@ class RestartingHandle(Completion, OutputRecord):
             raise
         if threaded:
             self._thread = threading.Thread(
-                target=self._supervise, name=f"notebook_accel-restarts-{self.run_id}", daemon=True
+                target=self.supervise, name=f"notebook_accel-restarts-{self.run_id}", daemon=True
             )
             self._thread.start()
 
-    def _run_here(self) -> None:
+    def run_here(self) -> None:
         """Supervise every try in the calling thread (a blocking launch); ^C stops the run and re-raises."""
-        self._supervise(interruptible=True)
+        self.supervise(interruptible=True)
 
     def _begin(self, number: int) -> None:
         started_at = time.time()
         handle = self._start_attempt(number, self._started)
         try:
-            # Nothing is read from the workers before _supervise: subscribing now misses no line or event.
+            # Nothing is read from the workers before supervise: subscribing now misses no line or event.
             handle.subscribe(self._on_line)
             handle.subscribe_events(self._notify)
             with self._lock:
@@ -294,16 +295,16 @@ class RestartingHandle(Completion, OutputRecord):
                 stop = self._stop_reason is not None
         except BaseException:  # ^C right after the start: no group may be left unsupervised
             handle.kill()
-            handle._supervise()
+            handle.supervise()
             raise
         if stop:  # stop() came while the group was starting
             handle.stop()
 
-    def _supervise(self, interruptible: bool = False) -> None:
+    def supervise(self, interruptible: bool = False) -> None:
         try:
             while True:
                 handle = self._handle()
-                handle._run_here() if interruptible else handle._supervise()
+                handle.run_here() if interruptible else handle.supervise()
                 if not self._after_attempt(handle) or not self._wait_to_restart():
                     break
                 try:
@@ -319,7 +320,7 @@ class RestartingHandle(Completion, OutputRecord):
             current = self._current
             if current is not None and not current.done:  # started, not supervised yet: reap it here
                 current.kill()
-                current._supervise()
+                current.supervise()
             if current is not None and (not self._attempts or self._attempts[-1].number != current.attempt):
                 self._attempts.append(_record(current, self._current_started))
             self._error = self._error or self._final_error(None)

@@ -12,23 +12,24 @@ from dataclasses import replace
 from typing import Any
 
 from .._lazy import LazyModule
+from ..launch.interfaces import WorkerBackend
 from ..launch.plan import LaunchPlan, resolve_plan
+from ..launch.procs import LocalProcesses
 from ..launch.request import LaunchRequest
+from .placement import Placement, placement_for
 from .remote import NodeGroup, NodeSettings
 
-__all__ = ["join_nodes", "node_plan", "placement_of"]
+__all__ = ["join_nodes", "node_plan", "place_ranks", "placement_of"]
 
-# The engines (Slurm, SSH) and the public ``Nodes``: loaded when a launch names nodes.
-_placement = LazyModule("notebook_accel.nodes.placement")
+# The public ``Nodes``: loaded when a launch names nodes.
 _spec = LazyModule("notebook_accel.nodes.spec")
-_PLACEMENT_METHODS = ("hosts", "kernel_address", "start", "failure")
 
 
 def placement_of(nodes: Any) -> Any:
     """Return the placement of ``nodes``: a ``Placement`` as given, else the engine ``Nodes.of(nodes)`` names."""
-    if all(callable(getattr(nodes, name, None)) for name in _PLACEMENT_METHODS):
+    if isinstance(nodes, Placement):
         return nodes
-    return _placement.placement_for(_spec.Nodes.of(nodes))
+    return placement_for(_spec.Nodes.of(nodes))
 
 
 def join_nodes(nodes: Any) -> NodeGroup:
@@ -54,3 +55,20 @@ def node_plan(request: LaunchRequest, group: NodeGroup) -> LaunchPlan:
         distributed_type="MULTI_GPU" if plan.device_type == "cuda" else "MULTI_CPU",
         start_method="spawn",
     )
+
+
+def place_ranks(request: LaunchRequest, plan: LaunchPlan | None = None) -> tuple[LaunchPlan, WorkerBackend]:
+    """Return the plan of ``request``'s ranks and the backend they run on: every launch's one ``nodes=`` branch.
+
+    Without ``request.nodes``: processes on this machine, under ``plan`` (resolved here when None).
+    With it: the agents joined on every node it names, and the plan across them (the agents end if
+    the plan fails).
+    """
+    if request.nodes is None:
+        return (resolve_plan(request) if plan is None else plan), LocalProcesses()
+    group = join_nodes(request.nodes)
+    try:
+        return node_plan(request, group), group
+    except BaseException:
+        group.close()
+        raise

@@ -21,12 +21,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..launch.doctor import RankStack
+from ..launch.interfaces import WorkerBackend, WorkerProcess, WorkerStart, start_each
 from ..launch.procs import by_value
-from ..launch.worker import WorkerSpec
 from .agent import LOST_AFTER, local_versions
 from .channel import Channel, ChannelError, accept_channel, new_secret
 from .placement import Placement
@@ -84,7 +85,7 @@ class _Node:
                 pass
 
 
-class NodeGroup:
+class NodeGroup(WorkerBackend):
     """The agents of one launch: ``start`` gives ``RemoteWorkerProcess``es the handle supervises."""
 
     def __init__(
@@ -152,8 +153,12 @@ class NodeGroup:
 
     # ----------------------------------------------------------------- what the handle uses
 
-    def start(self, method: str, spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> RemoteWorkerProcess:
-        """Return the started rank of ``spec`` on node ``NODE_RANK`` (``start_worker``'s signature; always spawn there)."""
+    def start(self, method: str, starts: Sequence[WorkerStart]) -> list[WorkerProcess]:
+        """Return the started ranks of ``starts``, each on its node ``NODE_RANK`` (all or none; always spawn there)."""
+        return start_each(self._start_one, method, starts)
+
+    def _start_one(self, method: str, start: WorkerStart) -> RemoteWorkerProcess:
+        spec, out_w, err_w, res_w = start.spec, start.stdout, start.stderr, start.result
         node = self.nodes[int(spec.env["NODE_RANK"])]
         if node.lost is not None:
             raise RuntimeError(f"node {node.host} was lost: {node.lost}")
@@ -182,11 +187,11 @@ class NodeGroup:
         proc.pid = value
         return proc
 
-    def collector(self) -> RemoteStacks:
+    def stack_source(self) -> RemoteStacks:
         """Return the handle's stack collector for ranks on these nodes."""
         return RemoteStacks(self.stacks)
 
-    def usage(self) -> RemoteUsage:
+    def usage_source(self) -> RemoteUsage:
         """Return the handle's usage sampler for ranks on these nodes."""
         return RemoteUsage(self.figures)
 
