@@ -5,10 +5,15 @@ from __future__ import annotations
 import ast
 import pathlib
 
-import tomllib
+import pytest
 
 import notebook_accel
 from tests import quick_lane
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli", reason="reading pyproject.toml needs tomllib (3.11) or tomli")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
