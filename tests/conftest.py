@@ -13,12 +13,27 @@ if not CUDA_SESSION:
 
 
 def pytest_collection_modifyitems(config, items):
+    _mark_quick(items)
     if not CUDA_SESSION:
         return
     only_cuda = pytest.mark.skip(reason="NOTEBOOK_ACCEL_TEST_CUDA=1: this session runs the tests marked cuda")
     for item in items:
         if item.get_closest_marker("cuda") is None:
             item.add_marker(only_cuda)
+
+
+def _mark_quick(items):
+    """Mark the quick lane (`pytest -m quick`): the tests tests/quick_lane.py's rule and table name."""
+    from tests.quick_lane import is_quick
+
+    quick = pytest.mark.quick
+    for item in items:
+        path = item.nodeid.split("::", 1)
+        if len(path) < 2 or not path[0].startswith("tests/"):
+            continue  # the notebooks' cells
+        module = path[0][len("tests/") : -len(".py")]
+        if is_quick(module, path[1].split("[", 1)[0], item.get_closest_marker("slow") is not None):
+            item.add_marker(quick)
 
 
 @pytest.fixture(autouse=True)

@@ -124,13 +124,32 @@ def test_sagemaker_args_need_a_python_file():
 COMMANDS = json.loads((ROOT / "tests" / "data" / "goldens" / "cli_commands.json").read_text(encoding="utf-8"))
 
 
+def _cli_env(cwd: Path) -> dict[str, str]:
+    """What a command of these tests runs under: offline, quiet, its own HF_HOME (no user config)."""
+    return {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "HF_HOME": str(cwd / "hf")}
+
+
 def _cli(*argv: str, cwd: Path, timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "HF_HOME": str(cwd / "hf")}
+    env = {**os.environ, **_cli_env(cwd)}
     proc = subprocess.run([sys.executable, "-m", "notebook_accel.commands", *argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
     if check:
         assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
+
+
+def _cli_here(*argv: str, cwd: Path, monkeypatch, capsys) -> str:
+    """Return the stdout of ``notebook_accel.commands.cli.main(argv)`` run here, with ``_cli``'s cwd and
+    environment: the command's own code, without a fresh interpreter (~4 s of importing torch) per case.
+    The ``python -m notebook_accel.commands`` entry itself is run by the ``_cli`` tests."""
+    from notebook_accel.commands.cli import main
+
+    monkeypatch.chdir(cwd)
+    for name, value in _cli_env(cwd).items():
+        monkeypatch.setenv(name, value)
+    capsys.readouterr()
+    assert main(list(argv)) == 0
+    return capsys.readouterr().out
 
 
 def _free_port() -> int:
@@ -142,15 +161,14 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("case", sorted(COMMANDS["estimate_memory"]))
-def test_estimate_memory_prints_1_15s_table(case, tmp_path):
+def test_estimate_memory_prints_1_15s_table(case, tmp_path, monkeypatch, capsys):
     transformers = pytest.importorskip(
         "transformers", reason="estimate-memory builds the model with transformers"
     )
     transformers.GPT2Config(**COMMANDS["tiny_gpt2"]).save_pretrained(tmp_path / "tiny-gpt2")
     recorded = COMMANDS["estimate_memory"][case]
-    proc = _cli("estimate-memory", "tiny-gpt2", "--library_name", "transformers", *recorded["argv_after_model"],
-                cwd=tmp_path)  # fmt: skip
-    assert proc.stdout == recorded["stdout"]
+    argv = ["estimate-memory", "tiny-gpt2", "--library_name", "transformers", *recorded["argv_after_model"]]
+    assert _cli_here(*argv, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys) == recorded["stdout"]
 
 
 def test_estimate_memory_numbers_match_1_15(tmp_path, monkeypatch):
@@ -172,11 +190,12 @@ def test_estimate_memory_refuses_a_missing_folder_offline(tmp_path):
 
 
 @pytest.mark.parametrize("case", sorted(COMMANDS["to_fsdp2"]))
-def test_to_fsdp2_writes_what_1_15_writes(case, tmp_path):
+def test_to_fsdp2_writes_what_1_15_writes(case, tmp_path, monkeypatch, capsys):
     yaml = pytest.importorskip("yaml")
     recorded = COMMANDS["to_fsdp2"][case]
     (tmp_path / "in.yaml").write_text(yaml.safe_dump(recorded["input"]))
-    _cli("to-fsdp2", "--config_file", "in.yaml", "--output_file", "out.yaml", cwd=tmp_path)
+    argv = ["to-fsdp2", "--config_file", "in.yaml", "--output_file", "out.yaml"]
+    _cli_here(*argv, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
     assert yaml.safe_load((tmp_path / "out.yaml").read_text()) == recorded["output"]
 
 
@@ -196,10 +215,11 @@ def test_to_fsdp2_refuses_like_1_15(tmp_path):
         to_fsdp2_command(parse(["--config_file", str(tmp_path / "nope.yaml"), "--overwrite"]))
 
 
-def test_env_prints_1_15s_fields_and_config(tmp_path):
+def test_env_prints_1_15s_fields_and_config(tmp_path, monkeypatch, capsys):
     yaml = pytest.importorskip("yaml")
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(COMMANDS["to_fsdp2"]["full_shard"]["input"]))
-    ours = _cli("env", "--config_file", "c.yaml", cwd=tmp_path).stdout.splitlines()
+    here = {"cwd": tmp_path, "monkeypatch": monkeypatch, "capsys": capsys}
+    ours = _cli_here("env", "--config_file", "c.yaml", **here).splitlines()
     theirs = COMMANDS["env_with_config"]["lines"]
     labels = [line.split(":")[0] for line in ours if line.startswith("- ")]
     assert labels == [line.split(":")[0] for line in theirs if line.startswith("- ")]
@@ -207,7 +227,7 @@ def test_env_prints_1_15s_fields_and_config(tmp_path):
         line for line in theirs if line.startswith("\t")
     ]
     assert ours[:3] == theirs[:3]
-    without = _cli("env", cwd=tmp_path).stdout.splitlines()
+    without = _cli_here("env", **here).splitlines()
     assert without[-2:] == COMMANDS["env_without_config"]["lines"][-2:]
 
 

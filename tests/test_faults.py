@@ -113,33 +113,6 @@ def test_workers_outlive_the_thread_that_started_them_but_not_the_process():
     snap.assert_clean()
 
 
-def test_workers_die_with_the_launching_process(tmp_path):
-    # A child interpreter launches a sleeping worker and is then SIGKILLed: its worker must follow.
-    script = tmp_path / "parent.py"
-    script.write_text(
-        "import os, sys, time\n"
-        "from notebook_accel.launchers import notebook_launcher\n"
-        "def f():\n    time.sleep(60)\n"
-        "h = notebook_launcher(f, num_processes=1, block=False, sinks=[])\n"
-        "while not all(h.pids): time.sleep(0.01)\n"
-        "print(h.pids[0], flush=True)\n"
-        "time.sleep(60)\n"
-    )
-    import subprocess
-
-    parent = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=os.getcwd()
-    )
-    worker_pid = int(parent.stdout.readline())
-    parent.kill()
-    parent.wait()
-    parent.stdout.close()
-    deadline = time.monotonic() + 10
-    while psutil.pid_exists(worker_pid) and psutil.Process(worker_pid).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, "the worker outlived its launching process"
-        time.sleep(0.05)
-
-
 def _exit_clean():
     if _rank() == 0:
         sys.exit(0)

@@ -336,11 +336,6 @@ def test_only_the_threaded_fork_warning_of_the_fork_thread_is_silenced(monkeypat
         assert len(_fork_warnings(log)) == 1
 
 
-def test_twenty_launches_in_a_row():
-    for i in range(20):
-        assert notebook_launcher(_allreduce_rank, num_processes=2, sinks=[])[1]["sum"].item() == 3.0, i
-
-
 def test_default_port_taken_falls_back_explicit_port_taken_is_an_error():
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -430,7 +425,10 @@ def _main_function():
     return namespace["make"](10.0)
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+# spawn ships a cell function the same way: in a real kernel, test_launcher_kernel.py's
+# test_spawn_from_a_kernel_ships_the_cell_function (and debug_launcher's spawn in
+# test_a_failure_caused_by_the_launching_process_says_what_to_do).
+@pytest.mark.parametrize("method", ["forkserver"])
 def test_spawn_and_forkserver_ship_notebook_functions_by_value(method):
     sink = Collect()
     results = notebook_launcher(

@@ -137,9 +137,10 @@ def test_import_is_light() -> None:
 
 
 def test_full_surface_loads_without_notebook_stack() -> None:
-    """Touching every public core name still loads no notebook stack and no CUDA context."""
+    """Touching every public core name, and the %ranks magics' module (before `%load_ext`), still loads
+    no notebook stack and no CUDA context."""
     _assert_stays_light(
-        "import sys, json, importlib\n"
+        "import sys, json, importlib, notebook_accel.interactive.magics\n"
         f"spec = json.load(open({str(ROOT / 'tests' / 'data' / 'api_spec.json')!r}))\n"
         "for name, paths in spec['names'].items():\n"
         "    for p in paths:\n"
