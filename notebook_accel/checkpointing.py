@@ -258,6 +258,24 @@ def _write_state(
             _torch_save(scaler.state_dict(), output_dir / SCALER_NAME)
 
 
+def _read_loader_state(files: Any, index: int, dataloader: Any) -> tuple[Any, Any, Any]:
+    """Return ``(sampler state, position, resume state)`` of loader ``index`` (None for each one absent)."""
+    sampler = files.optional(f"{_indexed(SAMPLER_NAME, index)}.bin")
+    if not getattr(dataloader, "use_stateful_dataloader", False):
+        return sampler, None, None
+    position = files.optional(f"{_indexed(DATALOADER_STATE_NAME, index)}.bin")
+    return sampler, position, files.optional(f"{_indexed(DATALOADER_RESUME_NAME, index)}.bin")
+
+
+def _restore_loader(dataloader: Any, sampler_state: Any, position: Any, resume: Any) -> None:
+    if sampler_state is not None:
+        _load_sampler_state(dataloader, sampler_state)
+    if position is not None and resume is not None and hasattr(dataloader, "resume_state"):
+        dataloader.load_state_dict(position, resume)
+    elif position is not None:  # 1.15's checkpoint, or a loader of another kind
+        dataloader.load_state_dict(position)
+
+
 def load_accelerator_state(
     input_dir: str | os.PathLike,
     models: list[torch.nn.Module],
@@ -299,18 +317,7 @@ def load_accelerator_state(
                         for i in range(len(optimizers))]  # fmt: skip
     scheduler_states = [files.required(f"{_indexed(SCHEDULER_NAME, i)}.bin", f"scheduler {i}")
                         for i in range(len(schedulers))]  # fmt: skip
-    loader_states = [
-        (
-            files.optional(f"{_indexed(SAMPLER_NAME, i)}.bin"),
-            *(
-                (files.optional(f"{_indexed(DATALOADER_STATE_NAME, i)}.bin"),
-                 files.optional(f"{_indexed(DATALOADER_RESUME_NAME, i)}.bin"))
-                if getattr(dataloader, "use_stateful_dataloader", False)
-                else (None, None)
-            ),
-        )
-        for i, dataloader in enumerate(dataloaders)
-    ]
+    loader_states = [_read_loader_state(files, i, dataloader) for i, dataloader in enumerate(dataloaders)]
     scaler_state = None if scaler is None else files.required(SCALER_NAME, "the fp16 gradient scaler")
     rng = files.optional(f"{RNG_STATE_NAME}_{process_index}.pkl")
     custom_states = [
@@ -325,13 +332,8 @@ def load_accelerator_state(
         optimizer.load_state_dict(state)
     for scheduler, state in zip(schedulers, scheduler_states):
         scheduler.load_state_dict(state)
-    for dataloader, (sampler_state, position, resume) in zip(dataloaders, loader_states):
-        if sampler_state is not None:
-            _load_sampler_state(dataloader, sampler_state)
-        if position is not None and resume is not None and hasattr(dataloader, "resume_state"):
-            dataloader.load_state_dict(position, resume)
-        elif position is not None:  # 1.15's checkpoint, or a loader of another kind
-            dataloader.load_state_dict(position)
+    for dataloader, state in zip(dataloaders, loader_states):
+        _restore_loader(dataloader, *state)
     if scaler is not None:
         scaler.load_state_dict(scaler_state)
     for obj, state in zip(custom_objects or (), custom_states):
