@@ -66,5 +66,13 @@ _TABLE: dict[str, str] = {
     "load_ipython_extension": ".interactive.magics",
 }
 
+# The subpackages that are attributes of Accelerate's package once it is imported (its __init__ imports
+# them): here each is imported the first time it is read, so `accelerate.utils.set_seed(0)` works after
+# `import notebook_accel as accelerate` and the import itself stays as cheap.
+_SUBMODULES = (
+    "accelerator", "big_modeling", "checkpointing", "commands", "data_loader", "hooks", "inference",
+    "launchers", "logging", "optimizer", "parallelism_config", "scheduler", "state", "tracking", "utils",
+)
+
 __all__ = sorted(_TABLE) + ["__notebook_accel_version__", "__version__"]
-__getattr__, __dir__ = attach(__name__, _TABLE)
+__getattr__, __dir__ = attach(__name__, _TABLE, _SUBMODULES)

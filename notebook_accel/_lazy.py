@@ -51,11 +51,15 @@ class _Facade(ReferencedModule):
         super().__setattr__(name, value)
 
 
-def attach(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def attach(
+    package: str, table: Mapping[str, str], submodules: tuple[str, ...] = ()
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """Return ``(__getattr__, __dir__)`` for ``package`` resolving names through ``table``.
 
     ``table`` maps a public name to the module (absolute, or relative to ``package`` when it starts
-    with a dot) that defines it.
+    with a dot) that defines it. ``submodules`` names submodules of ``package`` that are attributes of
+    it from the start, as those an eagerly importing package binds (``accelerate.utils`` after ``import
+    accelerate``): each is imported the first time it is read.
     """
 
     TABLES[package] = table
@@ -66,6 +70,9 @@ def attach(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], Any]
         module.__class__ = _Facade
 
     def __getattr__(name: str) -> Any:
+        if name in submodules:
+            # Importing binds the submodule on the package; later reads skip this function.
+            return importlib.import_module(f"{package}.{name}")
         try:
             module_name = table[name]
         except KeyError:
@@ -77,7 +84,7 @@ def attach(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], Any]
         return value
 
     def __dir__() -> list[str]:
-        return sorted(set(table) | set(importlib.import_module(package).__dict__))
+        return sorted(set(table) | set(submodules) | set(importlib.import_module(package).__dict__))
 
     return __getattr__, __dir__
 

@@ -2,8 +2,10 @@
 
 Layout of a state folder (Accelerate's names; ``_{i}`` suffixes for the second and later object of
 a kind): ``model.safetensors`` (or ``pytorch_model.bin``), ``optimizer.bin``, ``scheduler.bin``,
-``sampler.bin``, ``scaler.pt``, ``random_states_{process_index}.pkl`` (one per process) and
-``custom_checkpoint_{i}.pkl``. Folders are written under a temporary name and renamed when
+``sampler.bin``, ``dl_state_dict.bin`` (a stateful loader's ``state_dict()``, torchdata's as 1.15 writes
+it), ``scaler.pt``, ``random_states_{process_index}.pkl`` (one per process) and
+``custom_checkpoint_{i}.pkl``; ours beside them: ``dl_resume_state.bin`` (the loader's ``resume_state()``,
+what an exact resumption needs that torchdata's state does not hold). Folders are written under a temporary name and renamed when
 every process has finished (:func:`atomic_directory`), so a crash never leaves a half-written
 checkpoint where a complete one is expected.
 """
@@ -95,6 +97,8 @@ logger = logging.getLogger(__name__)
 
 # A stateful prepared dataloader's position inside its epoch (Accelerate's file name).
 DATALOADER_STATE_NAME = "dl_state_dict"
+# Beside it (ours only): what an exact resumption needs that torchdata's state does not hold.
+DATALOADER_RESUME_NAME = "dl_resume_state"
 
 
 def _indexed(name: str, index: int) -> str:
@@ -248,8 +252,28 @@ def _write_state(
                 _torch_save(state, output_dir / f"{_indexed(SAMPLER_NAME, i)}.bin")
             if getattr(dataloader, "use_stateful_dataloader", False):  # the position inside the epoch
                 _torch_save(dataloader.state_dict(), output_dir / f"{_indexed(DATALOADER_STATE_NAME, i)}.bin")
+                if hasattr(dataloader, "resume_state"):  # beside torchdata's state, which stays as 1.15's
+                    _torch_save(dataloader.resume_state(), output_dir / f"{_indexed(DATALOADER_RESUME_NAME, i)}.bin")
         if scaler is not None:
             _torch_save(scaler.state_dict(), output_dir / SCALER_NAME)
+
+
+def _read_loader_state(files: Any, index: int, dataloader: Any) -> tuple[Any, Any, Any]:
+    """Return ``(sampler state, position, resume state)`` of loader ``index`` (None for each one absent)."""
+    sampler = files.optional(f"{_indexed(SAMPLER_NAME, index)}.bin")
+    if not getattr(dataloader, "use_stateful_dataloader", False):
+        return sampler, None, None
+    position = files.optional(f"{_indexed(DATALOADER_STATE_NAME, index)}.bin")
+    return sampler, position, files.optional(f"{_indexed(DATALOADER_RESUME_NAME, index)}.bin")
+
+
+def _restore_loader(dataloader: Any, sampler_state: Any, position: Any, resume: Any) -> None:
+    if sampler_state is not None:
+        _load_sampler_state(dataloader, sampler_state)
+    if position is not None and resume is not None and hasattr(dataloader, "resume_state"):
+        dataloader.load_state_dict(position, resume)
+    elif position is not None:  # 1.15's checkpoint, or a loader of another kind
+        dataloader.load_state_dict(position)
 
 
 def load_accelerator_state(
@@ -293,15 +317,7 @@ def load_accelerator_state(
                         for i in range(len(optimizers))]  # fmt: skip
     scheduler_states = [files.required(f"{_indexed(SCHEDULER_NAME, i)}.bin", f"scheduler {i}")
                         for i in range(len(schedulers))]  # fmt: skip
-    loader_states = [
-        (
-            files.optional(f"{_indexed(SAMPLER_NAME, i)}.bin"),
-            files.optional(f"{_indexed(DATALOADER_STATE_NAME, i)}.bin")
-            if getattr(dataloader, "use_stateful_dataloader", False)
-            else None,
-        )
-        for i, dataloader in enumerate(dataloaders)
-    ]
+    loader_states = [_read_loader_state(files, i, dataloader) for i, dataloader in enumerate(dataloaders)]
     scaler_state = None if scaler is None else files.required(SCALER_NAME, "the fp16 gradient scaler")
     rng = files.optional(f"{RNG_STATE_NAME}_{process_index}.pkl")
     custom_states = [
@@ -316,11 +332,8 @@ def load_accelerator_state(
         optimizer.load_state_dict(state)
     for scheduler, state in zip(schedulers, scheduler_states):
         scheduler.load_state_dict(state)
-    for dataloader, (sampler_state, position) in zip(dataloaders, loader_states):
-        if sampler_state is not None:
-            _load_sampler_state(dataloader, sampler_state)
-        if position is not None:
-            dataloader.load_state_dict(position)
+    for dataloader, state in zip(dataloaders, loader_states):
+        _restore_loader(dataloader, *state)
     if scaler is not None:
         scaler.load_state_dict(scaler_state)
     for obj, state in zip(custom_objects or (), custom_states):

@@ -81,6 +81,14 @@ def test_concatenate_of_structures_with_other_leaves_is_a_type_error(data, leaf:
         concatenate(data)
 
 
+@pytest.mark.parametrize("leaf", [3, "a", None, 2.5, object()])
+def test_concatenate_of_one_leaf_that_is_not_a_tensor_returns_it(leaf) -> None:
+    assert concatenate([leaf]) is leaf
+    assert concatenate((leaf,)) is leaf
+    # Inside structures too (1.15 gives equal structures back).
+    assert concatenate([{"a": leaf, "b": [leaf, torch.ones(1)]}]) == {"a": leaf, "b": [leaf, torch.ones(1)]}
+
+
 def test_concatenate_of_nested_tensor_structures() -> None:
     out = concatenate([{"x": [torch.ones(1, 2)]}, {"x": [torch.zeros(2, 2)]}])
     assert out["x"][0].shape == (3, 2)

@@ -165,3 +165,35 @@ def test_facade_packages_pickle_by_reference() -> None:
         assert pickle.loads(pickle.dumps(module)) is module
         assert pickle.loads(cloudpickle.dumps(lambda m=module: m))() is module
     assert pickle.loads(cloudpickle.dumps(lambda: utils.set_seed))() is utils.set_seed
+
+
+# The submodules Accelerate 1.15's package has as attributes right after `import accelerate` (its
+# __init__ imports them), recorded with `sorted(k for k, v in vars(accelerate).items() if
+# isinstance(v, types.ModuleType))`.
+ACCELERATE_PACKAGE_SUBMODULES = (
+    "accelerator", "big_modeling", "checkpointing", "commands", "data_loader", "hooks", "inference",
+    "launchers", "logging", "optimizer", "parallelism_config", "scheduler", "state", "tracking", "utils",
+)
+
+
+def test_subpackages_are_attributes_after_import_and_load_when_read() -> None:
+    """`import notebook_accel as accelerate; accelerate.utils.set_seed(0)` works, and `import` loads none."""
+    probe = (
+        "import json, sys\n"
+        "import notebook_accel as accelerate\n"
+        "before = sorted(m for m in sys.modules if m.startswith('notebook_accel.'))\n"
+        f"names = {ACCELERATE_PACKAGE_SUBMODULES!r}\n"
+        "listed = [n for n in names if n in dir(accelerate)]\n"
+        "read = {n: getattr(accelerate, n).__name__ for n in names}\n"
+        "accelerate.utils.set_seed(0)\n"
+        "print(json.dumps([before, listed, read]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    before, listed, read = json.loads(out.stdout.strip().splitlines()[-1])
+    assert before == ["notebook_accel._lazy"]
+    assert listed == list(ACCELERATE_PACKAGE_SUBMODULES)
+    assert read == {n: f"notebook_accel.{n}" for n in ACCELERATE_PACKAGE_SUBMODULES}
+    import notebook_accel
+
+    with pytest.raises(AttributeError, match="has no attribute 'not_a_submodule'"):
+        notebook_accel.not_a_submodule  # noqa: B018

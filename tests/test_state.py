@@ -70,6 +70,24 @@ def test_instances_share_state_and_reset_forgets_it(monkeypatch):
         _ = fresh.missing
 
 
+def test_shared_state_dicts_are_empty_after_reset_and_filled_once_a_state_exists():
+    """As 1.15's: its tracker tests reset the process state alone, build a tracker, then an Accelerator."""
+    from notebook_accel import Accelerator
+
+    assert PartialState._shared_state == {} and AcceleratorState._shared_state == {}
+    Accelerator(cpu=True)
+    assert PartialState._shared_state != {} and AcceleratorState._shared_state != {}
+    PartialState._reset_state()
+    assert PartialState._shared_state == {} and AcceleratorState._shared_state != {}
+    accelerator = Accelerator(cpu=True)
+    assert PartialState._shared_state["num_processes"] == 1
+    assert PartialState().device == accelerator.device
+    AcceleratorState._reset_state(reset_partial_state=True)
+    assert PartialState._shared_state == {} and AcceleratorState._shared_state == {}
+    assert PartialState()._shared_state is PartialState._shared_state != {}
+
+
+
 @pytest.mark.parametrize("how", ["argument", "env"])
 def test_cpu_forced(monkeypatch, how):
     if how == "env":

@@ -369,7 +369,8 @@ def _dispatching_loader(
         # Process 0 keeps the user's sampler (and its generator): it alone draws the order.
         loader_args = {"batch_size": batch_size, "drop_last": drop_last, "sampler": dataloader.sampler}
     else:
-        loader_args = {"batch_size": batch_size, "drop_last": drop_last, "shuffle": False}
+        loader_args = {"batch_size": batch_size, "drop_last": drop_last, "shuffle": False,
+                       "_prepared_in_order": True}  # fmt: skip
     return DataLoaderDispatcher(
         dataloader.dataset,
         split_batches=split_batches,

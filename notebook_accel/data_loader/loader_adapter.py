@@ -117,6 +117,29 @@ class DataLoaderStateMixin:
             return None
 
 
+class _WrappedLoader:
+    """``base_dataloader``: the loader iterated, the ``StatefulDataLoader`` with ``use_stateful_dataloader``,
+    else the loader itself. An attribute of instances only: read on the class it raises AttributeError,
+    as 1.15's (set in ``__init__``) does.
+
+    "The loader itself" is kept as None, not as a reference to itself: a loader referring to itself is
+    a cycle, and a cycle waits for the garbage collector (the loader, its iterator and the Accelerator
+    holding them are freed when their owner goes, as in 1.15).
+    """
+
+    def __get__(self, loader: Any, owner: type | None = None) -> Any:
+        if loader is None:
+            raise AttributeError(
+                f"type object {getattr(owner, '__name__', owner)!r} has no attribute 'base_dataloader': "
+                "it is the wrapped loader of each instance (read it on a prepared loader)"
+            )
+        inner = loader.__dict__.get("_stateful_inner")
+        return loader if inner is None else inner
+
+    def __set__(self, loader: Any, value: Any) -> None:
+        loader.__dict__["_stateful_inner"] = None if value is loader else value
+
+
 class DataLoaderAdapter(DataLoader):
     """A ``DataLoader`` (or, with ``use_stateful_dataloader``, torchdata's ``StatefulDataLoader``) to prepare.
 
@@ -126,28 +149,27 @@ class DataLoaderAdapter(DataLoader):
     """
 
     def __init__(
-        self, dataset: Any, use_stateful_dataloader: bool = False, batch_sampler: Any = None, **kwargs: Any
+        self,
+        dataset: Any,
+        use_stateful_dataloader: bool = False,
+        batch_sampler: Any = None,
+        *,
+        _prepared_in_order: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         self.use_stateful_dataloader = use_stateful_dataloader
         self.base_dataloader = self
         if use_stateful_dataloader:
+            # Built directly, the stateful loader gets the arguments as given (its state_dict() is then
+            # that of a StatefulDataLoader built with them, as in 1.15); ``prepare`` asks for in-order
+            # batches of torch's BatchSampler where 1.15's prepared loader has them.
+            loader_args = _plain_batches(dataset, batch_sampler, kwargs) if _prepared_in_order else kwargs
             self.base_dataloader = make_stateful_loader(
-                dataset, **_plain_batches(dataset, batch_sampler, kwargs)
+                dataset, **({"batch_sampler": batch_sampler, **loader_args})
             )
 
-    @property
-    def base_dataloader(self) -> Any:
-        """The loader iterated: the ``StatefulDataLoader`` with ``use_stateful_dataloader``, else this one."""
-        inner = self.__dict__.get("_stateful_inner")
-        return self if inner is None else inner
-
-    @base_dataloader.setter
-    def base_dataloader(self, loader: Any) -> None:
-        # "this loader" is kept as None, not as a reference to itself: a loader referring to itself
-        # is a cycle, and a cycle waits for the garbage collector (the loader, its iterator and the
-        # Accelerator holding them are freed when their owner goes, as in 1.15)
-        self.__dict__["_stateful_inner"] = None if loader is self else loader
+    base_dataloader = _WrappedLoader()
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:
@@ -308,16 +330,24 @@ class _PositionedLoader(DataLoaderAdapter):
         self._position = LoaderPosition(self.base_dataloader) if self.use_stateful_dataloader else None
 
     def state_dict(self) -> dict[str, Any]:
-        """Return this loader's position in its epoch: torchdata's ``StatefulDataLoader.state_dict()``
-        as 1.15 returns it, plus our ``_notebook_accel_*`` keys (needs ``use_stateful_dataloader=True``)."""
-        return self._require_position().state_dict(self.iteration)
+        """Return this loader's position in its epoch: torchdata's ``StatefulDataLoader.state_dict()``,
+        equal to it as 1.15's is (needs ``use_stateful_dataloader=True``)."""
+        return self._require_position().state_dict()
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Return nothing; the next iteration resumes at the position ``state_dict`` recorded."""
-        self._require_position().load_state_dict(state_dict)
-        self.iteration = int(
-            state_dict.get(OWN_KEYS["iteration"], state_dict.get("iteration", self.iteration))
-        )
+    def resume_state(self) -> dict[str, Any]:
+        """Return what resuming exactly needs beside ``state_dict()`` (the epoch, and the generators the
+        epoch began with, so a plain shuffled loader resumes on the interrupted epoch's order);
+        ``save_state`` writes it beside the loader's state and ``load_state`` gives it back."""
+        return self._require_position().resume_state(self.iteration)
+
+    def load_state_dict(self, state_dict: dict[str, Any], resume_state: dict[str, Any] | None = None) -> None:
+        """Return nothing; the next iteration resumes at the position ``state_dict`` recorded (exactly,
+        on a plain shuffled loader too, given ``resume_state``: what ``resume_state()`` returned)."""
+        self._require_position().load_state_dict(state_dict, resume_state)
+        recorded = (resume_state or {}).get("iteration")
+        if recorded is None:  # a state of an earlier version of ours had the epoch inside
+            recorded = state_dict.get(OWN_KEYS["iteration"], state_dict.get("iteration", self.iteration))
+        self.iteration = int(recorded)
 
     def _require_position(self) -> LoaderPosition:
         if self._position is None:

@@ -22,7 +22,8 @@ import torch
 
 __all__ = ["OWN_KEYS", "LoaderPosition", "make_stateful_loader"]
 
-# What our state_dict() adds to torchdata's keys (prefixed: torchdata and Accelerate 1.15 skip them).
+# The keys our checkpoints of an earlier version put inside state_dict() (still read when loading one);
+# the same facts now go in resume_state(), beside torchdata's dictionary.
 OWN_KEYS = {
     "iteration": "_notebook_accel_iteration",
     "generator": "_notebook_accel_generator",
@@ -99,26 +100,30 @@ class LoaderPosition:
         self._epoch_generator = None
         self._epoch_global_rng = None
 
-    def state_dict(self, iteration: int) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """Return the position to save: torchdata's ``StatefulDataLoader.state_dict()`` as 1.15 returns it
-        (the position of the last batch handed out), plus our keys (``OWN_KEYS``: the epoch and the
-        generators the epoch began with), which torchdata and 1.15 ignore when they load it."""
-        state: dict[str, Any] = dict(self._served if self._served is not None else self.inner.state_dict())
-        state[OWN_KEYS["iteration"]] = iteration
+        (the position of the last batch handed out), and nothing else."""
+        return dict(self._served if self._served is not None else self.inner.state_dict())
+
+    def resume_state(self, iteration: int) -> dict[str, Any]:
+        """Return what an exact resumption needs beside ``state_dict()``: the epoch and, mid-epoch, the
+        generators the epoch began with (``save_state`` writes it in a file of its own)."""
+        state: dict[str, Any] = {"iteration": iteration}
         if self._served is not None:
             if self._epoch_generator is not None:
-                state[OWN_KEYS["generator"]] = self._epoch_generator
+                state["generator"] = self._epoch_generator
             if self._epoch_global_rng is not None:
-                state[OWN_KEYS["global_rng"]] = self._epoch_global_rng
+                state["global_rng"] = self._epoch_global_rng
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Return nothing; the next ``start`` resumes from ``state``: what ``state_dict`` gave, a
-        ``StatefulDataLoader.state_dict()`` (torchdata's, or one Accelerate 1.15 saved), or the nested
-        ``{"loader": ...}`` form earlier versions of ours saved."""
+    def load_state_dict(self, state: dict[str, Any], resume: dict[str, Any] | None = None) -> None:
+        """Return nothing; the next ``start`` resumes from ``state``: what ``state_dict`` gave (a
+        ``StatefulDataLoader.state_dict()``, torchdata's or one Accelerate 1.15 saved), with ``resume``
+        (what ``resume_state`` gave) when there is one, or a state of an earlier version of ours (the nested
+        ``{"loader": ...}`` form, or torchdata's keys with our ``OWN_KEYS``)."""
         if isinstance(state, dict) and "loader" not in state and _is_torchdata_state(state):
             ours = {name: state[key] for name, key in OWN_KEYS.items() if key in state}
-            # without our keys (torchdata's or 1.15's state): the shuffling generator as it is now
+            # without ours: the shuffling generator (or the global RNG) as it is now
             state = {"loader": {k: v for k, v in state.items() if k not in OWN_KEYS.values()}, **ours}
         if not isinstance(state, dict) or "loader" not in state:
             raise ValueError(
@@ -126,6 +131,8 @@ class LoaderPosition:
                 f"a StatefulDataLoader's state_dict(), got {type(state).__name__}"
                 + (f" with keys {sorted(state)[:6]}" if isinstance(state, dict) else "")
             )
+        if resume:
+            state = {**state, **{k: v for k, v in resume.items() if k in ("generator", "global_rng")}}
         self._pending = state
 
 

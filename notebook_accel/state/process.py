@@ -313,6 +313,10 @@ class AcceleratorState(_ProcessControl):
                     f"cannot switch to {mixed_precision!r}: call AcceleratorState._reset_state() (or restart "
                     "the kernel) before creating the Accelerator with the new value"
                 )
+            if not PartialState._shared_state:
+                # Only the process state was reset (`PartialState._reset_state()`): it is read again, as
+                # on a first build, so `PartialState._shared_state` is filled whenever a state exists.
+                PartialState(cpu, **kwargs)
             return
         partial = PartialState(cpu, **kwargs)
         self.__dict__.update(partial._shared_state)

@@ -264,6 +264,8 @@ def concatenate(data: list | tuple, dim: int = 0) -> Any:
         merged = {key: concatenate([part[key] for part in data], dim=dim) for key in template}
         return _rebuild_mapping(template, merged)
     if not isinstance(template, (list, tuple)):
+        if len(data) == 1:  # nothing to join: one leaf comes back as it is, as in 1.15
+            return template
         raise TypeError(f"Can only concatenate tensors but got {type(template)}")  # 1.15's text
     columns = [list(column) for column in zip(*data)]
     sizes = sorted({len(part) for part in data})

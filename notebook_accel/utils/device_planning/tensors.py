@@ -38,13 +38,16 @@ def _resolve(module: nn.Module, tensor_name: str) -> tuple[nn.Module, str]:
 def shape_mismatch(tensor_name: str, module: nn.Module, expected: torch.Size, got: torch.Size) -> ValueError:
     """Return the ValueError for a value of shape ``got`` set into ``tensor_name`` (shape ``expected``) of ``module``."""
     leaf = tensor_name.rpartition(".")[2]
-    # Accelerate 1.15's message exactly on the first line (code matches on it; it names only the leaf),
-    # then the full tensor name on the next.
-    return ValueError(
-        f'Trying to set a tensor of shape {got} in "{leaf}" (which has shape {expected}), this looks incorrect.\n'
+    # Accelerate 1.15's message exactly (code matches on it; it names only the leaf); the full tensor
+    # name and the way out go in a note, which a traceback shows under it.
+    error = ValueError(
+        f'Trying to set a tensor of shape {got} in "{leaf}" (which has shape {expected}), this looks incorrect.'
+    )
+    error.add_note(
         f"{tensor_name!r} of {type(module).__name__} has shape {tuple(expected)}, the value {tuple(got)}; the "
         "checkpoint does not match the model."
     )
+    return error
 
 
 def _same_place(tensor: torch.Tensor, device: torch.device) -> bool:
