@@ -13,13 +13,13 @@ import os
 import select
 import shutil
 import socket
-import tempfile
 import time
 from typing import Any
 
 from ..launch.handle import LaunchHandle
 from ..launch.request import LaunchRequest
 from ..launchers import start_persistent_group
+from ..utils._wire import unix_socket_path
 from .cell_output import CellSink
 from .group import Group
 from .protocol import Ready, receive
@@ -84,8 +84,8 @@ def start_group(options: dict[str, Any], gpus: tuple[int, ...] | None, num_proce
 
     The ranks are killed again when they do not all get ready (``accept_ranks`` says why).
     """
-    folder = tempfile.mkdtemp(prefix="notebook_accel-ranks-")
-    address = os.path.join(folder, "ranks.sock")
+    address = unix_socket_path("notebook_accel-ranks-", "ranks.sock")  # bindable with a deep $TMPDIR too
+    folder = os.path.dirname(address)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(address)

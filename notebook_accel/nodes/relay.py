@@ -17,7 +17,8 @@ import threading
 import uuid
 from typing import Any
 
-from .agent import RELAY_ENV_PREFIX
+from . import protocol as wire
+from .protocol import RELAY_ENV_PREFIX
 
 __all__ = ["StreamRelay", "relay_address"]
 
@@ -54,7 +55,7 @@ class StreamRelay:
         self._listening[token] = {}
         nodes = [node for node in self._group.nodes if node.lost is None]
         for node in nodes:
-            node.send_quietly(("listen", token))
+            node.send_quietly(wire.Listen(token))
         with self._ready:
             if not self._ready.wait_for(lambda: len(self._listening[token]) == len(nodes), _LISTEN_SECONDS):
                 missing = [n.host for n in nodes if n.index not in self._listening[token]]
@@ -67,24 +68,23 @@ class StreamRelay:
         """Return ``{node index: socket path on that node}`` of relay ``token``."""
         return dict(self._listening[token])
 
-    def on_message(self, node: Any, message: tuple) -> None:
+    def on_message(self, node: Any, message: wire.Message) -> None:
         """Handle one relay message of ``node``'s agent (called by its reader thread)."""
-        kind = message[0]
-        if kind == "listening":
+        if isinstance(message, wire.Listening):
             with self._ready:
-                self._listening.setdefault(message[1], {})[node.index] = message[2]
+                self._listening.setdefault(message.token, {})[node.index] = message.path
                 self._ready.notify_all()
-        elif kind == "open_stream":
-            self._open(node, message[1], message[2])
-        elif kind == "stream":
-            conn = self._streams.get((node.index, message[1]))
+        elif isinstance(message, wire.OpenStream):
+            self._open(node, message.token, message.stream_id)
+        elif isinstance(message, wire.StreamData):
+            conn = self._streams.get((node.index, message.stream_id))
             if conn is not None:
                 try:
-                    conn.sendall(message[2])
+                    conn.sendall(message.data)
                 except OSError:
-                    self._close(node, message[1], tell=True)
-        elif kind == "close_stream":
-            self._close(node, message[1], tell=False)
+                    self._close(node, message.stream_id, tell=True)
+        elif isinstance(message, wire.CloseStream):
+            self._close(node, message.stream_id, tell=False)
 
     def _open(self, node: Any, token: str, stream_id: int) -> None:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -93,7 +93,7 @@ class StreamRelay:
         except (OSError, KeyError) as exc:
             logger.warning("relay %s: cannot reach the kernel's socket: %s", token, exc)
             conn.close()
-            node.send_quietly(("close_stream", stream_id))
+            node.send_quietly(wire.CloseStream(stream_id))
             return
         with self._lock:
             self._streams[(node.index, stream_id)] = conn
@@ -114,7 +114,7 @@ class StreamRelay:
             if not chunk:
                 self._close(node, stream_id, tell=True)
                 return
-            node.send_quietly(("stream", stream_id, chunk))
+            node.send_quietly(wire.StreamData(stream_id, chunk))
 
     def _close(self, node: Any, stream_id: int, tell: bool) -> None:
         with self._lock:
@@ -127,7 +127,7 @@ class StreamRelay:
             pass
         conn.close()
         if tell:
-            node.send_quietly(("close_stream", stream_id))
+            node.send_quietly(wire.CloseStream(stream_id))
 
     def node_lost(self, node: Any) -> None:
         """Close the streams of a lost node (the kernel's side sees them end)."""
