@@ -369,7 +369,7 @@ def _new_handle(
         plan, request.function, request.args, sinks=output.sinks, timeout=request.timeout,
         run_id=output.run_id, log_files=output.log_files, on_finish=release, bar_events=bar_events,
         live_bar_ranks=live_bar_ranks, hang_timeout=request.effective_hang_timeout,
-        on_hang=request.on_hang, attempt=attempt, started=started, workers=output.group,
+        on_hang=request.on_hang, attempt=attempt, started=started, backend=output.group,
     )  # fmt: skip
     return handle, release
 

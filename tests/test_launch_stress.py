@@ -223,7 +223,6 @@ def test_coroutine_and_generator_functions_are_refused_before_forking(monkeypatc
         raise AssertionError("forked")
 
     monkeypatch.setattr(procs, "start_worker", no_fork)
-    monkeypatch.setattr("notebook_accel.launch.handle.start_worker", no_fork)
     with pytest.raises(TypeError, match=match):
         notebook_launcher(function, (1,), num_processes=2)
 

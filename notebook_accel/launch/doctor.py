@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from .interfaces import StackSource
 from .worker import STACKS_SIGNAL
 
 __all__ = [
@@ -235,7 +236,7 @@ def parse_dump(text: str) -> tuple[ThreadStack, ...]:
     return tuple(threads)
 
 
-class StackCollector:
+class StackCollector(StackSource):
     """The per-rank stacks files of one launch, and taking every live rank's stacks at once."""
 
     def __init__(self) -> None:
@@ -272,6 +273,10 @@ class StackCollector:
                 rank, pid, threads, text or "", now, answered=bool(threads), io=io_bytes(pid)
             )
         return out
+
+    def closed(self) -> bool:
+        """Return True once ``close()`` removed the stacks files (the launch ended)."""
+        return not os.path.isdir(self.directory)
 
     def close(self) -> None:
         """Remove the stacks files, once a collection under way (the hang rule's, a user's) has read them."""

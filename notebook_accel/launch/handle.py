@@ -26,16 +26,17 @@ from dataclasses import replace
 from typing import Any
 
 from .completion import Completion
-from .doctor import RankStack, StackCollector, describe_stacks, named_ranks
+from .doctor import RankStack, describe_stacks, named_ranks
 from .errors import LaunchError, RankFailure, death_notes, order_failures, signal_name
 from .events import EventHub
 from .hangs import SampledWatch, Verdict, launch_outcome, returned_note
+from .interfaces import WorkerBackend, WorkerStart
 from .output import LineSplitter, OutputHistory, OutputLine, announce
 from .plan import LaunchPlan, threads_per_worker
-from .procs import start_worker
+from .procs import LocalProcesses
 from .ranks import RankStatus, _Rank
 from .states import State
-from .usage import UsageSampler, apply_usage
+from .usage import apply_usage
 from .views import LaunchViews
 from .worker import WorkerSpec
 
@@ -67,12 +68,12 @@ class LaunchHandle(Completion, LaunchViews):
         on_hang: str = "report",
         attempt: int = 1,
         started: float | None = None,
-        workers: Any = None,
+        backend: WorkerBackend | None = None,
     ) -> None:
         self.plan = plan
-        # Who starts the ranks: start_worker here, or the agents of a launch across nodes (nodes.remote.NodeGroup),
-        # whose remote ranks come with the same interfaces (process, stacks, usage).
-        self._workers = workers
+        # Where the ranks run: processes on this machine (the default), or the agents of a launch across
+        # nodes (nodes.remote.NodeGroup): the same interfaces (interfaces.py) either way.
+        self._backend = LocalProcesses() if backend is None else backend
         self.attempt = attempt
         """Which try of a launch with restarts this group is (1 without ``max_restarts``)."""
         self.run_id = run_id
@@ -105,8 +106,8 @@ class LaunchHandle(Completion, LaunchViews):
         self._thread: threading.Thread | None = None
         self._bar_events = bar_events
         self._events = EventHub(live_bar_ranks)
-        self._usage = UsageSampler() if workers is None else workers.usage()
-        self._collector = StackCollector() if workers is None else workers.collector()
+        self._usage = self._backend.usage_source()
+        self._collector = self._backend.stack_source()
         # Stacks are sampled beside the supervising thread, which keeps reading output meanwhile.
         self._hang = SampledWatch(hang_timeout, time.monotonic(), self.stacks, plan.backend == "nccl")
         self._first_end: float | None = None  # when a rank first ended: the others will never meet it again
@@ -155,7 +156,7 @@ class LaunchHandle(Completion, LaunchViews):
         try:
             return self._collector.collect(targets) if targets else {}
         except FileNotFoundError:
-            if os.path.isdir(self._collector.directory):
+            if not self._collector.closed():
                 raise
             return {}  # the launch ended meanwhile and removed its stacks files: no rank is live
 
@@ -180,69 +181,80 @@ class LaunchHandle(Completion, LaunchViews):
 
     def _start(self, threaded: bool = True) -> None:
         """Start the workers, and the supervising thread unless ``threaded`` is False."""
-        plan = self.plan
-        threads = threads_per_worker(plan.num_processes)
-        store_ports = tuple(p for p in (plan.master_port, plan.dry_run_port) if p)
-        parent_fds: list[int] = []
-        freeze = plan.start_method == "fork"
-        starter = start_worker if self._workers is None else self._workers.start
+        freeze = self.plan.start_method == "fork"
         if freeze:
             # Objects that exist now move to the permanent generation for the forks: a worker's
             # garbage collections then never touch (and copy-on-write) the kernel's heap.
             gc.freeze()
+        writes: list[int] = []
         try:
-            for r in self._ranks:
-                pipes = {name: os.pipe() for name in ("stdout", "stderr", "result")}
-                for name, (read_end, _) in pipes.items():
-                    r.fds[read_end] = name
-                    parent_fds.append(read_end)
-                spec = WorkerSpec(
-                    rank=r.rank,
-                    local_rank=r.local_rank,
-                    env=plan.worker_env(r.local_rank, r.node),
-                    num_threads=threads,
-                    backend=plan.backend,
-                    dry_run_port=plan.dry_run_port,
-                    function=self._function,
-                    args=self._args,
-                    close_fds=tuple(parent_fds),
-                    parent_pid=os.getpid(),
-                    bar_events=self._bar_events,
-                    stacks_path=self._collector.path(r.rank),
-                    store_ports=store_ports,
-                )
-                writes = [pipes[name][1] for name in ("stdout", "stderr", "result")]
-                try:
-                    r.proc = starter(plan.start_method, spec, *writes)
-                finally:
-                    for fd in writes:
-                        os.close(fd)
-                r.status.pid = r.proc.pid
-                r.status.state = State.RUNNING
-                self._usage.sample(r.status)
-                for stream in ("stdout", "stderr"):
-                    r.splitters[stream] = LineSplitter(r.rank, stream, self._emit)
+            starts = self._worker_starts(writes)
+            try:
+                procs = self._backend.start(self.plan.start_method, starts)
+            finally:
+                for fd in writes:
+                    os.close(fd)
+                writes.clear()
         except BaseException:
+            # A failed start (or ^C while forking): the backend took down what it started; release every fd.
+            for fd in writes:
+                os.close(fd)
             self._collector.close()
-            if freeze:
-                gc.unfreeze()
-            # A failed start (or ^C while forking): take down what was started, release every fd.
             for r in self._ranks:
-                if r.proc is not None:
-                    r.proc.kill_and_reap()
-                    r.proc.close()
                 for fd in r.fds:
                     os.close(fd)
                 r.fds.clear()
             raise
-        if freeze:
-            gc.unfreeze()
+        finally:
+            if freeze:
+                gc.unfreeze()
+        for r, proc in zip(self._ranks, procs):
+            r.proc = proc
+            r.status.pid = proc.pid
+            r.status.state = State.RUNNING
+            self._usage.sample(r.status)
+            for stream in ("stdout", "stderr"):
+                r.splitters[stream] = LineSplitter(r.rank, stream, self._emit)
         _LIVE.add(self)
         if threaded:
             self._thread = threading.Thread(
                 target=self._supervise, name=f"notebook_accel-launch-{self.run_id}", daemon=True
             )
             self._thread.start()
+
+    def _worker_starts(self, writes: list[int]) -> list[WorkerStart]:
+        """Return each rank's start, over pipes opened now (write ends appended to ``writes``, read ends kept)."""
+        plan = self.plan
+        ends = []
+        for r in self._ranks:
+            pipes = {name: os.pipe() for name in ("stdout", "stderr", "result")}
+            for name, (read_end, write_end) in pipes.items():
+                r.fds[read_end] = name
+                writes.append(write_end)
+            ends.append(tuple(pipes[name][1] for name in ("stdout", "stderr", "result")))
+        # A forked worker closes every other descriptor of the launch: the read ends, the others' write ends.
+        parent_fds = [fd for r in self._ranks for fd in r.fds]
+        threads = threads_per_worker(plan.num_processes)
+        store_ports = tuple(p for p in (plan.master_port, plan.dry_run_port) if p)
+        starts = []
+        for r, own in zip(self._ranks, ends):
+            spec = WorkerSpec(
+                rank=r.rank,
+                local_rank=r.local_rank,
+                env=plan.worker_env(r.local_rank, r.node),
+                num_threads=threads,
+                backend=plan.backend,
+                dry_run_port=plan.dry_run_port,
+                function=self._function,
+                args=self._args,
+                close_fds=tuple(parent_fds + [fd for fd in writes if fd not in own]),
+                parent_pid=os.getpid(),
+                bar_events=self._bar_events,
+                stacks_path=self._collector.path(r.rank),
+                store_ports=store_ports,
+            )
+            starts.append(WorkerStart(spec, *own))
+        return starts
 
     def _run_here(self) -> None:
         """Supervise the launch in the calling thread until it is done (a blocking launch).
@@ -397,9 +409,7 @@ class LaunchHandle(Completion, LaunchViews):
 
     def _stack_targets(self) -> dict[int, tuple[int, int | None]]:
         return {
-            r.rank: (r.proc.pid, r.proc.sentinel if r.proc._own_sentinel else None)
-            for r in self._ranks
-            if r.proc is not None and not r.exited
+            r.rank: (r.proc.pid, r.proc.pidfd) for r in self._ranks if r.proc is not None and not r.exited
         }
 
     def _take_stacks(self) -> dict[int, RankStack]:

@@ -19,13 +19,16 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from ..utils._wire import dumps_by_value
+from .doctor import StackCollector
+from .interfaces import WorkerBackend, WorkerProcess, WorkerStart, start_each
+from .usage import UsageSampler
 from .worker import WorkerSpec, worker_main
 
-__all__ = ["WorkerProcess", "by_value", "start_worker"]
+__all__ = ["LocalProcess", "LocalProcesses", "WorkerProcess", "by_value", "start_worker"]
 
 
 def _pidfd(pid: int) -> int | None:
@@ -35,8 +38,8 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-class WorkerProcess:
-    """A started worker: its pid, an fd that becomes readable when it exits, poll and signal."""
+class LocalProcess(WorkerProcess):
+    """A worker started on this machine: its sentinel is its pidfd (or multiprocessing's sentinel)."""
 
     def __init__(self, pid: int, *, popen: subprocess.Popen | None = None, mp_process=None) -> None:
         self.pid = pid
@@ -44,7 +47,11 @@ class WorkerProcess:
         self._mp = mp_process
         self.exitcode: int | None = None
         self.sentinel: int | None = mp_process.sentinel if mp_process is not None else _pidfd(pid)
-        self._own_sentinel = mp_process is None
+
+    @property
+    def pidfd(self) -> int | None:
+        """Return the worker's pidfd (None under forkserver, whose sentinel is multiprocessing's pipe)."""
+        return self.sentinel if self._mp is None else None
 
     def poll(self) -> int | None:
         """Return the exit code (negative: killed by that signal) once the process has ended."""
@@ -94,7 +101,9 @@ class WorkerProcess:
 
     def close(self) -> None:
         """Release the sentinel fd and the multiprocessing/subprocess objects."""
-        if self._own_sentinel and self.sentinel is not None:
+        if (
+            self._mp is None and self.sentinel is not None
+        ):  # the pidfd is ours; multiprocessing closes its own
             os.close(self.sentinel)
         self.sentinel = None
         if self._mp is not None:
@@ -135,7 +144,7 @@ class _ForkThread:
             except BaseException:  # ^C while forking: the child exists; take it down before raising
                 got = answer.get()
                 if isinstance(got, int):
-                    orphan = WorkerProcess(got)
+                    orphan = LocalProcess(got)
                     orphan.kill_and_reap()
                     orphan.close()
                 raise
@@ -205,13 +214,13 @@ def _fork_without_thread_warning() -> int:
                 pass
 
 
-def _fork(spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerProcess:
+def _fork(spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> LocalProcess:
     pid = _FORKER.fork(lambda: worker_main(spec, out_w, err_w, res_w))
     try:
         os.setpgid(pid, pid)  # also done by the child: whichever runs first wins, no race on kill
     except OSError:
         pass
-    return WorkerProcess(pid)
+    return LocalProcess(pid)
 
 
 def by_value(spec: WorkerSpec) -> WorkerSpec:
@@ -246,7 +255,7 @@ def _spawn(spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerProces
         popen.stdin.close()
     except BrokenPipeError:
         pass  # the interpreter died at start; its stderr and exit code tell why
-    return WorkerProcess(popen.pid, popen=popen)
+    return LocalProcess(popen.pid, popen=popen)
 
 
 def _spawned_main() -> None:
@@ -278,10 +287,10 @@ def _forkserver(spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerP
     finally:
         for conn in conns:
             conn.close()
-    return WorkerProcess(proc.pid, mp_process=proc)
+    return LocalProcess(proc.pid, mp_process=proc)
 
 
-def start_worker(method: str, spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> WorkerProcess:
+def start_worker(method: str, spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> LocalProcess:
     """Return the started worker for ``spec`` (``method``: fork, spawn or forkserver)."""
     starter = {"fork": _fork, "spawn": _spawn, "forkserver": _forkserver}[method]
     try:
@@ -297,3 +306,26 @@ def start_worker(method: str, spec: WorkerSpec, out_w: int, err_w: int, res_w: i
             "processes (ulimit -u, or a container's pids limit) or its free memory is used up. Launch fewer "
             "processes, free memory, or raise the limit (ulimit -u)",
         ) from exc
+
+
+class LocalProcesses(WorkerBackend):
+    """The backend of ranks on this machine: ``start_worker`` for each, stacks files, /proc usage."""
+
+    def start(self, method: str, starts: Sequence[WorkerStart]) -> list[WorkerProcess]:
+        """Return the started local workers of ``starts`` (all or none)."""
+        return start_each(_start_local, method, starts)
+
+    def stack_source(self) -> StackCollector:
+        """Return a stacks-files collector (a temporary directory of its own)."""
+        return StackCollector()
+
+    def usage_source(self) -> UsageSampler:
+        """Return a /proc sampler of the workers' CPU and memory."""
+        return UsageSampler()
+
+    def close(self) -> None:
+        """Nothing to release: each worker is closed by its supervisor."""
+
+
+def _start_local(method: str, start: WorkerStart) -> WorkerProcess:
+    return start_worker(method, start.spec, start.stdout, start.stderr, start.result)

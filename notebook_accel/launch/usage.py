@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 
 from ..utils._worker_channel import send_event
+from .interfaces import UsageSource
 
 __all__ = ["UsageSampler", "apply_usage", "final_usage", "start_device_reporter"]
 
@@ -37,7 +38,7 @@ def _peak_rss(pid: int) -> int | None:
     return None
 
 
-class UsageSampler:
+class UsageSampler(UsageSource):
     """Samples CPU % and RSS of the workers at most once per ``interval`` seconds."""
 
     def __init__(self, interval: float = SAMPLE_SECONDS) -> None:

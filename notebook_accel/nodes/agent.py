@@ -267,7 +267,7 @@ class Agent:
 
     def _stacks(self, request: wire.StackRequest) -> None:
         targets = {
-            local.rank: (local.proc.pid, local.proc.sentinel)
+            local.rank: (local.proc.pid, local.proc.pidfd)
             for wid in request.wids
             if (local := self.ranks.get(wid)) is not None and not local.exited
         }

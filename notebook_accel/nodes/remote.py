@@ -21,12 +21,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..launch.doctor import RankStack
+from ..launch.interfaces import WorkerBackend, WorkerProcess, WorkerStart
 from ..launch.procs import by_value
-from ..launch.worker import WorkerSpec
 from . import protocol as wire
 from .channel import Channel, ChannelError, accept_channel, new_secret
 from .protocol import DEFAULT_HEARTBEAT, LOST_AFTER, local_versions
@@ -85,7 +86,7 @@ class _Node:
                 pass
 
 
-class NodeGroup:
+class NodeGroup(WorkerBackend):
     """The agents of one launch: ``start`` gives ``RemoteWorkerProcess``es the handle supervises."""
 
     def __init__(
@@ -154,22 +155,19 @@ class NodeGroup:
 
     # ----------------------------------------------------------------- what the handle uses
 
-    def start(self, method: str, spec: WorkerSpec, out_w: int, err_w: int, res_w: int) -> RemoteWorkerProcess:
-        """Return the started rank of ``spec`` on node ``NODE_RANK`` (``start_worker``'s signature; always spawn there)."""
-        return self.start_ranks([(spec, (out_w, err_w, res_w))])[0]
+    def start(self, method: str, starts: Sequence[WorkerStart]) -> list[WorkerProcess]:
+        """Return the started ranks of ``starts``, each on its node ``NODE_RANK``: one round trip per node.
 
-    def start_ranks(self, ranks: list[tuple[WorkerSpec, tuple[int, int, int]]]) -> list[RemoteWorkerProcess]:
-        """Return the started ranks of ``[(spec, (stdout, stderr, result write ends))]``: one round trip per node.
-
-        Each node gets one ``Start`` with all its ranks; RuntimeError naming the node and rank when one
-        could not start (those that did are killed again).
+        Always spawn there (``method`` is the kernel's). Each node gets one ``Start`` with all its ranks;
+        all or none: when one cannot start, those that did are killed, and RuntimeError names its node and rank.
         """
         procs, batches = [], {}
-        for spec, pipes in ranks:
-            node = self.nodes[int(spec.env["NODE_RANK"])]
-            proc = RemoteWorkerProcess(node, spec.rank, *pipes, next(self._ids))  # wid: this start
+        for start in starts:
+            node = self.nodes[int(start.spec.env["NODE_RANK"])]
+            pipes = (start.stdout, start.stderr, start.result)
+            proc = RemoteWorkerProcess(node, start.spec.rank, *pipes, next(self._ids))  # wid: this start
             procs.append(proc)
-            batches.setdefault(node.index, []).append(wire.RankStart(proc.wid, by_value(spec)))
+            batches.setdefault(node.index, []).append(wire.RankStart(proc.wid, by_value(start.spec)))
         try:
             self._start_batches(batches, {proc.wid: proc for proc in procs})
         except BaseException:
@@ -207,11 +205,11 @@ class NodeGroup:
         if problems:
             raise RuntimeError("; ".join(problems))
 
-    def collector(self) -> RemoteStacks:
+    def stack_source(self) -> RemoteStacks:
         """Return the handle's stack collector for ranks on these nodes."""
         return RemoteStacks(self.stacks)
 
-    def usage(self) -> RemoteUsage:
+    def usage_source(self) -> RemoteUsage:
         """Return the handle's usage sampler for ranks on these nodes."""
         return RemoteUsage(self.figures)
 

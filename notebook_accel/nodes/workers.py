@@ -1,11 +1,11 @@
 """The kernel's view of ranks that run on other nodes, with the interfaces ``LaunchHandle`` already supervises.
 
-``RemoteWorkerProcess`` behaves as ``launch.procs.WorkerProcess``: its stdout, stderr and result
+``RemoteWorkerProcess`` is a ``launch.interfaces.WorkerProcess``: its stdout, stderr and result
 pipe are real local pipes, written by the node's channel thread as the agent relays the bytes, and
 its ``sentinel`` is a pipe that becomes readable when the agent reports the exit. So the handle's
-supervisor, output, events, errors and restarts work unchanged. ``RemoteStacks`` stands for the
-handle's ``StackCollector`` (the agent signals its local ranks and sends the dumps back), and
-``RemoteUsage`` for its ``UsageSampler`` (the agent samples CPU and memory where the rank runs).
+supervisor, output, events, errors and restarts work unchanged. ``RemoteStacks`` is the group's
+``StackSource`` (the agent signals its local ranks and sends the dumps back), and ``RemoteUsage`` its
+``UsageSource`` (the agent samples CPU and memory where the rank runs).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..launch.doctor import RankStack
+from ..launch.interfaces import StackSource, UsageSource, WorkerProcess
 from ..utils._worker_channel import FRAME_HEADER
 from .protocol import Signal
 
@@ -31,7 +32,7 @@ _MAX_PAD = 1 << 24
 _REAP_SECONDS = 10.0  # how long kill_and_reap waits for the agent's word before counting the rank lost
 
 
-class RemoteWorkerProcess:
+class RemoteWorkerProcess(WorkerProcess):
     """A rank on another node: ``WorkerProcess``'s interface over the agent's messages."""
 
     def __init__(self, node: Any, rank: int, out_w: int, err_w: int, res_w: int, wid: int) -> None:
@@ -42,7 +43,6 @@ class RemoteWorkerProcess:
             name: os.dup(fd) for name, fd in (("stdout", out_w), ("stderr", err_w), ("result", res_w))
         }
         self.sentinel, self._sentinel_w = os.pipe()
-        self._own_sentinel = True
         self._lock = threading.Lock()
         self._frame_left = 0  # bytes still to come of the result frame being relayed
         self._frame_header = b""
@@ -159,13 +159,12 @@ def _write_all(fd: int, data: bytes) -> None:
             raise
 
 
-class RemoteStacks:
-    """``StackCollector``'s interface for remote ranks: each agent takes its ranks' stacks."""
-
-    directory = ""
+class RemoteStacks(StackSource):
+    """The stack source of remote ranks: each agent takes its ranks' stacks."""
 
     def __init__(self, ask: Callable[[dict[int, int]], dict[int, RankStack]]) -> None:
         self._ask = ask
+        self._closed = False
 
     def path(self, rank: int) -> str:
         """Return "" (the agent picks the stacks file on the rank's node)."""
@@ -180,12 +179,17 @@ class RemoteStacks:
             for rank, (pid, _) in sorted(targets.items())
         }
 
+    def closed(self) -> bool:
+        """Return True once closed."""
+        return self._closed
+
     def close(self) -> None:
-        """Nothing to remove here: each agent removes its stacks files."""
+        """Nothing to remove here (each agent removes its stacks files)."""
+        self._closed = True
 
 
-class RemoteUsage:
-    """``UsageSampler``'s interface for remote ranks: the figures the agents sampled, by rank."""
+class RemoteUsage(UsageSource):
+    """The usage source of remote ranks: the figures the agents sampled, by rank."""
 
     def __init__(self, figures: dict[int, dict[str, Any]]) -> None:
         self._figures = figures

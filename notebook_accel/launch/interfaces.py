@@ -1,0 +1,153 @@
+"""The interfaces the launch core is written against, declared once (abstract base classes).
+
+- ``WorkerProcess``: one started rank, here (``procs.LocalProcess``) or on another node
+  (``nodes.workers.RemoteWorkerProcess``): its pid, a public ``sentinel`` to wait on, poll and signals.
+- ``StackSource`` / ``UsageSource``: where the handle reads its ranks' Python stacks and CPU/memory
+  figures from (``doctor.StackCollector`` / ``usage.UsageSampler`` here, the agents' answers across nodes).
+- ``WorkerBackend``: where ranks run: it starts them and gives the stack and usage sources of its ranks
+  (``procs.LocalProcesses`` on this machine, ``nodes.remote.NodeGroup`` across nodes).
+
+A class that misses a member cannot be instantiated (``TypeError`` naming it), so a side that
+drifts from the interface fails at once, in tests/test_launch_interfaces.py. This module imports
+nothing of ours (the modules implementing it import it), so the types it names are in words.
+"""
+
+from __future__ import annotations
+
+import signal
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["StackSource", "UsageSource", "WorkerBackend", "WorkerProcess", "WorkerStart", "start_each"]
+
+
+class WorkerProcess(ABC):
+    """A started worker: its pid, a descriptor that becomes readable when it ends, poll and signals."""
+
+    pid: int | None
+    """The worker's pid (on its own node); None until known."""
+    sentinel: int | None
+    """An fd that becomes readable once the worker ended (for ``selectors``); None: the supervisor polls."""
+    exitcode: int | None
+    """The exit code once the worker ended (negative: the signal that ended it), else None."""
+
+    @property
+    def pidfd(self) -> int | None:
+        """Return a pidfd that signals this very process (never a recycled pid), or None (signal by pid)."""
+        return None
+
+    @abstractmethod
+    def poll(self) -> int | None:
+        """Return the exit code (negative: killed by that signal) once the worker has ended, else None."""
+
+    @abstractmethod
+    def signal_group(self, signum: int) -> None:
+        """Send ``signum`` to the worker's process group (what it started too); nothing once it ended."""
+
+    @abstractmethod
+    def kill_and_reap(self) -> None:
+        """SIGKILL the worker's group and return once the worker itself has ended."""
+
+    @abstractmethod
+    def kill_leftovers(self) -> None:
+        """SIGKILL what the worker started that still lives in its group (before it is reaped)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the sentinel and whatever else the parent holds for this worker."""
+
+    def terminate(self) -> None:
+        """Send SIGTERM to the worker's group."""
+        self.signal_group(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """Send SIGKILL to the worker's group."""
+        self.signal_group(signal.SIGKILL)
+
+
+class StackSource(ABC):
+    """Takes the live ranks' Python stacks (all threads) on demand; the ranks go on running."""
+
+    @abstractmethod
+    def path(self, rank: int) -> str:
+        """Return the file rank ``rank`` dumps its stacks into ("" when chosen where the rank runs)."""
+
+    @abstractmethod
+    def collect(self, targets: dict[int, tuple[int, int | None]]) -> dict[int, Any]:
+        """Return ``{rank: doctor.RankStack}`` for ``targets`` (``{rank: (pid, pidfd or None)}``) within seconds."""
+
+    @abstractmethod
+    def closed(self) -> bool:
+        """Return True once the source was closed (a failed read then means no rank is live any more)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release what the source holds (its stacks files); idempotent."""
+
+
+class UsageSource(ABC):
+    """CPU and memory figures of the ranks, copied into their ``RankStatus`` about once a second."""
+
+    @abstractmethod
+    def due(self, now: float) -> bool:
+        """Return True when the next sample is due (``now``: time.monotonic())."""
+
+    @abstractmethod
+    def sample(self, status: Any) -> None:
+        """Update ``status`` (a ``RankStatus``) with its rank's latest figures."""
+
+    @abstractmethod
+    def forget(self, pid: int | None) -> None:
+        """Drop what is cached for ``pid`` (its rank ended)."""
+
+
+@dataclass(frozen=True)
+class WorkerStart:
+    """What a backend needs to start one rank: its ``worker.WorkerSpec``, and the write ends of its three pipes."""
+
+    spec: Any
+    stdout: int
+    stderr: int
+    result: int
+
+
+class WorkerBackend(ABC):
+    """Where a launch's ranks run: starts them, and says where their stacks and usage come from."""
+
+    @abstractmethod
+    def start(self, method: str, starts: Sequence[WorkerStart]) -> list[WorkerProcess]:
+        """Return the started workers of ``starts``, in order (``method``: fork, spawn or forkserver).
+
+        All or none: when one cannot start, those already started are killed and reaped, then it raises.
+        The caller keeps (and closes) the pipes' write ends.
+        """
+
+    @abstractmethod
+    def stack_source(self) -> StackSource:
+        """Return a fresh stack source for one group of this backend's ranks."""
+
+    @abstractmethod
+    def usage_source(self) -> UsageSource:
+        """Return a fresh usage source for one group of this backend's ranks."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the backend (end the agents of a launch across nodes); idempotent."""
+
+
+def start_each(
+    start_one: Callable[[str, WorkerStart], WorkerProcess], method: str, starts: Sequence[WorkerStart]
+) -> list[WorkerProcess]:
+    """Return ``start_one(method, s)`` for each of ``starts``: all or none, as ``WorkerBackend.start`` promises."""
+    started: list[WorkerProcess] = []
+    try:
+        for start in starts:
+            started.append(start_one(method, start))
+    except BaseException:  # ^C while forking included: take down what was started
+        for proc in started:
+            proc.kill_and_reap()
+            proc.close()
+        raise
+    return started
