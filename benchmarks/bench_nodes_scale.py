@@ -39,9 +39,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from notebook_accel.widgets._launch_model import LaunchModel  # noqa: E402
+
 from notebook_accel import notebook_launcher  # noqa: E402
 from notebook_accel.interactive.session import start_ranks  # noqa: E402
-from notebook_accel.widgets._launch_model import LaunchModel  # noqa: E402
 from tests.nodes_sim import SimPlacement, never_called  # noqa: E402
 
 
@@ -75,7 +76,9 @@ def idle(nodes: int, per_node: int, seconds: float) -> dict:
     """Join, start, then the kernel's idle CPU, status(), the panel model, threads and descriptors."""
     threads0, fds0 = threading.active_count(), _fds()
     start = time.perf_counter()
-    handle = notebook_launcher(never_called, num_processes=per_node, nodes=SimPlacement(nodes), block=False, sinks=[])
+    handle = notebook_launcher(
+        never_called, num_processes=per_node, nodes=SimPlacement(nodes), block=False, sinks=[]
+    )
     try:
         _wait_started(handle)
         out = {"join_start_s": round(time.perf_counter() - start, 2)}
@@ -162,13 +165,15 @@ def main() -> None:
     args = parser.parse_args()
     figures = {"nodes": args.nodes, "ranks": args.nodes * args.per_node, "cpus": os.cpu_count(),
                "load": round(os.getloadavg()[0], 1)}  # fmt: skip
-    if "idle" not in args.skip:
-        figures.update(idle(args.nodes, args.per_node, args.idle))
-    if "lines" not in args.skip:
-        figures.update(lines(args.nodes, args.per_node, args.rate, args.seconds))
-    if "interactive" not in args.skip:
-        figures.update(interactive(args.nodes, args.per_node, args.commands))
-    print(json.dumps(figures, indent=1))
+    try:
+        if "idle" not in args.skip:
+            figures.update(idle(args.nodes, args.per_node, args.idle))
+        if "lines" not in args.skip:
+            figures.update(lines(args.nodes, args.per_node, args.rate, args.seconds))
+        if "interactive" not in args.skip:
+            figures.update(interactive(args.nodes, args.per_node, args.commands))
+    finally:  # what was measured, even when a later part failed
+        print(json.dumps(figures, indent=1), flush=True)
 
 
 if __name__ == "__main__":

@@ -130,7 +130,9 @@ class SimAgent:
         if rank is None:
             return
         for command in rank.commands.feed(data):
-            reply = rank_wire.Ok(seq=command.seq, payload={"text": None, "html": None, "value": None, "digest": None})
+            reply = rank_wire.Ok(
+                seq=command.seq, payload={"text": None, "html": None, "value": None, "digest": None}
+            )
             self.send(wire.StreamData(rank.stream, rank_wire.encode(reply)))
 
     def _end(self, rank: _SimRank, code: int, result: bytes | None) -> None:
@@ -155,7 +157,11 @@ class SimAgent:
                 next_beat = now + self.heartbeat
             live = [r for r in list(self.ranks.values()) if not r.done]
             if now >= next_usage and live:
-                self.send(wire.Usage({r.rank: {"cpu_percent": 1.0, "rss": 1 << 20, "peak_rss": 1 << 20} for r in live}))
+                self.send(
+                    wire.Usage(
+                        {r.rank: {"cpu_percent": 1.0, "rss": 1 << 20, "peak_rss": 1 << 20} for r in live}
+                    )
+                )
                 next_usage = now + 1.0
             if self.config["mode"] != "lines" or not rate:
                 continue
@@ -236,7 +242,10 @@ class SimPlacement(Placement):
         if index % self.per_host == 0:
             count = min(self.per_host, len(self.nodes.hosts) - index)
             popen = subprocess.Popen(
-                [*self.command(host, argv)[0], str(count)], stdin=subprocess.PIPE, cwd=ROOT, start_new_session=True
+                [*self.command(host, argv)[0], str(count)],
+                stdin=subprocess.PIPE,
+                cwd=ROOT,
+                start_new_session=True,
             )
             self.hosts_started.append(popen)
         return _NodeProcess(self.hosts_started[-1])

@@ -16,8 +16,8 @@ from notebook_accel.launch.events import FrameDecoder
 from notebook_accel.launch.procs import by_value
 from notebook_accel.launch.worker import WorkerSpec
 from notebook_accel.nodes import protocol as wire
-from notebook_accel.nodes.protocol import local_versions
 from notebook_accel.nodes.channel import Channel, accept_channel, new_secret
+from notebook_accel.nodes.protocol import local_versions
 from notebook_accel.nodes.relay import relay_address
 
 
@@ -63,7 +63,9 @@ class FakeKernel:
             rank=rank, local_rank=0, env={"RANK": str(rank), "NODE_RANK": "1"}, num_threads=1,
             backend="gloo", dry_run_port=None, function=function, args=args,
         )  # fmt: skip
-        wire.send(self.channel, wire.Start(rank, list(sys.path), [wire.RankStart(100 + rank, by_value(spec))]))
+        wire.send(
+            self.channel, wire.Start(rank, list(sys.path), [wire.RankStart(100 + rank, by_value(spec))])
+        )
         started = self.next(wire.Started)
         assert started.request == rank and list(started.pids) == [100 + rank] and not started.failed
         return started.pids[100 + rank]

@@ -90,9 +90,13 @@ def test_an_unknown_message_type_is_refused():
 
 
 def test_a_message_of_the_other_direction_or_shape_is_refused():
-    with pytest.raises(wire.ProtocolError, match=r"a 'start' message is not expected here \(expected hb, hello"):
+    with pytest.raises(
+        wire.ProtocolError, match=r"a 'start' message is not expected here \(expected hb, hello"
+    ):
         wire.decode(wire.encode(SAMPLES[3]), wire.TO_KERNEL)
-    with pytest.raises(wire.ProtocolError, match=r"a 'signal' message came with 1 field\(s\).* 2 \(wid, signum\)"):
+    with pytest.raises(
+        wire.ProtocolError, match=r"a 'signal' message came with 1 field\(s\).* 2 \(wid, signum\)"
+    ):
         wire.decode(pickle.dumps(("signal", 11)), wire.TO_AGENT)
 
 
@@ -161,3 +165,16 @@ def test_no_place_for_a_socket_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(_wire, "_SHORT_BASE", str(deep))
     with pytest.raises(OSError, match=r"TMPDIR='.*d{120}' makes its path longer than 107 bytes.* set TMPDIR"):
         _wire.unix_socket_path("notebook_accel-ranks-")
+
+
+def test_sockets_past_descriptor_1024_can_be_waited_on():
+    """A kernel with a thousand remote ranks holds descriptors past 1024 (select.select refuses them)."""
+    a, b = socket.socketpair()
+    high = socket.socket(fileno=os.dup2(a.fileno(), 1500))
+    try:
+        assert _wire.readable([high], 0.01) == []
+        b.sendall(b"x")
+        assert _wire.readable([high], 5.0) == [high]
+    finally:
+        for sock in (high, a, b):
+            sock.close()

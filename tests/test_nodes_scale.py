@@ -70,5 +70,8 @@ def test_an_empty_command_reaches_every_simulated_rank():
         assert [r.rank for r in results] == list(range(NODES * PER_NODE))
         assert all(r.ok for r in results)
         assert {s.node for s in ranks.handle.status()} == {f"sim{i}" for i in range(NODES)}
+        # One thread copies every rank's stream to its agent: none per rank.
+        relays = [t for t in threading.enumerate() if t.name.startswith("notebook_accel-relay")]
+        assert len(relays) == 1, [t.name for t in relays]
     finally:
         ranks.stop()

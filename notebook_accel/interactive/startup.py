@@ -10,7 +10,6 @@ ranks write meanwhile, until every rank is ready, the launch ended, or ``READY_S
 from __future__ import annotations
 
 import os
-import select
 import shutil
 import socket
 import time
@@ -19,7 +18,7 @@ from typing import Any
 from ..launch.handle import LaunchHandle
 from ..launch.request import LaunchRequest
 from ..launchers import start_persistent_group
-from ..utils._wire import unix_socket_path
+from ..utils._wire import readable, unix_socket_path
 from .cell_output import CellSink
 from .group import Group
 from .protocol import Ready, receive
@@ -54,7 +53,7 @@ def accept_ranks(listener: socket.socket, handle: LaunchHandle, sink: CellSink) 
                 raise TimeoutError(
                     f"the ranks were not ready within {READY_SECONDS:g} s; see their output above"
                 )
-            ready = select.select([listener, *waiting], [], [], 0.05)[0]
+            ready = readable([listener, *waiting], 0.05)
             for sock in ready:
                 if sock is listener:
                     waiting.append(listener.accept()[0])

@@ -4,14 +4,17 @@ The interactive ranks reach the kernel through a Unix socket (``rank_main(addres
 on another node cannot: ``NodeGroup.relay.relay_unix(path)`` has every agent listen on a Unix
 socket of its own node and returns a token; a rank started afterwards finds that socket's path
 with ``relay_address(token)`` (the agent puts it in the rank's environment). Each connection made
-there becomes a stream: the agent announces it (``open_stream``), the kernel side connects to
-``path`` and both ends copy bytes (``stream``) until either closes (``close_stream``).
+there becomes a stream: the agent announces it (``OpenStream``), the kernel side connects to
+``path`` and both ends copy bytes (``StreamData``) until either closes (``CloseStream``). On the
+kernel's side one thread (one selector) copies every stream's bytes to its agent, however many
+ranks there are; what the agents send is written by the node's reader thread.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import selectors
 import socket
 import threading
 import uuid
@@ -47,6 +50,9 @@ class StreamRelay:
         self._ready = threading.Condition()
         self._streams: dict[tuple[int, int], socket.socket] = {}
         self._lock = threading.Lock()
+        self._sel = selectors.DefaultSelector()
+        self._pump: threading.Thread | None = None
+        self._closed = False
 
     def relay_unix(self, path: str) -> str:
         """Return the token of a new relay: connections to it on any node reach the Unix socket ``path`` here."""
@@ -96,31 +102,36 @@ class StreamRelay:
             node.send_quietly(wire.CloseStream(stream_id))
             return
         with self._lock:
-            self._streams[(node.index, stream_id)] = conn
-        threading.Thread(
-            target=self._pump,
-            args=(node, stream_id, conn),
-            name=f"notebook_accel-relay-{stream_id}",
-            daemon=True,
-        ).start()
-
-    def _pump(self, node: Any, stream_id: int, conn: socket.socket) -> None:
-        """Copy what the kernel's side of one stream writes to the agent, until it closes."""
-        while True:
-            try:
-                chunk = conn.recv(1 << 16)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                self._close(node, stream_id, tell=True)
+            if self._closed:
+                conn.close()
                 return
-            node.send_quietly(wire.StreamData(stream_id, chunk))
+            self._streams[(node.index, stream_id)] = conn
+            self._sel.register(conn, selectors.EVENT_READ, (node, stream_id))
+            if self._pump is None:
+                self._pump = threading.Thread(target=self._copy, name="notebook_accel-relay", daemon=True)
+                self._pump.start()
+
+    def _copy(self) -> None:
+        """Copy what the kernel's side of every stream writes to its agent, until the relay closes."""
+        while not self._closed:
+            for key, _ in self._sel.select(1.0):
+                node, stream_id = key.data
+                try:
+                    chunk = key.fileobj.recv(1 << 16)
+                except OSError:  # closed meanwhile by another thread
+                    chunk = b""
+                if chunk:
+                    node.send_quietly(wire.StreamData(stream_id, chunk))
+                else:
+                    self._close(node, stream_id, tell=True)
+        self._sel.close()
 
     def _close(self, node: Any, stream_id: int, tell: bool) -> None:
         with self._lock:
             conn = self._streams.pop((node.index, stream_id), None)
-        if conn is None:
-            return
+            if conn is None:
+                return
+            self._sel.unregister(conn)
         try:
             conn.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -138,3 +149,7 @@ class StreamRelay:
         """Close every stream."""
         for node in self._group.nodes:
             self.node_lost(node)
+        with self._lock:
+            self._closed = True  # the copying thread ends within a second, and closes the selector
+            if self._pump is None:
+                self._sel.close()

@@ -30,8 +30,8 @@ from ..launch.interfaces import WorkerBackend, WorkerProcess, WorkerStart
 from ..launch.procs import by_value
 from . import protocol as wire
 from .channel import Channel, ChannelError, accept_channel, new_secret
-from .protocol import DEFAULT_HEARTBEAT, LOST_AFTER, local_versions
 from .placement import Placement
+from .protocol import DEFAULT_HEARTBEAT, LOST_AFTER, local_versions
 from .relay import StreamRelay
 from .workers import RemoteStacks, RemoteUsage, RemoteWorkerProcess
 
@@ -96,7 +96,9 @@ class NodeGroup(WorkerBackend):
         self.nodes = nodes
         self.hosts = tuple(node.host for node in nodes)
         self._closing = False
-        self._starts: dict[int, tuple[threading.Event, list[wire.Started], int]] = {}  # request: ..., node index
+        self._starts: dict[
+            int, tuple[threading.Event, list[wire.Started], int]
+        ] = {}  # request: ..., node index
         self._stacks: dict[int, tuple[threading.Event, list[dict[int, RankStack]]]] = {}
         self._ids = itertools.count(1)
         for node in nodes:  # the join itself may have taken several heartbeats
@@ -178,7 +180,9 @@ class NodeGroup(WorkerBackend):
             raise
         return procs
 
-    def _start_batches(self, batches: dict[int, list[wire.RankStart]], procs: dict[int, RemoteWorkerProcess]) -> None:
+    def _start_batches(
+        self, batches: dict[int, list[wire.RankStart]], procs: dict[int, RemoteWorkerProcess]
+    ) -> None:
         """Send each node its ``Start``, then wait for every ``Started`` (one deadline for all)."""
         waits = []
         for index, batch in batches.items():
@@ -200,7 +204,9 @@ class NodeGroup(WorkerBackend):
             for item in batch:
                 procs[item.wid].pid = started.pids.get(item.wid)
                 if procs[item.wid].pid is None:
-                    why = started.failed.get(item.wid) or node.lost or f"no answer within {_START_SECONDS:g} s"
+                    why = (
+                        started.failed.get(item.wid) or node.lost or f"no answer within {_START_SECONDS:g} s"
+                    )
                     problems.append(f"node {node.host} could not start rank {item.spec.rank}: {why}")
         if problems:
             raise RuntimeError("; ".join(problems))
@@ -315,7 +321,10 @@ class NodeGroup(WorkerBackend):
         next_beat = 0.0
         while not self._closing:
             now = time.monotonic()
-            beat, next_beat = now >= next_beat, max(next_beat, now - period) + period if now >= next_beat else next_beat
+            beat, next_beat = (
+                now >= next_beat,
+                max(next_beat, now - period) + period if now >= next_beat else next_beat,
+            )
             for node in self.nodes:
                 if node.lost is not None:
                     continue

@@ -11,14 +11,22 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import select
 import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import cloudpickle
 
-__all__ = ["UNIX_PATH_MAX", "ConnectionClosed", "dumps_by_value", "read_exactly", "unix_socket_path"]
+__all__ = [
+    "UNIX_PATH_MAX",
+    "ConnectionClosed",
+    "dumps_by_value",
+    "read_exactly",
+    "readable",
+    "unix_socket_path",
+]
 
 _CHUNK = 1 << 20  # one recv at most: a big frame is read in pieces, never asked of the kernel at once
 UNIX_PATH_MAX = 107
@@ -63,6 +71,19 @@ def read_exactly(sock: socket.socket, size: int) -> bytes:
         chunks.append(chunk)
         got += len(chunk)
     return b"".join(chunks)
+
+
+def readable(socks: Iterable[socket.socket], timeout: float) -> list[socket.socket]:
+    """Return those of ``socks`` that can be read (data, or the peer closed) within ``timeout`` seconds.
+
+    ``poll``, not ``select``: a kernel with a thousand remote ranks holds descriptors past 1024,
+    which ``select.select`` refuses (``ValueError: filedescriptor out of range``).
+    """
+    poller, by_fd = select.poll(), {}
+    for sock in socks:
+        by_fd[sock.fileno()] = sock
+        poller.register(sock, select.POLLIN)
+    return [by_fd[fd] for fd, _ in poller.poll(timeout * 1000)]
 
 
 class _Pickler(cloudpickle.CloudPickler):
