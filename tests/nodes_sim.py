@@ -149,20 +149,19 @@ class SimAgent:
     def _tick(self) -> None:
         """Every tick: the lines due, as one Output; a heartbeat and usage figures when due."""
         rate, seconds = float(self.config.get("rate", 0)), float(self.config.get("seconds", 0))
-        next_beat = next_usage = 0.0
+        next_usage, usage, last_sent = 0.0, wire.UsageChanges(), 0.0
         while not self.ended.wait(_TICK):
             now = time.monotonic()
-            if now >= next_beat:
-                self.send(wire.Heartbeat())
-                next_beat = now + self.heartbeat
             live = [r for r in list(self.ranks.values()) if not r.done]
-            if now >= next_usage and live:
-                self.send(
-                    wire.Usage(
-                        {r.rank: {"cpu_percent": 1.0, "rss": 1 << 20, "peak_rss": 1 << 20} for r in live}
-                    )
-                )
+            if now >= next_usage and live:  # as the real agent: figures once a second, sent when changed
+                figures = {r.rank: {"cpu_percent": 1.0, "rss": 1 << 20, "peak_rss": 1 << 20} for r in live}
+                if figures := usage.select(figures, now):
+                    self.send(wire.Usage(figures))
+                    last_sent = now
                 next_usage = now + 1.0
+            if now - last_sent >= self.heartbeat:  # as the real agent: only when nothing else was sent
+                self.send(wire.Heartbeat())
+                last_sent = now
             if self.config["mode"] != "lines" or not rate:
                 continue
             chunks, finished = [], []

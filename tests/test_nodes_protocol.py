@@ -178,3 +178,13 @@ def test_sockets_past_descriptor_1024_can_be_waited_on():
     finally:
         for sock in (high, a, b):
             sock.close()
+
+
+def test_usage_figures_are_sent_when_they_change_visibly_and_all_every_refresh():
+    changes = wire.UsageChanges()
+    idle = {"cpu_percent": 0.0, "rss": 100 << 20, "peak_rss": 100 << 20}
+    assert changes.select({0: idle, 1: idle}, now=0.0) == {0: idle, 1: idle}  # the first: all
+    assert changes.select({0: {**idle, "rss": (100 << 20) + 4096}, 1: idle}, now=1.0) == {}  # a page: not shown
+    busy = {**idle, "cpu_percent": 97.0}
+    assert changes.select({0: busy, 1: idle}, now=2.0) == {0: busy}
+    assert changes.select({0: busy, 1: idle}, now=wire.USAGE_REFRESH) == {0: busy, 1: idle}

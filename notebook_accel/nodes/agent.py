@@ -113,6 +113,8 @@ class Agent:
         self._relays: dict[str, tuple[socket.socket, str]] = {}
         self._streams: dict[int, socket.socket] = {}
         self._stream_ids = itertools.count(1)
+        self._last_sent = 0.0
+        self._usage_changes = wire.UsageChanges()
         self._chunks: list[wire.Chunk] = []  # read in this round of the selector, sent as one Output
 
     # ---------------------------------------------------------------- threads
@@ -121,13 +123,11 @@ class Agent:
         """Relay until the kernel ends the session or is lost; end every rank; return why it ended."""
         reader = threading.Thread(target=self._read_kernel, name="agent-reader", daemon=True)
         reader.start()
-        next_beat = 0.0
         try:
             while self.ended is None:
                 now = time.monotonic()
-                if now >= next_beat:
+                if now - self._last_sent >= self.heartbeat:  # any message counts as a heartbeat
                     self._send(wire.Heartbeat())
-                    next_beat = now + self.heartbeat
                 if now - self.last_heard > LOST_AFTER * self.heartbeat:
                     self.ended = f"the kernel was silent for {now - self.last_heard:.1f} s"
                     break
@@ -179,6 +179,7 @@ class Agent:
         """Send ``message`` (from any thread); a closed connection ends the session."""
         try:
             wire.send(self.channel, message)
+            self._last_sent = time.monotonic()
         except ChannelError as exc:
             self.ended = self.ended or f"the connection to the kernel closed ({exc})"
 
@@ -353,6 +354,7 @@ class Agent:
             if not local.exited:
                 self.sampler.sample(local.usage)
                 figures[local.rank] = {k: v for k, v in vars(local.usage).items() if k != "pid"}
+        figures = self._usage_changes.select(figures, time.monotonic())
         if figures:
             self._emit(wire.Usage(figures))
 

@@ -41,6 +41,7 @@ __all__ = [
     "RELAY_ENV_PREFIX",
     "TO_AGENT",
     "TO_KERNEL",
+    "USAGE_REFRESH",
     "Chunk",
     "CloseStream",
     "End",
@@ -63,6 +64,7 @@ __all__ = [
     "Started",
     "StreamData",
     "Usage",
+    "UsageChanges",
     "check_version",
     "decode",
     "encode",
@@ -79,6 +81,8 @@ DEFAULT_HEARTBEAT = 2.0
 """Seconds between heartbeats, both ways (``Nodes(heartbeat=...)`` changes it for a launch)."""
 RELAY_ENV_PREFIX = "NOTEBOOK_ACCEL_RELAY_"
 """A rank finds the Unix socket of relay ``token`` in ``$NOTEBOOK_ACCEL_RELAY_<token>``."""
+USAGE_REFRESH = 10.0
+"""Seconds after which an agent sends every rank's usage figures, changed or not (else only visible changes)."""
 
 
 class ProtocolError(RuntimeError):
@@ -284,6 +288,31 @@ class OpenStream(Message):
 
     token: str
     stream_id: int
+
+
+class UsageChanges:
+    """Which ranks' usage figures an agent sends: those changed visibly (a CPU point, a MiB), all every ``USAGE_REFRESH`` s.
+
+    Idle ranks then cost the kernel no message; the agent's ``Usage`` also counts as its heartbeat.
+    """
+
+    def __init__(self) -> None:
+        self._shown: dict[int, tuple] = {}
+        self._refresh = 0.0
+
+    def select(self, figures: dict[int, dict[str, Any]], now: float) -> dict[int, dict[str, Any]]:
+        """Return the part of ``figures`` (``{rank: figures}``) worth sending at ``now`` (time.monotonic())."""
+        if now >= self._refresh:
+            self._refresh, out = now + USAGE_REFRESH, dict(figures)
+        else:
+            out = {rank: f for rank, f in figures.items() if _visible(f) != self._shown.get(rank)}
+        self._shown.update((rank, _visible(f)) for rank, f in out.items())
+        return out
+
+
+def _visible(figures: dict[str, Any]) -> tuple:
+    cpu, rss, peak = (figures.get(k) or 0 for k in ("cpu_percent", "rss", "peak_rss"))
+    return round(cpu), int(rss) >> 20, int(peak) >> 20
 
 
 TO_AGENT: tuple[type[Message], ...] = (
