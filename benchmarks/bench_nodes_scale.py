@@ -10,7 +10,8 @@ would run against 128 real nodes:
 
 - ``join_start_s``: ``notebook_launcher(nodes=...)`` until every rank has its pid (join + one Start per node);
 - ``idle_cpu_pct``: the kernel's CPU (% of one core) over ``--idle`` seconds while 1,024 idle ranks only
-  send heartbeats (every 2 s, both ways) and usage figures (once a second a node); goal < 2;
+  send heartbeats (every 2 s, both ways) and usage figures (when they change); goal < 2;
+  ``idle_nodes_cpu_pct``: the same with the nodes layer alone (``NodeGroup``, no ``LaunchHandle``);
 - ``status_ms``: ``handle.status()``, median; ``panel_snapshot_ms``: ``LaunchModel(handle).snapshot()``,
   the panel model's update from the run, median;
 - ``threads``, ``fds``: the kernel's threads and open descriptors during the launch, and how many of them
@@ -43,6 +44,9 @@ from notebook_accel.widgets._launch_model import LaunchModel  # noqa: E402
 
 from notebook_accel import notebook_launcher  # noqa: E402
 from notebook_accel.interactive.session import start_ranks  # noqa: E402
+from notebook_accel.launch.interfaces import WorkerStart  # noqa: E402
+from notebook_accel.launch.worker import WorkerSpec  # noqa: E402
+from notebook_accel.nodes.remote import NodeGroup, NodeSettings  # noqa: E402
 from tests.nodes_sim import SimPlacement, never_called  # noqa: E402
 
 
@@ -98,6 +102,33 @@ def idle(nodes: int, per_node: int, seconds: float) -> dict:
         handle.kill()
         handle.wait(120)
     return out
+
+
+def idle_nodes(nodes: int, per_node: int, seconds: float) -> dict:
+    """The kernel's idle CPU with the nodes layer alone: a joined ``NodeGroup`` whose ranks started, no handle."""
+    placement = SimPlacement(nodes)
+    group = NodeGroup.join(placement, NodeSettings.of(placement.nodes))
+    pipes, starts = [], []
+    for rank in range(nodes * per_node):
+        ends = [os.pipe() for _ in range(3)]
+        pipes += [fd for pair in ends for fd in pair]
+        env = {"NODE_RANK": str(rank // per_node), "RANK": str(rank)}
+        spec = WorkerSpec(rank=rank, local_rank=rank % per_node, env=env, num_threads=1, backend="gloo",
+                          dry_run_port=None, function=never_called, args=())  # fmt: skip
+        starts.append(WorkerStart(spec, ends[0][1], ends[1][1], ends[2][1]))
+    procs = []
+    try:
+        procs = group.start("spawn", starts)
+        time.sleep(2.0)
+        cpu, wall = _cpu(), time.monotonic()
+        time.sleep(seconds)
+        return {"idle_nodes_cpu_pct": round((_cpu() - cpu) / (time.monotonic() - wall) * 100, 2)}
+    finally:
+        group.close()
+        for proc in procs:
+            proc.close()
+        for fd in pipes:
+            os.close(fd)
 
 
 def lines(nodes: int, per_node: int, rate: float, seconds: float) -> dict:
@@ -168,6 +199,7 @@ def main() -> None:
     try:
         if "idle" not in args.skip:
             figures.update(idle(args.nodes, args.per_node, args.idle))
+            figures.update(idle_nodes(args.nodes, args.per_node, args.idle))
         if "lines" not in args.skip:
             figures.update(lines(args.nodes, args.per_node, args.rate, args.seconds))
         if "interactive" not in args.skip:
