@@ -15,8 +15,9 @@ import pytest
 from notebook_accel.launch.events import FrameDecoder
 from notebook_accel.launch.procs import by_value
 from notebook_accel.launch.worker import WorkerSpec
-from notebook_accel.nodes.agent import local_versions
+from notebook_accel.nodes import protocol as wire
 from notebook_accel.nodes.channel import Channel, accept_channel, new_secret
+from notebook_accel.nodes.protocol import local_versions
 from notebook_accel.nodes.relay import relay_address
 
 
@@ -35,7 +36,8 @@ class FakeKernel:
         self.secret = new_secret()
         self.server = socket.create_server(("127.0.0.1", 0))
         host, port = self.server.getsockname()
-        boot = {"address": host, "port": port, "secret": self.secret.hex(), "node": 1, "heartbeat": heartbeat}
+        boot = {"address": host, "port": port, "secret": self.secret.hex(), "node": 1, "heartbeat": heartbeat,
+                "protocol": wire.PROTOCOL_VERSION}  # fmt: skip
         self.agent = subprocess.Popen(
             [sys.executable, "-m", "notebook_accel.nodes.agent"],
             stdin=subprocess.PIPE,
@@ -46,14 +48,14 @@ class FakeKernel:
         self.server.settimeout(120)
         conn, _ = self.server.accept()
         self.channel: Channel = accept_channel(conn, self.secret, timeout=60)
-        self.hello = self.channel.recv()
+        self.hello = wire.receive(self.channel, (wire.Hello,))
 
-    def next(self, kind: str, timeout: float = 120.0) -> tuple:
+    def next(self, kind: type[wire.Message], timeout: float = 120.0) -> wire.Message:
         """Return the next message of ``kind`` (heartbeats and others skipped)."""
         self.channel.sock.settimeout(timeout)
         while True:
-            message = self.channel.recv()
-            if message[0] == kind:
+            message = wire.receive(self.channel, wire.TO_KERNEL)
+            if isinstance(message, kind):
                 return message
 
     def start(self, rank: int, function, args=()) -> int:
@@ -61,10 +63,12 @@ class FakeKernel:
             rank=rank, local_rank=0, env={"RANK": str(rank), "NODE_RANK": "1"}, num_threads=1,
             backend="gloo", dry_run_port=None, function=function, args=args,
         )  # fmt: skip
-        self.channel.send(("start", by_value(spec), list(sys.path), 100 + rank))
-        _, start_id, pid = self.next("started")
-        assert start_id == 100 + rank
-        return pid
+        wire.send(
+            self.channel, wire.Start(rank, list(sys.path), [wire.RankStart(100 + rank, by_value(spec))])
+        )
+        started = self.next(wire.Started)
+        assert started.request == rank and list(started.pids) == [100 + rank] and not started.failed
+        return started.pids[100 + rank]
 
     def close(self) -> None:
         self.channel.close()
@@ -86,10 +90,10 @@ def _gone(pid: int) -> bool:
 def test_the_agent_reports_its_node_and_versions():
     kernel = FakeKernel()
     try:
-        kind, node, versions, info = kernel.hello
-        assert (kind, node) == ("hello", 1)
-        assert versions == local_versions()
-        assert info["pid"] == kernel.agent.pid and info["gpus"] == 0
+        hello = kernel.hello
+        assert (hello.version, hello.node) == (wire.PROTOCOL_VERSION, 1)
+        assert hello.versions == local_versions()
+        assert hello.info["pid"] == kernel.agent.pid and hello.info["gpus"] == 0
     finally:
         kernel.close()
 
@@ -116,26 +120,27 @@ def test_the_agent_ends_its_ranks_when_the_kernel_goes(how):
 def test_unix_socket_streams_are_relayed_and_ranks_find_the_socket():
     kernel = FakeKernel(heartbeat=5.0)
     try:
-        kernel.channel.send(("listen", "tok1"))
-        _, token, path = kernel.next("listening")
+        wire.send(kernel.channel, wire.Listen("tok1"))
+        token, path = (listening := kernel.next(wire.Listening)).token, listening.path
         assert token == "tok1" and os.path.exists(path)
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as rank_side:
             rank_side.connect(path)
             rank_side.sendall(b"ping")
-            _, token, stream_id = kernel.next("open_stream")
-            assert token == "tok1"
-            assert kernel.next("stream")[1:] == (stream_id, b"ping")
-            kernel.channel.send(("stream", stream_id, b"pong"))
+            opened = kernel.next(wire.OpenStream)
+            assert opened.token == "tok1"
+            stream_id = opened.stream_id
+            assert kernel.next(wire.StreamData) == wire.StreamData(stream_id, b"ping")
+            wire.send(kernel.channel, wire.StreamData(stream_id, b"pong"))
             rank_side.settimeout(60)
             assert rank_side.recv(10) == b"pong"
-        assert kernel.next("close_stream")[1] == stream_id
+        assert kernel.next(wire.CloseStream).stream_id == stream_id
         # A rank started after the relay opened finds its socket in its environment.
         kernel.start(4, relay_path, ("tok1",))
         decoder, messages = FrameDecoder(), []
         while not any(m[0] == "ok" for m in messages):
-            _, rank, kind, data = kernel.next("out")
-            if kind == "result":
-                messages += decoder.feed(data)
+            for chunk in kernel.next(wire.Output).chunks:
+                if chunk.stream == "result":
+                    messages += decoder.feed(chunk.data)
         assert [m for m in messages if m[0] == "ok"] == [("ok", path)]
     finally:
         kernel.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import select
 import signal
 import socket
 import threading
@@ -26,6 +25,7 @@ from ..launch.errors import RankFailure, order_failures
 from ..launch.handle import LaunchHandle
 from ..launch.hangs import SampledWatch, Verdict, give_up_reason, report_text
 from ..launch.output import PrintSink
+from ..utils._wire import readable
 from .cell_output import CellSink, CommandBars, command_bars
 from .errors import RankError
 from .protocol import (
@@ -210,7 +210,7 @@ class Group:
 
     def _poll(self, wait: _Wait, timeout: float, on_reply: Callable | None) -> None:
         socks = {self._conns[r].sock: r for r in wait.pending if not self._conns[r].closed}
-        ready = select.select(list(socks), [], [], timeout)[0] if socks else time.sleep(timeout) or []
+        ready = readable(socks, timeout) if socks else time.sleep(timeout) or []
         for sock in ready:
             rank = socks[sock]
             try:

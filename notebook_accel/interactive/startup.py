@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import select
 import shutil
 import socket
-import tempfile
 import time
 from typing import Any
 
@@ -22,6 +20,7 @@ from ..launch.handle import LaunchHandle
 from ..launch.request import LaunchRequest
 from ..launch.runner import start_persistent_group
 from ..nodes.plan import place_ranks
+from ..utils._wire import readable, unix_socket_path
 from .cell_output import CellSink
 from .group import Group
 from .protocol import Ready, receive
@@ -56,7 +55,7 @@ def accept_ranks(listener: socket.socket, handle: LaunchHandle, sink: CellSink) 
                 raise TimeoutError(
                     f"the ranks were not ready within {READY_SECONDS:g} s; see their output above"
                 )
-            ready = select.select([listener, *waiting], [], [], 0.05)[0]
+            ready = readable([listener, *waiting], 0.05)
             for sock in ready:
                 if sock is listener:
                     waiting.append(listener.accept()[0])
@@ -95,8 +94,8 @@ def start_group(request: LaunchRequest, num_processes: int | None) -> Group:
 
     The ranks are killed again when they do not all get ready (``accept_ranks`` says why).
     """
-    folder = tempfile.mkdtemp(prefix="notebook_accel-ranks-")
-    address = os.path.join(folder, "ranks.sock")
+    address = unix_socket_path("notebook_accel-ranks-", "ranks.sock")  # bindable with a deep $TMPDIR too
+    folder = os.path.dirname(address)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     remote = request.nodes is not None
     try:

@@ -1,19 +1,20 @@
 """The per-node agent (``python -m notebook_accel.nodes.agent``): starts this node's ranks for the kernel and relays them.
 
 A placement engine (``srun`` or ``ssh``) starts it on each node; the kernel writes the bootstrap
-line (JSON: kernel address and port, the launch's secret in hex, node index, heartbeat) on its
-stdin, so the secret is on no command line. It connects back, proves the secret (``channel``), then
-reports its versions and serves the kernel's messages:
+line (JSON: kernel address and port, the launch's secret in hex, node index, heartbeat, protocol
+version) on its stdin, so the secret is on no command line. It connects back, proves the secret
+(``channel``), says ``Hello`` and serves the kernel's messages (``protocol``: the one module both
+sides import):
 
-- ``("start", spec, sys_path, id)``: start one rank with the launcher's own ``start_worker("spawn", ...)``
-  (the function travels by value in ``spec.payload``); its stdout, stderr and result pipe are
-  relayed as ``("out", id, kind, bytes)`` / ``("eof", id, kind)``, its end as ``("exit", id, code)``
-  (``id`` names one start of a rank: a restarted rank is a new one);
-- ``("signal", id, signum)``: to the rank's process group (stop, interrupt, kill);
-- ``("stacks", request, ids)``: ``STACKS_SIGNAL`` to those ranks, their dumps sent back as ``RankStack``s;
-- ``("listen", token)``: a Unix socket here whose connections travel as streams to the kernel
-  (``open_stream`` / ``stream`` / ``close_stream``), for the interactive ranks;
-- ``("hb",)``: heartbeats, sent back as often; ``("end",)``: end the ranks and exit.
+- ``Start``: start a batch of ranks with the launcher's own ``start_worker("spawn", ...)`` (each
+  function travels by value in its spec), answered by one ``Started``; their stdout, stderr and result
+  pipes are relayed as ``Output`` (every chunk read in one round of the selector, in one frame),
+  ``Eof``, and their end as ``Exited`` (a start's ``wid`` names it: a restarted rank is a new one);
+- ``Signal``: to the rank's process group (stop, interrupt, kill);
+- ``StackRequest``: ``STACKS_SIGNAL`` to those ranks, their dumps sent back as ``Stacks``;
+- ``Listen``: a Unix socket here whose connections travel as streams to the kernel
+  (``OpenStream`` / ``StreamData`` / ``CloseStream``), for the interactive ranks;
+- ``Heartbeat``: sent back as often; ``End``: end the ranks and exit.
 
 It ends its ranks and exits when the connection closes or the kernel is silent for
 ``LOST_AFTER`` heartbeats (the kernel was killed, restarted, or cut off).
@@ -21,18 +22,15 @@ It ends its ranks and exits when the connection closes or the kernel is silent f
 
 from __future__ import annotations
 
-import importlib.metadata
 import itertools
 import json
 import logging
 import os
-import platform
 import queue
 import selectors
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 import types
@@ -46,28 +44,16 @@ from ..launch.plan import threads_per_worker
 from ..launch.procs import WorkerProcess, start_worker
 from ..launch.usage import UsageSampler
 from ..launch.worker import WorkerSpec
+from ..utils._wire import unix_socket_path
+from . import protocol as wire
 from .channel import Channel, ChannelError, connect_channel
+from .protocol import LOST_AFTER, RELAY_ENV_PREFIX
 
-__all__ = ["LOST_AFTER", "RELAY_ENV_PREFIX", "Agent", "local_versions", "main", "route_interface"]
+__all__ = ["Agent", "main", "route_interface"]
 
 logger = logging.getLogger(__name__)
 
-LOST_AFTER = 5
-"""Heartbeats of silence after which the other side counts as lost."""
-RELAY_ENV_PREFIX = "NOTEBOOK_ACCEL_RELAY_"
-"""A rank finds the Unix socket of relay ``token`` in ``$NOTEBOOK_ACCEL_RELAY_<token>``."""
 _READ = 1 << 16
-
-
-def local_versions() -> dict[str, str]:
-    """Return the versions a node must share with the kernel: Python (major.minor), torch, notebook-accel."""
-    versions = {"python": ".".join(platform.python_version_tuple()[:2])}
-    for distribution in ("torch", "notebook-accel"):
-        try:
-            versions[distribution] = importlib.metadata.version(distribution)
-        except importlib.metadata.PackageNotFoundError:
-            versions[distribution] = "not installed"
-    return versions
 
 
 def _gpu_count() -> int:
@@ -127,6 +113,9 @@ class Agent:
         self._relays: dict[str, tuple[socket.socket, str]] = {}
         self._streams: dict[int, socket.socket] = {}
         self._stream_ids = itertools.count(1)
+        self._last_sent = 0.0
+        self._usage_changes = wire.UsageChanges()
+        self._chunks: list[wire.Chunk] = []  # read in this round of the selector, sent as one Output
 
     # ---------------------------------------------------------------- threads
 
@@ -134,18 +123,17 @@ class Agent:
         """Relay until the kernel ends the session or is lost; end every rank; return why it ended."""
         reader = threading.Thread(target=self._read_kernel, name="agent-reader", daemon=True)
         reader.start()
-        next_beat = 0.0
         try:
             while self.ended is None:
                 now = time.monotonic()
-                if now >= next_beat:
-                    self._send(("hb",))
-                    next_beat = now + self.heartbeat
+                if now - self._last_sent >= self.heartbeat:  # any message counts as a heartbeat
+                    self._send(wire.Heartbeat())
                 if now - self.last_heard > LOST_AFTER * self.heartbeat:
                     self.ended = f"the kernel was silent for {now - self.last_heard:.1f} s"
                     break
                 for key, _ in self.sel.select(min(self.heartbeat, 0.5)):
                     self._on_ready(key)
+                self._flush()
                 self._run_tasks()
                 if self.sampler.due(time.monotonic()):
                     self._send_usage()
@@ -156,11 +144,13 @@ class Agent:
     def _read_kernel(self) -> None:
         try:
             while self.ended is None:
-                message = self.channel.recv()
+                message = wire.receive(self.channel, wire.TO_AGENT)
                 self.last_heard = time.monotonic()
                 self._dispatch(message)
         except ChannelError as exc:
             self.ended = self.ended or f"the connection to the kernel closed ({exc})"
+        except wire.ProtocolError as exc:
+            self.ended = self.ended or f"the kernel sent what this agent does not understand: {exc}"
         except Exception as exc:  # a bug here must not leave ranks running unsupervised
             logger.exception("agent reader failed")
             self.ended = self.ended or f"the agent failed: {exc!r}"
@@ -185,46 +175,63 @@ class Agent:
                 return
             task()
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: wire.Message) -> None:
+        """Send ``message`` (from any thread); a closed connection ends the session."""
         try:
-            self.channel.send(message)
+            wire.send(self.channel, message)
+            self._last_sent = time.monotonic()
         except ChannelError as exc:
             self.ended = self.ended or f"the connection to the kernel closed ({exc})"
 
+    def _emit(self, message: wire.Message) -> None:
+        """Send ``message`` from the relay thread, after the output read before it (order per rank)."""
+        self._flush()
+        self._send(message)
+
+    def _flush(self) -> None:
+        if self._chunks:
+            chunks, self._chunks = self._chunks, []
+            self._send(wire.Output(chunks))
+
     # ---------------------------------------------------------------- kernel messages
 
-    def _dispatch(self, message: tuple) -> None:
-        kind = message[0]
-        if kind == "hb":
-            return
-        if kind == "start":
-            self._later(lambda: self._start(*message[1:]))
-        elif kind == "signal":
-            local = self.ranks.get(message[1])  # by the start's id: a restarted rank is another process
+    def _dispatch(self, message: wire.Message) -> None:
+        if isinstance(message, wire.Start):
+            self._later(lambda: self._start(message))
+        elif isinstance(message, wire.Signal):
+            local = self.ranks.get(message.wid)  # by the start's id: a restarted rank is another process
             if local is not None and not local.exited:
-                local.proc.signal_group(message[2])
-        elif kind == "stacks":
-            threading.Thread(target=self._stacks, args=message[1:], daemon=True).start()
-        elif kind == "listen":
-            self._later(lambda: self._listen(message[1]))
-        elif kind == "stream":
-            conn = self._streams.get(message[1])
+                local.proc.signal_group(message.signum)
+        elif isinstance(message, wire.StackRequest):
+            threading.Thread(target=self._stacks, args=(message,), daemon=True).start()
+        elif isinstance(message, wire.Listen):
+            self._later(lambda: self._listen(message.token))
+        elif isinstance(message, wire.StreamData):
+            conn = self._streams.get(message.stream_id)
             if conn is not None:
                 try:
-                    conn.sendall(message[2])
+                    conn.sendall(message.data)
                 except OSError:
-                    self._later(lambda: self._close_stream(message[1], tell=True))
-        elif kind == "close_stream":
-            self._later(lambda: self._close_stream(message[1], tell=False))
-        elif kind == "end":
+                    self._later(lambda: self._close_stream(message.stream_id, tell=True))
+        elif isinstance(message, wire.CloseStream):
+            self._later(lambda: self._close_stream(message.stream_id, tell=False))
+        elif isinstance(message, wire.End):
             self.ended = "the kernel ended the session"
-        else:
-            logger.warning("agent: unknown message %r ignored", kind)
 
-    def _start(self, spec: WorkerSpec, sys_path: list[str], wid: int) -> None:
-        for entry in sys_path:  # the kernel's own entries that exist here (a shared file system)
+    def _start(self, start: wire.Start) -> None:
+        for entry in start.sys_path:  # the kernel's own entries that exist here (a shared file system)
             if entry not in sys.path and os.path.isdir(entry):
                 sys.path.append(entry)
+        pids, failed = {}, {}
+        for item in start.ranks:
+            try:
+                pids[item.wid] = self._start_rank(item.spec, item.wid)
+            except Exception as exc:
+                failed[item.wid] = f"{type(exc).__name__}: {exc}"
+        self._emit(wire.Started(start.request, pids, failed))
+
+    def _start_rank(self, spec: WorkerSpec, wid: int) -> int:
+        """Start one rank, its pipes watched by the selector; return its pid."""
         local_count = sum(1 for r in self.ranks.values() if not r.exited) + 1
         stacks_path = self.collector.path(spec.rank)
         if os.path.exists(stacks_path):
@@ -243,12 +250,11 @@ class Agent:
         pipes = {name: os.pipe() for name in ("stdout", "stderr", "result")}
         try:
             proc = start_worker("spawn", spec, *(pipes[n][1] for n in ("stdout", "stderr", "result")))
-        except Exception as exc:
+        except BaseException:
             for read_end, write_end in pipes.values():
                 os.close(read_end)
                 os.close(write_end)
-            self._send(("start_failed", wid, f"{type(exc).__name__}: {exc}"))
-            return
+            raise
         local = self.ranks[wid] = _LocalRank(spec.rank, proc, wid)
         for name, (read_end, write_end) in pipes.items():
             os.close(write_end)
@@ -258,30 +264,29 @@ class Agent:
         if proc.sentinel is not None:
             self.sel.register(proc.sentinel, selectors.EVENT_READ, ("exit", local))
         self.sampler.sample(local.usage)
-        self._send(("started", wid, proc.pid))
+        return proc.pid
 
-    def _stacks(self, request_id: int, wids: list[int]) -> None:
+    def _stacks(self, request: wire.StackRequest) -> None:
         targets = {
-            local.rank: (local.proc.pid, local.proc.sentinel)
-            for wid in wids
+            local.rank: (local.proc.pid, local.proc.pidfd)
+            for wid in request.wids
             if (local := self.ranks.get(wid)) is not None and not local.exited
         }
         try:
             stacks = self.collector.collect(targets) if targets else {}
         except OSError:
             stacks = {}
-        self._send(("stacks", request_id, stacks))
+        self._send(wire.Stacks(request.request, stacks))
 
     def _listen(self, token: str) -> None:
-        directory = tempfile.mkdtemp(prefix="notebook_accel-relay-")
-        path = os.path.join(directory, "s")
+        path = unix_socket_path("notebook_accel-relay-")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(path)
         listener.listen(64)
         self._relays[token] = (listener, path)
         self.env[RELAY_ENV_PREFIX + token] = path
         self.sel.register(listener, selectors.EVENT_READ, ("accept", token))
-        self._send(("listening", token, path))
+        self._emit(wire.Listening(token, path))
 
     # ---------------------------------------------------------------- local events
 
@@ -302,14 +307,14 @@ class Agent:
             stream_id = next(self._stream_ids)
             self._streams[stream_id] = conn
             self.sel.register(conn, selectors.EVENT_READ, ("conn", stream_id))
-            self._send(("open_stream", data, stream_id))
+            self._emit(wire.OpenStream(data, stream_id))
         elif kind == "conn":
             try:
                 chunk = key.fileobj.recv(_READ)
             except OSError:
                 chunk = b""
             if chunk:
-                self._send(("stream", data, chunk))
+                self._emit(wire.StreamData(data, chunk))
             else:
                 self._close_stream(data, tell=True)
 
@@ -319,12 +324,12 @@ class Agent:
         except BlockingIOError:
             return
         if chunk:
-            self._send(("out", local.wid, name, chunk))
+            self._chunks.append(wire.Chunk(local.wid, name, chunk))
             return
         self.sel.unregister(fd)
         os.close(fd)
         del local.fds[fd]
-        self._send(("eof", local.wid, name))
+        self._emit(wire.Eof(local.wid, name))
         self._maybe_forget(local)
 
     def _on_exit(self, local: _LocalRank) -> None:
@@ -334,7 +339,7 @@ class Agent:
         local.exited = True
         self.sampler.sample(local.usage)
         self.sampler.forget(local.proc.pid)
-        self._send(("exit", local.wid, local.proc.exitcode))
+        self._emit(wire.Exited(local.wid, local.proc.exitcode))
         self._maybe_forget(local)
 
     def _maybe_forget(self, local: _LocalRank) -> None:
@@ -349,8 +354,9 @@ class Agent:
             if not local.exited:
                 self.sampler.sample(local.usage)
                 figures[local.rank] = {k: v for k, v in vars(local.usage).items() if k != "pid"}
+        figures = self._usage_changes.select(figures, time.monotonic())
         if figures:
-            self._send(("usage", figures))
+            self._emit(wire.Usage(figures))
 
     def _close_stream(self, stream_id: int, tell: bool) -> None:
         conn = self._streams.pop(stream_id, None)
@@ -362,7 +368,7 @@ class Agent:
             pass
         conn.close()
         if tell:
-            self._send(("close_stream", stream_id))
+            self._emit(wire.CloseStream(stream_id))
 
     def _shutdown(self) -> None:
         """End every rank (SIGKILL to its group), close what is open, tell the kernel if it still listens."""
@@ -397,6 +403,10 @@ def _read_bootstrap() -> dict[str, Any]:
             "notebook_accel agent: no bootstrap on stdin (it is started by the kernel, not by hand)"
         )
     boot = json.loads(line)
+    try:
+        wire.check_version(boot.get("protocol"), "the kernel")
+    except wire.ProtocolVersionError as exc:
+        raise SystemExit(f"notebook_accel agent: {exc}") from None
     boot["secret"] = bytes.fromhex(boot["secret"])
     return boot
 
@@ -417,7 +427,7 @@ def main() -> int:
     del boot["secret"]
     info = {"host": socket.gethostname(), "pid": os.getpid(), "gpus": _gpu_count(), "python": sys.executable}
     try:
-        channel.send(("hello", int(boot["node"]), local_versions(), info))
+        wire.send(channel, wire.Hello(wire.PROTOCOL_VERSION, int(boot["node"]), wire.local_versions(), info))
     except ChannelError as exc:
         print(f"notebook_accel agent: the kernel closed the connection: {exc}", file=sys.stderr)
         return 2

@@ -26,11 +26,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..launch.doctor import RankStack
-from ..launch.interfaces import WorkerBackend, WorkerProcess, WorkerStart, start_each
+from ..launch.interfaces import WorkerBackend, WorkerProcess, WorkerStart
 from ..launch.procs import by_value
-from .agent import LOST_AFTER, local_versions
+from . import protocol as wire
 from .channel import Channel, ChannelError, accept_channel, new_secret
 from .placement import Placement
+from .protocol import DEFAULT_HEARTBEAT, LOST_AFTER, local_versions
 from .relay import StreamRelay
 from .workers import RemoteStacks, RemoteUsage, RemoteWorkerProcess
 
@@ -51,7 +52,7 @@ class NodeSettings:
     """What the kernel side needs of ``Nodes``: how long a node may take to join, and the heartbeat."""
 
     join_timeout: float = 60.0
-    heartbeat: float = 2.0
+    heartbeat: float = DEFAULT_HEARTBEAT
     """Seconds between heartbeats, both ways; ``LOST_AFTER`` of them silent and the node counts as lost."""
 
     @classmethod
@@ -76,11 +77,11 @@ class _Node:
     feeding: bool = False
     """The reader is writing into a rank's local pipe (waiting for the handle to read): not a silent agent."""
 
-    def send_quietly(self, message: tuple) -> None:
+    def send_quietly(self, message: wire.Message) -> None:
         """Send ``message`` to the agent; a lost node is handled by the reader, not here."""
         if self.channel is not None and self.lost is None:
             try:
-                self.channel.send(message)
+                wire.send(self.channel, message)
             except ChannelError:
                 pass
 
@@ -95,8 +96,10 @@ class NodeGroup(WorkerBackend):
         self.nodes = nodes
         self.hosts = tuple(node.host for node in nodes)
         self._closing = False
-        self._starts: dict[int, tuple[threading.Event, list]] = {}
-        self._stacks: dict[int, tuple[threading.Event, dict]] = {}
+        self._starts: dict[
+            int, tuple[threading.Event, list[wire.Started], int]
+        ] = {}  # request: ..., node index
+        self._stacks: dict[int, tuple[threading.Event, list[dict[int, RankStack]]]] = {}
         self._ids = itertools.count(1)
         for node in nodes:  # the join itself may have taken several heartbeats
             node.last_heard = time.monotonic()
@@ -136,7 +139,8 @@ class NodeGroup(WorkerBackend):
                 popen = placement.start(index, host, argv)
                 nodes.append(_Node(index, host, popen))
                 boot = {"address": address, "port": port, "secret": secret.hex(), "node": index,
-                        "heartbeat": settings.heartbeat, "connect_timeout": settings.join_timeout}  # fmt: skip
+                        "heartbeat": settings.heartbeat, "connect_timeout": settings.join_timeout,
+                        "protocol": wire.PROTOCOL_VERSION}  # fmt: skip
                 try:
                     popen.stdin.write((json.dumps(boot) + "\n").encode())
                     popen.stdin.close()
@@ -154,38 +158,58 @@ class NodeGroup(WorkerBackend):
     # ----------------------------------------------------------------- what the handle uses
 
     def start(self, method: str, starts: Sequence[WorkerStart]) -> list[WorkerProcess]:
-        """Return the started ranks of ``starts``, each on its node ``NODE_RANK`` (all or none; always spawn there)."""
-        return start_each(self._start_one, method, starts)
+        """Return the started ranks of ``starts``, each on its node ``NODE_RANK``: one round trip per node.
 
-    def _start_one(self, method: str, start: WorkerStart) -> RemoteWorkerProcess:
-        spec, out_w, err_w, res_w = start.spec, start.stdout, start.stderr, start.result
-        node = self.nodes[int(spec.env["NODE_RANK"])]
-        if node.lost is not None:
-            raise RuntimeError(f"node {node.host} was lost: {node.lost}")
-        wid = next(self._ids)  # names this start: a restarted rank is another process
-        proc = RemoteWorkerProcess(node, spec.rank, out_w, err_w, res_w, wid)
-        done, answer = threading.Event(), []
-        self._starts[wid] = (done, answer)
-        node.procs[wid] = proc
+        Always spawn there (``method`` is the kernel's). Each node gets one ``Start`` with all its ranks;
+        all or none: when one cannot start, those that did are killed, and RuntimeError names its node and rank.
+        """
+        procs, batches = [], {}
+        for start in starts:
+            node = self.nodes[int(start.spec.env["NODE_RANK"])]
+            pipes = (start.stdout, start.stderr, start.result)
+            proc = RemoteWorkerProcess(node, start.spec.rank, *pipes, next(self._ids))  # wid: this start
+            procs.append(proc)
+            batches.setdefault(node.index, []).append(wire.RankStart(proc.wid, by_value(start.spec)))
         try:
-            node.channel.send(("start", by_value(spec), [p for p in sys.path if p], wid))
-            if not done.wait(_START_SECONDS) or node.lost is not None:
-                raise RuntimeError(
-                    f"node {node.host} did not start rank {spec.rank}: {node.lost or 'no answer'}"
-                )
+            self._start_batches(batches, {proc.wid: proc for proc in procs})
         except BaseException:
-            node.procs.pop(wid, None)
-            proc.close()
+            for proc in procs:
+                if proc.pid is not None:
+                    proc.kill_and_reap()
+                proc.close()
             raise
-        finally:
-            self._starts.pop(wid, None)
-        kind, value = answer
-        if kind == "start_failed":
-            node.procs.pop(wid, None)
-            proc.close()
-            raise RuntimeError(f"node {node.host} could not start rank {spec.rank}: {value}")
-        proc.pid = value
-        return proc
+        return procs
+
+    def _start_batches(
+        self, batches: dict[int, list[wire.RankStart]], procs: dict[int, RemoteWorkerProcess]
+    ) -> None:
+        """Send each node its ``Start``, then wait for every ``Started`` (one deadline for all)."""
+        waits = []
+        for index, batch in batches.items():
+            node = self.nodes[index]
+            if node.lost is not None:
+                raise RuntimeError(f"node {node.host} was lost: {node.lost}")
+            request = next(self._ids)
+            self._starts[request] = (threading.Event(), [], index)
+            node.procs.update({item.wid: procs[item.wid] for item in batch})
+            waits.append((node, request, batch))
+            node.send_quietly(wire.Start(request, [p for p in sys.path if p], batch))
+        deadline = time.monotonic() + _START_SECONDS
+        problems = []
+        for node, request, batch in waits:
+            done, answer, _ = self._starts[request]
+            done.wait(max(0.0, deadline - time.monotonic()))
+            self._starts.pop(request, None)
+            started = answer[0] if answer else wire.Started(request, {}, {})
+            for item in batch:
+                procs[item.wid].pid = started.pids.get(item.wid)
+                if procs[item.wid].pid is None:
+                    why = (
+                        started.failed.get(item.wid) or node.lost or f"no answer within {_START_SECONDS:g} s"
+                    )
+                    problems.append(f"node {node.host} could not start rank {item.spec.rank}: {why}")
+        if problems:
+            raise RuntimeError("; ".join(problems))
 
     def stack_source(self) -> RemoteStacks:
         """Return the handle's stack collector for ranks on these nodes."""
@@ -202,15 +226,16 @@ class NodeGroup(WorkerBackend):
             mine = [wid for wid, p in node.procs.items() if p.rank in ranks and p.exitcode is None]
             if mine and node.lost is None:
                 request_id = next(self._ids)
-                done, got = self._stacks[request_id] = (threading.Event(), {})
-                node.send_quietly(("stacks", request_id, mine))
+                done, got = self._stacks[request_id] = (threading.Event(), [])
+                node.send_quietly(wire.StackRequest(request_id, mine))
                 waits.append((request_id, done, got, node.host))
         out: dict[int, RankStack] = {}
         deadline = time.monotonic() + _STACKS_SECONDS
         for request_id, done, got, host in waits:
             done.wait(max(0.0, deadline - time.monotonic()))
             self._stacks.pop(request_id, None)
-            out.update({rank: replace(stack, node=host) for rank, stack in got.items()})
+            for stacks in got:
+                out.update({rank: replace(stack, node=host) for rank, stack in stacks.items()})
         return out
 
     def close(self) -> None:
@@ -219,7 +244,7 @@ class NodeGroup(WorkerBackend):
             return
         self._closing = True
         for node in self.nodes:
-            node.send_quietly(("end",))
+            node.send_quietly(wire.End())
         for node in self.nodes:
             if node.channel is not None:
                 node.channel.close()
@@ -247,7 +272,7 @@ class NodeGroup(WorkerBackend):
     def _read(self, node: _Node) -> None:
         try:
             while True:
-                message = node.channel.recv()
+                message = wire.receive(node.channel, wire.TO_KERNEL)
                 node.last_heard = time.monotonic()
                 self._dispatch(node, message)
         except ChannelError as exc:
@@ -259,45 +284,52 @@ class NodeGroup(WorkerBackend):
             logger.exception("node %s: reading its agent failed", node.host)
             self._lose(node, f"reading its agent failed: {exc!r}")
 
-    def _dispatch(self, node: _Node, message: tuple) -> None:
-        kind = message[0]
-        if kind in ("out", "eof", "exit"):
-            proc = node.procs.get(message[1])
-            if proc is None:
-                return
-            if kind == "out":
-                node.feeding = True
-                try:
-                    proc.feed(message[2], message[3])
-                finally:
-                    node.feeding = False
-            elif kind == "eof":
-                proc.end_stream(message[2])
-            else:
-                proc.exited(message[2])
-        elif kind in ("started", "start_failed"):
-            pending = self._starts.get(message[1])
-            if pending is not None:
-                pending[1][:] = [kind, message[2]]
-                pending[0].set()
-        elif kind == "usage":
-            self.figures.update(message[1])
-        elif kind == "stacks":
-            pending = self._stacks.get(message[1])
-            if pending is not None:
-                pending[1].update(message[2])
-                pending[0].set()
-        elif kind in ("listening", "open_stream", "stream", "close_stream"):
+    def _dispatch(self, node: _Node, message: wire.Message) -> None:
+        if isinstance(message, wire.Output):
+            node.feeding = True
+            try:
+                for chunk in message.chunks:
+                    proc = node.procs.get(chunk.wid)
+                    if proc is not None:
+                        proc.feed(chunk.stream, chunk.data)
+            finally:
+                node.feeding = False
+        elif isinstance(message, (wire.Eof, wire.Exited)):
+            proc = node.procs.get(message.wid)
+            if proc is not None and isinstance(message, wire.Eof):
+                proc.end_stream(message.stream)
+            elif proc is not None:
+                proc.exited(message.code)
+        elif isinstance(message, wire.Started):
+            self._answer(self._starts, message.request, message)
+        elif isinstance(message, wire.Usage):
+            self.figures.update(message.figures)
+        elif isinstance(message, wire.Stacks):
+            self._answer(self._stacks, message.request, message.stacks)
+        elif isinstance(message, (wire.Listening, wire.OpenStream, wire.StreamData, wire.CloseStream)):
             self.relay.on_message(node, message)
+
+    @staticmethod
+    def _answer(pending: dict[int, tuple], request: int, answer: Any) -> None:
+        waiting = pending.get(request)
+        if waiting is not None:
+            waiting[1].append(answer)
+            waiting[0].set()
 
     def _beat(self) -> None:
         period = self.settings.heartbeat
+        next_beat = 0.0
         while not self._closing:
             now = time.monotonic()
+            beat, next_beat = (
+                now >= next_beat,
+                max(next_beat, now - period) + period if now >= next_beat else next_beat,
+            )
             for node in self.nodes:
                 if node.lost is not None:
                     continue
-                node.send_quietly(("hb",))
+                if beat:
+                    node.send_quietly(wire.Heartbeat())
                 if node.feeding:  # its messages wait for us, not the other way round
                     node.last_heard = now
                 if now - node.last_heard > LOST_AFTER * period:
@@ -317,6 +349,9 @@ class NodeGroup(WorkerBackend):
         )
         for proc in list(node.procs.values()):
             proc.lost(text)
+        for done, _, index in list(self._starts.values()):
+            if index == node.index:  # its ranks' start waits no longer
+                done.set()
         self.relay.node_lost(node)
 
 
@@ -344,16 +379,23 @@ def _accept_all(
             conn, peer = listener.accept()
             try:
                 channel = accept_channel(conn, secret, timeout=min(10.0, max(left, 1.0)))
-                hello = channel.recv()
+                hello = wire.receive(channel, (wire.Hello,))
             except ChannelError as exc:
                 logger.warning("refused a connection from %s: %s", peer[0], exc)
                 continue
-            node = waiting.get(hello[1]) if hello[0] == "hello" else None
+            except wire.ProtocolVersionError as exc:
+                channel.close()
+                raise NodeJoinError(f"{exc}; no rank was started") from None
+            except wire.ProtocolError as exc:
+                logger.warning("refused the agent at %s: %s", peer[0], exc)
+                channel.close()
+                continue
+            node = waiting.get(hello.node)
             if node is None:
                 channel.close()
                 continue
-            node.channel, node.info = channel, dict(hello[3])
-            _check_versions(node, expected, hello[2])
+            node.channel, node.info = channel, dict(hello.info)
+            _check_versions(node, expected, hello.versions)
             del waiting[node.index]
 
 

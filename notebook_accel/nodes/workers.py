@@ -22,6 +22,7 @@ from typing import Any
 from ..launch.doctor import RankStack
 from ..launch.interfaces import StackSource, UsageSource, WorkerProcess
 from ..utils._worker_channel import FRAME_HEADER
+from .protocol import Signal
 
 __all__ = ["NODE_LOST", "RemoteStacks", "RemoteUsage", "RemoteWorkerProcess"]
 
@@ -122,7 +123,7 @@ class RemoteWorkerProcess(WorkerProcess):
     def signal_group(self, signum: int) -> None:
         """Have the agent send ``signum`` to the rank's process group on its node."""
         if self.exitcode is None:
-            self.node.send_quietly(("signal", self.wid, signum))
+            self.node.send_quietly(Signal(self.wid, signum))
 
     def kill_and_reap(self) -> None:
         """SIGKILL the rank's group through the agent; return once it reported the end (or is lost)."""

@@ -9,16 +9,47 @@ wire. Standard library and cloudpickle only: the rank side, ``launch/`` and ``no
 from __future__ import annotations
 
 import io
+import os
 import pickle
+import select
 import socket
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import cloudpickle
 
-__all__ = ["ConnectionClosed", "dumps_by_value", "read_exactly"]
+__all__ = [
+    "UNIX_PATH_MAX",
+    "ConnectionClosed",
+    "dumps_by_value",
+    "read_exactly",
+    "readable",
+    "unix_socket_path",
+]
 
 _CHUNK = 1 << 20  # one recv at most: a big frame is read in pieces, never asked of the kernel at once
+UNIX_PATH_MAX = 107
+"""Longest Unix socket path Linux binds (``sun_path`` is 108 bytes with its final NUL)."""
+_SHORT_BASE = "/tmp"  # where a socket goes when $TMPDIR's path is too long for one
+
+
+def unix_socket_path(prefix: str, name: str = "s") -> str:
+    """Return ``<new private directory>/<name>`` for a Unix socket, short enough to bind.
+
+    The directory is made under the temporary directory (``$TMPDIR``); where that path would be over
+    ``UNIX_PATH_MAX`` bytes (a deep ``$TMPDIR``, e.g. in CI or on a cluster's scratch), under ``/tmp``.
+    OSError naming ``$TMPDIR`` and the way out when neither works. The caller removes the directory.
+    """
+    longest = len(prefix) + 8 + len(name) + 2  # mkdtemp adds 8 characters, then two separators
+    for base in (tempfile.gettempdir(), _SHORT_BASE):
+        if len(os.fsencode(base)) + longest <= UNIX_PATH_MAX and os.access(base, os.W_OK | os.X_OK):
+            return os.path.join(tempfile.mkdtemp(prefix=prefix, dir=base), name)
+    raise OSError(
+        f"no directory to put a Unix socket in: TMPDIR={tempfile.gettempdir()!r} makes its path longer than "
+        f"{UNIX_PATH_MAX} bytes, and {_SHORT_BASE} is too long or not writable; set TMPDIR to a shorter "
+        "writable directory"
+    )
 
 
 class ConnectionClosed(ConnectionError):
@@ -40,6 +71,19 @@ def read_exactly(sock: socket.socket, size: int) -> bytes:
         chunks.append(chunk)
         got += len(chunk)
     return b"".join(chunks)
+
+
+def readable(socks: Iterable[socket.socket], timeout: float) -> list[socket.socket]:
+    """Return those of ``socks`` that can be read (data, or the peer closed) within ``timeout`` seconds.
+
+    ``poll``, not ``select``: a kernel with a thousand remote ranks holds descriptors past 1024,
+    which ``select.select`` refuses (``ValueError: filedescriptor out of range``).
+    """
+    poller, by_fd = select.poll(), {}
+    for sock in socks:
+        by_fd[sock.fileno()] = sock
+        poller.register(sock, select.POLLIN)
+    return [by_fd[fd] for fd, _ in poller.poll(timeout * 1000)]
 
 
 class _Pickler(cloudpickle.CloudPickler):
