@@ -680,3 +680,68 @@ def test_checker_reports_new_and_fixed_entries() -> None:
 )
 def test_area_of(module: str, area: str) -> None:
     assert area_of(module) == area
+
+
+# The supervision core (issue 33): small modules and short functions where launches, interactive ranks,
+# nodes and panels meet. A function's size counts its code lines: its docstring, blank lines and
+# comment-only lines aside.
+CORE_PATHS = ("notebook_accel/launch", "notebook_accel/interactive", "notebook_accel/nodes",
+              "notebook_accel/launchers.py", "widgets")
+CORE_MAX_MODULE_LINES = 450
+CORE_MAX_FUNCTION_CODE_LINES = 60
+
+
+def code_lines(function: ast.FunctionDef | ast.AsyncFunctionDef, source_lines: list[str]) -> int:
+    """Return how many lines of a function's body are code (not its docstring, a blank or a comment)."""
+    body = function.body
+    first = body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        if len(body) == 1:
+            return 0
+        first = body[1]
+    lines = source_lines[first.lineno - 1 : function.end_lineno]
+    return sum(1 for line in lines if line.strip() and not line.strip().startswith("#"))
+
+
+def core_size_problems(root: Path) -> list[str]:
+    """Return each core module over the line limit and each core function over the code-line limit."""
+    problems = []
+    for entry in CORE_PATHS:
+        path = root / entry
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path] if path.exists() else []
+        for file in files:
+            source = file.read_text(encoding="utf-8")
+            lines = source.splitlines()
+            name = file.relative_to(root).as_posix()
+            if len(lines) > CORE_MAX_MODULE_LINES:
+                problems.append(f"{name}: {len(lines)} lines (at most {CORE_MAX_MODULE_LINES})")
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    count = code_lines(node, lines)
+                    if count > CORE_MAX_FUNCTION_CODE_LINES:
+                        problems.append(
+                            f"{name}: {node.name} has {count} code lines (at most {CORE_MAX_FUNCTION_CODE_LINES})"
+                        )
+    return problems
+
+
+def test_core_modules_and_functions_stay_small() -> None:
+    problems = core_size_problems(ROOT)
+    assert not problems, "split these (docs/architecture.md, 'Sizes'):\n" + "\n".join(problems)
+
+
+def test_core_size_check_sees_long_modules_and_functions(tmp_path: Path) -> None:
+    doc = '    """A docstring\n    over two lines."""\n'
+    code = "\n".join(f"    x{i} = {i}  # counted" for i in range(CORE_MAX_FUNCTION_CODE_LINES))
+    fits = f"def fits():\n{doc}{code}\n    # a comment\n\n"
+    too_long = f"def too_long():\n{code}\n    y = 1\n"
+    (tmp_path / "notebook_accel/launch").mkdir(parents=True)
+    (tmp_path / "notebook_accel/launch/small.py").write_text(fits + too_long, encoding="utf-8")
+    (tmp_path / "widgets").mkdir()
+    (tmp_path / "widgets/big.py").write_text("x = 1\n" * (CORE_MAX_MODULE_LINES + 1), encoding="utf-8")
+    (tmp_path / "notebook_accel/utils").mkdir()
+    (tmp_path / "notebook_accel/utils/big.py").write_text("x = 1\n" * 600, encoding="utf-8")  # not core
+    assert core_size_problems(tmp_path) == [
+        f"notebook_accel/launch/small.py: too_long has {CORE_MAX_FUNCTION_CODE_LINES + 1} code lines (at most 60)",
+        f"widgets/big.py: {CORE_MAX_MODULE_LINES + 1} lines (at most 450)",
+    ]

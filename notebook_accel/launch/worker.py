@@ -255,29 +255,36 @@ def _call(function: Callable, args: tuple) -> Any:
         raise
 
 
+def _prepare_process(spec: WorkerSpec, out_fd: int, err_fd: int, result_fd: int) -> None:
+    """Make this process a rank's: its own process group, tied to its parent, the launcher's other
+    descriptors closed, plain signal handlers, output to the rank's pipes, fault reports, the rank's
+    environment and its result channel."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass  # already a group leader (the parent may have done it first)
+    if spec.parent_pid is not None:
+        _die_with_parent(spec.parent_pid)
+    for fd in spec.close_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _close_store_sockets(spec.store_ports)
+    # A kernel installs its own SIGINT handler; a worker wants the plain KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _redirect(out_fd, err_fd)
+    _install_fault_reports(spec.stacks_path)
+    os.environ.update(spec.env)
+    open_channel(result_fd)
+
+
 def worker_main(spec: WorkerSpec, out_fd: int, err_fd: int, result_fd: int) -> None:
     """Run one rank and exit the process (never returns)."""
     code = 1
     try:
-        try:
-            os.setpgid(0, 0)
-        except OSError:
-            pass  # already a group leader (the parent may have done it first)
-        if spec.parent_pid is not None:
-            _die_with_parent(spec.parent_pid)
-        for fd in spec.close_fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        _close_store_sockets(spec.store_ports)
-        # A kernel installs its own SIGINT handler; a worker wants the plain KeyboardInterrupt.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        _redirect(out_fd, err_fd)
-        _install_fault_reports(spec.stacks_path)
-        os.environ.update(spec.env)
-        open_channel(result_fd)
+        _prepare_process(spec, out_fd, err_fd, result_fd)
         started, cpu_started = time.monotonic(), sum(os.times()[:2])
         stop_reporter = start_device_reporter()
         if spec.bar_events:
