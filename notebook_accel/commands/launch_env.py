@@ -101,20 +101,26 @@ def setup_fp8_env(args: argparse.Namespace, current_env: dict[str, str]) -> dict
 
 
 def _nargs_value(text: str) -> Any:
-    """Return ``text`` as an ``int``, else a ``float``, else as it is (``"true"`` stays a string, as in 1.15)."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
+    """Return ``text`` as SageMaker's hyperparameter value, converted as 1.15 converts it.
+
+    Exactly ``"True"`` / ``"False"`` become bools (``"true"`` stays a string); a number becomes a
+    ``float``, and an ``int`` when it has no fraction (``"3"``, ``"1e3"``, ``"7."``: read through the
+    float, so past 2**53 the int is the float's); anything else stays the string.
+    """
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return int(number) if number.is_integer() else number
 
 
 def _convert_nargs_to_dict(nargs: list[str]) -> dict[str, Any]:
     """Return the ``--key value`` pairs of ``nargs`` (a script's arguments) as a dict, as 1.15 does.
 
     Every item starting with ``-`` is a key (dashes inside become underscores) and needs the next item
-    as its value; values become ``int`` or ``float`` when they read as one. Raises ``ValueError`` for
+    as its value, converted by ``_nargs_value`` (bools, ints, floats as 1.15). Raises ``ValueError`` for
     a key without a value (a ``--flag``, ``--key=value``: SageMaker's hyperparameters need explicit
     values, 1.15's message), a value without a key, and a key given twice.
     """
