@@ -85,6 +85,51 @@ def test_prepare_builders_match_1_15(case, builder, monkeypatch, tmp_path):
     assert changes == expected["namespace_changes"]
 
 
+@pytest.mark.parametrize("case", sorted(GOLDEN["mpi_cases"]))
+def test_mpi_launch_command_is_1_15s(case, monkeypatch):
+    """``--mpirun_hostfile``: mpirun/mpiexec found and asked its version through ``accelerate.utils.launch``.
+
+    Patched where 1.15's own tests patch (``utils.launch.which``, ``utils.launch.subprocess.check_output``);
+    the command for Intel MPI / MPICH / Open MPI, which of the two is used, and the errors are 1.15's.
+    """
+    recorded = GOLDEN["mpi_cases"][case]
+    from notebook_accel.commands.launch import _validate_launch_command, launch_command_parser
+
+    monkeypatch.setenv("HF_HOME", "/nonexistent-hf-home")  # no default config file of this machine's user
+    args = _validate_launch_command(launch_command_parser().parse_args(recorded["argv"]))[0]
+    asked = []
+
+    def check_output(cmd, *a, **k):
+        asked.append(list(cmd))
+        if recorded["version_text"] is None:
+            raise subprocess.CalledProcessError(1, cmd)
+        return recorded["version_text"].encode()
+
+    monkeypatch.setattr(
+        utils_launch,
+        "which",
+        lambda name, *a, **k: f"/usr/bin/{name}" if name in recorded["on_path"] else None,
+    )
+    monkeypatch.setattr(utils_launch.subprocess, "check_output", check_output)
+    if "error" in recorded:
+        kind = {"OSError": OSError, "CalledProcessError": subprocess.CalledProcessError}[recorded["error"]]
+        with pytest.raises(kind) as info:
+            L.prepare_simple_launcher_cmd_env(args)
+        assert str(info.value).startswith(recorded["message"])
+        return
+    cmd, _ = L.prepare_simple_launcher_cmd_env(args)
+    assert ["<python>" if c == sys.executable else c for c in cmd] == recorded["cmd"]
+    assert asked == [[cmd[0], "--version"]]
+
+
+def test_mpi_missing_names_the_way_out(monkeypatch):
+    monkeypatch.setattr(utils_launch, "which", lambda name, *a, **k: None)
+    args = argparse.Namespace(training_script="s.py", training_script_args=[], mpirun_hostfile="hosts",
+                              num_processes=2, num_machines=1)  # fmt: skip
+    with pytest.raises(OSError, match=r"--mpirun_hostfile 'hosts'.*on PATH.*without --mpirun_hostfile"):
+        L.prepare_simple_launcher_cmd_env(args)
+
+
 def test_a_free_default_port_needs_no_standalone_rendezvous(monkeypatch):
     recorded = GOLDEN["default_port_free"]
     monkeypatch.setattr(L, "is_port_in_use", lambda port: False)

@@ -285,6 +285,8 @@ def launch_command(args):
         deepspeed_launcher(args)
     elif args.tpu:
         (tpu_pod_launcher if args.tpu_use_cluster else tpu_launcher)(args)
+    elif args.mpirun_hostfile is not None and not (args.multi_gpu or args.use_fsdp or args.use_megatron_lm):
+        simple_launcher(args)  # mpirun starts every rank (prepare_simple_launcher_cmd_env), as in 1.15
     elif (
         args.num_processes > 1
         or args.num_machines > 1

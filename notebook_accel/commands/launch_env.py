@@ -28,7 +28,7 @@ from ..utils.imports import (
     is_torch_xla_available,
     is_xpu_available,
 )
-from ..utils.launch import PrepareForLaunch
+from ..utils.launch import PrepareForLaunch, mpi_launch_prefix
 from ..utils.network import get_free_port, is_port_in_use
 from ..utils.other import merge_dicts
 from ..utils.versions import compare_versions
@@ -193,7 +193,8 @@ def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str]
 
     ``cmd`` is ``[python, (-m,) script, *script_args]`` (just the script with ``--no_python``); ``env``
     is a copy of ``os.environ`` with the launch variables added. More than one process (this process
-    is one of a group another launcher forms) also sets ``MASTER_ADDR``/``MASTER_PORT``.
+    is one of a group another launcher forms) also sets ``MASTER_ADDR``/``MASTER_PORT``. With
+    ``--mpirun_hostfile``, ``cmd`` starts with the MPI launcher that runs every rank (``mpi_launch_prefix``).
     """
     script, script_args = args.training_script, list(_opt(args, "training_script_args") or [])
     if _opt(args, "no_python") and _opt(args, "module"):
@@ -202,6 +203,9 @@ def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str]
         cmd = [script, *script_args]
     else:
         cmd = [sys.executable, *(["-m"] if _opt(args, "module") else []), script, *script_args]
+    if _opt(args, "mpirun_hostfile") is not None:
+        processes = _opt(args, "num_processes") or 1
+        cmd = [*mpi_launch_prefix(args.mpirun_hostfile, processes, _opt(args, "num_machines") or 1), *cmd]
     env = os.environ.copy()
     use_cpu = bool(_opt(args, "cpu") or _opt(args, "use_cpu"))
     env["ACCELERATE_USE_CPU"] = str(use_cpu)
