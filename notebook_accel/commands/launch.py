@@ -137,7 +137,10 @@ def launch_command_parser(subparsers=None):
 
     Every option of 1.15's ``accelerate launch`` in its help group (``launch_options``).
     """
-    description = "Launch a python script in a distributed scenario."
+    description = (
+        "Launch a python script in a distributed scenario. Each option is listed once, and may be written "
+        "with dashes or with underscores (`--num-processes 2` is `--num_processes 2`)."
+    )
     if subparsers is not None:
         parser = subparsers.add_parser("launch", description=description, add_help=True,
                                        formatter_class=CustomHelpFormatter, allow_abbrev=False)  # fmt: skip
