@@ -246,6 +246,56 @@ def test_to_fsdp2_refuses_like_1_15(tmp_path):
         to_fsdp2_command(parse(["--config_file", str(tmp_path / "nope.yaml"), "--overwrite"]))
 
 
+def test_to_fsdp2_reads_through_load_config_and_asks_path_exists(tmp_path, monkeypatch, caplog):
+    """1.15's tests patch ``to_fsdp2.load_config`` and ``pathlib.Path.exists``: both are what ours consults."""
+    import pathlib
+
+    from notebook_accel.commands import to_fsdp2
+
+    parse = to_fsdp2.to_fsdp2_command_parser().parse_args
+    (tmp_path / "in.yaml").write_text("distributed_type: FSDP\nfsdp_config: {fsdp_version: 1}\n")
+    assert to_fsdp2.load_config(str(tmp_path / "in.yaml")) == {
+        "distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 1}
+    }  # fmt: skip
+    monkeypatch.setattr(to_fsdp2, "load_config", lambda path: {"fsdp_config": {"fsdp_version": 2}})
+    with caplog.at_level("WARNING"):
+        to_fsdp2.to_fsdp2_command(parse(["--config_file", str(tmp_path / "in.yaml"), "--output_file",
+                                         str(tmp_path / "out.yaml")]))  # fmt: skip
+    assert "Config already specifies FSDP2, skipping conversion..." in caplog.records[0].getMessage()
+    monkeypatch.setattr(pathlib.Path, "exists", lambda self: True)
+    with pytest.raises(FileExistsError, match="never.yaml already exists"):
+        to_fsdp2.to_fsdp2_command(parse(["--config_file", str(tmp_path / "in.yaml"), "--output_file",
+                                         str(tmp_path / "never.yaml")]))  # fmt: skip
+
+
+def test_estimate_memory_asks_the_hub_through_verify_on_hub(monkeypatch):
+    """``verify_on_hub`` answers "gated"/"repo" for those Hub errors; a gated or absent name is an OSError."""
+    pytest.importorskip("huggingface_hub")
+    from huggingface_hub import constants
+    from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError
+
+    from notebook_accel.commands import estimate
+
+    for error, answer in ((GatedRepoError, "gated"), (RepositoryNotFoundError, "repo")):
+
+        def refuse(repo, token=None, error=error):
+            exc = error.__new__(error)  # the Hub's errors want an HTTP response; the type is what counts
+            Exception.__init__(exc, f"{repo}: no")
+            raise exc
+
+        monkeypatch.setattr("huggingface_hub.model_info", refuse)
+        assert estimate.verify_on_hub("org/model") == answer
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    args = estimate.estimate_command_parser().parse_args(["org/llama"])
+    for answer, match in (
+        ("gated", "`org/llama` is gated.*hf auth login"),
+        ("repo", "does not exist on the Hub"),
+    ):
+        monkeypatch.setattr(estimate, "verify_on_hub", lambda repo, token=None, answer=answer: answer)
+        with pytest.raises(OSError, match=match):
+            estimate.estimate_command(args)
+
+
 def test_env_prints_1_15s_fields_and_config(tmp_path):
     yaml = pytest.importorskip("yaml")
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(COMMANDS["to_fsdp2"]["full_shard"]["input"]))
