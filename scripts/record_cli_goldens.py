@@ -13,6 +13,7 @@ changes on the namespace (torchrun reads those). Run with the real Accelerate in
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -258,6 +259,27 @@ CASES = {
     ],
 }
 
+# ``--mpirun_hostfile`` launches through MPI: the launcher looks for mpirun/mpiexec (``which``) and asks
+# ``<it> --version`` which MPI it is. Recorded with both patched where 1.15's own tests patch them
+# (``accelerate.utils.launch.which`` / ``.subprocess.check_output``), for each MPI and each PATH.
+MPI_CASES = {
+    "one_machine": ["--cpu", "--num_processes", "4", "--mpirun_hostfile", "/h/hostfile", "s.py"],
+    "four_machines": ["--cpu", "--num_machines", "4", "--num_processes", "16", "--main_process_ip", "10.0.0.1",
+                      "--main_process_port", "29555", "--mpirun_hostfile", "/h/hostfile", "s.py", "--x", "1"],
+    "module": ["--cpu", "-m", "--num_machines", "2", "--num_processes", "4", "--main_process_ip", "10.0.0.1",
+               "--main_process_port", "29555", "--machine_rank", "1", "--mpirun_hostfile", "/h/hostfile", "pkg.mod"],
+    "no_python": ["--cpu", "--no_python", "--num_processes", "2", "--mpirun_hostfile", "/h/hostfile", "./run.sh"],
+    "without_cpu_flag": ["--num_processes", "2", "--mpirun_hostfile", "/h/hostfile", "s.py"],
+}  # fmt: skip
+MPI_VERSIONS = {
+    "intel": "Intel(R) MPI Library for Linux* OS, Version 2021.13",
+    "open_mpi": "mpirun (Open MPI) 4.1.2",
+    "mpich": "HYDRA build details:\n    Version: 4.0",
+    "open_rte": "mpirun (OpenRTE) 2.1.1",
+    "version_fails": None,
+}
+MPI_PATHS = {"both": ["mpirun", "mpiexec"], "mpiexec_only": ["mpiexec"], "neither": []}
+
 
 def jsonable(value):
     """Return ``value`` as JSON: sets become sorted lists, tuples lists."""
@@ -321,6 +343,41 @@ def _record_one(argv: list[str]) -> dict:
     return out
 
 
+def _record_mpi() -> dict:
+    """Return what ``prepare_simple_launcher_cmd_env`` gives for each MPI case, MPI and PATH (1.15)."""
+    import subprocess as sp
+    from unittest import mock
+
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import launch as L
+
+    out = {}
+    for name, argv in MPI_CASES.items():
+        args = _validate_launch_command(launch_command_parser().parse_args(argv))[0]
+        for mpi, version in MPI_VERSIONS.items():
+            for path_name, on_path in MPI_PATHS.items():
+
+                def check_output(cmd, *a, version=version, **k):
+                    if version is None:
+                        raise sp.CalledProcessError(1, cmd)
+                    return version.encode()
+
+                with mock.patch.object(L, "which", side_effect=lambda n, *a, p=on_path, **k: f"/usr/bin/{n}" if n in p else None), \
+                        mock.patch.object(L.subprocess, "check_output", side_effect=check_output):  # fmt: skip
+                    try:
+                        cmd, _ = L.prepare_simple_launcher_cmd_env(copy.deepcopy(args))
+                        rec = {"cmd": ["<python>" if c == sys.executable else c for c in cmd]}
+                    except Exception as exc:  # recorded as a fact
+                        rec = {"error": type(exc).__name__, "message": str(exc)}
+                out[f"{name}/{mpi}/{path_name}"] = {
+                    "argv": argv,
+                    "version_text": version,
+                    "on_path": on_path,
+                    **rec,
+                }
+    return out
+
+
 def worker() -> None:
     """Print the JSON of every case (runs under the real Accelerate)."""
     import socket
@@ -344,6 +401,7 @@ def worker() -> None:
     out["cases"] = {name: _record_one(argv) for name, argv in cases.items()}
     held.close()  # now the default port is free (in the namespace of its own)
     out["default_port_free"] = _record_one(["--num_processes", "2", "--cpu", "s.py"])
+    out["mpi_cases"] = _record_mpi()
     print(json.dumps(out, sort_keys=True))
 
 

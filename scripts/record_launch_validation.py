@@ -117,6 +117,11 @@ NARGS_CASES = [
     ["--a=1", "--b", "2"], ["--a=1"], ["--flag", "--x", "3"], ["--a", "1", "b"], ["x", "y"], ["a=1"],
     ["--a", "1", "2"], ["--a", "1", "--a", "2"], ["--x-y", "3"], ["--f", "2.5", "--neg", "-1"],
 ]  # fmt: skip
+# Single values after a key: what type and value ``_convert_nargs_to_dict`` gives each (1.15 turns exactly
+# "True"/"False" into bools and a number with no fraction into an int, "1e3" and "7." included).
+NARGS_VALUES = ["False", "True", "false", "true", "TRUE", "yes", "0", "1", "3", "+4", "1_000", "0x10", "5e-5",
+                "50.5", "1e3", "1E3", "1.5e3", "7.", "2.0", "0.0", "1e30", "1e400", "inf", "Infinity", "nan",
+                "12345678901234567891", " 7 ", "bert", "", "None", "1/2", " True"]  # fmt: skip
 
 
 def _jsonable(value):
@@ -203,7 +208,7 @@ def worker() -> None:
     """Print the JSON of every case (runs under the real Accelerate)."""
     from accelerate.utils.launch import _convert_nargs_to_dict
 
-    out = {"argv_cases": {}, "config_cases": {}, "nargs_cases": []}
+    out = {"argv_cases": {}, "config_cases": {}, "nargs_cases": [], "nargs_values": []}
     for name, argv in ARGV_CASES.items():
         out["argv_cases"][name] = {"argv": argv, **_validate(argv)}
     for name, (config, argv) in CONFIG_CASES.items():
@@ -217,6 +222,9 @@ def worker() -> None:
         out["nargs_cases"].append(
             {"nargs": nargs, **_outcome(lambda nargs=nargs: _jsonable(_convert_nargs_to_dict(nargs)))}
         )
+    for text in NARGS_VALUES:
+        value = _convert_nargs_to_dict(["--a", text])["a"]
+        out["nargs_values"].append({"text": text, "type": type(value).__name__, "repr": repr(value)})
     out["free_port"] = _free_port_fact()
     print(json.dumps(out))
 

@@ -80,6 +80,51 @@ def test_prepare_builders_match_1_15(case, builder, monkeypatch, tmp_path):
     assert changes == expected["namespace_changes"]
 
 
+@pytest.mark.parametrize("case", sorted(GOLDEN["mpi_cases"]))
+def test_mpi_launch_command_is_1_15s(case, monkeypatch):
+    """``--mpirun_hostfile``: mpirun/mpiexec found and asked its version through ``accelerate.utils.launch``.
+
+    Patched where 1.15's own tests patch (``utils.launch.which``, ``utils.launch.subprocess.check_output``);
+    the command for Intel MPI / MPICH / Open MPI, which of the two is used, and the errors are 1.15's.
+    """
+    recorded = GOLDEN["mpi_cases"][case]
+    from notebook_accel.commands.launch import _validate_launch_command, launch_command_parser
+
+    monkeypatch.setenv("HF_HOME", "/nonexistent-hf-home")  # no default config file of this machine's user
+    args = _validate_launch_command(launch_command_parser().parse_args(recorded["argv"]))[0]
+    asked = []
+
+    def check_output(cmd, *a, **k):
+        asked.append(list(cmd))
+        if recorded["version_text"] is None:
+            raise subprocess.CalledProcessError(1, cmd)
+        return recorded["version_text"].encode()
+
+    monkeypatch.setattr(
+        utils_launch,
+        "which",
+        lambda name, *a, **k: f"/usr/bin/{name}" if name in recorded["on_path"] else None,
+    )
+    monkeypatch.setattr(utils_launch.subprocess, "check_output", check_output)
+    if "error" in recorded:
+        kind = {"OSError": OSError, "CalledProcessError": subprocess.CalledProcessError}[recorded["error"]]
+        with pytest.raises(kind) as info:
+            L.prepare_simple_launcher_cmd_env(args)
+        assert str(info.value).startswith(recorded["message"])
+        return
+    cmd, _ = L.prepare_simple_launcher_cmd_env(args)
+    assert ["<python>" if c == sys.executable else c for c in cmd] == recorded["cmd"]
+    assert asked == [[cmd[0], "--version"]]
+
+
+def test_mpi_missing_names_the_way_out(monkeypatch):
+    monkeypatch.setattr(utils_launch, "which", lambda name, *a, **k: None)
+    args = argparse.Namespace(training_script="s.py", training_script_args=[], mpirun_hostfile="hosts",
+                              num_processes=2, num_machines=1)  # fmt: skip
+    with pytest.raises(OSError, match=r"--mpirun_hostfile 'hosts'.*on PATH.*without --mpirun_hostfile"):
+        L.prepare_simple_launcher_cmd_env(args)
+
+
 def test_a_free_default_port_needs_no_standalone_rendezvous(monkeypatch):
     recorded = GOLDEN["default_port_free"]
     monkeypatch.setattr(L, "is_port_in_use", lambda port: False)
@@ -213,6 +258,56 @@ def test_to_fsdp2_refuses_like_1_15(tmp_path):
         )
     with pytest.raises(FileNotFoundError, match="nope.yaml"):
         to_fsdp2_command(parse(["--config_file", str(tmp_path / "nope.yaml"), "--overwrite"]))
+
+
+def test_to_fsdp2_reads_through_load_config_and_asks_path_exists(tmp_path, monkeypatch, caplog):
+    """1.15's tests patch ``to_fsdp2.load_config`` and ``pathlib.Path.exists``: both are what ours consults."""
+    import pathlib
+
+    from notebook_accel.commands import to_fsdp2
+
+    parse = to_fsdp2.to_fsdp2_command_parser().parse_args
+    (tmp_path / "in.yaml").write_text("distributed_type: FSDP\nfsdp_config: {fsdp_version: 1}\n")
+    assert to_fsdp2.load_config(str(tmp_path / "in.yaml")) == {
+        "distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 1}
+    }  # fmt: skip
+    monkeypatch.setattr(to_fsdp2, "load_config", lambda path: {"fsdp_config": {"fsdp_version": 2}})
+    with caplog.at_level("WARNING"):
+        to_fsdp2.to_fsdp2_command(parse(["--config_file", str(tmp_path / "in.yaml"), "--output_file",
+                                         str(tmp_path / "out.yaml")]))  # fmt: skip
+    assert "Config already specifies FSDP2, skipping conversion..." in caplog.records[0].getMessage()
+    monkeypatch.setattr(pathlib.Path, "exists", lambda self: True)
+    with pytest.raises(FileExistsError, match="never.yaml already exists"):
+        to_fsdp2.to_fsdp2_command(parse(["--config_file", str(tmp_path / "in.yaml"), "--output_file",
+                                         str(tmp_path / "never.yaml")]))  # fmt: skip
+
+
+def test_estimate_memory_asks_the_hub_through_verify_on_hub(monkeypatch):
+    """``verify_on_hub`` answers "gated"/"repo" for those Hub errors; a gated or absent name is an OSError."""
+    pytest.importorskip("huggingface_hub")
+    from huggingface_hub import constants
+    from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError
+
+    from notebook_accel.commands import estimate
+
+    for error, answer in ((GatedRepoError, "gated"), (RepositoryNotFoundError, "repo")):
+
+        def refuse(repo, token=None, error=error):
+            exc = error.__new__(error)  # the Hub's errors want an HTTP response; the type is what counts
+            Exception.__init__(exc, f"{repo}: no")
+            raise exc
+
+        monkeypatch.setattr("huggingface_hub.model_info", refuse)
+        assert estimate.verify_on_hub("org/model") == answer
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    args = estimate.estimate_command_parser().parse_args(["org/llama"])
+    for answer, match in (
+        ("gated", "`org/llama` is gated.*hf auth login"),
+        ("repo", "does not exist on the Hub"),
+    ):
+        monkeypatch.setattr(estimate, "verify_on_hub", lambda repo, token=None, answer=answer: answer)
+        with pytest.raises(OSError, match=match):
+            estimate.estimate_command(args)
 
 
 def test_env_prints_1_15s_fields_and_config(tmp_path, monkeypatch, capsys):

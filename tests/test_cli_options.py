@@ -256,3 +256,15 @@ def test_tpu_config_raises_when_gcloud_fails(tpu_files, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin")
     with pytest.raises(subprocess.CalledProcessError, match="exit status 2"):
         _tpu_config(["--config_file", "<config>"], tpu_files)
+
+
+def test_help_lists_each_option_once():
+    """``launch -h`` shows the underscore spelling only; the description names ``--num-processes`` once (1.15)."""
+    from notebook_accel.commands.launch import launch_command_parser
+
+    parser = launch_command_parser()
+    text = parser.format_help()
+    for dest in vars(parser.parse_args(["s.py"])):
+        dashed = "--" + dest.replace("_", "-")
+        if "_" in dest:
+            assert text.count(dashed) == (1 if dashed == "--num-processes" else 0), dashed

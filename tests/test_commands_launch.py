@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -81,6 +83,67 @@ def test_two_processes_through_torchrun_with_the_config_file(tmp_path, script):
         (0, 2, "MULTI_CPU", "fp16"),
         (1, 2, "MULTI_CPU", "fp16"),
     ]
+
+
+# A stand-in for Open MPI's mpirun on one host: answers --version, then starts each rank with the
+# variables Open MPI gives its ranks and waits for them all.
+FAKE_MPIRUN = textwrap.dedent(
+    """\
+    #!/bin/sh
+    if [ "$1" = "--version" ]; then echo "mpirun (Open MPI) 4.1.2"; exit 0; fi
+    echo "$@" > "$(dirname "$0")/mpirun_args"
+    n=$6; shift 8
+    i=0; pids=""
+    while [ $i -lt $n ]; do
+        OMPI_COMM_WORLD_RANK=$i OMPI_COMM_WORLD_SIZE=$n OMPI_COMM_WORLD_LOCAL_RANK=$i \\
+            OMPI_COMM_WORLD_LOCAL_SIZE=$n "$@" & pids="$pids $!"; i=$((i+1))
+    done
+    status=0; for p in $pids; do wait $p || status=1; done; exit $status
+    """
+)
+
+
+def test_mpirun_hostfile_launches_every_rank_through_mpirun(tmp_path, monkeypatch):
+    """``--mpirun_hostfile``: mpirun (found on PATH, its kind asked) gets the command and starts each rank.
+
+    The ranks see the launch variables (``MASTER_ADDR``/``MASTER_PORT``...) and the MPI launcher's own;
+    forming the process group from MPI's variables is left to the script's state, as in 1.15.
+    """
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "mpirun").write_text(FAKE_MPIRUN)
+    (bin_dir / "mpirun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    rank_script = tmp_path / "rank.py"
+    rank_script.write_text(
+        "import json, os, sys\n"
+        "rank = os.environ['OMPI_COMM_WORLD_RANK']\n"
+        "keys = ('MASTER_ADDR', 'MASTER_PORT', 'ACCELERATE_USE_CPU', 'OMPI_COMM_WORLD_SIZE')\n"
+        "json.dump({k: os.environ.get(k) for k in keys}, open(os.path.join(sys.argv[1], f'rank_{rank}.json'), 'w'))\n"
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    port = str(get_free_port())
+    _launch("--cpu", "--num_processes", "2", "--main_process_port", port, "--mpirun_hostfile", str(tmp_path / "hosts"),
+            str(rank_script), str(out))  # fmt: skip
+    assert (bin_dir / "mpirun_args").read_text().split()[:9] == [
+        "--hostfile",
+        str(tmp_path / "hosts"),
+        "--npernode",
+        "2",
+        "-n",
+        "2",
+        "--bind-to",
+        "socket",
+        sys.executable,
+    ]
+    expected = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+        "ACCELERATE_USE_CPU": "True",
+        "OMPI_COMM_WORLD_SIZE": "2",
+    }
+    assert _ranks(out) == [expected, expected]
 
 
 def test_a_failing_script_raises(tmp_path):

@@ -132,6 +132,13 @@ def test_convert_nargs_to_dict_is_1_15s(case):
         _convert_nargs_to_dict(case["nargs"])
 
 
+@pytest.mark.parametrize("case", RECORD["nargs_values"], ids=lambda c: repr(c["text"]))
+def test_convert_nargs_to_dict_converts_each_value_as_1_15(case):
+    """``"False"`` becomes a bool, ``"3"`` and ``"1e3"`` ints, ``"5e-5"`` a float: type and value as 1.15's."""
+    value = _convert_nargs_to_dict(["--a", case["text"]])["a"]
+    assert (type(value).__name__, repr(value)) == (case["type"], case["repr"])
+
+
 @pytest.mark.parametrize(
     ("nargs", "match"),
     [(["--fp16"], "give '--fp16' a value of its own"), (["--a=1"], r"`--a <value>`"),

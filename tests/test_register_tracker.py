@@ -111,3 +111,16 @@ def test_a_non_tracker_or_nameless_class_is_refused_with_value_error(bad, match)
     with pytest.raises(ValueError, match=match):
         register_tracker_class(bad)
     assert tracking.LOGGER_TYPE_TO_CLASS == before
+
+
+def test_the_trackers_stay_listed_after_end_training() -> None:
+    """As 1.15: ``end_training`` finishes each tracker and ``accelerator.trackers`` still holds them (its DVCLive
+    tests read ``accelerator.trackers[0].live`` after it)."""
+    register_tracker_class(ListTracker)
+    ListTracker.runs.clear()
+    accelerator = Accelerator(cpu=True, log_with="list_tracker")
+    accelerator.init_trackers("proj")
+    finished = []
+    ListTracker.runs[0].finish = lambda: finished.append(True)
+    accelerator.end_training()
+    assert accelerator.trackers == ListTracker.runs and finished == [True]

@@ -46,8 +46,11 @@ class _TrackingMixin:
             tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
 
     def end_training(self) -> None:
-        """Finish every tracker and close the process group (left to the launcher under a fork launch)."""
+        """Finish every tracker and close the process group (left to the launcher under a fork launch).
+
+        ``self.trackers`` keeps the finished trackers, as in 1.15 (what they wrote stays readable there);
+        ``init_trackers`` replaces them.
+        """
         for tracker in self.trackers:
             tracker.finish()
-        self.trackers = []
         self.state.destroy_process_group()

@@ -18,6 +18,7 @@ __all__ = [
     "estimate_command_parser",
     "estimate_training_usage",
     "gather_data",
+    "verify_on_hub",
 ]
 
 DTYPES = ("float32", "float16", "int8", "int4")
@@ -43,11 +44,53 @@ def estimate_command_parser(subparsers=None):
     return parser
 
 
+def verify_on_hub(repo: str, token: str | None = None):
+    """Return the Hub's model info for ``repo``; ``"gated"`` when it needs a login, ``"repo"`` when there is none.
+
+    Other failures (no network) are raised as they are.
+    """
+    from huggingface_hub import model_info
+    from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        return model_info(repo, token=token)
+    except GatedRepoError:
+        return "gated"
+    except RepositoryNotFoundError:
+        return "repo"
+
+
+def _check_on_hub(model_name: str, access_token) -> None:
+    """Raise OSError when the Hub answers that ``model_name`` is gated or absent (a local folder is not asked)."""
+    import os
+
+    from huggingface_hub import constants
+
+    if os.path.isdir(model_name) or constants.HF_HUB_OFFLINE:
+        return
+    answer = verify_on_hub(model_name, access_token)
+    if answer == "gated":
+        raise OSError(
+            f"Repo for model `{model_name}` is gated. You must be authenticated to access it: run "
+            "`hf auth login` (or pass a token), or point to a local folder holding its config.json."
+        )
+    if answer == "repo":
+        raise OSError(
+            f"Repo for model `{model_name}` does not exist on the Hub: check the name, log in for a private "
+            "repo (`hf auth login`), or point to a local folder holding its config.json."
+        )
+
+
 def create_empty_model(
     model_name: str, library_name: str, trust_remote_code: bool = False, access_token=None
 ):
-    """Return the model ``model_name`` built on the meta device (no weights), by ``library_name``."""
+    """Return the model ``model_name`` built on the meta device (no weights), by ``library_name``.
+
+    A Hub name is first checked with :func:`verify_on_hub` (OSError for a gated or absent repo).
+    """
     import torch
+
+    _check_on_hub(model_name, access_token)
 
     library_name = library_name or "transformers"
     if library_name == "transformers":

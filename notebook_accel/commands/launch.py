@@ -137,7 +137,10 @@ def launch_command_parser(subparsers=None):
 
     Every option of 1.15's ``accelerate launch`` in its help group (``launch_options``).
     """
-    description = "Launch a python script in a distributed scenario."
+    description = (
+        "Launch a python script in a distributed scenario. Each option is listed once, and may be written "
+        "with dashes or with underscores (`--num-processes 2` is `--num_processes 2`)."
+    )
     if subparsers is not None:
         parser = subparsers.add_parser("launch", description=description, add_help=True,
                                        formatter_class=CustomHelpFormatter, allow_abbrev=False)  # fmt: skip
@@ -285,6 +288,8 @@ def launch_command(args):
         deepspeed_launcher(args)
     elif args.tpu:
         (tpu_pod_launcher if args.tpu_use_cluster else tpu_launcher)(args)
+    elif args.mpirun_hostfile is not None and not (args.multi_gpu or args.use_fsdp or args.use_megatron_lm):
+        simple_launcher(args)  # mpirun starts every rank (prepare_simple_launcher_cmd_env), as in 1.15
     elif (
         args.num_processes > 1
         or args.num_machines > 1

@@ -28,7 +28,7 @@ from ..utils.imports import (
     is_torch_xla_available,
     is_xpu_available,
 )
-from ..utils.launch import PrepareForLaunch
+from ..utils.launch import PrepareForLaunch, mpi_launch_prefix
 from ..utils.network import get_free_port, is_port_in_use
 from ..utils.other import merge_dicts
 from ..utils.versions import compare_versions
@@ -101,20 +101,26 @@ def setup_fp8_env(args: argparse.Namespace, current_env: dict[str, str]) -> dict
 
 
 def _nargs_value(text: str) -> Any:
-    """Return ``text`` as an ``int``, else a ``float``, else as it is (``"true"`` stays a string, as in 1.15)."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
+    """Return ``text`` as SageMaker's hyperparameter value, converted as 1.15 converts it.
+
+    Exactly ``"True"`` / ``"False"`` become bools (``"true"`` stays a string); a number becomes a
+    ``float``, and an ``int`` when it has no fraction (``"3"``, ``"1e3"``, ``"7."``: read through the
+    float, so past 2**53 the int is the float's); anything else stays the string.
+    """
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return int(number) if number.is_integer() else number
 
 
 def _convert_nargs_to_dict(nargs: list[str]) -> dict[str, Any]:
     """Return the ``--key value`` pairs of ``nargs`` (a script's arguments) as a dict, as 1.15 does.
 
     Every item starting with ``-`` is a key (dashes inside become underscores) and needs the next item
-    as its value; values become ``int`` or ``float`` when they read as one. Raises ``ValueError`` for
+    as its value, converted by ``_nargs_value`` (bools, ints, floats as 1.15). Raises ``ValueError`` for
     a key without a value (a ``--flag``, ``--key=value``: SageMaker's hyperparameters need explicit
     values, 1.15's message), a value without a key, and a key given twice.
     """
@@ -187,7 +193,8 @@ def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str]
 
     ``cmd`` is ``[python, (-m,) script, *script_args]`` (just the script with ``--no_python``); ``env``
     is a copy of ``os.environ`` with the launch variables added. More than one process (this process
-    is one of a group another launcher forms) also sets ``MASTER_ADDR``/``MASTER_PORT``.
+    is one of a group another launcher forms) also sets ``MASTER_ADDR``/``MASTER_PORT``. With
+    ``--mpirun_hostfile``, ``cmd`` starts with the MPI launcher that runs every rank (``mpi_launch_prefix``).
     """
     script, script_args = args.training_script, list(_opt(args, "training_script_args") or [])
     if _opt(args, "no_python") and _opt(args, "module"):
@@ -196,6 +203,9 @@ def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str]
         cmd = [script, *script_args]
     else:
         cmd = [sys.executable, *(["-m"] if _opt(args, "module") else []), script, *script_args]
+    if _opt(args, "mpirun_hostfile") is not None:
+        processes = _opt(args, "num_processes") or 1
+        cmd = [*mpi_launch_prefix(args.mpirun_hostfile, processes, _opt(args, "num_machines") or 1), *cmd]
     env = os.environ.copy()
     use_cpu = bool(_opt(args, "cpu") or _opt(args, "use_cpu"))
     env["ACCELERATE_USE_CPU"] = str(use_cpu)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import yaml
 
 from .utils import build_command_parser
 
-__all__ = ["convert_config_to_fsdp2", "to_fsdp2_command", "to_fsdp2_command_parser"]
+__all__ = ["convert_config_to_fsdp2", "load_config", "to_fsdp2_command", "to_fsdp2_command_parser"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,10 @@ def convert_config_to_fsdp2(config: dict) -> dict:
     """Return a copy of the config dict ``config`` with its ``fsdp_config`` converted to FSDP2."""
     fsdp = dict(config.get("fsdp_config") or {})
     if int(fsdp.get("fsdp_version", 1)) == 2:
-        logger.warning("The config already has fsdp_version: 2; it is written unchanged.")
+        logger.warning("Config already specifies FSDP2, skipping conversion...")
+        logger.warning(
+            "If the config doesn't use new argument names, change `fsdp_version` to `1` and rerun the command."
+        )
         return dict(config)
     out: dict = {}
     for key, value in fsdp.items():
@@ -64,6 +68,12 @@ def convert_config_to_fsdp2(config: dict) -> dict:
     return {**config, "fsdp_config": dict(sorted(out.items()))}
 
 
+def load_config(config_file: str) -> dict:
+    """Return the YAML config file ``config_file`` as a dict (empty for an empty file)."""
+    with open(config_file, encoding="utf-8") as handle:
+        return yaml.safe_load(handle) or {}
+
+
 def to_fsdp2_command(args):
     """Return the path written: ``args.config_file`` converted to FSDP2 (see the module's docstring)."""
     if not os.path.isfile(args.config_file):
@@ -73,11 +83,11 @@ def to_fsdp2_command(args):
     if not args.overwrite and args.output_file is None:
         raise ValueError("If --overwrite is not set, --output_file must be provided")
     target = args.output_file or args.config_file
-    if args.output_file is not None and os.path.exists(args.output_file) and not args.overwrite:
+    if args.output_file is not None and Path(args.output_file).exists() and not args.overwrite:
         raise FileExistsError(f"Output file {args.output_file} already exists and --overwrite is not set")
-    with open(args.config_file, encoding="utf-8") as handle:
-        config = yaml.safe_load(handle) or {}
-    if config.get("distributed_type") != "FSDP":
+    config = load_config(args.config_file)
+    already = int((config.get("fsdp_config") or {}).get("fsdp_version", 1)) == 2
+    if config.get("distributed_type") != "FSDP" and not already:
         raise ValueError(
             f"{args.config_file} has distributed_type {config.get('distributed_type')!r}, not FSDP: "
             "only FSDP configs convert to FSDP2."

@@ -5,13 +5,16 @@ piece a hand-written ``torch.multiprocessing`` launch needs: it turns the proces
 torchrun variables before calling the function. The ``accelerate launch`` builders
 (``prepare_multi_gpu_env``, ``prepare_deepspeed_cmd_env``...) and the other names 1.15 serves here live
 with the command line, in ``notebook_accel.commands.launch_env``: this module serves every name of its
-``__all__`` at first use.
+``__all__`` at first use. The MPI probe (``mpi_launch_prefix``) lives here, with ``which`` and
+``subprocess``: the names 1.15's tests patch at this path to fake an MPI installation.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Callable
+from shutil import which
 from typing import Any
 
 from .._lazy import forward
@@ -58,3 +61,29 @@ class PrepareForLaunch:
         if self.debug:
             os.environ["ACCELERATE_DEBUG_MODE"] = "true"
         return self.launcher(*args)
+
+
+def mpi_launch_prefix(hostfile: str, num_processes: int, num_machines: int = 1) -> list[str]:
+    """Return the ``mpirun`` (or ``mpiexec``) words that start ``num_processes`` ranks over ``hostfile``'s hosts.
+
+    mpirun is preferred to mpiexec when both are on PATH. ``<it> --version`` tells Open MPI (its own
+    options: ``--hostfile``, ``--npernode``, ``--bind-to socket``) from Intel MPI, MPICH and MVAPICH
+    (``-f``, ``-ppn``); each machine runs ``num_processes // num_machines`` ranks, as in 1.15. Raises
+    OSError when neither program is on PATH, and CalledProcessError when ``--version`` fails.
+    """
+    found = [name for name in ("mpirun", "mpiexec") if which(name)]
+    if not found:
+        raise OSError(
+            "mpirun or mpiexec were not found. Ensure that Intel MPI, Open MPI, or MVAPICH are installed. "
+            f"(--mpirun_hostfile {hostfile!r} launches through MPI, and neither program is on PATH: install "
+            "one, or launch without --mpirun_hostfile.)"
+        )
+    program = found[0]
+    version = subprocess.check_output([program, "--version"])
+    if isinstance(version, bytes):
+        version = version.decode(errors="replace")
+    per_machine = str(int(num_processes) // max(int(num_machines or 1), 1))
+    if "Open MPI" in version:
+        return [program, "--hostfile", str(hostfile), "--npernode", per_machine, "-n", str(num_processes),
+                "--bind-to", "socket"]  # fmt: skip
+    return [program, "-f", str(hostfile), "-ppn", per_machine, "-n", str(num_processes)]
