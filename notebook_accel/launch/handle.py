@@ -1,7 +1,7 @@
 """``LaunchHandle``: the running launch, supervised by one background thread.
 
-The thread waits (``selectors``) on every worker's stdout, stderr and result pipe and on a
-descriptor that becomes readable when the worker exits. It cuts output into ``OutputLine``s for the
+The thread waits (``supervisor.RankSupervisor``) on every worker's stdout, stderr and result pipe and
+on a descriptor that becomes readable when the worker exits. It cuts output into ``OutputLine``s for the
 sinks and subscribers, collects results, notices the first failure and stops the other ranks at
 once (a rank blocked in a collective would otherwise wait for its timeout), and, at the end, closes
 every descriptor it owns. States per rank (``states.State``): starting -> running -> succeeded | failed
@@ -15,8 +15,6 @@ import atexit
 import collections
 import gc
 import logging
-import os
-import selectors
 import signal
 import threading
 import time
@@ -26,26 +24,25 @@ from dataclasses import replace
 from typing import Any
 
 from .completion import Completion
-from .doctor import RankStack, describe_stacks, named_ranks
-from .errors import LaunchError, RankFailure, death_notes, order_failures, signal_name
+from .doctor import RankStack, describe_stacks
+from .errors import LaunchError, RankFailure
 from .events import EventHub
-from .hangs import SampledWatch, Verdict, launch_outcome, returned_note
+from .hangs import LaunchWatch
 from .interfaces import RunView, WorkerBackend, WorkerStart
 from .output import LineSplitter, OutputHistory, OutputLine, announce
-from .plan import LaunchPlan, threads_per_worker
+from .plan import LaunchPlan
 from .procs import LocalProcesses
-from .ranks import RankStatus, _Rank
+from .ranks import RankStatus, _Rank, launch_error, settle_all
 from .states import State
+from .supervisor import RankSupervisor, Signals, start_over_pipes
 from .usage import apply_usage
 from .views import LaunchViews
-from .worker import WorkerSpec
 
 __all__ = ["LaunchHandle", "RankStatus"]
 
 logger = logging.getLogger(__name__)
 
 _LIVE: weakref.WeakSet[LaunchHandle] = weakref.WeakSet()  # running launches, stopped at interpreter exit
-_DRAIN_SECONDS = 2.0  # after the last exit, how long pipes held by stray descendants may stay open
 
 
 class LaunchHandle(Completion, LaunchViews, RunView):
@@ -91,10 +88,8 @@ class LaunchHandle(Completion, LaunchViews, RunView):
         self._failures: list[RankFailure] = []
         self._error: LaunchError | None = None
         self._stop_started: float | None = None
-        self._stop_signals: list[tuple[float, int]] = []
         self._stop_reason = ""
         self._user_stopped = False
-        self._sent_signals: set[int] = set()
         # ``timeout`` counts from here: a restarted group passes the launch's first start.
         self._started = time.monotonic() if started is None else started
         self._timed_out = False
@@ -103,16 +98,16 @@ class LaunchHandle(Completion, LaunchViews, RunView):
             _Rank(rank, rank % n, attempt, rank // n, plan.hosts[rank // n] if plan.hosts else None)
             for rank in plan.supervised_ranks
         ]
+        self._signals = Signals(self._ranks)  # those of a stop: SIGINT, then SIGTERM, then SIGKILL...
         self._thread: threading.Thread | None = None
         self._bar_events = bar_events
         self._events = EventHub(live_bar_ranks)
         self._usage = self._backend.usage_source()
         self._collector = self._backend.stack_source()
         # Stacks are sampled beside the supervising thread, which keeps reading output meanwhile.
-        self._hang = SampledWatch(hang_timeout, time.monotonic(), self.stacks, plan.backend == "nccl")
-        self._first_end: float | None = None  # when a rank first ended: the others will never meet it again
-        self._hang_active = True
-        self._on_hang = on_hang
+        self._hangs = LaunchWatch(
+            hang_timeout, time.monotonic(), self.stacks, plan.backend == "nccl", on_hang
+        )
         self._stop_stacks: dict[int, RankStack] | None = None
         self.hang_report: str | None = None
         """The hang rule's report (every rank's position, the stacks), once it made one (``hangs.py``)."""
@@ -127,7 +122,7 @@ class LaunchHandle(Completion, LaunchViews, RunView):
     @property
     def hang_timeout(self) -> float:
         """Return the seconds without progress after which the hang rule reports or ends a wait (math.inf: never)."""
-        return self._hang.rule.timeout
+        return self._hangs.watch.rule.timeout
 
     @property
     def pids(self) -> list[int | None]:
@@ -186,24 +181,10 @@ class LaunchHandle(Completion, LaunchViews, RunView):
             # Objects that exist now move to the permanent generation for the forks: a worker's
             # garbage collections then never touch (and copy-on-write) the kernel's heap.
             gc.freeze()
-        writes: list[int] = []
         try:
-            starts = self._worker_starts(writes)
-            try:
-                procs = self._backend.start(self.plan.start_method, starts)
-            finally:
-                for fd in writes:
-                    os.close(fd)
-                writes.clear()
+            procs = start_over_pipes(self._backend, self.plan.start_method, self._ranks, self._worker_starts)
         except BaseException:
-            # A failed start (or ^C while forking): the backend took down what it started; release every fd.
-            for fd in writes:
-                os.close(fd)
-            self._collector.close()
-            for r in self._ranks:
-                for fd in r.fds:
-                    os.close(fd)
-                r.fds.clear()
+            self._collector.close()  # the pipes were closed, and what started was taken down
             raise
         finally:
             if freeze:
@@ -222,39 +203,16 @@ class LaunchHandle(Completion, LaunchViews, RunView):
             )
             self._thread.start()
 
-    def _worker_starts(self, writes: list[int]) -> list[WorkerStart]:
-        """Return each rank's start, over pipes opened now (write ends appended to ``writes``, read ends kept)."""
-        plan = self.plan
-        ends = []
-        for r in self._ranks:
-            pipes = {name: os.pipe() for name in ("stdout", "stderr", "result")}
-            for name, (read_end, write_end) in pipes.items():
-                r.fds[read_end] = name
-                writes.append(write_end)
-            ends.append(tuple(pipes[name][1] for name in ("stdout", "stderr", "result")))
-        # A forked worker closes every other descriptor of the launch: the read ends, the others' write ends.
-        parent_fds = [fd for r in self._ranks for fd in r.fds]
-        threads = threads_per_worker(plan.num_processes)
-        store_ports = tuple(p for p in (plan.master_port, plan.dry_run_port) if p)
-        starts = []
-        for r, own in zip(self._ranks, ends):
-            spec = WorkerSpec(
-                rank=r.rank,
-                local_rank=r.local_rank,
-                env=plan.worker_env(r.local_rank, r.node),
-                num_threads=threads,
-                backend=plan.backend,
-                dry_run_port=plan.dry_run_port,
-                function=self._function,
-                args=self._args,
-                close_fds=tuple(parent_fds + [fd for fd in writes if fd not in own]),
-                parent_pid=os.getpid(),
-                bar_events=self._bar_events,
-                stacks_path=self._collector.path(r.rank),
-                store_ports=store_ports,
-            )
-            starts.append(WorkerStart(spec, *own))
-        return starts
+    def _worker_starts(self, ends: list[tuple[int, ...]], writes: list[int]) -> list[WorkerStart]:
+        return self.plan.worker_starts(
+            self._ranks,
+            ends,
+            writes,
+            self._collector.path,
+            function=self._function,
+            args=self._args,
+            bar_events=self._bar_events,
+        )
 
     def run_here(self) -> None:
         """Supervise the launch in the calling thread until it is done (a blocking launch).
@@ -291,34 +249,19 @@ class LaunchHandle(Completion, LaunchViews, RunView):
                 return
             if stacks and self._stop_stacks is None:
                 self._stop_stacks = self._take_stacks()  # where each rank was, for the error
-            now = time.monotonic()
-            self._stop_started = now
+            self._stop_started = time.monotonic()
             self._stop_reason = self._stop_reason or reason
-            first, *later = signals
-            self._stop_signals = [(now + grace * (i + 1), s) for i, s in enumerate(later)]
-            self._signal_running(first)
-
-    def _signal_running(self, signum: int) -> None:
-        self._sent_signals.add(signum)
-        for r in self._ranks:
-            if r.proc is not None and not r.exited:
-                r.proc.signal_group(signum)
+            self._signals.escalate(signals, grace, self._stop_started)
 
     def supervise(self, interruptible: bool = False) -> None:
-        sel = selectors.DefaultSelector()
+        """Supervise the launch until it is done: output, results, exits, stops, timeout, hang rule."""
+        ranks = RankSupervisor(self._on_data, self._on_eof, self._on_exit, lock=self._lock)
         interrupts = 0
         try:
-            for r in self._ranks:
-                for fd in r.fds:
-                    os.set_blocking(fd, False)
-                    sel.register(fd, selectors.EVENT_READ, (r, r.fds[fd]))
-                if r.proc.sentinel is not None:
-                    sel.register(r.proc.sentinel, selectors.EVENT_READ, (r, "exit"))
-            polling = any(r.proc.sentinel is None for r in self._ranks)
-            self._drain_deadline: float | None = None
+            ranks.add(self._ranks)
             while True:
                 try:
-                    if self._step(sel, polling):
+                    if self._step(ranks):
                         break
                 except KeyboardInterrupt:
                     if not interruptible:
@@ -327,35 +270,21 @@ class LaunchHandle(Completion, LaunchViews, RunView):
                     self.stop() if interrupts == 1 else self.kill()
         except BaseException:
             logger.exception("launch supervisor crashed; killing the workers")
-            self._signal_running(signal.SIGKILL)
+            self._signals.send(signal.SIGKILL)
             raise
         finally:
-            self._finish(sel)
+            self._finish(ranks)
         if interrupts:
             raise KeyboardInterrupt(describe_stacks(self._stop_stacks) if self._stop_stacks else "")
 
-    def _step(self, sel: selectors.BaseSelector, polling: bool) -> bool:
+    def _step(self, ranks: RankSupervisor) -> bool:
         """Handle what is ready; return True when the launch is over."""
         now = time.monotonic()
-        if all(r.exited for r in self._ranks):
-            if all(not r.fds for r in self._ranks):
-                return True
-            self._drain_deadline = self._drain_deadline or now + _DRAIN_SECONDS
-            if now >= self._drain_deadline:
-                return True
-        for event, _ in sel.select(self._next_wakeup(now, polling, self._drain_deadline)):
-            rank, kind = event.data
-            if kind == "exit":
-                sel.unregister(event.fd)
-                self._on_exit(rank)
-            elif event.fd in rank.fds:
-                self._read(sel, rank, event.fd, kind)
-        if polling or self._stop_started is not None:
-            for r in self._ranks:
-                if not r.exited and r.proc.poll() is not None:
-                    if r.proc.sentinel is not None and r.proc.sentinel in sel.get_map():
-                        sel.unregister(r.proc.sentinel)
-                    self._on_exit(r)
+        if ranks.over(now):
+            return True
+        ranks.wait(self._next_wakeup(now, ranks))
+        if ranks.polling or self._stop_started is not None:
+            ranks.poll_exits()
         self._tick()
         self._watch_for_hang(time.monotonic())  # after the wait: a sample due now is started now
         if self._usage.due(now):
@@ -365,17 +294,17 @@ class LaunchHandle(Completion, LaunchViews, RunView):
                         self._usage.sample(r.status)
         return False
 
-    def _next_wakeup(self, now: float, polling: bool, drain_deadline: float | None) -> float | None:
-        deadlines = [t for t, _ in self._stop_signals]
+    def _next_wakeup(self, now: float, ranks: RankSupervisor) -> float | None:
+        deadlines = [t for t, _ in self._signals.planned]
         if self._timeout is not None and self._stop_started is None:
             deadlines.append(self._started + self._timeout)
-        if drain_deadline is not None:
-            deadlines.append(drain_deadline)
-        check = self._hang.next_check(now) if self._hang_active and self._stop_started is None else None
+        if ranks.drain_deadline is not None:
+            deadlines.append(ranks.drain_deadline)
+        check = self._hangs.next_check(now) if self._stop_started is None else None
         if check is not None:  # the hang rule's next sample, or one being taken
             deadlines.append(check)
         wait = min(deadlines) - now if deadlines else None
-        if polling or self._stop_started is not None:
+        if ranks.polling or self._stop_started is not None:
             wait = 0.05 if wait is None else min(wait, 0.05)
         # Wake up now and then anyway: a subscriber may have asked to stop between two events.
         return 0.5 if wait is None else max(0.0, min(wait, 0.5))
@@ -383,23 +312,10 @@ class LaunchHandle(Completion, LaunchViews, RunView):
     def _tick(self) -> None:
         now = time.monotonic()
         with self._lock:
-            while self._stop_signals and self._stop_signals[0][0] <= now:
-                _, signum = self._stop_signals.pop(0)
-                self._signal_running(signum)
+            self._signals.send_due(now)
         if self._timeout is not None and self._stop_started is None and now - self._started >= self._timeout:
             self._timed_out = True
-            for r in self._ranks:
-                if not r.exited:
-                    self._failures.append(
-                        RankFailure(
-                            r.rank,
-                            r.status.pid,
-                            "TimeoutError",
-                            f"still running after timeout={self._timeout} s (last line: {r.status.last_line!r})",
-                            "",
-                            time=now,
-                        )
-                    )
+            self._failures += [r.timeout_failure(self._timeout, now) for r in self._ranks if not r.exited]
             self._begin_stop(
                 f"timed out after {self._timeout} s",
                 [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
@@ -422,77 +338,42 @@ class LaunchHandle(Completion, LaunchViews, RunView):
         The interactive ranks turn it off: each command applies the same rule to the ranks it asked.
         """
         with self._lock:
-            if active and not self._hang_active:
-                rule = self._hang.rule
-                self._hang = SampledWatch(rule.timeout, time.monotonic(), self.stacks, rule.device_sync)
-                self._hang.rule.reported = rule.reported
-            self._hang_active = active
+            self._hangs.set_active(active, time.monotonic())
 
     def _watch_for_hang(self, now: float) -> None:
         """Apply the hang rule (``hangs.py``) to the live ranks: judge the last stack sample, start the next."""
-        if self._stop_started is not None or not self._hang_active:
+        judged = self._hangs.check(now, self._ranks) if self._stop_started is None else None
+        if judged is None:
             return
-        live = [r for r in self._ranks if r.proc is not None and not r.exited]
-        if self._first_end is None and len(live) < len(self._ranks):
-            self._first_end = now  # a rank ended: whoever waits for it from now on waits in vain
-        if not live or (len(live) < 2 and self._first_end is None):
-            return  # a lone rank has no one to wait for
-        last_sign = max(r.last_activity for r in live)
-        verdict = self._hang.check(now, [r.rank for r in live], last_sign, self._first_end)
-        if verdict is not None:
-            self._judged(verdict)
-
-    def _judged(self, verdict: Verdict) -> None:
-        """Show the hang rule's verdict once; stop on a deadlock, a wait in vain, or honest work with on_hang="stop"."""
-        ended = [r.rank for r in self._ranks if r.exited]
-        nodes = {r.rank: r.status.node for r in self._ranks}
-        text, reason = launch_outcome(verdict, self.hang_timeout, self._on_hang, ended, nodes)
+        verdict, text, reason = judged
         self.hang_report = text
         logger.warning("%s", text.partition("\n")[0])
         announce(self._sinks, text, guard=True)
         self._events.notify("hang", -1, text)
-        if reason is not None:
+        if reason is not None:  # a deadlock, a wait in vain, or honest work with on_hang="stop"
             self._stop_stacks = verdict.stacks
             # What the ranks raise once signalled is the stop's doing, not a failure.
             self._user_stopped = True
             self._begin_stop(f"stopped: {reason}", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], 1.0)
 
-    def _read(self, sel: selectors.BaseSelector, rank: _Rank, fd: int, kind: str) -> None:
-        with self._lock:  # output_drained() sees each read either not begun or handed to the sinks
-            self._read_locked(sel, rank, fd, kind)
-
-    def _read_locked(self, sel: selectors.BaseSelector, rank: _Rank, fd: int, kind: str) -> None:
-        try:
-            data = os.read(fd, 1 << 16)
-        except BlockingIOError:
-            return
+    def _on_data(self, rank: _Rank, kind: str, data: bytes) -> None:
+        # Called with the lock held: output_drained() sees each read either not begun or handed to the sinks.
         if kind == "result":
             self._on_frames(rank, data)
-        elif data:
+        else:
             rank.splitters[kind].feed(data)
-        if data:
-            return
-        sel.unregister(fd)
-        os.close(fd)
-        del rank.fds[fd]
+
+    def _on_eof(self, rank: _Rank, kind: str) -> None:
         if kind == "result":
+            self._on_frames(rank, b"")  # frames left behind one that could not be read
             self._on_result(rank)
         else:
             rank.splitters[kind].close()
         self._maybe_settle(rank)
 
     def _on_frames(self, rank: _Rank, data: bytes) -> None:
-        try:
-            messages = rank.decoder.feed(data)
-        except Exception as exc:  # a class missing here, or bytes that are not ours
-            messages = [
-                ("err", type(exc).__name__, f"a message of rank {rank.rank} could not be read: {exc}", "")
-            ]
-        for message in messages:
-            if message[0] == "event":
-                self._on_event(rank, message[1], message[2])
-            else:
-                rank.message = message
+        for message in rank.frames(data):
+            self._on_event(rank, message[1], message[2])
 
     def _on_event(self, rank: _Rank, kind: str, payload: dict[str, Any]) -> None:
         rank.last_activity = time.monotonic()
@@ -509,20 +390,12 @@ class LaunchHandle(Completion, LaunchViews, RunView):
         if rank.decoder.pending:
             # Killed while writing a message: the exit code or signal says what happened.
             logger.debug("rank %d: %d bytes of a truncated message dropped", rank.rank, rank.decoder.pending)
-        message = rank.message
-        if message is None:
-            return
-        if message[0] == "ok":
-            rank.value = message[1]
-        elif message[0] == "err" and not self._user_stopped:
-            _, exc_type, text, tb = message
-            self._fail(RankFailure(rank.rank, rank.status.pid, exc_type, text, tb, time=time.monotonic()))
+        failure = rank.result_failure(self._user_stopped)
+        if failure is not None:
+            self._fail(failure)
 
     def _on_exit(self, rank: _Rank) -> None:
-        rank.proc.kill_leftovers()  # before reaping, while the group id is still certainly ours
-        while rank.proc.poll() is None:
-            time.sleep(0.001)
-        rank.exited = True
+        """A rank's process was reaped (``RankSupervisor``)."""
         self._usage.forget(rank.status.pid)
         rank.status.exitcode = rank.proc.exitcode
         rank.status.ended_at = time.time()
@@ -532,42 +405,8 @@ class LaunchHandle(Completion, LaunchViews, RunView):
         """Decide a rank's final state once it has exited and its result pipe is drained."""
         if not (rank.exited and rank.result_done) or not rank.status.state.live:
             return
-        code = rank.proc.exitcode
-        kind = rank.message[0] if rank.message else None
-        if kind == "ok":
-            state = State.SUCCEEDED
-        elif kind == "stopped" or (kind == "err" and self._user_stopped):
-            state = State.STOPPED
-        elif kind == "err":
-            state = State.FAILED
-        elif code is not None and code < 0 and -code in self._sent_signals:
-            state = State.STOPPED  # one of ours
-        else:
-            state = State.FAILED
-            if code is not None and code < 0:
-                name = signal_name(-code)
-                hint = " (the out-of-memory killer sends SIGKILL)" if -code == signal.SIGKILL else ""
-                tail = death_notes(list(rank.stderr_tail))
-                shown = f"Last stderr lines of rank {rank.rank}:\n{tail}" if tail else ""
-                failure = RankFailure(
-                    rank.rank,
-                    rank.status.pid,
-                    "Signal",
-                    f"killed by {name}{hint}",
-                    shown,
-                    exitcode=code,
-                    signal=name,
-                )
-            else:
-                failure = RankFailure(
-                    rank.rank,
-                    rank.status.pid,
-                    "ExitCode",
-                    f"exited with code {code} before returning a result",
-                    "",
-                    exitcode=code,
-                )
-            failure.time = time.monotonic()
+        state, failure = rank.outcome(self._user_stopped, self._signals.sent)
+        if failure is not None:
             self._fail(failure)
         with self._lock:
             rank.status.state = state
@@ -576,33 +415,16 @@ class LaunchHandle(Completion, LaunchViews, RunView):
         self._failures.append(failure)
         self._begin_stop(f"rank {failure.rank} failed", [signal.SIGTERM, signal.SIGKILL], 1.5)
 
-    def _finish(self, sel: selectors.BaseSelector) -> None:
+    def _finish(self, ranks: RankSupervisor) -> None:
+        ranks.close()
         for r in self._ranks:
-            for fd in list(r.fds):
-                try:
-                    sel.unregister(fd)
-                except (KeyError, ValueError):
-                    pass
-                os.close(fd)
-            r.fds.clear()
-            if r.proc is not None:
-                if not r.exited:  # only after a supervisor crash
-                    r.proc.kill_and_reap()
-                    r.exited = True
-                r.proc.close()
             for splitter in r.splitters.values():
                 splitter.close()
-        sel.close()
-        for r in self._ranks:
-            if r.status.state.live:
-                r.status.state = State.STOPPED
-            for f in self._failures:
-                if f.rank == r.rank and r.status.state != State.FAILED:
-                    r.status.state = State.FAILED if not self._timed_out else State.STOPPED
-                    if f.exitcode is None:
-                        f.exitcode = r.status.exitcode
-        self._error = self._build_error()
-        self._hang.sampler.join(2.0)  # a sample under way ends at once (no rank is left to answer)
+        settle_all(self._ranks, self._failures, self._timed_out)
+        self._error = launch_error(
+            self._ranks, self._failures, self._stop_reason, self._timed_out, self._stop_stacks
+        )
+        self._hangs.watch.sampler.join(2.0)  # a sample under way ends at once (no rank is left to answer)
         self._collector.close()
         _LIVE.discard(self)
         self._complete()
@@ -612,25 +434,6 @@ class LaunchHandle(Completion, LaunchViews, RunView):
         for r in self._ranks:
             if r.proc is not None and not r.exited:
                 r.proc.signal_group(signal.SIGKILL)
-
-    def _build_error(self) -> LaunchError | None:
-        where = describe_stacks(self._stop_stacks) if self._stop_stacks else None
-        nodes = {r.rank: r.status.node for r in self._ranks}
-        if self._failures:
-            failures = order_failures(self._failures)
-            for failure in failures:
-                failure.node = failure.node or nodes.get(failure.rank)
-            returned = [r.rank for r in self._ranks if r.status.state == State.SUCCEEDED]
-            summary = self._stop_reason if self._timed_out else returned_note(failures[0], returned, nodes)
-            return LaunchError(failures, summary, stacks=where)
-        unfinished = [r.rank for r in self._ranks if r.status.state != State.SUCCEEDED]
-        if unfinished:
-            return LaunchError(
-                [],
-                f"launch {self._stop_reason or 'ended'}: {named_ranks(unfinished, nodes)} did not finish",
-                stacks=where,
-            )
-        return None
 
 
 @atexit.register

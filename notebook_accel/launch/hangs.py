@@ -45,6 +45,7 @@ from .errors import RankFailure
 __all__ = [
     "DEADLOCK_NOTE",
     "GRACE_SECONDS",
+    "LaunchWatch",
     "ProgressWatch",
     "SampledWatch",
     "StackSampler",
@@ -292,6 +293,57 @@ class SampledWatch:
             return now + _LANDING_SECONDS
         planned = self.rule.next_sample
         return planned if planned > now else None
+
+
+class LaunchWatch:
+    """The rule as a launch applies it to its ranks: turned on or off, the first end noted, verdicts told.
+
+    The ranks are the launch's books (``ranks._Rank``): ``rank``, ``proc``, ``exited``, ``last_activity``
+    and ``status.node`` are read.
+    """
+
+    def __init__(
+        self,
+        hang_timeout: float,
+        started: float,
+        take: Callable[[], dict[int, RankStack]],
+        device_sync: bool,
+        on_hang: str,
+    ) -> None:
+        self.watch = SampledWatch(hang_timeout, started, take, device_sync)
+        self._take, self.on_hang = take, on_hang
+        self.active = True
+        self.first_end: float | None = None  # when a rank first ended: the others will never meet it again
+
+    def set_active(self, active: bool, now: float) -> None:
+        """Turn the rule on or off; turned back on, it starts afresh (what it reported stays reported)."""
+        if active and not self.active:
+            rule = self.watch.rule
+            self.watch = SampledWatch(rule.timeout, now, self._take, rule.device_sync)
+            self.watch.rule.reported = rule.reported
+        self.active = active
+
+    def next_check(self, now: float) -> float | None:
+        """Return when to check again (``SampledWatch.next_check``); None while the rule is off."""
+        return self.watch.next_check(now) if self.active else None
+
+    def check(self, now: float, ranks: list) -> tuple[Verdict, str, str | None] | None:
+        """Judge the live ``ranks``' last sample, start the next; return the verdict, its text and why to stop."""
+        if not self.active:
+            return None
+        live = [r for r in ranks if r.proc is not None and not r.exited]
+        if self.first_end is None and len(live) < len(ranks):
+            self.first_end = now  # a rank ended: whoever waits for it from now on waits in vain
+        if not live or (len(live) < 2 and self.first_end is None):
+            return None  # a lone rank has no one to wait for
+        last_sign = max(r.last_activity for r in live)
+        verdict = self.watch.check(now, [r.rank for r in live], last_sign, self.first_end)
+        if verdict is None:
+            return None
+        ended = [r.rank for r in ranks if r.exited]
+        nodes = {r.rank: r.status.node for r in ranks}
+        text, reason = launch_outcome(verdict, self.watch.rule.timeout, self.on_hang, ended, nodes)
+        return verdict, text, reason
 
 
 class StackSampler:

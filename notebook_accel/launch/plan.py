@@ -10,14 +10,17 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._alias import alias_worker_env
 from ..utils.enums import MIXED_PRECISION_CHOICES, PrecisionType
 from ..utils.environment import detect_platform, parse_flag_from_env
 from ..utils.imports import cuda_device_count
+from .interfaces import WorkerStart
 from .request import START_METHODS
+from .worker import WorkerSpec
 
 if TYPE_CHECKING:
     from .request import LaunchRequest
@@ -190,6 +193,41 @@ class LaunchPlan:
             **alias_worker_env(),
             **self.env,
         }
+
+    def worker_starts(
+        self,
+        ranks: list,
+        ends: list[tuple[int, ...]],
+        writes: list[int],
+        stacks_path: Callable[[int], str],
+        **fields: Any,
+    ) -> list[WorkerStart]:
+        """Return each rank's start over its pipes' write ends ``ends`` (``writes``: every write end).
+
+        ``ranks``: the launch's books (``rank``, ``local_rank``, ``node``, ``fds``: the read ends);
+        ``fields``: the rest of each ``WorkerSpec`` (the function, its arguments...).
+        """
+        # A forked worker closes every other descriptor of the launch: the read ends, the others' write ends.
+        parent_fds = [fd for r in ranks for fd in r.fds]
+        threads = threads_per_worker(self.num_processes)
+        store_ports = tuple(p for p in (self.master_port, self.dry_run_port) if p)
+        starts = []
+        for r, own in zip(ranks, ends):
+            spec = WorkerSpec(
+                rank=r.rank,
+                local_rank=r.local_rank,
+                env=self.worker_env(r.local_rank, r.node),
+                num_threads=threads,
+                backend=self.backend,
+                dry_run_port=self.dry_run_port,
+                close_fds=tuple(parent_fds + [fd for fd in writes if fd not in own]),
+                parent_pid=os.getpid(),
+                stacks_path=stacks_path(r.rank),
+                store_ports=store_ports,
+                **fields,
+            )
+            starts.append(WorkerStart(spec, *own))
+        return starts
 
 
 def resolve_plan(request: LaunchRequest, gpus: int | None = None) -> LaunchPlan:

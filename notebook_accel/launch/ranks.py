@@ -1,18 +1,25 @@
-"""Where each rank of a launch stands: ``RankStatus`` (public snapshot) and ``_Rank`` (the parent's books)."""
+"""Where each rank of a launch stands: ``RankStatus`` (public snapshot) and ``_Rank`` (the parent's books).
+
+The books decide what a rank's messages and exit say: its result or failure, and its final state.
+"""
 
 from __future__ import annotations
 
 import collections
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from .doctor import RankStack, describe_stacks, named_ranks
+from .errors import LaunchError, RankFailure, death_notes, order_failures, signal_name
 from .events import FrameDecoder
+from .hangs import returned_note
 from .output import LineSplitter
 from .procs import WorkerProcess
 from .states import State
 
-__all__ = ["RankStatus"]
+__all__ = ["RankStatus", "launch_error", "settle_all"]
 
 _STDERR_TAIL = 300  # stderr lines kept per rank (room for a faulthandler dump of every thread)
 
@@ -69,3 +76,102 @@ class _Rank:
         self.message: tuple | None = None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL)
         self.last_activity = time.monotonic()
+
+    def frames(self, data: bytes) -> list[tuple]:
+        """Decode ``data`` of the result pipe: keep its last result message, return its events."""
+        try:
+            messages = self.decoder.feed(data)
+        except Exception as exc:  # a class missing here, or bytes that are not ours
+            messages = [
+                ("err", type(exc).__name__, f"a message of rank {self.rank} could not be read: {exc}", "")
+            ]
+        events = []
+        for message in messages:
+            if message[0] == "event":
+                events.append(message)
+            else:
+                self.message = message
+        return events
+
+    def result_failure(self, user_stopped: bool) -> RankFailure | None:
+        """Take the result the rank sent (its value), or return the error it raised (unless a stop caused it)."""
+        message = self.message
+        if message is not None and message[0] == "ok":
+            self.value = message[1]
+        elif message is not None and message[0] == "err" and not user_stopped:
+            _, exc_type, text, tb = message
+            return RankFailure(self.rank, self.status.pid, exc_type, text, tb, time=time.monotonic())
+        return None
+
+    def outcome(self, user_stopped: bool, sent_signals: set[int]) -> tuple[State, RankFailure | None]:
+        """Return the final state of a rank that exited with its result pipe drained, and the failure to add."""
+        code = self.proc.exitcode
+        kind = self.message[0] if self.message else None
+        if kind == "ok":
+            return State.SUCCEEDED, None
+        if kind == "stopped" or (kind == "err" and user_stopped):
+            return State.STOPPED, None
+        if kind == "err":
+            return State.FAILED, None
+        if code is not None and code < 0 and -code in sent_signals:
+            return State.STOPPED, None  # one of ours
+        if code is not None and code < 0:
+            name = signal_name(-code)
+            hint = " (the out-of-memory killer sends SIGKILL)" if -code == signal.SIGKILL else ""
+            tail = death_notes(list(self.stderr_tail))
+            shown = f"Last stderr lines of rank {self.rank}:\n{tail}" if tail else ""
+            failure = RankFailure(
+                self.rank,
+                self.status.pid,
+                "Signal",
+                f"killed by {name}{hint}",
+                shown,
+                exitcode=code,
+                signal=name,
+            )
+        else:
+            text = f"exited with code {code} before returning a result"
+            failure = RankFailure(self.rank, self.status.pid, "ExitCode", text, "", exitcode=code)
+        failure.time = time.monotonic()
+        return State.FAILED, failure
+
+    def timeout_failure(self, timeout: float, now: float) -> RankFailure:
+        """Return the failure of a rank still running at the launch's ``timeout``."""
+        text = f"still running after timeout={timeout} s (last line: {self.status.last_line!r})"
+        return RankFailure(self.rank, self.status.pid, "TimeoutError", text, "", time=now)
+
+
+def settle_all(ranks: list[_Rank], failures: list[RankFailure], timed_out: bool) -> None:
+    """Give the ranks of a launch that is over their final state: those still live were stopped, and failed ones failed."""
+    for r in ranks:
+        if r.status.state.live:
+            r.status.state = State.STOPPED
+        for f in failures:
+            if f.rank == r.rank and r.status.state != State.FAILED:
+                r.status.state = State.FAILED if not timed_out else State.STOPPED
+                if f.exitcode is None:
+                    f.exitcode = r.status.exitcode
+
+
+def launch_error(
+    ranks: list[_Rank],
+    failures: list[RankFailure],
+    stop_reason: str,
+    timed_out: bool,
+    stop_stacks: dict[int, RankStack] | None,
+) -> LaunchError | None:
+    """Return the error of a launch that is over (None: every rank returned)."""
+    where = describe_stacks(stop_stacks) if stop_stacks else None
+    nodes = {r.rank: r.status.node for r in ranks}
+    if failures:
+        failures = order_failures(failures)
+        for failure in failures:
+            failure.node = failure.node or nodes.get(failure.rank)
+        returned = [r.rank for r in ranks if r.status.state == State.SUCCEEDED]
+        summary = stop_reason if timed_out else returned_note(failures[0], returned, nodes)
+        return LaunchError(failures, summary, stacks=where)
+    unfinished = [r.rank for r in ranks if r.status.state != State.SUCCEEDED]
+    if unfinished:
+        text = f"launch {stop_reason or 'ended'}: {named_ranks(unfinished, nodes)} did not finish"
+        return LaunchError([], text, stacks=where)
+    return None
