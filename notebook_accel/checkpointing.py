@@ -270,8 +270,8 @@ def _read_loader_state(files: Any, index: int, dataloader: Any) -> tuple[Any, An
 def _restore_loader(dataloader: Any, sampler_state: Any, position: Any, resume: Any) -> None:
     if sampler_state is not None:
         _load_sampler_state(dataloader, sampler_state)
-    if position is not None and resume is not None and hasattr(dataloader, "resume_state"):
-        dataloader.load_state_dict(position, resume)
+    if position is not None and resume is not None and hasattr(dataloader, "resume_from"):
+        dataloader.resume_from(position, resume)
     elif position is not None:  # 1.15's checkpoint, or a loader of another kind
         dataloader.load_state_dict(position)
 

@@ -340,9 +340,14 @@ class _PositionedLoader(DataLoaderAdapter):
         ``save_state`` writes it beside the loader's state and ``load_state`` gives it back."""
         return self._require_position().resume_state(self.iteration)
 
-    def load_state_dict(self, state_dict: dict[str, Any], resume_state: dict[str, Any] | None = None) -> None:
-        """Return nothing; the next iteration resumes at the position ``state_dict`` recorded (exactly,
-        on a plain shuffled loader too, given ``resume_state``: what ``resume_state()`` returned)."""
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Return nothing; the next iteration resumes at the position ``state_dict`` recorded (a plain
+        shuffled loader exactly too when ``resume_from`` is also given its ``resume_state()``)."""
+        self.resume_from(state_dict, None)
+
+    def resume_from(self, state_dict: dict[str, Any], resume_state: dict[str, Any] | None) -> None:
+        """Return nothing; resume at ``state_dict``'s position, exactly, with what ``resume_state()``
+        returned beside it (``load_state`` calls this; ``load_state_dict`` keeps 1.15's signature)."""
         self._require_position().load_state_dict(state_dict, resume_state)
         recorded = (resume_state or {}).get("iteration")
         if recorded is None:  # a state of an earlier version of ours had the epoch inside
