@@ -145,3 +145,55 @@ def test_unix_socket_streams_are_relayed_and_ranks_find_the_socket():
     finally:
         kernel.close()
     assert not os.path.exists(path)  # the agent removed its socket on the way out
+
+
+def say_and_exit(code):
+    print("hello from the rank", flush=True)
+    raise SystemExit(code)
+
+
+class _SentMessages:
+    """A stand-in for the agent's channel: keeps what the agent sends."""
+
+    def __init__(self) -> None:
+        self.sent: list[wire.Message] = []
+
+    def send_bytes(self, body: bytes) -> None:
+        self.sent.append(wire.decode(body, wire.TO_KERNEL))
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_agent_supervises_its_ranks_with_the_kernels_rank_supervisor():
+    from notebook_accel.launch.supervisor import RankSupervisor
+    from notebook_accel.nodes.agent import Agent
+
+    channel = _SentMessages()
+    agent = Agent(channel, node=1, heartbeat=5.0, kernel_address="127.0.0.1")
+    try:
+        assert type(agent.pipes) is RankSupervisor and agent.pipes.selector is agent.sel
+        spec = WorkerSpec(
+            rank=3, local_rank=0, env={"RANK": "3", "NODE_RANK": "1"}, num_threads=1,
+            backend="gloo", dry_run_port=None, function=say_and_exit, args=(7,),
+        )  # fmt: skip
+        agent._start(wire.Start(1, list(sys.path), [wire.RankStart(42, by_value(spec))]))
+        local = agent.ranks[42]
+        assert agent.pipes.ranks == [local] and sorted(local.fds.values()) == ["result", "stderr", "stdout"]
+        deadline = time.monotonic() + 120
+        while 42 in agent.ranks:  # the relay loop of serve(), without the kernel's thread
+            assert time.monotonic() < deadline, "the rank's end was never reported"
+            for key, _ in agent.sel.select(0.5):
+                agent._on_ready(key)
+            agent._flush()
+        for key, _ in agent.sel.select(0.2):  # nothing of the rank is left to report
+            agent._on_ready(key)
+        agent._flush()
+        sent = [m for m in channel.sent if not isinstance(m, wire.Heartbeat)]
+        assert [m for m in sent if isinstance(m, wire.Exited)] == [wire.Exited(42, 7)]  # reported once
+        assert sorted(m.stream for m in sent if isinstance(m, wire.Eof)) == ["result", "stderr", "stdout"]
+        stdout = b"".join(c.data for m in sent if isinstance(m, wire.Output) for c in m.chunks if c.stream == "stdout")
+        assert b"hello from the rank" in stdout
+        assert agent.pipes.ranks == [] and local.exited  # forgotten once drained: close() leaves it alone
+    finally:
+        agent._shutdown()

@@ -147,6 +147,10 @@ class RankSupervisor:
             else:
                 self.polling = True
 
+    def forget(self, rank: Supervised) -> None:
+        """Stop holding ``rank``, which exited with its pipes closed; its caller releases its process."""
+        self.ranks.remove(rank)
+
     def wait(self, timeout: float | None) -> None:
         """Wait up to ``timeout`` s (None: until something happens) and report what is ready."""
         for key, _ in self.selector.select(timeout):

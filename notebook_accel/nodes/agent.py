@@ -42,6 +42,7 @@ import psutil
 from ..launch.doctor import StackCollector
 from ..launch.plan import threads_per_worker
 from ..launch.procs import WorkerProcess, start_worker
+from ..launch.supervisor import RankSupervisor
 from ..launch.usage import UsageSampler
 from ..launch.worker import WorkerSpec
 from ..utils._wire import unix_socket_path
@@ -99,6 +100,8 @@ class Agent:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self.sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        # The ranks' pipes and exits, on this selector: the supervision the kernel uses for its local ranks.
+        self.pipes = RankSupervisor(self._on_data, self._on_eof, self._on_exit, selector=self.sel)
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
         self.collector = StackCollector()
         self.sampler = UsageSampler()
@@ -133,6 +136,8 @@ class Agent:
                     break
                 for key, _ in self.sel.select(min(self.heartbeat, 0.5)):
                     self._on_ready(key)
+                if self.pipes.polling:  # a rank started without an exit descriptor
+                    self.pipes.poll_exits()
                 self._flush()
                 self._run_tasks()
                 if self.sampler.due(time.monotonic()):
@@ -258,11 +263,8 @@ class Agent:
         local = self.ranks[wid] = _LocalRank(spec.rank, proc, wid)
         for name, (read_end, write_end) in pipes.items():
             os.close(write_end)
-            os.set_blocking(read_end, False)
             local.fds[read_end] = name
-            self.sel.register(read_end, selectors.EVENT_READ, ("pipe", (local, name)))
-        if proc.sentinel is not None:
-            self.sel.register(proc.sentinel, selectors.EVENT_READ, ("exit", local))
+        self.pipes.add([local])
         self.sampler.sample(local.usage)
         return proc.pid
 
@@ -291,17 +293,14 @@ class Agent:
     # ---------------------------------------------------------------- local events
 
     def _on_ready(self, key: selectors.SelectorKey) -> None:
+        if self.pipes.dispatch(key):  # a rank's pipe or exit
+            return
         kind, data = key.data
         if kind == "wake":
             try:
                 os.read(self._wake_r, 4096)
             except BlockingIOError:
                 pass
-        elif kind == "pipe":
-            self._on_pipe(key.fd, *data)
-        elif kind == "exit":
-            self.sel.unregister(key.fd)
-            self._on_exit(data)
         elif kind == "accept":
             conn, _ = key.fileobj.accept()
             stream_id = next(self._stream_ids)
@@ -318,25 +317,15 @@ class Agent:
             else:
                 self._close_stream(data, tell=True)
 
-    def _on_pipe(self, fd: int, local: _LocalRank, name: str) -> None:
-        try:
-            chunk = os.read(fd, _READ)
-        except BlockingIOError:
-            return
-        if chunk:
-            self._chunks.append(wire.Chunk(local.wid, name, chunk))
-            return
-        self.sel.unregister(fd)
-        os.close(fd)
-        del local.fds[fd]
+    def _on_data(self, local: _LocalRank, name: str, chunk: bytes) -> None:
+        self._chunks.append(wire.Chunk(local.wid, name, chunk))  # sent in this round's one Output
+
+    def _on_eof(self, local: _LocalRank, name: str) -> None:
         self._emit(wire.Eof(local.wid, name))
         self._maybe_forget(local)
 
     def _on_exit(self, local: _LocalRank) -> None:
-        local.proc.kill_leftovers()  # what the rank started, while its group id is still certainly ours
-        while local.proc.poll() is None:
-            time.sleep(0.001)
-        local.exited = True
+        """The rank was reaped (what it left behind killed first) by the supervisor."""
         self.sampler.sample(local.usage)
         self.sampler.forget(local.proc.pid)
         self._emit(wire.Exited(local.wid, local.proc.exitcode))
@@ -345,6 +334,7 @@ class Agent:
     def _maybe_forget(self, local: _LocalRank) -> None:
         """Release a rank that ended and whose pipes are drained (a restart starts a new one)."""
         if local.exited and not local.fds and self.ranks.get(local.wid) is local:
+            self.pipes.forget(local)
             local.proc.close()
             del self.ranks[local.wid]
 
@@ -372,14 +362,7 @@ class Agent:
 
     def _shutdown(self) -> None:
         """End every rank (SIGKILL to its group), close what is open, tell the kernel if it still listens."""
-        for local in list(self.ranks.values()):
-            if not local.exited:
-                local.proc.kill_and_reap()
-                local.exited = True
-            for fd in local.fds:
-                os.close(fd)
-            local.fds.clear()
-            local.proc.close()
+        self.pipes.close()  # kills and reaps a rank still running, closes its read ends, releases it
         for stream_id in list(self._streams):
             self._close_stream(stream_id, tell=False)
         for listener, path in self._relays.values():
