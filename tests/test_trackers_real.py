@@ -118,3 +118,46 @@ def test_aim_takes_its_repository_from_a_repo_keyword(tmp_path, monkeypatch):
     assert tracker.tracker.name == "named"
     tracker.finish()
     assert refused == [] and not (tmp_path / "ignored").exists()
+
+
+CLEARML_CHILD = """
+import json, os, sys
+os.environ["CLEARML_CACHE_DIR"] = sys.argv[1]
+from clearml import Task
+from clearml.config import get_offline_dir
+from notebook_accel.tracking import ClearMLTracker
+Task.set_offline(True)
+tracker = ClearMLTracker("table_run")
+tracker.start()
+task_id = tracker.task.id
+tracker.log_table("from lists", columns=["A", "B"], data=[[1, 2], [3, 4]])
+tracker.finish()
+with open(os.path.join(get_offline_dir(task_id=task_id), "task.json")) as f:
+    print(json.dumps(json.load(f)["script"]))
+"""
+
+
+def test_clearml_task_records_the_users_script_and_the_process_exits(tmp_path):
+    """Run as ``python -m`` (as pytest is), ClearML's task names the user's module, not our checkout.
+
+    ``Task.init`` takes its caller's file as the script; called from notebook_accel's own module,
+    ClearML ran git over notebook_accel's checkout (its branch, commit and diff stored as the user's
+    script), and ``finish()``'s ``task.close()`` waited for that analysis, up to its 5-minute limit.
+    The child must log a table, close and exit within the timeout.
+    """
+    if importlib.util.find_spec("clearml") is None:
+        pytest.skip("the clearml tracker needs `clearml` (pip install notebook-accel[trackers])")
+    package = tmp_path / "userpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "train.py").write_text(CLEARML_CHILD, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "userpkg.train", str(tmp_path / "cache")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    script = json.loads(done.stdout.strip().splitlines()[-1])
+    assert script.get("version_num", "") == "" and script.get("branch", "") == ""  # no git of our checkout
+    assert "diff --git" not in script["diff"]
+    assert "log_table" in script["diff"]  # the user's module, stored as a standalone script

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from typing import Any
 
 from ..utils.environment import str_to_bool
@@ -30,6 +31,27 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _as_called_by_user(function: Any, **kwargs: Any) -> Any:
+    """Return ``function(**kwargs)``, called from a frame named after the first caller outside notebook_accel.
+
+    ``clearml.Task.init`` records the file of its caller as the task's script, and when Python runs
+    ``-m module`` (pytest, say) it analyses that file's repository: the git diff and the imports of the
+    whole checkout, which ``Task.close`` then waits for (up to 5 minutes). Called from our own module that
+    is notebook_accel's checkout when it is installed from one, so the caller is the user's file instead.
+    """
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR + os.sep):
+        frame = frame.f_back
+    if frame is None or not os.path.isfile(frame.f_code.co_filename):
+        return function(**kwargs)
+    namespace: dict[str, Any] = {}
+    exec(compile("def call(f, k):\n    return f(**k)\n", frame.f_code.co_filename, "exec"), namespace)
+    return namespace["call"](function, kwargs)
 
 
 def _image_list(key: str, images: Any) -> list[Any]:
@@ -420,7 +442,7 @@ class ClearMLTracker(GeneralTracker):
         kwargs = dict(self.init_kwargs)
         kwargs.setdefault("project_name", self.run_name)
         kwargs.setdefault("task_name", self.run_name)
-        self.run = self._clearml.Task.init(**kwargs)
+        self.run = _as_called_by_user(self._clearml.Task.init, **kwargs)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         self._active().connect_configuration(values)
