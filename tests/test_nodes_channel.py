@@ -14,6 +14,7 @@ import pytest
 
 from notebook_accel.nodes import channel as channel_mod
 from notebook_accel.nodes.channel import Channel, ChannelError, accept_channel, connect_channel, new_secret
+from notebook_accel.nodes.protocol import PROTOCOL_VERSION
 
 
 class _Touch:
@@ -168,7 +169,8 @@ def test_an_agent_facing_a_kernel_with_another_secret_runs_nothing(tmp_path):
     """The agent refuses a kernel that cannot prove the secret it was given, and exits without serving."""
     server = _listener()
     host, port = server.getsockname()
-    boot = {"address": host, "port": port, "secret": new_secret().hex(), "node": 0, "heartbeat": 1.0}
+    boot = {"address": host, "port": port, "secret": new_secret().hex(), "node": 0, "heartbeat": 1.0,
+            "protocol": PROTOCOL_VERSION}  # fmt: skip
     agent = subprocess.Popen(
         [sys.executable, "-m", "notebook_accel.nodes.agent"],
         stdin=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
