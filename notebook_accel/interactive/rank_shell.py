@@ -27,6 +27,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..utils._errors import add_note
 from ..launch.cell_bars import kernel_display
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ def prepare_cell(source: str) -> tuple[str, bool]:
         try:
             transformers = _ipython("IPython.core.inputtransformer2")
         except ImportError:
-            exc.add_note(_IPYTHON_HINT)
+            add_note(exc, _IPYTHON_HINT)
             raise exc from None
         python = transformers.TransformerManager().transform_cell(source)
         if python.strip() == source.strip():

@@ -9,6 +9,7 @@ from typing import Any, Union
 import torch
 from torch import nn
 
+from .._errors import add_note
 from ..memory import clear_device_cache
 from .devices import torch_device
 from .sizes import _as_dtype
@@ -43,7 +44,8 @@ def shape_mismatch(tensor_name: str, module: nn.Module, expected: torch.Size, go
     error = ValueError(
         f'Trying to set a tensor of shape {got} in "{leaf}" (which has shape {expected}), this looks incorrect.'
     )
-    error.add_note(
+    add_note(
+        error,
         f"{tensor_name!r} of {type(module).__name__} has shape {tuple(expected)}, the value {tuple(got)}; the "
         "checkpoint does not match the model."
     )
