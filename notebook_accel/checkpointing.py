@@ -27,7 +27,7 @@ import torch
 
 from .checkpoint_folder import recover_directory
 from .data_loader import SeedableRandomSampler
-from .data_loader.loader_adapter import find_sampler
+from .data_loader.loader_adapter import _PositionedLoader, find_sampler
 from .logging import get_logger
 from .state import PartialState
 from .utils.atomic_files import NoSpaceError, atomic_write
@@ -252,7 +252,7 @@ def _write_state(
                 _torch_save(state, output_dir / f"{_indexed(SAMPLER_NAME, i)}.bin")
             if getattr(dataloader, "use_stateful_dataloader", False):  # the position inside the epoch
                 _torch_save(dataloader.state_dict(), output_dir / f"{_indexed(DATALOADER_STATE_NAME, i)}.bin")
-                if hasattr(dataloader, "resume_state"):  # beside torchdata's state, which stays as 1.15's
+                if isinstance(dataloader, _PositionedLoader):  # beside torchdata's state, which stays as 1.15's
                     _torch_save(dataloader.resume_state(), output_dir / f"{_indexed(DATALOADER_RESUME_NAME, i)}.bin")
         if scaler is not None:
             _torch_save(scaler.state_dict(), output_dir / SCALER_NAME)
@@ -270,7 +270,7 @@ def _read_loader_state(files: Any, index: int, dataloader: Any) -> tuple[Any, An
 def _restore_loader(dataloader: Any, sampler_state: Any, position: Any, resume: Any) -> None:
     if sampler_state is not None:
         _load_sampler_state(dataloader, sampler_state)
-    if position is not None and resume is not None and hasattr(dataloader, "resume_from"):
+    if position is not None and resume is not None and isinstance(dataloader, _PositionedLoader):
         dataloader.resume_from(position, resume)
     elif position is not None:  # 1.15's checkpoint, or a loader of another kind
         dataloader.load_state_dict(position)

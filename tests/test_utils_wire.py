@@ -100,15 +100,3 @@ def test_a_spawned_ranks_function_travels_by_value_or_the_error_names_it_and_the
     ):
         by_value(_spec(train, (threading.Lock(),)))
 
-
-def test_add_note_attaches_a_note_where_python_has_no_add_note() -> None:
-    from notebook_accel.utils._errors import add_note
-
-    error = add_note(ValueError("exact message"), "the way out")
-    assert str(error) == "exact message" and error.__notes__ == ["the way out"]
-
-    class Py310Error(ValueError):  # what BaseException is on 3.10: no add_note
-        add_note = None
-
-    old = add_note(add_note(Py310Error("exact message"), "first"), "second")
-    assert str(old) == "exact message" and old.__notes__ == ["first", "second"]
