@@ -99,8 +99,11 @@ class SimAgent:
             self.send(wire.Stacks(message.request, {}))
         elif isinstance(message, wire.Listen):
             self.send(wire.Listening(message.token, f"/sim/{self.node}/{message.token}"))
-        elif isinstance(message, wire.StreamData):
-            self._command(self.streams.get(message.stream_id), message.data)
+        elif isinstance(message, wire.ToStreams):
+            replies = [self._command(self.streams.get(sid), message.data) for sid in message.stream_ids]
+            chunks = [chunk for chunk in replies if chunk is not None]
+            if chunks:  # as the real agent: the replies read in one round travel in one message
+                self.send(wire.FromStreams(chunks))
         elif isinstance(message, wire.CloseStream):
             rank = self.streams.pop(message.stream_id, None)
             if rank is not None:  # the kernel closed the connection: the rank's loop returns
@@ -124,16 +127,19 @@ class SimAgent:
             if rank.stream is not None:
                 self.send(wire.OpenStream(rank.relay, rank.stream))
                 ready = rank_wire.Ready(rank=rank.rank, pid=_FAKE_PID + rank.wid)
-                self.send(wire.StreamData(rank.stream, rank_wire.encode(ready)))
+                self.send(wire.FromStreams([(rank.stream, rank_wire.encode(ready))]))
 
-    def _command(self, rank: _SimRank | None, data: bytes) -> None:
+    def _command(self, rank: _SimRank | None, data: bytes) -> tuple[int, bytes] | None:
+        """Return ``(stream, bytes)``: the simulated rank's replies to the commands in ``data``."""
         if rank is None:
-            return
-        for command in rank.commands.feed(data):
-            reply = rank_wire.Ok(
-                seq=command.seq, payload={"text": None, "html": None, "value": None, "digest": None}
+            return None
+        replies = [
+            rank_wire.encode(
+                rank_wire.Ok(seq=c.seq, payload={"text": None, "html": None, "value": None, "digest": None})
             )
-            self.send(wire.StreamData(rank.stream, rank_wire.encode(reply)))
+            for c in rank.commands.feed(data)
+        ]
+        return (rank.stream, b"".join(replies)) if replies else None
 
     def _end(self, rank: _SimRank, code: int, result: bytes | None) -> None:
         with self.lock:

@@ -30,7 +30,7 @@ QUICK: dict[str, tuple[str, ...]] = {
         "test_inference::test_split_point_naming_a_missing_module_names_close_ones",
     ),
     "integrations": ("test_engine_shared_pieces", "test_utils_fp8_layers"),
-    "interactive": ("test_states", "test_interactive_protocol"),
+    "interactive": ("test_states", "test_interactive_protocol", "test_interactive_links"),
     "launch": ("test_collapse", "test_states"),
     "launchers": (QUICK_LAUNCH,),
     "local_sgd": ("test_local_sgd_launch::test_local_sgd_validates_its_arguments",),

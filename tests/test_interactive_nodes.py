@@ -127,21 +127,24 @@ def test_connect_rank_to_a_missing_socket_raises(tmp_path) -> None:
 
 
 def test_relay_hook_opens_the_relay_and_gives_the_ranks_its_token() -> None:
+    from notebook_accel.interactive.links import RelayedLinks
     from notebook_accel.interactive.rank_entry import rank_main
     from notebook_accel.launch.request import LaunchRequest
 
-    opened: list[str] = []
+    ends: list = []
 
     class _Relay:
-        def relay_unix(self, path: str) -> str:
-            opened.append(path)
+        def open(self, stream_ends) -> str:
+            ends.append(stream_ends)
             return "tok9"
 
     request = LaunchRequest(function=rank_main, args=("/tmp/k.sock", 7, (1,)), num_processes=1)
-    started = remote.relay_hook(request, "/tmp/k.sock")(SimpleNamespace(relay=_Relay()))
-    assert opened == ["/tmp/k.sock"]
-    # No listener fd to close on another machine; the GPUs kept; the relay's token as rank_main's `relay`.
-    assert started.args == ("/tmp/k.sock", None, (1,), "tok9") and started.function is rank_main
+    opened: list = []
+    started = remote.relay_hook(request, opened)(SimpleNamespace(relay=_Relay()))
+    # The group's links are the relay's stream ends, and reach the caller.
+    assert len(opened) == 1 and isinstance(opened[0], RelayedLinks) and ends == opened
+    # No kernel socket, no listener fd on another machine; the GPUs kept; the relay's token as `relay`.
+    assert started.args == ("", None, (1,), "tok9") and started.function is rank_main
     assert request.args == ("/tmp/k.sock", 7, (1,))  # the request given is left as it was
 
 
@@ -178,8 +181,8 @@ def test_ranks_across_two_nodes_through_their_agents(monkeypatch, capsys) -> Non
     groups: list = []  # the joined NodeGroup of each start, to count the relayed streams
     real_hook = startup.relay_hook
 
-    def recording_hook(request, address):
-        hook = real_hook(request, address)
+    def recording_hook(request, opened):
+        hook = real_hook(request, opened)
         return lambda group: groups.append(group) or hook(group)
 
     monkeypatch.setattr(startup, "relay_hook", recording_hook)
@@ -189,7 +192,7 @@ def test_ranks_across_two_nodes_through_their_agents(monkeypatch, capsys) -> Non
     try:
         assert repr(ranks) == "<Ranks 4 rank(s), alive>"
         # Every rank reached the kernel through its node's relay socket (these "nodes" could reach it directly).
-        assert len(groups) == 1 and len(groups[0].relay._streams) == 4
+        assert len(groups) == 1 and groups[0].relay.open_streams() == 4
         assert [(s.rank, s.node, s.state) for s in ranks.status()] == [
             (0, "n1", "idle"),
             (1, "n1", "idle"),

@@ -50,6 +50,7 @@ from notebook_accel.interactive.protocol import (
     send,
     wait_for_command,
 )
+from notebook_accel.interactive.links import SocketLinks
 from notebook_accel.interactive.startup import accept_ranks
 from notebook_accel.launch.doctor import Frame, RankStack, ThreadStack, parse_dump
 from notebook_accel.utils._worker_channel import FRAME_HEADER
@@ -197,7 +198,7 @@ def test_starting_ranks_refuses_a_rank_of_another_protocol_version(tmp_path) -> 
         listener,
         pytest.raises(ProtocolVersionError, match=rf"rank 0 speaks version {PROTOCOL_VERSION + 1}"),
     ):
-        accept_ranks(listener, handle, sink)  # type: ignore[arg-type]
+        accept_ranks(SocketLinks(listener), handle, sink)  # type: ignore[arg-type]
     thread.join(5)
     assert not thread.is_alive()  # its connection was closed, not left open
 

@@ -123,17 +123,26 @@ def test_unix_socket_streams_are_relayed_and_ranks_find_the_socket():
         wire.send(kernel.channel, wire.Listen("tok1"))
         token, path = (listening := kernel.next(wire.Listening)).token, listening.path
         assert token == "tok1" and os.path.exists(path)
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as rank_side:
+        with (
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as rank_side,
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as other_side,
+        ):
             rank_side.connect(path)
             rank_side.sendall(b"ping")
             opened = kernel.next(wire.OpenStream)
             assert opened.token == "tok1"
             stream_id = opened.stream_id
-            assert kernel.next(wire.StreamData) == wire.StreamData(stream_id, b"ping")
-            wire.send(kernel.channel, wire.StreamData(stream_id, b"pong"))
-            rank_side.settimeout(60)
-            assert rank_side.recv(10) == b"pong"
-        assert kernel.next(wire.CloseStream).stream_id == stream_id
+            assert kernel.next(wire.FromStreams) == wire.FromStreams([(stream_id, b"ping")])
+            other_side.connect(path)
+            other_id = kernel.next(wire.OpenStream).stream_id
+            # One message for both connections: the agent copies the bytes to each.
+            wire.send(kernel.channel, wire.ToStreams([stream_id, other_id], b"pong"))
+            for side in (rank_side, other_side):
+                side.settimeout(60)
+                assert side.recv(10) == b"pong"
+            rank_side.close()
+            assert kernel.next(wire.CloseStream).stream_id == stream_id
+        assert kernel.next(wire.CloseStream).stream_id == other_id
         # A rank started after the relay opened finds its socket in its environment.
         kernel.start(4, relay_path, ("tok1",))
         decoder, messages = FrameDecoder(), []

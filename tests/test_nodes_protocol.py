@@ -19,7 +19,8 @@ from notebook_accel.utils import _wire
 
 SAMPLES: list[wire.Message] = [
     wire.Heartbeat(),
-    wire.StreamData(3, b"\x00bytes"),
+    wire.ToStreams([3, 5], b"\x00bytes"),
+    wire.FromStreams([(3, b"\x00a"), (5, b"b"), (3, b"c")]),
     wire.CloseStream(3),
     wire.Start(7, ["/a", "/b"], [wire.RankStart(11, {"rank": 0}), wire.RankStart(12, {"rank": 1})]),
     wire.Signal(11, 15),
@@ -93,7 +94,7 @@ def test_a_message_of_the_other_direction_or_shape_is_refused():
     with pytest.raises(
         wire.ProtocolError, match=r"a 'start' message is not expected here \(expected hb, hello"
     ):
-        wire.decode(wire.encode(SAMPLES[3]), wire.TO_KERNEL)
+        wire.decode(wire.encode(next(m for m in SAMPLES if isinstance(m, wire.Start))), wire.TO_KERNEL)
     with pytest.raises(
         wire.ProtocolError, match=r"a 'signal' message came with 1 field\(s\).* 2 \(wid, signum\)"
     ):

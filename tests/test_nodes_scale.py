@@ -1,9 +1,10 @@
 """The kernel's side of a launch across many nodes, against simulated agents that speak the real protocol
 (tests/nodes_sim.py): every line arrives, in order per rank; one empty command reaches every rank; one
-``Start`` per node. The figures at 128 nodes x 8 ranks: benchmarks/bench_nodes_scale.py."""
+``Start`` per node, one message per node for a command to all its ranks. The figures at 128 nodes x 8 ranks: benchmarks/bench_nodes_scale.py."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -63,15 +64,29 @@ def test_one_start_message_per_node(monkeypatch):
         handle.wait(60)
 
 
-def test_an_empty_command_reaches_every_simulated_rank():
+def test_an_empty_command_reaches_every_simulated_rank(monkeypatch):
+    sent: list[wire.Message] = []
+    real = wire.send
+
+    def counting(channel, message):
+        sent.append(message)
+        real(channel, message)
+
+    monkeypatch.setattr(wire, "send", counting)
     ranks = start_ranks(PER_NODE, nodes=SimPlacement(NODES, per_host=4, mode="interactive"))
     try:
+        fds = len(os.listdir("/proc/self/fd"))
+        threads = threading.active_count()
+        sent.clear()
         results = ranks.execute("pass")
         assert [r.rank for r in results] == list(range(NODES * PER_NODE))
         assert all(r.ok for r in results)
         assert {s.node for s in ranks.handle.status()} == {f"sim{i}" for i in range(NODES)}
-        # One thread copies every rank's stream to its agent: none per rank.
-        relays = [t for t in threading.enumerate() if t.name.startswith("notebook_accel-relay")]
-        assert len(relays) == 1, [t.name for t in relays]
+        # The command left once per node, for all the node's ranks (the agent copies it to each).
+        commands = [m for m in sent if isinstance(m, wire.ToStreams)]
+        assert len(commands) == NODES and all(len(m.stream_ids) == PER_NODE for m in commands)
+        # The kernel holds nothing per rank for the command: no socket, no relay thread.
+        assert len(os.listdir("/proc/self/fd")) == fds and threading.active_count() == threads
+        assert not [t for t in threading.enumerate() if t.name.startswith("notebook_accel-relay")]
     finally:
         ranks.stop()

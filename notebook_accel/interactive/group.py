@@ -1,4 +1,4 @@
-"""The kernel's end of one persistent group: the launch handle, a socket per rank, and one exchange at a time.
+"""The kernel's end of one persistent group: the launch handle, its links to the ranks, one exchange at a time.
 
 ``Group.exchange`` sends a command to some ranks and waits for their replies in the calling thread,
 printing the ranks' lines meanwhile (in a kernel: into the running cell). While it waits it watches
@@ -14,10 +14,9 @@ import dataclasses
 import logging
 import os
 import signal
-import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, fields
 
 from ..launch.doctor import RankStack, describe_stacks, named_ranks
@@ -25,9 +24,9 @@ from ..launch.errors import RankFailure, order_failures
 from ..launch.handle import LaunchHandle
 from ..launch.hangs import SampledWatch, Verdict, give_up_reason, report_text
 from ..launch.output import PrintSink
-from ..utils._wire import readable
 from .cell_output import CellSink, CommandBars, command_bars
 from .errors import RankError
+from .links import RankLinks
 from .protocol import (
     IDLE_WAIT,
     Command,
@@ -93,26 +92,12 @@ def _idle_ranks(wait: _Wait, world: int, nodes: dict[int, str | None]) -> str:
 
 
 class _Conn:
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+    """One rank's connection: its key in the group's ``RankLinks``, and the reader of what it sent."""
+
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
         self.reader = MessageReader()
         self.closed = False
-
-    def read(self) -> list[Reply | Display]:
-        """Return the messages completed by what can be read now (marks ``closed`` at EOF).
-
-        Raises ProtocolError when the rank sent a message the protocol does not allow here.
-        """
-        try:
-            data = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            return []
-        except OSError:
-            data = b""
-        if not data:
-            self.closed = True
-            return []
-        return self.reader.feed(data)  # type: ignore[return-value]  # REPLIES only, checked
 
 
 def failure_of(rank: int, pid: int | None, reply: Err | Interrupted, when: float) -> RankFailure:
@@ -138,12 +123,16 @@ class _Wait:
 
 
 class Group:
-    """A started launch whose ranks serve commands over one socket each."""
+    """A started launch whose ranks serve commands over ``links`` (one stream each, ``links.py``)."""
 
-    def __init__(self, handle: LaunchHandle, conns: dict[int, socket.socket], sink: CellSink) -> None:
+    def __init__(
+        self, handle: LaunchHandle, links: RankLinks, conns: dict[int, Hashable], sink: CellSink
+    ) -> None:
         self.handle = handle
         self.sink = sink
-        self._conns = {rank: _Conn(sock) for rank, sock in conns.items()}
+        self.links = links
+        self._conns = {rank: _Conn(key) for rank, key in conns.items()}
+        self._by_key = {key: rank for rank, key in conns.items()}
         self.broken = False
         # The launcher's watch reports any rank in a collective while another is elsewhere; a command's
         # own ProgressWatch tells honest work from a hang instead (and its reports end with the command).
@@ -190,11 +179,8 @@ class Group:
         self.sink.begin(printer, targets)
         try:
             try:
-                for rank in targets:
-                    try:
-                        self._conns[rank].sock.sendall(frame)
-                    except OSError:
-                        self._conns[rank].closed = True
+                for key in self.links.send([self._conns[r].key for r in targets], frame):
+                    self._conns[self._by_key[key]].closed = True
                 while wait.pending:
                     if interrupt is not None and interrupt.is_set():
                         raise KeyboardInterrupt
@@ -209,30 +195,38 @@ class Group:
         return wait.replies
 
     def _poll(self, wait: _Wait, timeout: float, on_reply: Callable | None) -> None:
-        socks = {self._conns[r].sock: r for r in wait.pending if not self._conns[r].closed}
-        ready = readable(socks, timeout) if socks else time.sleep(timeout) or []
-        for sock in ready:
-            rank = socks[sock]
+        """Read what the ranks sent within ``timeout`` s: replies to this exchange, its displays, closed links."""
+        for key, data in self.links.wait(timeout):
+            rank = self._by_key.get(key)
+            if rank is None:
+                continue
+            conn = self._conns[rank]
+            if not data:
+                conn.closed = True
+                continue
             try:
-                messages = self._conns[rank].read()
+                messages = conn.reader.feed(data)
             except ProtocolError as exc:
                 raise self._refused(rank, exc) from exc
             for message in messages:
-                if isinstance(message, Display):
-                    if message.seq == wait.seq:
-                        if wait.printer is not None:  # after the lines the rank printed before it
-                            self._drain([rank], wait.printer)
-                        show_rank_display(rank, message.data, message.metadata, self.sink.printing)
-                    continue
                 if message.seq != wait.seq:
-                    continue  # a late reply to an exchange given up on
-                now = time.monotonic()
-                wait.replies[rank], wait.times[rank] = message, now
-                wait.pending.discard(rank)
-                if wait.first_idle is None:
-                    wait.first_idle = now
-                if on_reply is not None:
-                    on_reply(rank, message)
+                    continue  # a late message of an exchange given up on
+                if isinstance(message, Display):
+                    if wait.printer is not None:  # after the lines the rank printed before it
+                        self._drain([rank], wait.printer)
+                    show_rank_display(rank, message.data, message.metadata, self.sink.printing)
+                elif rank in wait.pending:
+                    self._replied(wait, rank, message, on_reply)
+
+    @staticmethod
+    def _replied(wait: _Wait, rank: int, reply: Reply, on_reply: Callable | None) -> None:
+        now = time.monotonic()
+        wait.replies[rank], wait.times[rank] = reply, now
+        wait.pending.discard(rank)
+        if wait.first_idle is None:
+            wait.first_idle = now
+        if on_reply is not None:
+            on_reply(rank, reply)
 
     def _step(self, wait: _Wait, printer: PrintSink, on_reply: Callable | None) -> None:
         self._poll(wait, _POLL_SECONDS, on_reply)
@@ -369,11 +363,10 @@ class Group:
     # ------------------------------------------------------------------ the end
 
     def stop(self, graceful: bool = True, timeout: float = 3.0) -> None:
-        """End the ranks (closing their sockets ends their loops; signals after ``timeout``); idempotent."""
+        """End the ranks (closing their links ends their loops; signals after ``timeout``); idempotent."""
+        self.links.close()
         for conn in self._conns.values():
-            if not conn.closed or conn.sock.fileno() >= 0:
-                conn.closed = True
-                conn.sock.close()
+            conn.closed = True
         if not graceful:
             self.handle.kill()
         if not self.handle.wait(timeout if graceful else 1.0):

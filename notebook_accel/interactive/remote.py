@@ -2,12 +2,12 @@
 
 On one machine each rank connects to the kernel's Unix socket directly. A rank on another node
 cannot: once the nodes' agents joined, :func:`relay_hook` has every agent listen on a Unix socket of
-its own node (``NodeGroup.relay.relay_unix``), and the ranks, started after that, get the relay's
-token as a third argument of ``rank_main``; :func:`connect_rank` finds that node's socket in the
+its own node (``NodeGroup.relay.open``), and the ranks, started after that, get the relay's
+token as the fourth argument of ``rank_main``; :func:`connect_rank` finds that node's socket in the
 rank's environment (``nodes.relay.relay_address``). Each connection made there travels over the
-authenticated channel to the kernel, which connects it to the kernel's listener (the one path it
-registered for that token, nothing else). The frames are the same as on one machine, so ``Group``
-needs no change.
+authenticated channel to the kernel's ``links.RelayedLinks`` (nothing per rank in the kernel: one
+message per node carries a round's bytes, or a command for all its ranks). The frames are the same
+as on one machine, so ``Group`` reads both transports alike.
 
 Ranks on other machines always start as fresh interpreters (spawn): their namespaces hold only
 ``rank`` and ``world_size`` until values are pushed, and functions travel by value.
@@ -23,6 +23,7 @@ from typing import Any
 from ..nodes.placement import Placement
 from ..nodes.relay import relay_address
 from ..nodes.spec import Nodes
+from .links import RelayedLinks
 
 __all__ = ["connect_rank", "relay_hook", "resolve_nodes"]
 
@@ -45,12 +46,16 @@ def resolve_nodes(nodes: Any, start_method: str) -> tuple[Nodes | Placement | No
     return resolved, "spawn"
 
 
-def relay_hook(request: Any, address: str) -> Callable[[Any], Any]:
-    """Return the ``on_join`` of ``start_persistent_group``: relays ``address`` on every node, gives ranks its token."""
+def relay_hook(request: Any, opened: list) -> Callable[[Any], Any]:
+    """Return the ``on_join`` of ``start_persistent_group``: a relay on every node, its token for the ranks.
+
+    The group's ``RelayedLinks`` (the kernel's end of the relayed streams) is appended to ``opened``.
+    """
 
     def on_join(group: Any) -> Any:
-        token = group.relay.relay_unix(address)
-        return dataclasses.replace(request, args=(address, None, request.args[2], token))
+        links = RelayedLinks(group.relay)
+        opened.append(links)
+        return dataclasses.replace(request, args=("", None, request.args[2], links.token))
 
     return on_join
 

@@ -13,7 +13,8 @@ sides import):
 - ``Signal``: to the rank's process group (stop, interrupt, kill);
 - ``StackRequest``: ``STACKS_SIGNAL`` to those ranks, their dumps sent back as ``Stacks``;
 - ``Listen``: a Unix socket here whose connections travel as streams to the kernel
-  (``OpenStream`` / ``StreamData`` / ``CloseStream``), for the interactive ranks;
+  (``OpenStream`` / ``FromStreams`` and ``ToStreams`` / ``CloseStream``: a round's bytes of every stream
+  in one message), for the interactive ranks;
 - ``Heartbeat``: sent back as often; ``End``: end the ranks and exit.
 
 It ends its ranks and exits when the connection closes or the kernel is silent for
@@ -119,6 +120,7 @@ class Agent:
         self._last_sent = 0.0
         self._usage_changes = wire.UsageChanges()
         self._chunks: list[wire.Chunk] = []  # read in this round of the selector, sent as one Output
+        self._stream_chunks: list[tuple[int, bytes]] = []  # relayed in this round, sent as one FromStreams
 
     # ---------------------------------------------------------------- threads
 
@@ -197,6 +199,9 @@ class Agent:
         if self._chunks:
             chunks, self._chunks = self._chunks, []
             self._send(wire.Output(chunks))
+        if self._stream_chunks:
+            chunks, self._stream_chunks = self._stream_chunks, []
+            self._send(wire.FromStreams(chunks))
 
     # ---------------------------------------------------------------- kernel messages
 
@@ -211,13 +216,14 @@ class Agent:
             threading.Thread(target=self._stacks, args=(message,), daemon=True).start()
         elif isinstance(message, wire.Listen):
             self._later(lambda: self._listen(message.token))
-        elif isinstance(message, wire.StreamData):
-            conn = self._streams.get(message.stream_id)
-            if conn is not None:
-                try:
-                    conn.sendall(message.data)
-                except OSError:
-                    self._later(lambda: self._close_stream(message.stream_id, tell=True))
+        elif isinstance(message, wire.ToStreams):
+            for stream_id in message.stream_ids:  # one command, the same bytes for each of these ranks
+                conn = self._streams.get(stream_id)
+                if conn is not None:
+                    try:
+                        conn.sendall(message.data)
+                    except OSError:
+                        self._later(lambda sid=stream_id: self._close_stream(sid, tell=True))
         elif isinstance(message, wire.CloseStream):
             self._later(lambda: self._close_stream(message.stream_id, tell=False))
         elif isinstance(message, wire.End):
@@ -313,7 +319,7 @@ class Agent:
             except OSError:
                 chunk = b""
             if chunk:
-                self._emit(wire.StreamData(data, chunk))
+                self._stream_chunks.append((data, chunk))  # sent in this round's one FromStreams
             else:
                 self._close_stream(data, tell=True)
 

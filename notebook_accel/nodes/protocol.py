@@ -12,9 +12,9 @@ A conversation::
     kernel -> agent    Start(request, sys_path, ranks)               one per node and launch: every rank of it
     agent  -> kernel   Started(request, pids, failed)                one answer for the whole batch
     agent  -> kernel   Output(chunks) | Eof | Exited | Usage          while the ranks run
-    kernel -> agent    Signal | StackRequest | Listen                 as the launch needs
-    agent  -> kernel   Stacks | Listening | OpenStream
-    both               Heartbeat, StreamData, CloseStream
+    kernel -> agent    Signal | StackRequest | Listen | ToStreams     as the launch needs
+    agent  -> kernel   Stacks | Listening | OpenStream | FromStreams
+    both               Heartbeat, CloseStream
     kernel -> agent    End                                            the ranks end, the agent exits
 
 ``decode`` checks each body against the types its receiver expects: an unknown kind, one of the other
@@ -47,6 +47,7 @@ __all__ = [
     "End",
     "Eof",
     "Exited",
+    "FromStreams",
     "Heartbeat",
     "Hello",
     "Listen",
@@ -62,7 +63,7 @@ __all__ = [
     "Stacks",
     "Start",
     "Started",
-    "StreamData",
+    "ToStreams",
     "Usage",
     "UsageChanges",
     "check_version",
@@ -73,7 +74,7 @@ __all__ = [
     "send",
 ]
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """Raised whenever a message changes (a field added, removed or reordered, a kind added or dropped)."""
 LOST_AFTER = 5
 """Heartbeats of silence after which the other side counts as lost."""
@@ -139,14 +140,6 @@ class Heartbeat(Message):
     """I am here (every ``heartbeat`` seconds, both ways)."""
 
 
-@_message("stream")
-class StreamData(Message):
-    """Bytes of one relayed Unix-socket connection (``stream_id`` is the agent's number for it)."""
-
-    stream_id: int
-    data: bytes
-
-
 @_message("close_stream")
 class CloseStream(Message):
     """One side of a relayed connection closed."""
@@ -197,6 +190,14 @@ class Listen(Message):
     """Listen on a Unix socket of the node for relay ``token``; ``Listening`` answers."""
 
     token: str
+
+
+@_message("to_streams")
+class ToStreams(Message):
+    """The same bytes for each of these relayed connections (a command to many ranks leaves once per node)."""
+
+    stream_ids: list[int]
+    data: bytes
 
 
 @_message("end")
@@ -282,6 +283,13 @@ class Listening(Message):
     path: str
 
 
+@_message("from_streams")
+class FromStreams(Message):
+    """What relayed connections sent in one round: ``(stream_id, bytes)``, in order per stream."""
+
+    chunks: list[tuple[int, bytes]]
+
+
 @_message("open_stream")
 class OpenStream(Message):
     """A rank connected to relay ``token``'s socket: a new stream ``stream_id``."""
@@ -316,11 +324,11 @@ def _visible(figures: dict[str, Any]) -> tuple:
 
 
 TO_AGENT: tuple[type[Message], ...] = (
-    Heartbeat, Start, Signal, StackRequest, Listen, StreamData, CloseStream, End,
+    Heartbeat, Start, Signal, StackRequest, Listen, ToStreams, CloseStream, End,
 )  # fmt: skip
 """What the agent accepts from the kernel."""
 TO_KERNEL: tuple[type[Message], ...] = (
-    Heartbeat, Hello, Started, Output, Eof, Exited, Usage, Stacks, Listening, OpenStream, StreamData, CloseStream,
+    Heartbeat, Hello, Started, Output, Eof, Exited, Usage, Stacks, Listening, OpenStream, FromStreams, CloseStream,
 )  # fmt: skip
 """What the kernel accepts from an agent."""
 MESSAGES: dict[str, type[Message]] = {cls.KIND: cls for cls in (*TO_AGENT, *TO_KERNEL)}

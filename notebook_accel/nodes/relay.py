@@ -1,32 +1,45 @@
-"""Unix-socket connections of remote ranks, carried to a listener of the kernel over the agents' channels.
+"""Unix-socket connections of remote ranks, carried to the kernel over the agents' channels.
 
-The interactive ranks reach the kernel through a Unix socket (``rank_main(address, ...)``). A rank
-on another node cannot: ``NodeGroup.relay.relay_unix(path)`` has every agent listen on a Unix
-socket of its own node and returns a token; a rank started afterwards finds that socket's path
-with ``relay_address(token)`` (the agent puts it in the rank's environment). Each connection made
-there becomes a stream: the agent announces it (``OpenStream``), the kernel side connects to
-``path`` and both ends copy bytes (``StreamData``) until either closes (``CloseStream``). On the
-kernel's side one thread (one selector) copies every stream's bytes to its agent, however many
-ranks there are; what the agents send is written by the node's reader thread.
+The interactive ranks reach the kernel through a byte stream each (``rank_main(address, ...)``). A
+rank on another node connects to a Unix socket of its own node instead: ``NodeGroup.relay.open(ends)``
+has every agent listen on one and returns a token; a rank started afterwards finds that socket's
+path with ``relay_address(token)`` (the agent puts it in the rank's environment). Each connection
+made there becomes a stream: the agent announces it (``OpenStream``), relays what the rank writes
+(``FromStreams``: every stream's bytes of one round in one message) and copies what the kernel
+sends (``ToStreams``: the same bytes to several streams, in one message) until either side closes
+(``CloseStream``). On the kernel's side nothing is kept per stream but its number: the bytes go to
+``ends`` (a ``StreamEnds``, the interactive group's ``RelayedLinks``), called on the node's reader
+thread.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import selectors
-import socket
 import threading
 import uuid
+from abc import ABC, abstractmethod
 from typing import Any
 
 from . import protocol as wire
 from .protocol import RELAY_ENV_PREFIX
 
-__all__ = ["StreamRelay", "relay_address"]
+__all__ = ["StreamEnds", "StreamRelay", "relay_address"]
 
 logger = logging.getLogger(__name__)
 _LISTEN_SECONDS = 10.0
+
+
+class StreamEnds(ABC):
+    """The kernel's end of one relay's streams; called on the nodes' reader threads (return quickly)."""
+
+    @abstractmethod
+    def opened(self, node: int, stream_id: int) -> bool:
+        """A rank of node ``node`` connected: stream ``stream_id``; return False to refuse (it is closed)."""
+
+    @abstractmethod
+    def received(self, node: int, chunks: list[tuple[int, bytes]]) -> None:
+        """Bytes of streams of ``node``, in order per stream; ``b""``: that stream closed (or its node was lost)."""
 
 
 def relay_address(token: str) -> str:
@@ -36,28 +49,26 @@ def relay_address(token: str) -> str:
     except KeyError:
         raise KeyError(
             f"no relay {token!r} in this process: it is set for ranks started by a node's agent after "
-            "NodeGroup.relay.relay_unix() returned that token"
+            "NodeGroup.relay.open() returned that token"
         ) from None
 
 
 class StreamRelay:
-    """The kernel's end of the relays of one ``NodeGroup``."""
+    """The kernel's end of the relays of one ``NodeGroup``: which streams are open, and to whom they go."""
 
     def __init__(self, group: Any) -> None:
         self._group = group
-        self._targets: dict[str, str] = {}  # token -> the kernel's Unix socket path
+        self._ends: dict[str, StreamEnds] = {}  # token -> the kernel's end of its streams
         self._listening: dict[str, dict[int, str]] = {}  # token -> {node index: path there}
         self._ready = threading.Condition()
-        self._streams: dict[tuple[int, int], socket.socket] = {}
+        self._streams: dict[tuple[int, int], StreamEnds] = {}  # (node index, stream id) -> its end
         self._lock = threading.Lock()
-        self._sel = selectors.DefaultSelector()
-        self._pump: threading.Thread | None = None
         self._closed = False
 
-    def relay_unix(self, path: str) -> str:
-        """Return the token of a new relay: connections to it on any node reach the Unix socket ``path`` here."""
+    def open(self, ends: StreamEnds) -> str:
+        """Return the token of a new relay: connections to it on any node become streams of ``ends``."""
         token = uuid.uuid4().hex[:16]
-        self._targets[token] = path
+        self._ends[token] = ends
         self._listening[token] = {}
         nodes = [node for node in self._group.nodes if node.lost is None]
         for node in nodes:
@@ -74,6 +85,25 @@ class StreamRelay:
         """Return ``{node index: socket path on that node}`` of relay ``token``."""
         return dict(self._listening[token])
 
+    def open_streams(self) -> int:
+        """Return how many streams are open."""
+        return len(self._streams)
+
+    def send(self, node_index: int, stream_ids: list[int], data: bytes) -> bool:
+        """Send ``data`` to each of ``stream_ids`` of node ``node_index`` (one message); False when the node is lost."""
+        node = self._group.nodes[node_index]
+        if node.lost is not None:
+            return False
+        node.send_quietly(wire.ToStreams(stream_ids, data))
+        return node.lost is None
+
+    def close_stream(self, node_index: int, stream_id: int) -> None:
+        """Close stream ``stream_id`` of node ``node_index`` (the rank sees its connection end)."""
+        with self._lock:
+            ends = self._streams.pop((node_index, stream_id), None)
+        if ends is not None:
+            self._group.nodes[node_index].send_quietly(wire.CloseStream(stream_id))
+
     def on_message(self, node: Any, message: wire.Message) -> None:
         """Handle one relay message of ``node``'s agent (called by its reader thread)."""
         if isinstance(message, wire.Listening):
@@ -82,74 +112,42 @@ class StreamRelay:
                 self._ready.notify_all()
         elif isinstance(message, wire.OpenStream):
             self._open(node, message.token, message.stream_id)
-        elif isinstance(message, wire.StreamData):
-            conn = self._streams.get((node.index, message.stream_id))
-            if conn is not None:
-                try:
-                    conn.sendall(message.data)
-                except OSError:
-                    self._close(node, message.stream_id, tell=True)
+        elif isinstance(message, wire.FromStreams):
+            self._received(node.index, message.chunks)
         elif isinstance(message, wire.CloseStream):
-            self._close(node, message.stream_id, tell=False)
+            self._received(node.index, [(message.stream_id, b"")])
 
     def _open(self, node: Any, token: str, stream_id: int) -> None:
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            conn.connect(self._targets[token])
-        except (OSError, KeyError) as exc:
-            logger.warning("relay %s: cannot reach the kernel's socket: %s", token, exc)
-            conn.close()
-            node.send_quietly(wire.CloseStream(stream_id))
-            return
+        ends = self._ends.get(token)
         with self._lock:
-            if self._closed:
-                conn.close()
-                return
-            self._streams[(node.index, stream_id)] = conn
-            self._sel.register(conn, selectors.EVENT_READ, (node, stream_id))
-            if self._pump is None:
-                self._pump = threading.Thread(target=self._copy, name="notebook_accel-relay", daemon=True)
-                self._pump.start()
-
-    def _copy(self) -> None:
-        """Copy what the kernel's side of every stream writes to its agent, until the relay closes."""
-        while not self._closed:
-            for key, _ in self._sel.select(1.0):
-                node, stream_id = key.data
-                try:
-                    chunk = key.fileobj.recv(1 << 16)
-                except OSError:  # closed meanwhile by another thread
-                    chunk = b""
-                if chunk:
-                    node.send_quietly(wire.StreamData(stream_id, chunk))
-                else:
-                    self._close(node, stream_id, tell=True)
-        self._sel.close()
-
-    def _close(self, node: Any, stream_id: int, tell: bool) -> None:
-        with self._lock:
-            conn = self._streams.pop((node.index, stream_id), None)
-            if conn is None:
-                return
-            self._sel.unregister(conn)
-        try:
-            conn.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        conn.close()
-        if tell:
+            taken = ends is not None and not self._closed and ends.opened(node.index, stream_id)
+            if taken:
+                self._streams[(node.index, stream_id)] = ends
+        if not taken:
+            logger.warning("relay %s: stream %d of node %s refused", token, stream_id, node.host)
             node.send_quietly(wire.CloseStream(stream_id))
+
+    def _received(self, node_index: int, chunks: list[tuple[int, bytes]]) -> None:
+        by_ends: dict[int, tuple[StreamEnds, list[tuple[int, bytes]]]] = {}
+        with self._lock:
+            for stream_id, data in chunks:
+                ends = self._streams.get((node_index, stream_id))
+                if ends is None:
+                    continue
+                if not data:
+                    del self._streams[(node_index, stream_id)]
+                by_ends.setdefault(id(ends), (ends, []))[1].append((stream_id, data))
+        for ends, mine in by_ends.values():
+            ends.received(node_index, mine)
 
     def node_lost(self, node: Any) -> None:
-        """Close the streams of a lost node (the kernel's side sees them end)."""
-        for _index, stream_id in [key for key in self._streams if key[0] == node.index]:
-            self._close(node, stream_id, tell=False)
+        """End the streams of a lost node (their ends see them close)."""
+        ids = [stream_id for index, stream_id in list(self._streams) if index == node.index]
+        self._received(node.index, [(stream_id, b"") for stream_id in ids])
 
     def close(self) -> None:
-        """Close every stream."""
+        """Close every stream (their ends see them close)."""
+        with self._lock:
+            self._closed = True
         for node in self._group.nodes:
             self.node_lost(node)
-        with self._lock:
-            self._closed = True  # the copying thread ends within a second, and closes the selector
-            if self._pump is None:
-                self._sel.close()

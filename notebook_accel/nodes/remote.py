@@ -306,7 +306,7 @@ class NodeGroup(WorkerBackend):
             self.figures.update(message.figures)
         elif isinstance(message, wire.Stacks):
             self._answer(self._stacks, message.request, message.stacks)
-        elif isinstance(message, (wire.Listening, wire.OpenStream, wire.StreamData, wire.CloseStream)):
+        elif isinstance(message, (wire.Listening, wire.OpenStream, wire.FromStreams, wire.CloseStream)):
             self.relay.on_message(node, message)
 
     @staticmethod
