@@ -276,3 +276,42 @@ def test_both_handles_are_run_views_with_every_member():
     broken = type("Broken", (RunView,), {m: None for m in RunView.__abstractmethods__ if m != "stacks"})
     with pytest.raises(TypeError, match="abstract method.*stacks"):
         object.__new__(broken)
+
+
+def test_the_restarting_handle_reads_the_current_tries_members_from_that_try():
+    from notebook_accel.launch.restarts import RestartingHandle
+
+    tries: list[LaunchHandle] = []
+
+    def start_attempt(attempt: int, started: float) -> LaunchHandle:
+        handle = LaunchHandle(_plan(2), print, backend=FakeBackend(), attempt=attempt, run_id=f"try{attempt}")
+        handle.start(threaded=False)
+        tries.append(handle)
+        return handle
+
+    restarting = RestartingHandle(start_attempt, 1, 0.1)
+    with pytest.raises(RuntimeError, match="has not started its first group yet"):
+        restarting.status()
+    restarting.start(threaded=False)
+    restarting.run_here()
+    assert restarting.result() == [0, 10]
+    (only,) = tries
+    assert restarting.plan is only.plan and restarting.run_id == "try1"
+    assert restarting.pids == only.pids == [4_000_000, 4_000_001]
+    assert [s.state for s in restarting.status()] == [State.SUCCEEDED] * 2
+    assert restarting.bars() == only.bars() and restarting.metrics == only.metrics
+    assert restarting.num_processes == 2 and restarting.stacks() == {}  # done: no live rank
+
+
+def test_an_interactive_commands_bars_are_a_bar_source():
+    from notebook_accel.interactive.cell_output import CommandBars
+    from notebook_accel.launch.interfaces import BarSource
+
+    handle = LaunchHandle(_plan(2), print, backend=FakeBackend())
+    drawn: list = []
+    bars = CommandBars(handle, lambda bundle, **kw: drawn.append(bundle) or types.SimpleNamespace(update=drawn.append))
+    assert isinstance(bars, BarSource) and not isinstance(bars, RunView)
+    bars.close()
+    broken = type("Broken", (BarSource,), {"bars": None, "add_done_callback": None})
+    with pytest.raises(TypeError, match="abstract method.*subscribe_events"):
+        broken()

@@ -20,6 +20,7 @@ from typing import Any
 from ..launch.cell_bars import CellBars, kernel_display
 from ..launch.collapse import Collapser
 from ..launch.handle import LaunchHandle
+from ..launch.interfaces import BarSource
 from ..launch.output import OutputLine, PrintSink
 
 __all__ = ["CellSink", "CommandBars", "command_bars"]
@@ -108,8 +109,8 @@ class CellSink:
         self._printer = None
 
 
-class CommandBars:
-    """The handle as ``CellBars`` sees it during one command: its bar events, passed on by ``pump()``.
+class CommandBars(BarSource):
+    """The ``BarSource`` of one command, for its ``CellBars``: the handle's bar events, passed on by ``pump()``.
 
     Each command draws the ranks' live progress bars in its own cell (the running one), as a
     blocking ``notebook_launcher`` does; nothing is drawn outside a kernel or with a panel. The
@@ -131,13 +132,16 @@ class CommandBars:
             self._events.append((kind, rank, item))
 
     def subscribe_events(self, callback: Callable[[str, int, Any], None]) -> Callable[[], None]:
+        """Call ``callback(kind, rank, state)`` for each bar event, on ``pump()``'s thread."""
         self._callbacks.append(callback)
         return lambda: self._callbacks.remove(callback)
 
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        """Call ``fn(self)`` when the command ends (``close()``)."""
         self._done.append(fn)
 
     def bars(self, rank: int | None = None, live_only: bool = False) -> list:
+        """Return the handle's progress bars (of ``rank``; ``live_only``: open bars of live ranks)."""
         return self._handle.bars(rank, live_only)
 
     def pump(self) -> None:

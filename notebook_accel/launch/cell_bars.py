@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .interfaces import BarSource
+
 __all__ = ["CellBars", "kernel_display", "render_bars_html", "render_bars_text"]
 
 
@@ -54,7 +56,7 @@ def render_bars_html(bars: list[Any]) -> str:
 class CellBars:
     """Show the open bars of ``handle``'s live ranks in one output of the calling cell."""
 
-    def __init__(self, handle: Any, display: Callable[..., Any], interval: float = 0.2) -> None:
+    def __init__(self, handle: BarSource, display: Callable[..., Any], interval: float = 0.2) -> None:
         self._display = display  # the kernel's (kernel_display())
         self._handle = handle
         self.interval = interval

@@ -7,7 +7,8 @@
 - ``WorkerBackend``: where ranks run: it starts them and gives the stack and usage sources of its ranks
   (``procs.LocalProcesses`` on this machine, ``nodes.remote.NodeGroup`` across nodes).
 - ``RunView``: the read-only view of a run that panels, magics and cell bars read (``LaunchHandle``,
-  ``RestartingHandle``); the panel checks it with ``isinstance``.
+  ``RestartingHandle``); the panel checks it with ``isinstance``. Its part that live progress bars
+  read is ``BarSource`` (also implemented by one interactive command's bars).
 
 A class that misses a member cannot be instantiated (``TypeError`` naming it), so a side that
 drifts from the interface fails at once, in tests/test_launch_interfaces.py. This module imports
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "BarSource",
     "RunView",
     "StackSource",
     "UsageSource",
@@ -163,7 +165,27 @@ def start_each(
     return started
 
 
-class RunView(ABC):
+class BarSource(ABC):
+    """What a cell's live progress bars read (``cell_bars.CellBars``): the bar events, the bars, the end.
+
+    A run is one (``RunView``); so is one interactive command (``interactive.cell_output.CommandBars``:
+    the events of the command's ranks, handed over on the cell's thread).
+    """
+
+    @abstractmethod
+    def subscribe_events(self, callback: Callable[[str, int, Any], None]) -> Callable[[], None]:
+        """Call ``callback(kind, rank, state)`` for each bar/metrics/usage event; return the unsubscribe function."""
+
+    @abstractmethod
+    def bars(self, rank: int | None = None, live_only: bool = False) -> list[Any]:
+        """Return the progress bars' last states."""
+
+    @abstractmethod
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        """Call ``fn(run)`` once the run ended (at once if it has)."""
+
+
+class RunView(BarSource):
     """The read-only view of a run (and its two verbs, stop and kill) that panels and magics read.
 
     The methods are abstract; the data members below are attributes or properties of the run (a
@@ -198,18 +220,6 @@ class RunView(ABC):
     @abstractmethod
     def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
         """Call ``callback(line)`` for each new output line; return the unsubscribe function."""
-
-    @abstractmethod
-    def subscribe_events(self, callback: Callable[[str, int, Any], None]) -> Callable[[], None]:
-        """Call ``callback(kind, rank, state)`` for each bar/metrics/usage event; return the unsubscribe function."""
-
-    @abstractmethod
-    def bars(self, rank: int | None = None, live_only: bool = False) -> list[Any]:
-        """Return the progress bars' last states."""
-
-    @abstractmethod
-    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
-        """Call ``fn(run)`` once the run ended (at once if it has)."""
 
     @abstractmethod
     def stop(self, grace: float = 1.0) -> None:

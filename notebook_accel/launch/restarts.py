@@ -93,6 +93,18 @@ def _record(handle: LaunchHandle, started_at: float) -> Attempt:
     )
 
 
+class _OfCurrentTry:
+    """A member of ``RestartingHandle`` that is its current (or last) try's ``LaunchHandle``'s own, read from it."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, run: RestartingHandle | None, owner: type | None = None) -> Any:
+        if run is None:
+            return self
+        return getattr(run._handle(), self.name)
+
+
 class RestartingHandle(Completion, OutputRecord, RunView):
     """A launch with ``max_restarts``: the same interface as :class:`LaunchHandle`, over every attempt.
 
@@ -183,61 +195,25 @@ class RestartingHandle(Completion, OutputRecord, RunView):
 
     # ------------------------------------------------------------------ the current try
 
-    @property
-    def plan(self) -> LaunchPlan:
-        """Return the current try's plan (its rendezvous port changes with each try)."""
-        return self._handle().plan
-
-    @property
-    def run_id(self) -> str:
-        """Return the run's id (the log folder's name under ``log_dir``)."""
-        return self._handle().run_id
-
-    @property
-    def log_files(self) -> dict[int, dict[str, str]]:
-        """Return ``{rank: {"stdout": path, "stderr": path}}`` when ``log_dir`` was given (every try writes there)."""
-        return self._handle().log_files
-
-    @property
-    def num_processes(self) -> int:
-        """Return the number of worker processes of each try."""
-        return self._handle().num_processes
-
-    @property
-    def pids(self) -> list[int | None]:
-        """Return each rank's pid in the current try."""
-        return self._handle().pids
-
-    def status(self) -> list[RankStatus]:
-        """Return a snapshot of every rank's status in the current try (``RankStatus.attempt`` says which)."""
-        return self._handle().status()
+    # The current (or last) try's own members, read from its LaunchHandle (``_OfCurrentTry``): its plan
+    # (the rendezvous port changes with each try), run id and log files (every try writes there), pids,
+    # status() (``RankStatus.attempt`` says which try), hang report, metrics and metrics_frame() (a
+    # restart starts a new list), bars() and the ranks whose bars are shown live.
+    plan: LaunchPlan = _OfCurrentTry()
+    run_id: str = _OfCurrentTry()
+    log_files: dict[int, dict[str, str]] = _OfCurrentTry()
+    num_processes: int = _OfCurrentTry()
+    pids: list[int | None] = _OfCurrentTry()
+    status: Callable[[], list[RankStatus]] = _OfCurrentTry()
+    hang_report: str | None = _OfCurrentTry()
+    metrics: list[dict[str, Any]] = _OfCurrentTry()
+    metrics_frame: Callable[[], Any] = _OfCurrentTry()
+    bars: Callable[..., list[BarState]] = _OfCurrentTry()
+    live_bar_ranks: set[int] | None = _OfCurrentTry()
 
     def stacks(self) -> dict[int, RankStack]:
         """Return every live rank's current Python stacks ({} between tries and once done)."""
         return {} if self.done else self._handle().stacks()
-
-    @property
-    def hang_report(self) -> str | None:
-        """Return the current try's hang report (``LaunchHandle.hang_report``), if the hang rule made one."""
-        return self._handle().hang_report
-
-    @property
-    def metrics(self) -> list[dict[str, Any]]:
-        """Return what the current try logged through ``NotebookTracker`` (a restart starts a new list)."""
-        return self._handle().metrics
-
-    def metrics_frame(self) -> Any:
-        """Return the current try's ``metrics`` as a pandas DataFrame indexed by step (needs pandas)."""
-        return self._handle().metrics_frame()
-
-    def bars(self, rank: int | None = None, live_only: bool = False) -> list[BarState]:
-        """Return the current try's progress bars (of ``rank``); ``live_only``: open bars of live ranks."""
-        return self._handle().bars(rank, live_only)
-
-    @property
-    def live_bar_ranks(self) -> set[int] | None:
-        """Return the ranks whose bars a view shows live (None: all)."""
-        return self._handle().live_bar_ranks
 
     def subscribe_events(self, callback: Callable[[str, int, Any], None]) -> Callable[[], None]:
         """Call ``callback(kind, rank, state)`` for every try's events and each ``"restart"``; return the unsubscribe function."""
