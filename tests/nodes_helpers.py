@@ -10,6 +10,7 @@ node differs (it does not: it runs here).
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable
 
 from notebook_accel.nodes.placement import Placement
@@ -50,3 +51,11 @@ class LocalPlacement(Placement):
         popen = super().start(index, host, argv)
         self.popens.append(popen)
         return popen
+
+
+def unix_listener(path: str, backlog: int = 1) -> socket.socket:
+    """Return a Unix socket listening at ``path`` (the kernel's side of a rank's connection)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen(backlog)
+    return sock

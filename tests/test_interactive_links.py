@@ -15,6 +15,7 @@ import pytest
 from notebook_accel.interactive.links import RelayedLinks, SocketLinks
 from notebook_accel.nodes import protocol as wire
 from notebook_accel.nodes.relay import StreamEnds, StreamRelay
+from tests.nodes_helpers import unix_listener
 
 
 def _collect(links, want: int, timeout: float = 10.0) -> list:
@@ -28,10 +29,7 @@ def _collect(links, want: int, timeout: float = 10.0) -> list:
 @pytest.fixture
 def local(tmp_path):
     path = str(tmp_path / "ranks.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(8)
-    links = SocketLinks(listener)
+    links = SocketLinks(unix_listener(path, 8))
     yield links, path
     links.close()
 

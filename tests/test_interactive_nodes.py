@@ -5,7 +5,6 @@ on real Unix sockets. Ranks across the namespace cluster: tests/test_interactive
 from __future__ import annotations
 
 import re
-import socket
 import time
 from types import SimpleNamespace
 
@@ -15,6 +14,7 @@ from notebook_accel import Nodes
 from notebook_accel.interactive import remote
 from notebook_accel.interactive.magics import RanksMagic, RanksUsageError, nodes_option
 from notebook_accel.interactive.session import Ranks, current, start_ranks
+from tests.nodes_helpers import unix_listener
 
 # -- the magic's options ---------------------------------------------------------------------------
 
@@ -87,16 +87,9 @@ def test_bad_nodes_refused_before_anything_starts() -> None:
 # -- the rank's way home ---------------------------------------------------------------------------
 
 
-def _listening(path: str) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(path)
-    sock.listen(1)
-    return sock
-
-
 def test_connect_rank_directly_on_one_machine(tmp_path) -> None:
     address = str(tmp_path / "k.sock")
-    with _listening(address) as listener:
+    with unix_listener(address) as listener:
         sock = remote.connect_rank(address)
         conn = listener.accept()[0]
         sock.sendall(b"frame")
@@ -110,7 +103,7 @@ def test_connect_rank_through_its_nodes_relay(tmp_path, monkeypatch) -> None:
     agent_side = str(tmp_path / "relay.sock")
     # What a node's agent puts in the environment of the ranks it starts after relay_unix().
     monkeypatch.setenv(relay.RELAY_ENV_PREFIX + "tok123", agent_side)
-    with _listening(agent_side) as listener:
+    with unix_listener(agent_side) as listener:
         sock = remote.connect_rank("/kernel/side/ranks.sock", "tok123")
         conn = listener.accept()[0]
         sock.sendall(b"frame")

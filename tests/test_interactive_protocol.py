@@ -28,6 +28,7 @@ import pytest
 from notebook_accel.interactive import protocol
 from notebook_accel.interactive.cell_output import CellSink
 from notebook_accel.interactive.group import IdleRankStack, mark_idle
+from notebook_accel.interactive.links import SocketLinks
 from notebook_accel.interactive.protocol import (
     COMMANDS,
     MESSAGES,
@@ -50,7 +51,6 @@ from notebook_accel.interactive.protocol import (
     send,
     wait_for_command,
 )
-from notebook_accel.interactive.links import SocketLinks
 from notebook_accel.interactive.startup import accept_ranks
 from notebook_accel.launch.doctor import Frame, RankStack, ThreadStack, parse_dump
 from notebook_accel.utils._worker_channel import FRAME_HEADER

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import types
 
 import pytest
 
@@ -246,7 +247,6 @@ def test_a_persistent_request_takes_only_the_options_of_a_persistent_group():
 
 
 def test_a_placement_is_known_by_its_type_not_by_its_methods():
-    import types
 
     from notebook_accel.nodes.plan import placement_of
     from tests.nodes_helpers import LocalPlacement
@@ -309,7 +309,9 @@ def test_an_interactive_commands_bars_are_a_bar_source():
 
     handle = LaunchHandle(_plan(2), print, backend=FakeBackend())
     drawn: list = []
-    bars = CommandBars(handle, lambda bundle, **kw: drawn.append(bundle) or types.SimpleNamespace(update=drawn.append))
+    bars = CommandBars(
+        handle, lambda bundle, **kw: drawn.append(bundle) or types.SimpleNamespace(update=drawn.append)
+    )
     assert isinstance(bars, BarSource) and not isinstance(bars, RunView)
     bars.close()
     broken = type("Broken", (BarSource,), {"bars": None, "add_done_callback": None})

@@ -27,8 +27,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..utils._errors import add_note
 from ..launch.cell_bars import kernel_display
+from ..utils._errors import add_note
 
 logger = logging.getLogger(__name__)
 
