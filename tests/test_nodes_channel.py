@@ -69,6 +69,47 @@ def test_both_sides_prove_the_secret_then_messages_travel_signed():
     agent.close()
 
 
+class _CountingSocket:
+    """The channel's socket, counting the reads the channel makes."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock, self.reads = sock, 0
+
+    def recv(self, size: int) -> bytes:
+        self.reads += 1
+        return self._sock.recv(size)
+
+    def recv_into(self, buffer) -> int:
+        self.reads += 1
+        return self._sock.recv_into(buffer)
+
+    def __getattr__(self, name: str):
+        return getattr(self._sock, name)
+
+
+def test_frames_that_came_together_are_read_together_and_large_ones_intact():
+    secret = new_secret()
+    kernel, agent = _pair(secret, secret)
+    counting = kernel.sock = _CountingSocket(kernel.sock)
+    try:
+        small = [("hb", i) for i in range(200)]
+        for message in small:
+            agent.send(message)
+        assert [kernel.recv() for _ in small] == small
+        assert counting.reads < 20  # 200 frames: a few reads, not three per frame
+        big = os.urandom(3 << 20)  # far over one read: straight into place, after the small frame before it
+        sender = threading.Thread(target=lambda: (agent.send("before"), agent.send(big), agent.send("after")))
+        sender.start()
+        assert [kernel.recv(), kernel.recv(), kernel.recv()] == ["before", big, "after"]
+        sender.join(10)
+        agent.close()
+        with pytest.raises(ChannelError, match="closed"):
+            kernel.recv()
+    finally:
+        kernel.close()
+        agent.close()
+
+
 def test_a_wrong_secret_is_refused_by_both_sides():
     kernel, agent = _pair(new_secret(), new_secret())
     assert isinstance(kernel, ChannelError) and "did not prove the launch's secret" in str(kernel)

@@ -27,7 +27,7 @@ import struct
 import threading
 from typing import Any
 
-from ..utils._wire import read_exactly
+from ..utils._wire import ConnectionClosed, read_exactly
 
 __all__ = ["MAX_FRAME", "Channel", "ChannelError", "accept_channel", "connect_channel", "new_secret"]
 
@@ -39,6 +39,7 @@ _HEADER = struct.Struct(">I")
 _SEQUENCE = struct.Struct(">Q")
 MAX_FRAME = 1 << 30
 """Largest frame body accepted (1 GiB): a length beyond it is refused before anything is read."""
+_RECV = 1 << 16  # what one read asks for: the frames that came meanwhile, in one system call
 
 
 class ChannelError(ConnectionError):
@@ -61,6 +62,7 @@ class Channel:
         self.sock = sock
         self._send_key, self._recv_key = send_key, recv_key
         self._send_seq = self._recv_seq = 0
+        self._received = bytearray()  # bytes read past the last frame returned (recv_bytes: one reader)
         self._send_lock = threading.Lock()
         self.closed = False
 
@@ -86,11 +88,11 @@ class Channel:
     def recv_bytes(self) -> bytes:
         """Return the next frame's body once its signature verified (the connection is dropped if not)."""
         try:
-            (length,) = _HEADER.unpack(read_exactly(self.sock, _HEADER.size))
+            head = self._take(_HEADER.size + _MAC)
+            (length,) = _HEADER.unpack_from(head)
             if length > MAX_FRAME:
                 raise ChannelError(f"a frame of {length} bytes is over the limit of {MAX_FRAME}")
-            mac = read_exactly(self.sock, _MAC)
-            body = read_exactly(self.sock, length)
+            mac, body = head[_HEADER.size :], self._take(length)
         except ChannelError:
             self.close()
             raise
@@ -106,6 +108,35 @@ class Channel:
             )
         self._recv_seq += 1
         return body
+
+    def _take(self, size: int) -> bytes:
+        """Return the next ``size`` bytes received, reading as much as has come (one call often brings several frames)."""
+        buffer = self._received
+        if size - len(buffer) > _RECV:
+            return self._take_large(size)
+        while len(buffer) < size:
+            chunk = self.sock.recv(_RECV)
+            if not chunk:
+                raise ConnectionClosed(len(buffer), size)
+            buffer += chunk
+        with memoryview(buffer) as view:
+            taken = bytes(view[:size])
+        del buffer[:size]
+        return taken
+
+    def _take_large(self, size: int) -> bytes:
+        """Return the next ``size`` bytes, the many still to come read straight into place."""
+        out = bytearray(size)
+        have = len(self._received)
+        out[:have] = self._received
+        self._received.clear()
+        with memoryview(out) as view:
+            while have < size:
+                got = self.sock.recv_into(view[have:])
+                if not got:
+                    raise ConnectionClosed(have, size)
+                have += got
+        return bytes(out)
 
     def close(self) -> None:
         """Close the connection (idempotent); a reader blocked in ``recv`` gets ChannelError."""
