@@ -476,3 +476,19 @@ def test_a_node_group_needs_the_inbox_of_its_starts():
     group = object.__new__(NodeGroup)  # nothing of the group is touched before the starts are checked
     with pytest.raises(ValueError, match="the start of rank 5 has no inbox: NodeGroup pushes"):
         group.start("spawn", [WorkerStart(spec, 10, 11, 12)])
+
+
+def test_remote_usage_copies_a_rank_s_figures_only_when_its_agent_sent_new_ones():
+    from notebook_accel.launch.ranks import RankStatus
+
+    figures = {3: {"cpu_percent": 50.0, "rss": 100, "peak_rss": 150}}
+    usage = RemoteUsage(figures)
+    status = RankStatus(3, 1, State.RUNNING, 0.0)
+    usage.sample(status)
+    assert (status.cpu_percent, status.rss, status.peak_rss) == (50.0, 100, 150)
+    status.rss = 7  # e.g. the rank's own usage event: the agent's unchanged figures do not overwrite it
+    usage.sample(status)
+    assert status.rss == 7
+    figures[3] = {"cpu_percent": 20.0, "rss": 90, "peak_rss": 150}  # the next Usage message of its agent
+    usage.sample(status)
+    assert (status.cpu_percent, status.rss, status.peak_rss) == (20.0, 90, 150)

@@ -170,6 +170,7 @@ class RemoteUsage(UsageSource):
     def __init__(self, figures: dict[int, dict[str, Any]]) -> None:
         self._figures = figures
         self._next = 0.0
+        self._copied: dict[int, dict[str, Any]] = {}  # rank -> the figures last copied (each Usage brings new ones)
 
     def due(self, now: float) -> bool:
         """Return True about once a second (the agents send their samples as often)."""
@@ -179,10 +180,14 @@ class RemoteUsage(UsageSource):
         return True
 
     def sample(self, status: Any) -> None:
-        """Copy the rank's latest figures from its agent into ``status``."""
+        """Copy the rank's latest figures from its agent into ``status``; nothing when none came since the last copy.
+
+        An idle rank's agent sends nothing new (``protocol.UsageChanges``): a thousand of them cost no copy.
+        """
         figures = self._figures.get(status.rank)
-        if not figures:
+        if not figures or self._copied.get(status.rank) is figures:
             return
+        self._copied[status.rank] = figures
         for key in ("cpu_percent", "rss"):
             if figures.get(key) is not None:
                 setattr(status, key, figures[key])
