@@ -44,6 +44,7 @@ from notebook_accel.widgets._launch_model import LaunchModel  # noqa: E402
 
 from notebook_accel import notebook_launcher  # noqa: E402
 from notebook_accel.interactive.session import start_ranks  # noqa: E402
+from notebook_accel.launch.inbox import RankInbox  # noqa: E402
 from notebook_accel.launch.interfaces import WorkerStart  # noqa: E402
 from notebook_accel.launch.worker import WorkerSpec  # noqa: E402
 from notebook_accel.nodes.remote import NodeGroup, NodeSettings  # noqa: E402
@@ -108,14 +109,12 @@ def idle_nodes(nodes: int, per_node: int, seconds: float) -> dict:
     """The kernel's idle CPU with the nodes layer alone: a joined ``NodeGroup`` whose ranks started, no handle."""
     placement = SimPlacement(nodes)
     group = NodeGroup.join(placement, NodeSettings.of(placement.nodes))
-    pipes, starts = [], []
+    inbox, starts = RankInbox(), []  # the ranks push into it (NodeGroup.pushes): nothing per rank here
     for rank in range(nodes * per_node):
-        ends = [os.pipe() for _ in range(3)]
-        pipes += [fd for pair in ends for fd in pair]
         env = {"NODE_RANK": str(rank // per_node), "RANK": str(rank)}
         spec = WorkerSpec(rank=rank, local_rank=rank % per_node, env=env, num_threads=1, backend="gloo",
                           dry_run_port=None, function=never_called, args=())  # fmt: skip
-        starts.append(WorkerStart(spec, ends[0][1], ends[1][1], ends[2][1]))
+        starts.append(WorkerStart(spec, None, None, None, inbox))
     procs = []
     try:
         procs = group.start("spawn", starts)
@@ -127,8 +126,7 @@ def idle_nodes(nodes: int, per_node: int, seconds: float) -> dict:
         group.close()
         for proc in procs:
             proc.close()
-        for fd in pipes:
-            os.close(fd)
+        inbox.close()
 
 
 def lines(nodes: int, per_node: int, rate: float, seconds: float) -> dict:

@@ -5,13 +5,17 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import threading
+import time
 import types
 
 import pytest
 
 from notebook_accel.launch.doctor import StackCollector
 from notebook_accel.launch.handle import LaunchHandle
+from notebook_accel.launch.inbox import RankInbox
 from notebook_accel.launch.interfaces import (
+    RankEvents,
     RunView,
     StackSource,
     UsageSource,
@@ -175,10 +179,14 @@ def test_a_backend_that_cannot_start_every_rank_leaves_nothing_behind():
         (WorkerBackend, "stack_source"),
         (WorkerBackend, "usage_source"),
         (WorkerBackend, "close"),
+        (RankEvents, "data"),
+        (RankEvents, "end"),
+        (RankEvents, "exited"),
     ],
 )
 def test_an_implementation_missing_a_member_cannot_be_made(base, member):
     fakes = {
+        RankEvents: RankInbox,
         WorkerProcess: FakeProcess,
         StackSource: FakeStacks,
         UsageSource: FakeUsage,
@@ -201,6 +209,7 @@ def test_an_implementation_missing_a_member_cannot_be_made(base, member):
         (RemoteUsage, UsageSource),
         (LocalProcesses, WorkerBackend),
         (NodeGroup, WorkerBackend),
+        (RankInbox, RankEvents),
     ],
 )
 def test_both_sides_implement_every_interface(implementation, interface):
@@ -317,3 +326,209 @@ def test_an_interactive_commands_bars_are_a_bar_source():
     broken = type("Broken", (BarSource,), {"bars": None, "add_done_callback": None})
     with pytest.raises(TypeError, match="abstract method.*subscribe_events"):
         broken()
+
+
+# ---------------------------------------------------------------- a pushing backend (no pipe per rank)
+
+
+class PushedProcess(WorkerProcess):
+    """A rank that lives nowhere: a thread pushes its lines, its value, its streams' ends and its exit."""
+
+    def __init__(self, start: WorkerStart, lines: int) -> None:
+        self.pid, self.exitcode, self.sentinel = 5_000_000 + start.spec.rank, None, None
+        self._inbox, self._rank, self._lines = start.inbox, start.spec.rank, lines
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        text = "".join(f"r{self._rank} {i}\n" for i in range(self._lines)).encode()
+        step = 7 + self._rank  # chunks that cut lines anywhere
+        for at in range(0, len(text), step):
+            self._inbox.data(self, "stdout", text[at : at + step])
+        body = pickle.dumps(("ok", self._rank * 10))
+        self._inbox.data(self, "result", FRAME_HEADER.pack(len(body)) + body)
+        for stream in ("stdout", "stderr", "result"):
+            self._inbox.end(self, stream)
+        self.exitcode = 0
+        self._inbox.exited(self)
+
+    def poll(self) -> int | None:
+        return self.exitcode
+
+    def signal_group(self, signum: int) -> None:
+        pass
+
+    def kill_and_reap(self) -> None:
+        self.exitcode = -signal.SIGKILL
+
+    def kill_leftovers(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class PushingBackend(FakeBackend):
+    """Ranks that push their events into the launch's inbox, as the ranks of other nodes do."""
+
+    pushes = True
+
+    def __init__(self, lines: int = 300) -> None:
+        super().__init__()
+        self.lines, self.starts = lines, []
+
+    def _one(self, method: str, start: WorkerStart) -> WorkerProcess:
+        self.starts.append(start)
+        proc = PushedProcess(start, self.lines)
+        self.started.append(proc)
+        return proc
+
+    def go(self) -> None:
+        for proc in self.started:
+            proc.thread.start()
+
+
+def test_a_pushing_backend_reports_every_line_in_order_per_rank_without_a_descriptor_per_rank():
+    backend = PushingBackend(lines=300)
+    sink = Collect()
+    handle = LaunchHandle(_plan(4), print, sinks=[sink], backend=backend)
+    before = _fd_count()
+    handle.start(threaded=False)
+    assert _fd_count() - before == 1  # the inbox's wake descriptor, for all four ranks
+    inbox = backend.starts[0].inbox
+    assert isinstance(inbox, RankInbox) and all(s.inbox is inbox for s in backend.starts)
+    assert all(s.stdout is None and s.result is None for s in backend.starts)
+    backend.go()
+    handle.run_here()
+    assert handle.result() == [0, 10, 20, 30]
+    for rank in range(4):
+        got = [line.text for line in sink.lines if line.rank == rank]
+        assert got == [f"r{rank} {i}" for i in range(300)]
+    assert [s.state for s in handle.status()] == [State.SUCCEEDED] * 4
+    assert [s.exitcode for s in handle.status()] == [0] * 4
+    assert _fd_count() == before  # the inbox was closed with the launch
+
+
+def test_the_supervisor_of_pushed_ranks_waits_on_their_inbox_and_never_polls():
+    from notebook_accel.launch.ranks import _Rank
+    from notebook_accel.launch.supervisor import RankSupervisor
+
+    inbox = RankInbox()
+    seen = []
+    ranks = RankSupervisor(
+        lambda r, s, d: seen.append((r.rank, s, d)),
+        lambda r, s: seen.append((r.rank, s, "end")),
+        lambda r: seen.append((r.rank, "exit")),
+        inbox=inbox,
+    )
+    rank = _Rank(0, 0)
+    rank.proc = PushedProcess(WorkerStart(types.SimpleNamespace(rank=0), None, None, None, inbox), 0)
+    ranks.add([rank])
+    assert not ranks.polling and not rank.fds
+    inbox.data(rank.proc, "stdout", b"a")
+    inbox.end(rank.proc, "stdout")
+    rank.proc.exitcode = 3
+    inbox.exited(rank.proc)
+    assert not ranks.over(0.0)
+    ranks.wait(1.0)
+    assert seen == [(0, "stdout", b"a"), (0, "stdout", "end"), (0, "exit")] and rank.exited
+    assert not ranks.over(0.0)  # stderr and result not ended yet: their bytes may still come
+    inbox.end(rank.proc, "stderr")
+    inbox.end(rank.proc, "result")
+    ranks.wait(1.0)
+    assert ranks.over(0.0)
+    ranks.close()
+    inbox.data(rank.proc, "stdout", b"late")  # dropped once the launch closed it: never waits
+    assert not inbox.pending(rank.proc)
+
+
+def test_an_inbox_holds_a_bounded_number_of_bytes_and_its_pushers_wait_for_room():
+    inbox = RankInbox(max_bytes=100)
+    source = object()
+    pushed = []
+
+    def push() -> None:
+        for i in range(10):
+            inbox.data(source, "stdout", bytes([i]) * 40)
+            pushed.append(i)
+
+    pusher = threading.Thread(target=push, daemon=True)
+    pusher.start()
+    deadline = time.monotonic() + 10
+    while len(pushed) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert pushed == [0, 1] and inbox.pending(source)  # a third 40 bytes would pass 100: it waits
+    got = b""
+    while len(got) < 400:
+        got += b"".join(data for kind, _, _, data in inbox.take() if kind == "data")
+        time.sleep(0.01)
+    pusher.join(5)
+    assert got == b"".join(bytes([i]) * 40 for i in range(10))  # in order, nothing lost
+    inbox.close()
+    with pytest.raises(ValueError, match="max_bytes=0: an inbox must hold at least one byte"):
+        RankInbox(max_bytes=0)
+
+
+def test_closing_an_inbox_releases_a_pusher_waiting_for_room():
+    inbox = RankInbox(max_bytes=10)
+    inbox.data("rank", "stdout", b"x" * 10)
+    pusher = threading.Thread(target=inbox.data, args=("rank", "stdout", b"y"), daemon=True)
+    pusher.start()
+    time.sleep(0.1)
+    assert pusher.is_alive()
+    inbox.close()
+    pusher.join(2)
+    assert not pusher.is_alive()
+
+
+def test_a_lost_remote_rank_completes_its_cut_frame_and_ends_through_the_inbox():
+    from notebook_accel.launch.events import FrameDecoder
+    from notebook_accel.nodes.workers import NODE_LOST
+
+    inbox = RankInbox()
+    node = types.SimpleNamespace(procs={}, host="n7", send_quietly=lambda message: None)
+    proc = RemoteWorkerProcess(node, 3, inbox, wid=1)
+    body = pickle.dumps(("ok", 42))
+    frame = FRAME_HEADER.pack(len(body)) + body
+    proc.feed("stdout", b"hi\n")
+    proc.feed("result", frame[:5])  # the node is lost in the middle of the frame
+    proc.lost("node n7 was lost: gone")
+    events = inbox.take()
+    assert [(kind, stream) for kind, _, stream, _ in events] == [
+        ("data", "stdout"), ("data", "result"), ("data", "result"),
+        ("end", "stdout"), ("end", "stderr"), ("end", "result"), ("exit", None),
+    ]  # fmt: skip
+    assert proc.sentinel is None and proc.exitcode == -signal.SIGKILL
+    decoder = FrameDecoder()
+    result = b"".join(data for kind, _, stream, data in events if stream == "result" and kind == "data")
+    with pytest.raises(pickle.UnpicklingError):
+        decoder.feed(result)  # the cut frame, padded with zeros: it fails to unpickle, as it should
+    note = result[FRAME_HEADER.size + len(body) :]
+    assert FrameDecoder().feed(note) == [("err", NODE_LOST, "node n7 was lost: gone", "")]
+    proc.feed("stdout", b"late")  # after its end: dropped
+    assert not inbox.pending(proc)
+    inbox.close()
+
+
+def test_a_node_group_needs_the_inbox_of_its_starts():
+    assert NodeGroup.pushes and not LocalProcesses.pushes
+    spec = types.SimpleNamespace(rank=5, env={"NODE_RANK": "0"})
+    group = object.__new__(NodeGroup)  # nothing of the group is touched before the starts are checked
+    with pytest.raises(ValueError, match="the start of rank 5 has no inbox: NodeGroup pushes"):
+        group.start("spawn", [WorkerStart(spec, 10, 11, 12)])
+
+
+def test_remote_usage_copies_a_rank_s_figures_only_when_its_agent_sent_new_ones():
+    from notebook_accel.launch.ranks import RankStatus
+
+    figures = {3: {"cpu_percent": 50.0, "rss": 100, "peak_rss": 150}}
+    usage = RemoteUsage(figures)
+    status = RankStatus(3, 1, State.RUNNING, 0.0)
+    usage.sample(status)
+    assert (status.cpu_percent, status.rss, status.peak_rss) == (50.0, 100, 150)
+    status.rss = 7  # e.g. the rank's own usage event: the agent's unchanged figures do not overwrite it
+    usage.sample(status)
+    assert status.rss == 7
+    figures[3] = {"cpu_percent": 20.0, "rss": 90, "peak_rss": 150}  # the next Usage message of its agent
+    usage.sample(status)
+    assert (status.cpu_percent, status.rss, status.peak_rss) == (20.0, 90, 150)

@@ -1,7 +1,8 @@
 """``LaunchHandle``: the running launch, supervised by one background thread.
 
 The thread waits (``supervisor.RankSupervisor``) on every worker's stdout, stderr and result pipe and
-on a descriptor that becomes readable when the worker exits. It cuts output into ``OutputLine``s for the
+on a descriptor that becomes readable when the worker exits (or, for ranks on other nodes, on the one
+inbox they all push into). It cuts output into ``OutputLine``s for the
 sinks and subscribers, collects results, notices the first failure and stops the other ranks at
 once (a rank blocked in a collective would otherwise wait for its timeout), and, at the end, closes
 every descriptor it owns. States per rank (``states.State``): starting -> running -> succeeded | failed
@@ -34,7 +35,7 @@ from .plan import LaunchPlan
 from .procs import LocalProcesses
 from .ranks import RankStatus, _Rank, launch_error, settle_all
 from .states import State
-from .supervisor import RankSupervisor, Signals, start_over_pipes
+from .supervisor import RankInbox, RankSupervisor, Signals, start_workers
 from .usage import apply_usage
 from .views import LaunchViews
 
@@ -71,6 +72,7 @@ class LaunchHandle(Completion, LaunchViews, RunView):
         # Where the ranks run: processes on this machine (the default), or the agents of a launch across
         # nodes (nodes.remote.NodeGroup): the same interfaces (interfaces.py) either way.
         self._backend = LocalProcesses() if backend is None else backend
+        self._inbox: RankInbox | None = None  # where a pushing backend's ranks report (supervisor.start_workers)
         self.attempt = attempt
         """Which try of a launch with restarts this group is (1 without ``max_restarts``)."""
         self.run_id = run_id
@@ -182,7 +184,9 @@ class LaunchHandle(Completion, LaunchViews, RunView):
             # garbage collections then never touch (and copy-on-write) the kernel's heap.
             gc.freeze()
         try:
-            procs = start_over_pipes(self._backend, self.plan.start_method, self._ranks, self._worker_starts)
+            procs, self._inbox = start_workers(
+                self._backend, self.plan.start_method, self._ranks, self._worker_starts
+            )
         except BaseException:
             self._collector.close()  # the pipes were closed, and what started was taken down
             raise
@@ -255,7 +259,7 @@ class LaunchHandle(Completion, LaunchViews, RunView):
 
     def supervise(self, interruptible: bool = False) -> None:
         """Supervise the launch until it is done: output, results, exits, stops, timeout, hang rule."""
-        ranks = RankSupervisor(self._on_data, self._on_eof, self._on_exit, lock=self._lock)
+        ranks = RankSupervisor(self._on_data, self._on_eof, self._on_exit, lock=self._lock, inbox=self._inbox)
         interrupts = 0
         try:
             ranks.add(self._ranks)

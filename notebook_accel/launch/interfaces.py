@@ -5,7 +5,11 @@
 - ``StackSource`` / ``UsageSource``: where the handle reads its ranks' Python stacks and CPU/memory
   figures from (``doctor.StackCollector`` / ``usage.UsageSampler`` here, the agents' answers across nodes).
 - ``WorkerBackend``: where ranks run: it starts them and gives the stack and usage sources of its ranks
-  (``procs.LocalProcesses`` on this machine, ``nodes.remote.NodeGroup`` across nodes).
+  (``procs.LocalProcesses`` on this machine, ``nodes.remote.NodeGroup`` across nodes). Its ranks report
+  either over pipes (``pushes`` False: the write ends in ``WorkerStart``, the exit by ``sentinel``) or
+  by pushing events into a ``RankEvents`` (``pushes`` True: ``WorkerStart.inbox``, no descriptor per rank).
+- ``RankEvents``: what a pushing backend's ranks report to the supervisor: bytes of a stream, a
+  stream's end, the exit (``inbox.RankInbox``).
 - ``RunView``: the read-only view of a run that panels, magics and cell bars read (``LaunchHandle``,
   ``RestartingHandle``); the panel checks it with ``isinstance``. Its part that live progress bars
   read is ``BarSource`` (also implemented by one interactive command's bars).
@@ -25,6 +29,7 @@ from typing import Any
 
 __all__ = [
     "BarSource",
+    "RankEvents",
     "RunView",
     "StackSource",
     "UsageSource",
@@ -115,25 +120,55 @@ class UsageSource(ABC):
         """Drop what is cached for ``pid`` (its rank ended)."""
 
 
+class RankEvents(ABC):
+    """Where a pushing backend's ranks report, instead of pipes and a sentinel: one per launch, every rank in it.
+
+    ``source`` is the ``WorkerProcess`` the backend returned for the rank; ``stream`` one of stdout,
+    stderr, result. The events of one source are reported in the order pushed: push them from one
+    thread at a time per source.
+    """
+
+    @abstractmethod
+    def data(self, source: WorkerProcess, stream: str, data: bytes) -> None:
+        """Report bytes the rank wrote to ``stream``; blocks while the receiver is behind (the bound a pipe gives)."""
+
+    @abstractmethod
+    def end(self, source: WorkerProcess, stream: str) -> None:
+        """Report that the rank closed ``stream`` (once per stream; nothing of it follows)."""
+
+    @abstractmethod
+    def exited(self, source: WorkerProcess) -> None:
+        """Report that the rank ended (its ``exitcode`` is set before)."""
+
+
 @dataclass(frozen=True)
 class WorkerStart:
-    """What a backend needs to start one rank: its ``worker.WorkerSpec``, and the write ends of its three pipes."""
+    """What a backend needs to start one rank: its ``worker.WorkerSpec``, and where the rank reports.
+
+    A pipe backend gets the write ends of the rank's three pipes; a pushing one (``WorkerBackend.pushes``)
+    gets None for them and the launch's ``inbox`` instead.
+    """
 
     spec: Any
-    stdout: int
-    stderr: int
-    result: int
+    stdout: int | None
+    stderr: int | None
+    result: int | None
+    inbox: RankEvents | None = None
 
 
 class WorkerBackend(ABC):
     """Where a launch's ranks run: starts them, and says where their stacks and usage come from."""
+
+    pushes: bool = False
+    """False: each rank reports over its pipes and its ``sentinel``. True: its ranks push their output and
+    exit into ``WorkerStart.inbox`` (no pipe, no sentinel, ``sentinel`` None and nothing polled)."""
 
     @abstractmethod
     def start(self, method: str, starts: Sequence[WorkerStart]) -> list[WorkerProcess]:
         """Return the started workers of ``starts``, in order (``method``: fork, spawn or forkserver).
 
         All or none: when one cannot start, those already started are killed and reaped, then it raises.
-        The caller keeps (and closes) the pipes' write ends.
+        The caller keeps (and closes) the pipes' write ends, and the inbox.
         """
 
     @abstractmethod

@@ -2,13 +2,15 @@
 
 One selector holds every rank's pipe read ends (stdout, stderr, result) and the descriptor that
 becomes readable when its process exits (a pidfd; where there is none, the exits are polled). The
+ranks of a pushing backend (``WorkerBackend.pushes``: ranks on other nodes) have neither: they push
+the same events into one ``inbox.RankInbox``, whose single descriptor is in the selector. The
 supervisor reads what is ready and reports it per rank: data on a pipe, the end of a pipe (the read
 end is closed then), and the exit (the process reaped, what it left behind killed). What the bytes
 mean (lines, result frames) and what an exit decides stay with the caller: the launch handle
 (``handle.py``) in the kernel, the node agent on another machine.
 
 A rank is any object with ``proc`` (a ``WorkerProcess``), ``fds`` (``{read end: pipe name}``, kept
-up to date here) and ``exited`` (set here once the process is reaped).
+up to date here; empty for a pushed rank) and ``exited`` (set here once the process is reaped).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import os
 import selectors
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, Protocol
 
+from .inbox import RankInbox
 from .interfaces import WorkerBackend, WorkerProcess, WorkerStart
 
-__all__ = ["PIPES", "RankSupervisor", "Signals", "Supervised", "open_pipes", "start_over_pipes"]
+__all__ = ["PIPES", "RankInbox", "RankSupervisor", "Signals", "Supervised", "open_pipes", "start_over_pipes", "start_workers"]
 
 PIPES = ("stdout", "stderr", "result")  # the pipes of every worker, in WorkerStart's order
 DRAIN_SECONDS = 2.0  # after the last exit, how long pipes held by stray descendants may stay open
@@ -76,6 +80,28 @@ class Signals:
                 r.proc.signal_group(signum)
 
 
+def start_workers(
+    backend: WorkerBackend,
+    start_method: str,
+    ranks: list[Supervised],
+    make_starts: Callable[[list[tuple[int, ...]], list[int]], list[WorkerStart]],
+) -> tuple[list[WorkerProcess], RankInbox | None]:
+    """Start ``ranks`` on ``backend``: over pipes, or (``backend.pushes``) reporting into the inbox returned.
+
+    A pushing backend's starts have no pipe ends (``make_starts`` gets None for them) and the inbox;
+    on a failed start the inbox is closed.
+    """
+    if not backend.pushes:
+        return start_over_pipes(backend, start_method, ranks, make_starts), None
+    inbox = RankInbox()
+    try:
+        starts = make_starts([(None, None, None)] * len(ranks), [])
+        return backend.start(start_method, [replace(s, inbox=inbox) for s in starts]), inbox
+    except BaseException:
+        inbox.close()
+        raise
+
+
 def start_over_pipes(
     backend: WorkerBackend,
     start_method: str,
@@ -107,12 +133,13 @@ def start_over_pipes(
 
 
 class RankSupervisor:
-    """Reads the pipes of the ranks and reaps them, reporting each event to the callbacks given.
+    """Reads the pipes of the ranks (or their inbox) and reaps them, reporting each event to the callbacks given.
 
     ``on_data(rank, name, data)`` and ``on_eof(rank, name)`` run with ``lock`` held, taken before the
     read: whoever holds the lock sees every read either not begun or reported. ``on_exit(rank)``
     runs once the process is reaped. A ``selector`` of the caller's may be shared (the node agent
-    waits on its connections with it too): ``dispatch`` then takes the keys that are ours.
+    waits on its connections with it too): ``dispatch`` then takes the keys that are ours. With an
+    ``inbox`` (``start_workers``), every rank added reports through it: the supervisor owns it then.
     """
 
     def __init__(
@@ -123,6 +150,7 @@ class RankSupervisor:
         *,
         lock: contextlib.AbstractContextManager | None = None,
         selector: selectors.BaseSelector | None = None,
+        inbox: RankInbox | None = None,
     ) -> None:
         self._on_data, self._on_eof, self._on_exit = on_data, on_eof, on_exit
         self._lock = lock if lock is not None else contextlib.nullcontext()
@@ -133,12 +161,21 @@ class RankSupervisor:
         """True when some rank has no exit descriptor: its exit is found by ``poll_exits``."""
         self.drain_deadline: float | None = None
         """Once every rank exited with pipes still open: when ``over`` stops waiting for them."""
+        self.inbox = inbox
+        self._pushed: dict[WorkerProcess, Any] = {}  # a pushed rank's process -> the rank
+        self._streams: dict[Any, set[str]] = {}  # a pushed rank -> its streams not ended yet
+        if inbox is not None:
+            self.selector.register(inbox.fileno(), selectors.EVENT_READ, (self, None, "inbox"))
 
     def add(self, ranks: Iterable[Supervised]) -> None:
-        """Watch ``ranks``: their pipe read ends (made non-blocking) and exit descriptors."""
+        """Watch ``ranks``: their pipe read ends (made non-blocking) and exit descriptors, or their inbox."""
         ranks = list(ranks)
         self.ranks.extend(ranks)  # all of them, for close(), even if a registration fails
         for rank in ranks:
+            if self.inbox is not None:
+                self._pushed[rank.proc] = rank
+                self._streams[rank] = set(PIPES)
+                continue
             for fd, name in rank.fds.items():
                 os.set_blocking(fd, False)
                 self.selector.register(fd, selectors.EVENT_READ, (self, rank, name))
@@ -161,7 +198,9 @@ class RankSupervisor:
         if not (isinstance(key.data, tuple) and len(key.data) == 3 and key.data[0] is self):
             return False
         _, rank, name = key.data
-        if name == "exit":
+        if name == "inbox":
+            self._take_inbox()
+        elif name == "exit":
             self.selector.unregister(key.fd)
             self._reaped(rank)
         elif key.fd in rank.fds:
@@ -182,10 +221,29 @@ class RankSupervisor:
         del rank.fds[fd]
         self._on_eof(rank, name)
 
+    def _take_inbox(self) -> None:
+        """Report the events the inbox holds, in their order; the exits once the lock is released."""
+        exits = []
+        with self._lock:  # taken and reported under the lock: a holder sees each event waiting or reported
+            for kind, source, stream, data in self.inbox.take():
+                rank = self._pushed.get(source)
+                if rank is None:
+                    continue
+                if kind == "data":
+                    self._on_data(rank, stream, data)
+                elif kind == "end" and stream in self._streams[rank]:
+                    self._streams[rank].discard(stream)
+                    self._on_eof(rank, stream)
+                elif kind == "exit":
+                    exits.append(rank)
+        for rank in exits:
+            if not rank.exited:
+                self._reaped(rank)
+
     def poll_exits(self) -> None:
-        """Find and report the exits that no descriptor announced (or not yet)."""
+        """Find and report the exits that no descriptor announced (or not yet); a pushed rank's exit is an event."""
         for rank in self.ranks:
-            if not rank.exited and rank.proc.poll() is not None:
+            if not rank.exited and rank.proc not in self._pushed and rank.proc.poll() is not None:
                 sentinel = rank.proc.sentinel
                 if sentinel is not None and sentinel in self.selector.get_map():
                     self.selector.unregister(sentinel)
@@ -202,13 +260,17 @@ class RankSupervisor:
         """Return True once every rank exited and its pipes are drained (or ``DRAIN_SECONDS`` passed)."""
         if not all(r.exited for r in self.ranks):
             return False
-        if all(not r.fds for r in self.ranks):
+        if all(not r.fds and not self._streams.get(r) for r in self.ranks):
             return True
         self.drain_deadline = self.drain_deadline or now + DRAIN_SECONDS
         return now >= self.drain_deadline
 
     def close(self) -> None:
-        """Close every read end left, kill and reap a rank still running, release the processes."""
+        """Close the inbox and every read end left, kill and reap a rank still running, release the processes."""
+        if self.inbox is not None:  # first: a pusher waiting for room returns, later pushes are dropped
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(self.inbox.fileno())
+            self.inbox.close()
         for rank in self.ranks:
             for fd in list(rank.fds):
                 with contextlib.suppress(KeyError, ValueError):

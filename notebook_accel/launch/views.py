@@ -66,6 +66,7 @@ class LaunchViews(OutputRecord):
 
     _events: EventHub
     _ranks: list[Any]  # the handle's per-rank books (ranks._Rank)
+    _inbox: Any  # where a pushing backend's ranks report (inbox.RankInbox), else None
 
     # The restart facts of the run's read-only view, for a group that is one whole run (no ``max_restarts``):
     # ``restarts.RestartingHandle`` has the real ones.
@@ -114,7 +115,7 @@ class LaunchViews(OutputRecord):
         return self._events.subscribe(callback)
 
     def output_drained(self, rank: int) -> bool:
-        """Return True when every byte ``rank`` wrote to its pipes so far was handled (lines at the sinks).
+        """Return True when every byte ``rank`` wrote to its pipes (or inbox) so far was handled (lines at the sinks).
 
         That is its stdout and stderr, and its events (a closed progress bar's last line); a last
         line without its newline stays pending. The interactive ranks print a command's last lines
@@ -122,4 +123,5 @@ class LaunchViews(OutputRecord):
         """
         with self._lock:
             r = self._ranks[rank - self._ranks[0].rank]
-            return not any(unread_bytes(fd) for fd in r.fds)
+            pushed = self._inbox is not None and r.proc is not None and self._inbox.pending(r.proc)
+            return not pushed and not any(unread_bytes(fd) for fd in r.fds)

@@ -5,9 +5,10 @@ placement engine start ``python -m notebook_accel.nodes.agent`` on every node, w
 its bootstrap (with the launch's secret) on stdin, and waits for every node to connect, prove the
 secret and report its versions. A node that does not join in time, or whose versions differ from
 the kernel's, fails the join with an error naming it (and the engine's own message); whatever was
-started elsewhere is ended first. Afterwards one thread per node reads the agent's messages into
-the ranks' local pipes, and a heartbeat thread notices a node gone silent; a lost node fails every
-rank it ran with an error naming it, and the launch stops the others as after any failure.
+started elsewhere is ended first. Afterwards one thread per node reads the agent's messages and
+pushes the ranks' output and exits into the launch's inbox (``WorkerBackend.pushes``: no pipe per
+rank), and a heartbeat thread notices a node gone silent; a lost node fails every rank it ran with
+an error naming it, and the launch stops the others as after any failure.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class _Node:
     last_heard: float = field(default_factory=time.monotonic)
     lost: str | None = None
     feeding: bool = False
-    """The reader is writing into a rank's local pipe (waiting for the handle to read): not a silent agent."""
+    """The reader is pushing a rank's output into the inbox (waiting for the handle to take it): not a silent agent."""
 
     def send_quietly(self, message: wire.Message) -> None:
         """Send ``message`` to the agent; a lost node is handled by the reader, not here."""
@@ -88,6 +89,8 @@ class _Node:
 
 class NodeGroup(WorkerBackend):
     """The agents of one launch: ``start`` gives ``RemoteWorkerProcess``es the handle supervises."""
+
+    pushes = True  # the ranks' output and exits go into WorkerStart.inbox
 
     def __init__(
         self, placement: Placement, settings: NodeSettings, address: str, nodes: list[_Node]
@@ -165,9 +168,14 @@ class NodeGroup(WorkerBackend):
         """
         procs, batches = [], {}
         for start in starts:
+            if start.inbox is None:
+                raise ValueError(
+                    f"the start of rank {start.spec.rank} has no inbox: NodeGroup pushes its ranks' output "
+                    "(pushes=True); start it with supervisor.start_workers, which gives one"
+                )
+        for start in starts:
             node = self.nodes[int(start.spec.env["NODE_RANK"])]
-            pipes = (start.stdout, start.stderr, start.result)
-            proc = RemoteWorkerProcess(node, start.spec.rank, *pipes, next(self._ids))  # wid: this start
+            proc = RemoteWorkerProcess(node, start.spec.rank, start.inbox, next(self._ids))  # wid: this start
             procs.append(proc)
             batches.setdefault(node.index, []).append(wire.RankStart(proc.wid, by_value(start.spec)))
         try:

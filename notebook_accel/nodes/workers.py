@@ -1,17 +1,16 @@
 """The kernel's view of ranks that run on other nodes, with the interfaces ``LaunchHandle`` already supervises.
 
-``RemoteWorkerProcess`` is a ``launch.interfaces.WorkerProcess``: its stdout, stderr and result
-pipe are real local pipes, written by the node's channel thread as the agent relays the bytes, and
-its ``sentinel`` is a pipe that becomes readable when the agent reports the exit. So the handle's
-supervisor, output, events, errors and restarts work unchanged. ``RemoteStacks`` is the group's
-``StackSource`` (the agent signals its local ranks and sends the dumps back), and ``RemoteUsage`` its
-``UsageSource`` (the agent samples CPU and memory where the rank runs).
+``RemoteWorkerProcess`` is a ``launch.interfaces.WorkerProcess`` of a pushing backend: the node's
+channel thread pushes the bytes the agent relays (stdout, stderr, result), the streams' ends and the
+exit into the launch's inbox (``launch.interfaces.RankEvents``), in the order the agent sent them; no
+local pipe or descriptor per rank. So the handle's supervisor, output, events, errors and restarts
+work unchanged. ``RemoteStacks`` is the group's ``StackSource`` (the agent signals its local ranks
+and sends the dumps back), and ``RemoteUsage`` its ``UsageSource`` (the agent samples CPU and memory
+where the rank runs).
 """
 
 from __future__ import annotations
 
-import errno
-import os
 import pickle
 import signal
 import threading
@@ -20,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..launch.doctor import RankStack
-from ..launch.interfaces import StackSource, UsageSource, WorkerProcess
+from ..launch.interfaces import RankEvents, StackSource, UsageSource, WorkerProcess
 from ..utils._worker_channel import FRAME_HEADER
 from .protocol import Signal
 
@@ -35,14 +34,13 @@ _REAP_SECONDS = 10.0  # how long kill_and_reap waits for the agent's word before
 class RemoteWorkerProcess(WorkerProcess):
     """A rank on another node: ``WorkerProcess``'s interface over the agent's messages."""
 
-    def __init__(self, node: Any, rank: int, out_w: int, err_w: int, res_w: int, wid: int) -> None:
+    def __init__(self, node: Any, rank: int, inbox: RankEvents, wid: int) -> None:
         self.node, self.rank, self.wid = node, rank, wid
         self.pid: int | None = None
         self.exitcode: int | None = None
-        self._fds = {
-            name: os.dup(fd) for name, fd in (("stdout", out_w), ("stderr", err_w), ("result", res_w))
-        }
-        self.sentinel, self._sentinel_w = os.pipe()
+        self.sentinel = None  # the exit is an event of the inbox
+        self._inbox = inbox
+        self._open = {"stdout", "stderr", "result"}  # the streams not ended yet
         self._lock = threading.Lock()
         self._frame_left = 0  # bytes still to come of the result frame being relayed
         self._frame_header = b""
@@ -50,14 +48,13 @@ class RemoteWorkerProcess(WorkerProcess):
     # --------------------------------------------------------- fed by the node's channel thread
 
     def feed(self, kind: str, data: bytes) -> None:
-        """Write relayed bytes into the local pipe the handle reads (blocks while it is full)."""
+        """Push relayed bytes into the launch's inbox (waits while the handle is behind)."""
         with self._lock:
-            fd = self._fds.get(kind)
-            if fd is None:
+            if kind not in self._open:
                 return
             if kind == "result":
                 self._track_frames(data)
-            _write_all(fd, data)
+            self._inbox.data(self, kind, data)
 
     def _track_frames(self, data: bytes) -> None:
         """Follow the result stream's frame boundaries (lengths only), so a lost node's note never splits a frame."""
@@ -76,27 +73,24 @@ class RemoteWorkerProcess(WorkerProcess):
                 self._frame_header = b""
 
     def end_stream(self, kind: str) -> None:
-        """Close the local pipe of ``kind`` (the rank closed its end)."""
+        """Report the end of ``kind`` (the rank closed its end); once."""
         with self._lock:
-            fd = self._fds.pop(kind, None)
-        if fd is not None:
-            os.close(fd)
+            if kind in self._open:
+                self._open.discard(kind)
+                self._inbox.end(self, kind)
 
     def exited(self, code: int | None) -> None:
-        """Record the exit code the agent reported and wake the supervisor."""
-        if self.exitcode is not None:
-            return
-        self.exitcode = code if code is not None else -signal.SIGKILL
-        try:
-            os.write(self._sentinel_w, b"x")
-        except OSError:
-            pass
+        """Record the exit code the agent reported and tell the supervisor."""
+        with self._lock:
+            if self.exitcode is not None:
+                return
+            self.exitcode = code if code is not None else -signal.SIGKILL
+            self._inbox.exited(self)
 
     def lost(self, reason: str) -> None:
-        """The node is gone: the rank fails with ``reason`` (unless it already ended), its pipes close."""
+        """The node is gone: the rank fails with ``reason`` (unless it already ended), its streams end."""
         with self._lock:
-            fd = self._fds.get("result")
-            if fd is not None and self.exitcode is None:
+            if "result" in self._open and self.exitcode is None:
                 # A truncated frame is completed with zeros (it fails to unpickle), then the note follows.
                 pad = self._frame_left
                 if self._frame_header:  # a header cut short: zeros complete it, then its body
@@ -105,10 +99,7 @@ class RemoteWorkerProcess(WorkerProcess):
                     pad = missing + body
                 note = pickle.dumps(("err", NODE_LOST, reason, ""))
                 if pad <= _MAX_PAD:  # else the exit by SIGKILL tells it
-                    try:
-                        _write_all(fd, b"\0" * pad + FRAME_HEADER.pack(len(note)) + note)
-                    except OSError:
-                        pass
+                    self._inbox.data(self, "result", b"\0" * pad + FRAME_HEADER.pack(len(note)) + note)
                 self._frame_left, self._frame_header = 0, b""
         for kind in ("stdout", "stderr", "result"):
             self.end_stream(kind)
@@ -138,25 +129,10 @@ class RemoteWorkerProcess(WorkerProcess):
         """Nothing to do here: the agent already ended what the rank left in its group."""
 
     def close(self) -> None:
-        """Release the local pipe ends and the sentinel; the node forgets this rank."""
+        """The node forgets this rank (what it relays later is dropped); nothing local to release."""
         self.node.procs.pop(self.wid, None)
-        for kind in ("stdout", "stderr", "result"):
-            self.end_stream(kind)
-        for fd in (self.sentinel, self._sentinel_w):
-            if fd is not None:
-                os.close(fd)
-        self.sentinel = self._sentinel_w = None
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view) :]
-        except OSError as exc:
-            if exc.errno == errno.EPIPE:  # the handle closed its end (finished): nothing reads it any more
-                return
-            raise
+        with self._lock:
+            self._open.clear()
 
 
 class RemoteStacks(StackSource):
@@ -194,6 +170,7 @@ class RemoteUsage(UsageSource):
     def __init__(self, figures: dict[int, dict[str, Any]]) -> None:
         self._figures = figures
         self._next = 0.0
+        self._copied: dict[int, dict[str, Any]] = {}  # rank -> the figures last copied (each Usage brings new ones)
 
     def due(self, now: float) -> bool:
         """Return True about once a second (the agents send their samples as often)."""
@@ -203,10 +180,14 @@ class RemoteUsage(UsageSource):
         return True
 
     def sample(self, status: Any) -> None:
-        """Copy the rank's latest figures from its agent into ``status``."""
+        """Copy the rank's latest figures from its agent into ``status``; nothing when none came since the last copy.
+
+        An idle rank's agent sends nothing new (``protocol.UsageChanges``): a thousand of them cost no copy.
+        """
         figures = self._figures.get(status.rank)
-        if not figures:
+        if not figures or self._copied.get(status.rank) is figures:
             return
+        self._copied[status.rank] = figures
         for key in ("cpu_percent", "rss"):
             if figures.get(key) is not None:
                 setattr(status, key, figures[key])
