@@ -532,3 +532,22 @@ def test_remote_usage_copies_a_rank_s_figures_only_when_its_agent_sent_new_ones(
     figures[3] = {"cpu_percent": 20.0, "rss": 90, "peak_rss": 150}  # the next Usage message of its agent
     usage.sample(status)
     assert (status.cpu_percent, status.rss, status.peak_rss) == (20.0, 90, 150)
+
+
+@pytest.mark.parametrize("backend", [FakeBackend, PushingBackend])
+def test_output_pending_names_the_ranks_whose_output_is_not_handled_yet(backend):
+    backend = backend()
+    handle = LaunchHandle(_plan(3), print, sinks=[Collect()], backend=backend)
+    handle.start(threaded=False)
+    if isinstance(backend, PushingBackend):
+        backend.started[1].thread.start()  # rank 1 pushes its lines; ranks 0 and 2 have said nothing yet
+        backend.started[1].thread.join(10)
+        assert handle.output_pending([0, 1, 2]) == [1]
+    else:  # every fake rank wrote its line and value into its pipes at once
+        assert handle.output_pending([2, 0]) == [2, 0]
+    assert not handle.output_drained(1)
+    if isinstance(backend, PushingBackend):
+        for proc in (backend.started[0], backend.started[2]):
+            proc.thread.start()
+    handle.run_here()
+    assert handle.output_pending([0, 1, 2]) == [] and handle.output_drained(1)

@@ -355,9 +355,8 @@ class Group:
     def _drain(self, ranks: list[int], printer: PrintSink) -> None:
         """Print every line the ranks wrote before replying (they flushed their streams first)."""
         deadline = time.monotonic() + _DRAIN_SECONDS
-        for rank in ranks:
-            while not self.handle.output_drained(rank) and time.monotonic() < deadline:
-                time.sleep(0.001)
+        while (ranks := self.handle.output_pending(ranks)) and time.monotonic() < deadline:
+            time.sleep(0.001)
         self.sink.flush(printer, everything=True)
 
     # ------------------------------------------------------------------ the end

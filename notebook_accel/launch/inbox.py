@@ -13,6 +13,7 @@ import collections
 import os
 import sys
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from .interfaces import RankEvents, WorkerProcess
@@ -98,8 +99,12 @@ class RankInbox(RankEvents):
 
     def pending(self, source: WorkerProcess) -> bool:
         """Return True while events of ``source`` wait to be taken."""
+        return bool(self.pending_of([source]))
+
+    def pending_of(self, sources: Iterable[WorkerProcess]) -> set[WorkerProcess]:
+        """Return those of ``sources`` whose events wait to be taken."""
         with self._room:
-            return self._pending[source] > 0
+            return {source for source in sources if self._pending[source] > 0}
 
     def close(self) -> None:
         """Drop what waits, release the pushers waiting for room, close the descriptor; idempotent."""

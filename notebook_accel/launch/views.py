@@ -7,7 +7,7 @@ handle's supervising thread fills ``_history`` and ``_events`` under ``_lock``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .events import BarState, EventHub
@@ -121,7 +121,12 @@ class LaunchViews(OutputRecord):
         line without its newline stays pending. The interactive ranks print a command's last lines
         before its result with it.
         """
+        return not self.output_pending([rank])
+
+    def output_pending(self, ranks: Iterable[int]) -> list[int]:
+        """Return those of ``ranks`` whose output is not all handled yet (``output_drained``'s test, one lock for all)."""
         with self._lock:
-            r = self._ranks[rank - self._ranks[0].rank]
-            pushed = self._inbox is not None and r.proc is not None and self._inbox.pending(r.proc)
-            return not pushed and not any(unread_bytes(fd) for fd in r.fds)
+            first = self._ranks[0].rank
+            books = [self._ranks[rank - first] for rank in ranks]
+            pushed = self._inbox.pending_of([r.proc for r in books]) if self._inbox is not None else set()
+            return [r.rank for r in books if r.proc in pushed or any(unread_bytes(fd) for fd in r.fds)]
