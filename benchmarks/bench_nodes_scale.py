@@ -21,7 +21,9 @@ would run against 128 real nodes:
   was written the last one reached the handle;
 - interactive: ``start_ranks(8, nodes=...)``; ``empty_command_ms``: ``ranks.execute("pass")`` across every
   rank, median of ``--commands`` (goal < 50 ms; ipyparallel reports 311 ms for an empty apply on 100
-  engines); ``interactive_threads`` and ``interactive_fds``.
+  engines), wall time, the simulated agents' work on this machine's cores included;
+  ``empty_command_kernel_cpu_ms``: the kernel's own CPU per command (what it would cost against real
+  nodes); ``interactive_threads`` and ``interactive_fds``.
 
 Prints one JSON object. The machine's load shows in every figure: run it on an idle machine.
 """
@@ -174,7 +176,10 @@ def interactive(nodes: int, per_node: int, commands: int) -> dict:
     try:
         out = {"interactive_start_s": round(time.perf_counter() - start, 2)}
         ranks.execute("pass")  # warm-up
+        cpu = _cpu()
         out["empty_command_ms"] = _median_ms(lambda: ranks.execute("pass"), commands)
+        # The kernel's own share (the simulated agents share this machine's cores; real ones would not).
+        out["empty_command_kernel_cpu_ms"] = round((_cpu() - cpu) / commands * 1000, 1)
         out["interactive_threads"] = threading.active_count() - threads0
         out["interactive_fds"] = _fds() - fds0
     finally:
