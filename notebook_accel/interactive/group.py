@@ -97,7 +97,6 @@ class _Conn:
     def __init__(self, key: Hashable) -> None:
         self.key = key
         self.reader = MessageReader()
-        self.closed = False
 
 
 def failure_of(rank: int, pid: int | None, reply: Err | Interrupted, when: float) -> RankFailure:
@@ -115,6 +114,10 @@ class _Wait:
         self.pending = set(targets)
         self.replies: dict[int, Reply] = {}
         self.times: dict[int, float] = {}
+        self.raised = False
+        """Some rank's reply is an ``Err``."""
+        self.next_watch = 0.0
+        """When the hang rule looks next (``_step``)."""
         self.first_idle: float | None = None
         """When some rank of the group first had nothing to do (replied, or not asked): now or never."""
         self.watch: SampledWatch | None = None
@@ -133,6 +136,7 @@ class Group:
         self.links = links
         self._conns = {rank: _Conn(key) for rank, key in conns.items()}
         self._by_key = {key: rank for rank, key in conns.items()}
+        self._closed: set[int] = set()  # the ranks whose connection closed
         self.broken = False
         # The launcher's watch reports any rank in a collective while another is elsewhere; a command's
         # own ProgressWatch tells honest work from a hang instead (and its reports end with the command).
@@ -144,7 +148,7 @@ class Group:
     @property
     def alive(self) -> bool:
         """Return True while every rank is up and the group can take commands."""
-        return not self.broken and not self.handle.done and not any(c.closed for c in self._conns.values())
+        return not self.broken and not self.handle.done and not self._closed
 
     def pid(self, rank: int) -> int | None:
         """Return rank ``rank``'s pid."""
@@ -180,7 +184,7 @@ class Group:
         try:
             try:
                 for key in self.links.send([self._conns[r].key for r in targets], frame):
-                    self._conns[self._by_key[key]].closed = True
+                    self._closed.add(self._by_key[key])
                 while wait.pending:
                     if interrupt is not None and interrupt.is_set():
                         raise KeyboardInterrupt
@@ -202,7 +206,7 @@ class Group:
                 continue
             conn = self._conns[rank]
             if not data:
-                conn.closed = True
+                self._closed.add(rank)
                 continue
             try:
                 messages = conn.reader.feed(data)
@@ -222,6 +226,7 @@ class Group:
     def _replied(wait: _Wait, rank: int, reply: Reply, on_reply: Callable | None) -> None:
         now = time.monotonic()
         wait.replies[rank], wait.times[rank] = reply, now
+        wait.raised = wait.raised or isinstance(reply, Err)
         wait.pending.discard(rank)
         if wait.first_idle is None:
             wait.first_idle = now
@@ -235,15 +240,17 @@ class Group:
             wait.bars.pump()
         if not wait.pending:
             return
-        if self.handle.done or any(self._conns[r].closed for r in wait.pending):
+        if self.handle.done or not self._closed.isdisjoint(wait.pending):
             raise self._death(wait, printer)
-        self._watch(wait, printer)
+        now = time.monotonic()
+        if now >= wait.next_watch:  # a thousand replies wake this loop often: the rule needs no more than this
+            wait.next_watch = now + _POLL_SECONDS
+            self._watch(wait, printer)
 
     def _watch(self, wait: _Wait, printer: PrintSink) -> None:
         """Judge the last stack sample by the hang rule (give up, report once, or go on); start the next when due."""
         last_sign = max((self.sink.last_line.get(r, 0.0) for r in wait.pending), default=0.0)
-        raised = any(isinstance(reply, Err) for reply in wait.replies.values())
-        verdict = wait.watch.check(time.monotonic(), wait.pending, last_sign, wait.first_idle, raised)
+        verdict = wait.watch.check(time.monotonic(), wait.pending, last_sign, wait.first_idle, wait.raised)
         if verdict is not None:
             self._judged(wait, verdict, printer)
 
@@ -295,7 +302,7 @@ class Group:
             failure.traceback = (
                 f"Last output lines of rank {failure.rank}:\n{shown}\n\n{failure.traceback}".rstrip()
             )
-        dead = sorted(f.rank for f in failures) or sorted(r for r, c in self._conns.items() if c.closed)
+        dead = sorted(f.rank for f in failures) or sorted(self._closed)
         failures += [
             failure_of(r, self.pid(r), rep, wait.times[r])
             for r, rep in wait.replies.items()
@@ -364,8 +371,7 @@ class Group:
     def stop(self, graceful: bool = True, timeout: float = 3.0) -> None:
         """End the ranks (closing their links ends their loops; signals after ``timeout``); idempotent."""
         self.links.close()
-        for conn in self._conns.values():
-            conn.closed = True
+        self._closed.update(self._conns)
         if not graceful:
             self.handle.kill()
         if not self.handle.wait(timeout if graceful else 1.0):
