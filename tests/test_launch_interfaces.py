@@ -429,7 +429,7 @@ def test_an_inbox_holds_a_bounded_number_of_bytes_and_its_pushers_wait_for_room(
     pusher.join(5)
     assert got == b"".join(bytes([i]) * 40 for i in range(10))  # in order, nothing lost
     inbox.close()
-    with pytest.raises(ValueError, match="max_bytes=0: an inbox must hold at least one byte"):
+    with pytest.raises(ValueError, match="max_bytes=0: an inbox holds at least one byte"):
         RankInbox(max_bytes=0)
 
 

@@ -27,7 +27,8 @@ __all__ = ["QUEUED_BYTES", "RankInbox"]
 
 QUEUED_BYTES = 1 << 18
 """How many bytes of one rank's output wait in an inbox at most before its pusher waits (one chunk may pass it)."""
-_TAKE_BYTES = 1 << 16  # data one ``take`` hands over at most (the supervisor reports it under its lock), as a pipe read
+# The data one ``take`` hands over at most (the supervisor reports it under its lock), as one pipe read.
+_TAKE_BYTES = 1 << 16
 _ROOM_POLL = 0.05  # a waiting pusher looks again this often (a wake may cross its start)
 _ONE = (1).to_bytes(8, sys.byteorder)  # what an eventfd adds (a pipe takes any bytes)
 
@@ -42,7 +43,9 @@ class RankInbox(RankEvents):
 
     def __init__(self, max_bytes: int = QUEUED_BYTES) -> None:
         if max_bytes <= 0:
-            raise ValueError(f"max_bytes={max_bytes!r}: an inbox must hold at least one byte; give a positive size")
+            raise ValueError(
+                f"max_bytes={max_bytes!r}: an inbox holds at least one byte; give a positive size"
+            )
         self.max_bytes = max_bytes
         self._events: collections.deque[tuple[str, Any, str | None, bytes | None]] = collections.deque()
         # Per source, each written by one side only: bytes and events pushed (pusher), taken (reader).

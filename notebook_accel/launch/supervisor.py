@@ -26,7 +26,9 @@ from typing import Any, Protocol
 from .inbox import RankInbox
 from .interfaces import WorkerBackend, WorkerProcess, WorkerStart
 
-__all__ = ["PIPES", "RankInbox", "RankSupervisor", "Signals", "Supervised", "open_pipes", "start_over_pipes", "start_workers"]
+__all__ = [
+    "PIPES", "RankInbox", "RankSupervisor", "Signals", "Supervised", "open_pipes", "start_over_pipes", "start_workers",
+]  # fmt: skip
 
 PIPES = ("stdout", "stderr", "result")  # the pipes of every worker, in WorkerStart's order
 DRAIN_SECONDS = 2.0  # after the last exit, how long pipes held by stray descendants may stay open
