@@ -15,7 +15,8 @@ would run against 128 real nodes:
 - ``status_ms``: ``handle.status()``, median; ``panel_snapshot_ms``: ``LaunchModel(handle).snapshot()``,
   the panel model's update from the run, median;
 - ``threads``, ``fds``: the kernel's threads and open descriptors during the launch, and how many of them
-  come per remote rank (``fds_per_rank``; the goal is none: see the report);
+  come per remote rank (``fds_per_rank``; the goal is none: the remote ranks push into one inbox per
+  launch, ``launch/inbox.py``, so what is left is about one channel socket per node, 128 / 1,024);
 - lines: every rank writes ``--rate`` lines/s (100) for ``--seconds``; ``lines_ok``: all arrived, in order
   per rank; ``lines_cpu_pct``: the kernel's CPU meanwhile; ``lines_late_s``: how long after the last line
   was written the last one reached the handle;

@@ -397,12 +397,15 @@ def test_a_pushing_backend_reports_every_line_in_order_per_rank_without_a_descri
     inbox = backend.starts[0].inbox
     assert isinstance(inbox, RankInbox) and all(s.inbox is inbox for s in backend.starts)
     assert all(s.stdout is None and s.result is None for s in backend.starts)
+    inbox.data(backend.started[0], "stderr", b"early\n")
+    assert not handle.output_drained(0) and handle.output_drained(1)  # waiting in the inbox: not handled yet
     backend.go()
     handle.run_here()
-    assert handle.result() == [0, 10, 20, 30]
+    assert handle.result() == [0, 10, 20, 30] and handle.output_drained(0)
     for rank in range(4):
-        got = [line.text for line in sink.lines if line.rank == rank]
+        got = [line.text for line in sink.lines if line.rank == rank and line.stream == "stdout"]
         assert got == [f"r{rank} {i}" for i in range(300)]
+    assert [line.text for line in sink.lines if line.stream == "stderr"] == ["early"]
     assert [s.state for s in handle.status()] == [State.SUCCEEDED] * 4
     assert [s.exitcode for s in handle.status()] == [0] * 4
     assert _fd_count() == before  # the inbox was closed with the launch
@@ -426,6 +429,7 @@ def test_the_supervisor_of_pushed_ranks_waits_on_their_inbox_and_never_polls():
     assert not ranks.polling and not rank.fds
     inbox.data(rank.proc, "stdout", b"a")
     inbox.end(rank.proc, "stdout")
+    inbox.data(rank.proc, "stdout", b"after its end")  # never reported: the stream ended
     rank.proc.exitcode = 3
     inbox.exited(rank.proc)
     assert not ranks.over(0.0)
@@ -465,7 +469,7 @@ def test_an_inbox_holds_a_bounded_number_of_bytes_and_its_pushers_wait_for_room(
     pusher.join(5)
     assert got == b"".join(bytes([i]) * 40 for i in range(10))  # in order, nothing lost
     inbox.close()
-    with pytest.raises(ValueError, match="max_bytes=0: an inbox must hold at least one byte"):
+    with pytest.raises(ValueError, match="max_bytes=0: an inbox holds at least one byte"):
         RankInbox(max_bytes=0)
 
 

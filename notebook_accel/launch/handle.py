@@ -2,8 +2,7 @@
 
 The thread waits (``supervisor.RankSupervisor``) on every worker's stdout, stderr and result pipe and
 on a descriptor that becomes readable when the worker exits (or, for ranks on other nodes, on the one
-inbox they all push into). It cuts output into ``OutputLine``s for the
-sinks and subscribers, collects results, notices the first failure and stops the other ranks at
+inbox they all push into). It cuts output into ``OutputLine``s for the sinks and subscribers, collects results, notices the first failure and stops the other ranks at
 once (a rank blocked in a collective would otherwise wait for its timeout), and, at the end, closes
 every descriptor it owns. States per rank (``states.State``): starting -> running -> succeeded | failed
 | stopped. The hang rule of ``hangs.py`` watches the ranks meanwhile, its stack samples taken in a thread of
@@ -72,7 +71,8 @@ class LaunchHandle(Completion, LaunchViews, RunView):
         # Where the ranks run: processes on this machine (the default), or the agents of a launch across
         # nodes (nodes.remote.NodeGroup): the same interfaces (interfaces.py) either way.
         self._backend = LocalProcesses() if backend is None else backend
-        self._inbox: RankInbox | None = None  # where a pushing backend's ranks report (supervisor.start_workers)
+        # Where a pushing backend's ranks report (supervisor.start_workers); None over pipes.
+        self._inbox: RankInbox | None = None
         self.attempt = attempt
         """Which try of a launch with restarts this group is (1 without ``max_restarts``)."""
         self.run_id = run_id

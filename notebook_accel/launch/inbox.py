@@ -4,7 +4,13 @@ A backend whose ranks live elsewhere (``nodes.remote.NodeGroup``) pushes each ra
 of each stream and its exit from its own threads (``interfaces.RankEvents``); the supervisor
 (``supervisor.RankSupervisor``) waits on ``fileno()`` beside its pipes and takes the events in the
 order they were pushed. So a thousand remote ranks cost one descriptor, not eight each. The bytes
-queued are bounded: a pusher waits while the supervisor is behind, as a writer waits on a full pipe.
+queued are bounded per rank, as a pipe bounds them: a pusher waits while the supervisor is behind.
+
+The push takes no lock (a hundred node threads pushing through one lock queue up on it whenever
+one of them loses the interpreter inside it): the events go into a deque (``append`` and
+``popleft`` are atomic), each rank's counters have one writer each (its pusher, which the
+interface serialises per rank, or the reader), and only a pusher that must wait, and the wake
+write once per batch, take the lock.
 """
 
 from __future__ import annotations
@@ -20,59 +26,87 @@ from .interfaces import RankEvents, WorkerProcess
 
 __all__ = ["QUEUED_BYTES", "RankInbox"]
 
-QUEUED_BYTES = 1 << 22
-"""How many bytes of output wait in an inbox at most before the pushers wait (one chunk may pass it)."""
-_TAKE_BYTES = 1 << 18  # how much one ``take`` hands over (the supervisor reports it under its lock)
+QUEUED_BYTES = 1 << 18
+"""How many bytes of one rank's output wait in an inbox at most before its pusher waits (one chunk may pass it)."""
+# The data one ``take`` hands over at most (the supervisor reports it under its lock), as one pipe read.
+_TAKE_BYTES = 1 << 16
+_ROOM_POLL = 0.05  # a waiting pusher looks again this often (a wake may cross its start)
 _ONE = (1).to_bytes(8, sys.byteorder)  # what an eventfd adds (a pipe takes any bytes)
 
 
 class RankInbox(RankEvents):
     """A thread-safe queue of ``(kind, source, stream, data)`` events and the descriptor that wakes its reader.
 
-    ``kind`` is "data", "end" or "exit". Pushed from any thread; taken by one reader, the supervisor.
-    Once closed, pushes are dropped and a pusher waiting for room returns at once.
+    ``kind`` is "data", "end" or "exit". Pushed from any thread (one at a time per source); taken by one
+    reader, the supervisor, about ``_TAKE_BYTES`` at a time. Once closed, pushes are dropped and a
+    pusher waiting for room returns.
     """
 
     def __init__(self, max_bytes: int = QUEUED_BYTES) -> None:
         if max_bytes <= 0:
-            raise ValueError(f"max_bytes={max_bytes!r}: an inbox must hold at least one byte; give a positive size")
+            raise ValueError(
+                f"max_bytes={max_bytes!r}: an inbox holds at least one byte; give a positive size"
+            )
         self.max_bytes = max_bytes
         self._events: collections.deque[tuple[str, Any, str | None, bytes | None]] = collections.deque()
-        self._bytes = 0
-        self._pending: collections.Counter[Any] = collections.Counter()
-        self._room = threading.Condition()
+        # Per source, each written by one side only: bytes and events pushed (pusher), taken (reader).
+        self._bytes_in: dict[Any, int] = {}
+        self._bytes_out: dict[Any, int] = {}
+        self._pushed: dict[Any, int] = {}
+        self._taken: dict[Any, int] = {}
+        self._armed = True  # the reader waits: the next push writes the wake
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
+        self._waiting = 0  # pushers waiting for room
         self._closed = False
         self._read_fd, self._write_fd = _wake_descriptors()
 
     # ------------------------------------------------------------------ the pushers' side
 
     def data(self, source: WorkerProcess, stream: str, data: bytes) -> None:
-        """Queue ``data`` of ``source``'s ``stream``; wait while the queue holds ``max_bytes`` already."""
-        if not data:
+        """Queue ``data`` of ``source``'s ``stream``; wait while ``max_bytes`` of ``source`` are queued already."""
+        if not data or self._closed:
             return
+        queued = self._bytes_in.get(source, 0) - self._bytes_out.get(source, 0)
+        if queued and queued + len(data) > self.max_bytes:
+            self._wait_for_room(source, len(data))
+        self._bytes_in[source] = self._bytes_in.get(source, 0) + len(data)
+        self._push(("data", source, stream, data))
+
+    def _wait_for_room(self, source: Any, size: int) -> None:
         with self._room:
-            while self._bytes and self._bytes + len(data) > self.max_bytes and not self._closed:
-                self._room.wait()
-            self._bytes += len(data)
-            self._push(("data", source, stream, bytes(data)))
+            self._waiting += 1
+            try:
+                while not self._closed:
+                    queued = self._bytes_in.get(source, 0) - self._bytes_out.get(source, 0)
+                    if not queued or queued + size <= self.max_bytes:
+                        return
+                    self._room.wait(_ROOM_POLL)
+            finally:
+                self._waiting -= 1
 
     def end(self, source: WorkerProcess, stream: str) -> None:
         """Queue the end of ``source``'s ``stream``."""
-        with self._room:
-            self._push(("end", source, stream, None))
+        self._push(("end", source, stream, None))
 
     def exited(self, source: WorkerProcess) -> None:
         """Queue ``source``'s exit."""
-        with self._room:
-            self._push(("exit", source, None, None))
+        self._push(("exit", source, None, None))
 
     def _push(self, event: tuple[str, Any, str | None, bytes | None]) -> None:
         if self._closed:
             return
-        if not self._events:  # the reader empties the queue before it clears the wake: one write per batch
-            os.write(self._write_fd, _ONE)
+        source = event[1]
+        self._pushed[source] = self._pushed.get(source, 0) + 1  # before the append: pending at once
         self._events.append(event)
-        self._pending[event[1]] += 1
+        if self._armed:  # set by the reader before it looks at the queue a last time
+            self._armed = False
+            self._wake()
+
+    def _wake(self) -> None:
+        with self._lock:  # never a write into a descriptor closed (and its number reused) meanwhile
+            if not self._closed:
+                os.write(self._write_fd, _ONE)
 
     # ------------------------------------------------------------------ the supervisor's side
 
@@ -81,30 +115,34 @@ class RankInbox(RankEvents):
         return self._read_fd
 
     def take(self) -> list[tuple[str, Any, str | None, bytes | None]]:
-        """Return the events waiting, oldest first (about ``_TAKE_BYTES`` of data at most; the rest stays ready)."""
-        taken, size = [], 0
-        with self._room:
-            while self._events and size < _TAKE_BYTES:
-                event = self._events.popleft()
-                self._pending[event[1]] -= 1
-                if event[0] == "data":
-                    size += len(event[3])
-                taken.append(event)
-            self._bytes -= size
-            if not self._events:
-                _clear(self._read_fd)
-                self._pending.clear()
-            self._room.notify_all()
+        """Return the oldest events waiting (``_TAKE_BYTES`` of data at most; the wake stays set while more wait)."""
+        events, taken, size = self._events, [], 0
+        while events and size < _TAKE_BYTES:
+            event = events.popleft()
+            taken.append(event)
+            source, data = event[1], event[3]
+            self._taken[source] = self._taken.get(source, 0) + 1
+            if data is not None:
+                size += len(data)
+                self._bytes_out[source] = self._bytes_out.get(source, 0) + len(data)
+        if not events:
+            self._armed = True  # first: a push from now on writes the wake
+            _clear(self._read_fd)
+            if events:  # pushed before it saw the flag: its wake may have been cleared
+                self._wake()
+        if self._waiting:
+            with self._room:
+                self._room.notify_all()
         return taken
 
     def pending(self, source: WorkerProcess) -> bool:
         """Return True while events of ``source`` wait to be taken."""
-        return bool(self.pending_of([source]))
+        return self._pushed.get(source, 0) > self._taken.get(source, 0)
 
     def pending_of(self, sources: Iterable[WorkerProcess]) -> set[WorkerProcess]:
         """Return those of ``sources`` whose events wait to be taken."""
-        with self._room:
-            return {source for source in sources if self._pending[source] > 0}
+        pushed, taken = self._pushed, self._taken
+        return {source for source in sources if pushed.get(source, 0) > taken.get(source, 0)}
 
     def close(self) -> None:
         """Drop what waits, release the pushers waiting for room, close the descriptor; idempotent."""
@@ -113,8 +151,7 @@ class RankInbox(RankEvents):
                 return
             self._closed = True
             self._events.clear()
-            self._pending.clear()
-            self._bytes = 0
+            self._taken.update(self._pushed)
             self._room.notify_all()
             for fd in {self._read_fd, self._write_fd}:
                 os.close(fd)

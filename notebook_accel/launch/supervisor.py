@@ -26,7 +26,9 @@ from typing import Any, Protocol
 from .inbox import RankInbox
 from .interfaces import WorkerBackend, WorkerProcess, WorkerStart
 
-__all__ = ["PIPES", "RankInbox", "RankSupervisor", "Signals", "Supervised", "open_pipes", "start_over_pipes", "start_workers"]
+__all__ = [
+    "PIPES", "RankInbox", "RankSupervisor", "Signals", "Supervised", "open_pipes", "start_over_pipes", "start_workers",
+]  # fmt: skip
 
 PIPES = ("stdout", "stderr", "result")  # the pipes of every worker, in WorkerStart's order
 DRAIN_SECONDS = 2.0  # after the last exit, how long pipes held by stray descendants may stay open
@@ -222,23 +224,35 @@ class RankSupervisor:
         self._on_eof(rank, name)
 
     def _take_inbox(self) -> None:
-        """Report the events the inbox holds, in their order; the exits once the lock is released."""
+        """Report the events the inbox holds, in their order per rank and stream; the exits once the lock is released.
+
+        The bytes of one stream taken together are reported as one piece (as one read of its pipe would
+        be): a thousand ranks' small chunks cost a call per stream, not per chunk.
+        """
         exits = []
         with self._lock:  # taken and reported under the lock: a holder sees each event waiting or reported
+            pieces: dict[tuple[Any, str], list[bytes]] = {}
             for kind, source, stream, data in self.inbox.take():
                 rank = self._pushed.get(source)
                 if rank is None:
                     continue
-                if kind == "data":
-                    self._on_data(rank, stream, data)
+                if kind == "data" and stream in self._streams[rank]:
+                    pieces.setdefault((rank, stream), []).append(data)
                 elif kind == "end" and stream in self._streams[rank]:
+                    self._report(rank, stream, pieces.pop((rank, stream), None))
                     self._streams[rank].discard(stream)
                     self._on_eof(rank, stream)
                 elif kind == "exit":
                     exits.append(rank)
+            for (rank, stream), chunks in pieces.items():
+                self._report(rank, stream, chunks)
         for rank in exits:
             if not rank.exited:
                 self._reaped(rank)
+
+    def _report(self, rank: Supervised, stream: str, chunks: list[bytes] | None) -> None:
+        if chunks:
+            self._on_data(rank, stream, chunks[0] if len(chunks) == 1 else b"".join(chunks))
 
     def poll_exits(self) -> None:
         """Find and report the exits that no descriptor announced (or not yet); a pushed rank's exit is an event."""

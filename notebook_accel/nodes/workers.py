@@ -170,7 +170,7 @@ class RemoteUsage(UsageSource):
     def __init__(self, figures: dict[int, dict[str, Any]]) -> None:
         self._figures = figures
         self._next = 0.0
-        self._copied: dict[int, dict[str, Any]] = {}  # rank -> the figures last copied (each Usage brings new ones)
+        self._copied: dict[int, dict[str, Any]] = {}  # rank -> its figures last copied (new with each Usage)
 
     def due(self, now: float) -> bool:
         """Return True about once a second (the agents send their samples as often)."""
