@@ -447,6 +447,7 @@ def test_the_supervisor_of_pushed_ranks_waits_on_their_inbox_and_never_polls():
 
 def test_an_inbox_holds_a_bounded_number_of_bytes_and_its_pushers_wait_for_room():
     inbox = RankInbox(max_bytes=100)
+    inbox.attach()  # a reader takes the events: the pushers wait for it
     source = object()
     pushed = []
 
@@ -475,6 +476,7 @@ def test_an_inbox_holds_a_bounded_number_of_bytes_and_its_pushers_wait_for_room(
 
 def test_closing_an_inbox_releases_a_pusher_waiting_for_room():
     inbox = RankInbox(max_bytes=10)
+    inbox.attach()
     inbox.data("rank", "stdout", b"x" * 10)
     pusher = threading.Thread(target=inbox.data, args=("rank", "stdout", b"y"), daemon=True)
     pusher.start()
@@ -483,6 +485,22 @@ def test_closing_an_inbox_releases_a_pusher_waiting_for_room():
     inbox.close()
     pusher.join(2)
     assert not pusher.is_alive()
+
+
+def test_no_pusher_waits_for_room_before_a_reader_is_attached():
+    # A start under way, or one that failed and waits for its ranks' exits behind their output: nobody
+    # drains the inbox yet, so waiting for room would wait for ever (and hold the rank's lost() back).
+    inbox = RankInbox(max_bytes=10)
+    pusher = threading.Thread(
+        target=lambda: [inbox.data("rank", "stdout", b"x" * 10) for _ in range(5)] and inbox.exited("rank"),
+        daemon=True,
+    )
+    pusher.start()
+    pusher.join(5)
+    assert not pusher.is_alive()
+    events = inbox.take()
+    assert [kind for kind, *_ in events] == ["data"] * 5 + ["exit"]
+    inbox.close()
 
 
 def test_a_lost_remote_rank_completes_its_cut_frame_and_ends_through_the_inbox():

@@ -58,6 +58,7 @@ class RankInbox(RankEvents):
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
         self._waiting = 0  # pushers waiting for room
+        self._reading = False  # a reader takes the events (``attach``): only then is waiting for room of use
         self._closed = False
         self._read_fd, self._write_fd = _wake_descriptors()
 
@@ -68,7 +69,7 @@ class RankInbox(RankEvents):
         if not data or self._closed:
             return
         queued = self._bytes_in.get(source, 0) - self._bytes_out.get(source, 0)
-        if queued and queued + len(data) > self.max_bytes:
+        if queued and queued + len(data) > self.max_bytes and self._reading:
             self._wait_for_room(source, len(data))
         self._bytes_in[source] = self._bytes_in.get(source, 0) + len(data)
         self._push(("data", source, stream, data))
@@ -109,6 +110,14 @@ class RankInbox(RankEvents):
                 os.write(self._write_fd, _ONE)
 
     # ------------------------------------------------------------------ the supervisor's side
+
+    def attach(self) -> None:
+        """Say that a reader takes the events from now on: pushers past ``max_bytes`` wait for it from now on.
+
+        Before, nobody drains the inbox (a start under way, or one that failed and takes its ranks down,
+        waiting for their exits behind their output): a pusher that waited then would wait for ever.
+        """
+        self._reading = True
 
     def fileno(self) -> int:
         """Return the descriptor that is readable while events wait."""

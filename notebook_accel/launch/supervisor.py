@@ -168,6 +168,7 @@ class RankSupervisor:
         self._streams: dict[Any, set[str]] = {}  # a pushed rank -> its streams not ended yet
         if inbox is not None:
             self.selector.register(inbox.fileno(), selectors.EVENT_READ, (self, None, "inbox"))
+            inbox.attach()
 
     def add(self, ranks: Iterable[Supervised]) -> None:
         """Watch ``ranks``: their pipe read ends (made non-blocking) and exit descriptors, or their inbox."""
