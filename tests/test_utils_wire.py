@@ -45,7 +45,8 @@ def test_the_nodes_channel_reports_a_short_read_as_its_own_error() -> None:
     channel = Channel(kernel, send_key=b"k" * 32, recv_key=b"a" * 32)
     agent.sendall(b"\x00\x00")  # half a frame header, then the agent is gone
     agent.close()
-    with pytest.raises(ChannelError, match=r"receiving failed: the connection closed after 2 of 4 bytes"):
+    # The channel reads a frame's header and signature together (4 + 32 bytes).
+    with pytest.raises(ChannelError, match=r"receiving failed: the connection closed after 2 of 36 bytes"):
         channel.recv()
     assert channel.closed
 
