@@ -12,6 +12,7 @@ import ctypes
 import logging
 import math
 import os
+import signal
 import socket
 import sys
 import threading
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from notebook_accel.launch import LaunchError
+from notebook_accel.launch.states import State
 from notebook_accel.launchers import notebook_launcher
 from tests.launcher_helpers import Collect, Snapshot
 
@@ -134,6 +136,30 @@ def test_a_clean_sys_exit_is_success_and_a_code_is_a_failure():
         del os.environ["RANK"]
     with pytest.raises(LaunchError, match="SystemExit: 3"):
         notebook_launcher(_exit_3, num_processes=2, sinks=[])
+
+
+def _interrupted_again_and_again() -> None:
+    """SIGINT every 0.2 ms: the first stops the function, the next ones meet the code that sends the outcome."""
+
+    def flood() -> None:
+        while True:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.0002)
+
+    threading.Thread(target=flood, daemon=True).start()
+    time.sleep(30)
+
+
+def test_a_rank_interrupted_again_while_sending_its_outcome_still_sends_it():
+    # A stop's SIGINT reaches a rank in a gloo collective only when the collective returns (often with
+    # the error of a peer that stopped first): raised then, it ended the rank with code 1 and no word.
+    for _ in range(3):
+        handle = notebook_launcher(_interrupted_again_and_again, num_processes=1, sinks=[], block=False)
+        assert handle.wait(60)
+        (status,) = handle.status()
+        # Its "stopped by SIGINT" arrived (code 130), not a silent exit with code 1.
+        assert (status.state, status.exitcode) == (State.STOPPED, 130), str(handle.error)
+        assert "before returning a result" not in str(handle.error)
 
 
 def _crash_rank_1(how: str):

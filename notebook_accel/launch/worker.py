@@ -280,6 +280,17 @@ def _prepare_process(spec: WorkerSpec, out_fd: int, err_fd: int, result_fd: int)
     open_channel(result_fd)
 
 
+def _hold_interrupts() -> None:
+    """Ignore SIGINT from now on: the function has ended, and its result (or error) must reach the launcher.
+
+    A stop sends SIGINT to every rank at once; a rank inside a C call (a gloo collective) sees it only
+    when the call returns, often with the error of a peer that already stopped. Raised then, inside
+    the code that sends the result, it would end the rank with code 1 and no word of why (a pending
+    signal meets the handler installed when Python looks, so ignoring it here drops it).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def worker_main(spec: WorkerSpec, out_fd: int, err_fd: int, result_fd: int) -> None:
     """Run one rank and exit the process (never returns)."""
     code = 1
@@ -311,11 +322,14 @@ def worker_main(spec: WorkerSpec, out_fd: int, err_fd: int, result_fd: int) -> N
                     f"caller ({exc}); return plain data or tensors"
                 ) from exc
             code = 0
+            _hold_interrupts()
         except KeyboardInterrupt:
+            _hold_interrupts()
             message = ("stopped", "KeyboardInterrupt", "stopped by SIGINT", traceback.format_exc())
             data = pickle.dumps(message)
             code = 130
         except BaseException as exc:  # SystemExit too: the parent reports it with its code
+            _hold_interrupts()
             message = ("err", _exc_type_name(exc), str(exc), _format_tb(exc))
             data = pickle.dumps(message)
             code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) and exc.code else 1
