@@ -310,6 +310,30 @@ def test_estimate_memory_asks_the_hub_through_verify_on_hub(monkeypatch):
             estimate.estimate_command(args)
 
 
+# add_timm_hub_prefix's answers under Accelerate 1.15 (recorded with its add_timm_hub_prefix, issue 35).
+TIMM_NAMES_1_15 = {
+    "resnet50": "resnet50", "resnet50.a1_in1k": "resnet50.a1_in1k", "timm/resnet50.a1_in1k":
+    "hf-hub:timm/resnet50.a1_in1k", "hf-hub:timm/r": "hf-hub:timm/r", "local-dir:/p": "local-dir:/p",
+    "a/b/c": "hf-hub:a/b/c", "/abs/path": "hf-hub:/abs/path", "": "", "a:b": "a:b", "x/y:z": "x/y:z",
+}  # fmt: skip
+
+
+def test_estimate_memory_gives_timm_hub_names_their_prefix(monkeypatch):
+    """A Hub repo id reaches timm as ``hf-hub:org/name`` (timm >= 1.0.29); registry names stay bare."""
+    import types
+
+    from notebook_accel.commands import estimate
+
+    assert {name: estimate.add_timm_hub_prefix(name) for name in TIMM_NAMES_1_15} == TIMM_NAMES_1_15
+    asked = []
+    fake_timm = types.SimpleNamespace(create_model=lambda name, pretrained: asked.append((name, pretrained)))
+    monkeypatch.setitem(sys.modules, "timm", fake_timm)
+    monkeypatch.setattr(estimate, "_check_on_hub", lambda name, token: None)
+    estimate.create_empty_model("timm/resnet50.a1_in1k", library_name="timm")
+    estimate.create_empty_model("resnet50", library_name="timm")
+    assert asked == [("hf-hub:timm/resnet50.a1_in1k", False), ("resnet50", False)]
+
+
 def test_env_prints_1_15s_fields_and_config(tmp_path, monkeypatch, capsys):
     yaml = pytest.importorskip("yaml")
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(COMMANDS["to_fsdp2"]["full_shard"]["input"]))
