@@ -350,6 +350,18 @@ def test_env_prints_1_15s_fields_and_config(tmp_path, monkeypatch, capsys):
     assert without[-2:] == COMMANDS["env_without_config"]["lines"][-2:]
 
 
+def test_env_finds_the_accelerate_command_through_its_which(monkeypatch):
+    """``env`` asks ``commands.env.which`` (1.15's tests patch that name) and says "Not found" without it."""
+    from notebook_accel.commands import env
+
+    monkeypatch.setattr(env, "which", lambda name: None)
+    assert (
+        env.env_command(env.env_command_parser().parse_args([]))["`accelerate` bash location"] == "Not found"
+    )
+    monkeypatch.setattr(env, "which", lambda name: f"/opt/bin/{name}")
+    assert env.env_info()[0]["`accelerate` bash location"] == "/opt/bin/accelerate"
+
+
 def test_config_default_writes_1_15s_file(tmp_path):
     _cli("config", "default", "--config_file", "c.json", "--mixed_precision", "fp16", cwd=tmp_path)
     assert json.loads((tmp_path / "c.json").read_text()) == COMMANDS["config_default_fp16"]
