@@ -11,8 +11,8 @@ with pytest twice, from the sdist's directory (its tests open ``tests/test_confi
   sdist; every other ``accelerate.X`` is ours. ``path_in_accelerate_package("test_utils", ...)``
   points into the sdist, since the scripts it names live there.
 
-Both runs get an ``accelerate`` command on ``PATH`` (1.15's, or ours under the alias), for tests that run
-it in a subprocess. It prints per file how many tests pass natively and on us, and each test that passes
+Both runs get 1.15's console scripts on ``PATH`` (``accelerate``, ``accelerate-launch``, ...: 1.15's, or
+ours under the alias), for tests that run them in a subprocess. It prints per file how many tests pass natively and on us, and each test that passes
 natively but not on us with the last line of its failure. Results are kept as JSON (``--save``) so a
 second run can reuse the native half (``--native-results``). Network-only tests fail natively too here,
 so they never count against us; a test that needs a file the sdist lacks (``tests/test_configs``) fails
@@ -84,18 +84,25 @@ install_as_accelerate(warn=False)
 sys.meta_path.insert(0, _TestUtilsFinder())
 '''
 
-NATIVE_CLI = "from accelerate.commands.accelerate_cli import main\n"
-OURS_CLI = "from notebook_accel.commands.cli import main\n"
+# 1.15's console scripts, and what answers each of them on us: {command: (1.15's module, ours)}.
+COMMANDS = {
+    "accelerate": ("accelerate.commands.accelerate_cli", "notebook_accel.commands.cli"),
+    "accelerate-config": ("accelerate.commands.config", "notebook_accel.commands.config"),
+    "accelerate-estimate-memory": ("accelerate.commands.estimate", "notebook_accel.commands.estimate"),
+    "accelerate-launch": ("accelerate.commands.launch", "notebook_accel.commands.launch"),
+    "accelerate-merge-weights": ("accelerate.commands.merge", "notebook_accel.commands.merge"),
+}
 
 
 def _write_env(workdir: Path, python: str, ours: bool) -> dict[str, str]:
-    """Return the environment of one run, after writing its ``accelerate`` shim (and sitecustomize)."""
+    """Return the environment of one run, after writing its console scripts (and sitecustomize)."""
     bindir = workdir / "bin"
     bindir.mkdir()
-    shim = bindir / "accelerate"
-    cli = OURS_CLI if ours else NATIVE_CLI
-    shim.write_text(f"#!{python}\nimport sys\n{cli}sys.argv[0] = 'accelerate'\nsys.exit(main())\n")
-    shim.chmod(0o755)
+    for command, modules in COMMANDS.items():
+        shim = bindir / command
+        shim.write_text(f"#!{python}\nimport sys\nfrom {modules[ours]} import main\n"
+                        f"sys.argv[0] = {command!r}\nsys.exit(main())\n")  # fmt: skip
+        shim.chmod(0o755)
     env = dict(os.environ)
     env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
     env.pop("PYTHONPATH", None)
@@ -137,13 +144,30 @@ def run_files(source: Path, python: str, files: list[str], *, ours: bool, timeou
         probe = [python, "-c", "import accelerate; print(accelerate.__name__)"]
         who = subprocess.run(probe, env=env, capture_output=True, text=True).stdout.strip()
         if who != ("notebook_accel" if ours else "accelerate"):
-            raise RuntimeError(f"`import accelerate` gives {who!r} under {python} (ours={ours}); see the docstring")
-        cmd = [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "junit_family=xunit1",
-               f"--junitxml={junit}", f"--timeout={timeout}", "--rootdir", str(source), *files]
+            raise RuntimeError(
+                f"`import accelerate` gives {who!r} under {python} (ours={ours}); see the docstring"
+            )
+        cmd = [
+            python,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-o",
+            "junit_family=xunit1",
+            f"--junitxml={junit}",
+            f"--timeout={timeout}",
+            "--rootdir",
+            str(source),
+            *files,
+        ]
         label = "ours" if ours else "1.15"
         print(f"[{label}] {' '.join(cmd)}", flush=True)
         # Its own session: a test library that signals its process group must not reach this script.
-        proc = subprocess.run(cmd, cwd=source, env=env, capture_output=True, text=True, start_new_session=True)
+        proc = subprocess.run(
+            cmd, cwd=source, env=env, capture_output=True, text=True, start_new_session=True
+        )
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
         print(f"[{label}] exit {proc.returncode}: {' | '.join(tail)}", flush=True)
         if not junit.is_file():
@@ -158,8 +182,10 @@ def report(native: dict, ours: dict) -> list[str]:
         n, o = native.get(file, {}), ours.get(file, {})
         passed_n = {t for t, r in n.items() if r == "passed"}
         passed_o = {t for t, r in o.items() if r == "passed"}
-        lines.append(f"{file}: passes on 1.15 {len(passed_n)} / on us {len(passed_n & passed_o)}"
-                     f" (of {len(n)} collected; {len(passed_o - passed_n)} pass only on us)")
+        lines.append(
+            f"{file}: passes on 1.15 {len(passed_n)} / on us {len(passed_n & passed_o)}"
+            f" (of {len(n)} collected; {len(passed_o - passed_n)} pass only on us)"
+        )
         only_native += [f"  {file}::{t}: {o.get(t, 'not collected')}" for t in sorted(passed_n - passed_o)]
     if only_native:
         lines += ["", "passes on 1.15, not on us:", *only_native]
