@@ -13,10 +13,12 @@ with pytest twice, from the sdist's directory (its tests open ``tests/test_confi
 
 Both runs get 1.15's console scripts on ``PATH`` (``accelerate``, ``accelerate-launch``, ...: 1.15's, or
 ours under the alias), for tests that run them in a subprocess. It prints per file how many tests pass natively and on us, and each test that passes
-natively but not on us with the last line of its failure. Results are kept as JSON (``--save``) so a
-second run can reuse the native half (``--native-results``). Network-only tests fail natively too here,
-so they never count against us; a test that needs a file the sdist lacks (``tests/test_configs``) fails
-or skips on both.
+natively but not on us with the last line of its failure, and each test that fails on both with more
+failure records on us (its subtests). Results are kept as JSON (``--save``) so a second run can reuse
+the native half (``--native-results``). Network-only tests fail natively too here (run with
+``HF_HUB_OFFLINE=1`` so they fail at once), so they never count against us. The sdist lacks
+``tests/test_configs/*.yaml`` and ``tests/test_samples/``: copy them from Accelerate's repository into
+the sdist's ``tests/`` to run the tests that read them; without them those tests fail on both.
 
     python scripts/run_accelerate_suite.py --source /tmp/accsrc/accelerate-1.15.0 \\
         --native-python /tmp/acc115-suite/bin/python --ours-python /tmp/acc115-suite/bin/python \\
@@ -114,24 +116,37 @@ def _write_env(workdir: Path, python: str, ours: bool) -> dict[str, str]:
     return env
 
 
+def _outcome(case: ET.Element) -> str:
+    """Return "passed", "skipped: <reason>" or "failed xN: <last line of the first>" for one test case.
+
+    N counts the failure and error records of the case: a test with failing subtests has one per subtest.
+    """
+    failures = case.findall("failure") + case.findall("error")
+    nodes = failures or case.findall("skipped")
+    if not nodes:
+        return "passed"
+    text = (nodes[0].get("message") or nodes[0].text or "").strip().splitlines()
+    last = text[-1][:200] if text else ""
+    return f"failed x{len(failures)}: {last}" if failures else f"skipped: {last}"
+
+
 def _outcomes(junit: Path) -> dict[str, dict[str, str]]:
-    """Return {file: {test id: "passed" | "failed: <last line>" | "skipped: <reason>"}} from a JUnit XML."""
+    """Return {file: {test id: outcome (see ``_outcome``)}} from a JUnit XML (xunit1: it names the file)."""
     results: dict[str, dict[str, str]] = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
         classname, file = case.get("classname", ""), case.get("file", "")
         module = file[: -len(".py")].replace("/", ".")
         cls = classname[len(module) + 1 :] if classname.startswith(module + ".") else ""
         test_id = f"{cls}::{case.get('name')}" if cls else str(case.get("name"))
-        outcome = "passed"
-        for tag in ("failure", "error", "skipped"):
-            node = case.find(tag)
-            if node is not None:
-                text = (node.get("message") or node.text or "").strip().splitlines()
-                kind = "skipped" if tag == "skipped" else "failed"
-                outcome = f"{kind}: {text[-1][:200] if text else ''}"
-                break
-        results.setdefault(file, {})[test_id] = outcome
+        outcome = _outcome(case)
+        # A test recorded twice (rerun, or a teardown error after its pass) passes only if every record does.
+        previous = results.setdefault(file, {}).get(test_id, "passed")
+        results[file][test_id] = outcome if previous == "passed" else previous
     return results
+
+
+def _failures(outcome: str) -> int:
+    return int(outcome.split(":")[0][len("failed x") :]) if outcome.startswith("failed x") else 0
 
 
 def run_files(source: Path, python: str, files: list[str], *, ours: bool, timeout: int) -> dict:
@@ -177,7 +192,7 @@ def run_files(source: Path, python: str, files: list[str], *, ours: bool, timeou
 
 def report(native: dict, ours: dict) -> list[str]:
     """Return the report lines: per file, passes natively / on us, and what passes only natively."""
-    lines, only_native = [], []
+    lines, only_native, more_failures = [], [], []
     for file in sorted(set(native) | set(ours)):
         n, o = native.get(file, {}), ours.get(file, {})
         passed_n = {t for t, r in n.items() if r == "passed"}
@@ -187,8 +202,15 @@ def report(native: dict, ours: dict) -> list[str]:
             f" (of {len(n)} collected; {len(passed_o - passed_n)} pass only on us)"
         )
         only_native += [f"  {file}::{t}: {o.get(t, 'not collected')}" for t in sorted(passed_n - passed_o)]
+        more_failures += [
+            f"  {file}::{t}: 1.15 {n[t]} | us {o[t]}"
+            for t in sorted(set(n) & set(o))
+            if 0 < _failures(n[t]) < _failures(o[t])
+        ]
     if only_native:
         lines += ["", "passes on 1.15, not on us:", *only_native]
+    if more_failures:
+        lines += ["", "fails on both, more failure records (subtests) on us:", *more_failures]
     return lines
 
 
