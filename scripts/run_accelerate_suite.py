@@ -125,7 +125,10 @@ def _outcome(case: ET.Element) -> str:
     nodes = failures or case.findall("skipped")
     if not nodes:
         return "passed"
-    text = (nodes[0].get("message") or nodes[0].text or "").strip().splitlines()
+    message = nodes[0].get("message") or ""
+    if not message or message.startswith("[truncated"):  # pytest cuts long messages; the text is whole
+        message = nodes[0].text or message
+    text = message.strip().splitlines()
     last = text[-1][:200] if text else ""
     return f"failed x{len(failures)}: {last}" if failures else f"skipped: {last}"
 
