@@ -174,6 +174,7 @@ def run_files(source: Path, python: str, files: list[str], *, ours: bool, timeou
             "-q",
             "-o",
             "junit_family=xunit1",
+            "--continue-on-collection-errors",
             f"--junitxml={junit}",
             f"--timeout={timeout}",
             "--rootdir",
