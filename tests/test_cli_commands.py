@@ -310,6 +310,30 @@ def test_estimate_memory_asks_the_hub_through_verify_on_hub(monkeypatch):
             estimate.estimate_command(args)
 
 
+# add_timm_hub_prefix's answers under Accelerate 1.15 (recorded with its add_timm_hub_prefix, issue 35).
+TIMM_NAMES_1_15 = {
+    "resnet50": "resnet50", "resnet50.a1_in1k": "resnet50.a1_in1k", "timm/resnet50.a1_in1k":
+    "hf-hub:timm/resnet50.a1_in1k", "hf-hub:timm/r": "hf-hub:timm/r", "local-dir:/p": "local-dir:/p",
+    "a/b/c": "hf-hub:a/b/c", "/abs/path": "hf-hub:/abs/path", "": "", "a:b": "a:b", "x/y:z": "x/y:z",
+}  # fmt: skip
+
+
+def test_estimate_memory_gives_timm_hub_names_their_prefix(monkeypatch):
+    """A Hub repo id reaches timm as ``hf-hub:org/name`` (timm >= 1.0.29); registry names stay bare."""
+    import types
+
+    from notebook_accel.commands import estimate
+
+    assert {name: estimate.add_timm_hub_prefix(name) for name in TIMM_NAMES_1_15} == TIMM_NAMES_1_15
+    asked = []
+    fake_timm = types.SimpleNamespace(create_model=lambda name, pretrained: asked.append((name, pretrained)))
+    monkeypatch.setitem(sys.modules, "timm", fake_timm)
+    monkeypatch.setattr(estimate, "_check_on_hub", lambda name, token: None)
+    estimate.create_empty_model("timm/resnet50.a1_in1k", library_name="timm")
+    estimate.create_empty_model("resnet50", library_name="timm")
+    assert asked == [("hf-hub:timm/resnet50.a1_in1k", False), ("resnet50", False)]
+
+
 def test_env_prints_1_15s_fields_and_config(tmp_path, monkeypatch, capsys):
     yaml = pytest.importorskip("yaml")
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(COMMANDS["to_fsdp2"]["full_shard"]["input"]))
@@ -324,6 +348,18 @@ def test_env_prints_1_15s_fields_and_config(tmp_path, monkeypatch, capsys):
     assert ours[:3] == theirs[:3]
     without = _cli_here("env", **here).splitlines()
     assert without[-2:] == COMMANDS["env_without_config"]["lines"][-2:]
+
+
+def test_env_finds_the_accelerate_command_through_its_which(monkeypatch):
+    """``env`` asks ``commands.env.which`` (1.15's tests patch that name) and says "Not found" without it."""
+    from notebook_accel.commands import env
+
+    monkeypatch.setattr(env, "which", lambda name: None)
+    assert (
+        env.env_command(env.env_command_parser().parse_args([]))["`accelerate` bash location"] == "Not found"
+    )
+    monkeypatch.setattr(env, "which", lambda name: f"/opt/bin/{name}")
+    assert env.env_info()[0]["`accelerate` bash location"] == "/opt/bin/accelerate"
 
 
 def test_config_default_writes_1_15s_file(tmp_path):

@@ -121,14 +121,24 @@ def test_launch_namespace_from_a_config_file_is_1_15s(case, tmp_path):
 
 
 @pytest.mark.skipif(is_megatron_lm_available(), reason="megatron-core is installed")
-def test_megatron_builds_its_environment_then_names_what_to_install(monkeypatch, tmp_path):
-    seen = {}
-    real = launch_module.prepare_multi_gpu_env
-    monkeypatch.setattr(launch_module, "prepare_multi_gpu_env", lambda a: seen.setdefault("env", real(a)))
+def test_megatron_launch_runs_the_script_whose_accelerator_names_what_to_install(monkeypatch):
+    """As 1.15: ``--use_megatron_lm`` launches the script (one that never builds an Accelerator runs, as
+    1.15's MEGATRON_LM test configs do); the Accelerator it builds raises ImportError naming megatron-core."""
+    ran = {}
+    monkeypatch.setattr(launch_module, "_run", lambda cmd, env: ran.update(cmd=cmd, env=env))
     argv = ["--use_megatron_lm", "--num_processes", "2", "--megatron_lm_tp_degree", "2", "s.py"]
-    with pytest.raises(ImportError, match="pip install megatron-core"):
-        launch_command(launch_command_parser().parse_args(argv))
-    assert seen["env"]["MEGATRON_LM_TP_DEGREE"] == "2" and seen["env"]["ACCELERATE_USE_MEGATRON_LM"] == "true"
+    launch_command(launch_command_parser().parse_args(argv))
+    assert ran["cmd"][-1] == "s.py"
+    assert ran["env"]["MEGATRON_LM_TP_DEGREE"] == "2" and ran["env"]["ACCELERATE_USE_MEGATRON_LM"] == "true"
+    from notebook_accel import Accelerator
+    from notebook_accel.state import AcceleratorState
+
+    monkeypatch.setenv("ACCELERATE_USE_MEGATRON_LM", "true")
+    try:
+        with pytest.raises(ImportError, match="ACCELERATE_USE_MEGATRON_LM=true.*pip install megatron-core"):
+            Accelerator(cpu=True)
+    finally:
+        AcceleratorState._reset_state(True)
 
 
 @pytest.mark.skipif(is_sagemaker_available(), reason="the sagemaker SDK is installed")

@@ -389,3 +389,37 @@ def test_accelerator_side_of_parallelism_config_rejects() -> None:
     model.tp_plan = {"0": 3}
     with pytest.raises(TypeError, match=r"tp_plan\['0'\] must be a style name or a ParallelStyle"):
         mesh.apply_tensor_parallel(model, None, ParallelismConfig(tp_size=2))
+
+
+def _layered_model(layer_types, *, text_config=True):
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(layer_types=layer_types)
+    if text_config:
+        config.get_text_config = lambda: config
+    model = torch.nn.Linear(2, 2)
+    model.config = config
+    return model
+
+
+def test_sequence_parallelism_refuses_recurrent_layers_before_deepspeed():
+    """A model whose layer_types hold ``linear_attention`` is refused under sp_size > 1, as in 1.15 (issue 35):
+    at ``accelerate.big_modeling``'s private name 1.15's tests import, and in prepare before DeepSpeed."""
+    from types import SimpleNamespace
+
+    from notebook_accel.accelerator.wrapping import prepare_deepspeed
+    from notebook_accel.big_modeling import _refuse_recurrent_layers_under_sequence_parallelism as refuse
+
+    hybrid = _layered_model(["full_attention", "linear_attention"])
+    with pytest.raises(ValueError, match=r"sp_size > 1.*Linear.*\['linear_attention'\].*Use sp_size=1"):
+        refuse(hybrid)
+    refuse(_layered_model(["full_attention", "sliding_attention"]))
+    refuse(_layered_model(None, text_config=False))
+    refuse(torch.nn.Linear(2, 2))  # no config at all
+    inner = SimpleNamespace(layer_types=["linear_attention"])
+    outer = SimpleNamespace(layer_types=["full_attention"], get_text_config=lambda: inner)
+    with pytest.raises(ValueError, match="linear_attention"):
+        refuse(SimpleNamespace(config=outer))  # the text config is the one read
+    state = SimpleNamespace(parallelism_config=SimpleNamespace(sp_enabled=True))
+    with pytest.raises(ValueError, match="linear_attention"):
+        prepare_deepspeed(hybrid, None, None, plugin=None, state=state)

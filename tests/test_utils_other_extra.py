@@ -75,6 +75,23 @@ def test_load_reads_tensors_and_numpy_states_only() -> None:
         load(buffer)
 
 
+def test_tp_size_read_from_transformers_5_distributed_config() -> None:
+    """transformers 5 leaves ``model.tp_size`` None and keeps the degree in ``config.distributed_config``
+    (an object, or a dict after JSON); 1.15 reads both (issue 35)."""
+    from types import SimpleNamespace
+
+    model = nn.Linear(1, 1)
+    model.tp_size = None
+    model.config = SimpleNamespace(distributed_config=SimpleNamespace(tp_size=4))
+    assert get_model_tp_size(model) == 4
+    model.config = SimpleNamespace(distributed_config={"tp_size": 8})
+    assert get_model_tp_size(model) == 8
+    model.config = SimpleNamespace(distributed_config=None)
+    assert get_model_tp_size(model) is None
+    model.tp_size = 2  # the model's own (transformers < 5) comes first
+    assert get_model_tp_size(model) == 2
+
+
 def test_tp_size_dtensor_and_kernel_check(monkeypatch, caplog) -> None:
     model = nn.Linear(1, 1)
     assert get_model_tp_size(model) is None and not model_has_dtensor(model)

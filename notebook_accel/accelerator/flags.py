@@ -31,6 +31,7 @@ __all__ = ["AcceleratorFlags", "resolve_flags"]
 # The engines' plugins load when a flag or an environment variable asks for their engine.
 _deepspeed = LazyModule("notebook_accel.integrations.deepspeed.plugin")
 _fsdp = LazyModule("notebook_accel.integrations.fsdp.plugin")
+_megatron = LazyModule("notebook_accel.integrations.megatron.plugin")
 _recipes = LazyModule("notebook_accel.integrations.fp8.recipes")
 # The kwargs handlers load when the user passes one (the plugins share only their base class).
 kw = LazyModule("notebook_accel.utils.kwargs")
@@ -123,7 +124,7 @@ def resolve_flags(
         deepspeed_plugin=resolve_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins),
         fsdp_plugin=resolve_fsdp_plugin(fsdp_plugin),
         torch_tp_plugin=torch_tp_plugin,
-        megatron_lm_plugin=megatron_lm_plugin,
+        megatron_lm_plugin=resolve_megatron_lm_plugin(megatron_lm_plugin),
         parallelism_config=parallelism_config,
         dynamo_plugin=resolve_dynamo_plugin(dynamo_backend, dynamo_plugin),
         accumulation_plugin=accumulation_plugin(gradient_accumulation_plugin, gradient_accumulation_steps),
@@ -233,6 +234,22 @@ def resolve_fsdp_plugin(
             f"fsdp_plugin must be a FullyShardedDataParallelPlugin, got {type(fsdp_plugin).__name__}"
         )
     return fsdp_plugin
+
+
+def resolve_megatron_lm_plugin(plugin: MegatronLMPlugin | None) -> MegatronLMPlugin | None:
+    """Return the Megatron-LM plugin from the argument or ``ACCELERATE_USE_MEGATRON_LM`` (set by the launcher).
+
+    As in 1.15, ``accelerate launch --use_megatron_lm`` (or a MEGATRON_LM config) runs the script, and its
+    Accelerator is the one that needs megatron-core: ImportError naming it when it is missing.
+    """
+    if plugin is None and parse_flag_from_env("ACCELERATE_USE_MEGATRON_LM"):
+        if not _megatron.is_megatron_lm_available():
+            raise ImportError(
+                "ACCELERATE_USE_MEGATRON_LM=true (set by `accelerate launch --use_megatron_lm` or a MEGATRON_LM "
+                "config) trains with Megatron-LM: pip install megatron-core (NVIDIA GPUs), or launch without it."
+            )
+        plugin = _megatron.MegatronLMPlugin()
+    return plugin
 
 
 def resolve_dynamo_plugin(

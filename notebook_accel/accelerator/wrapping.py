@@ -21,6 +21,7 @@ __all__: list[str] = []
 
 # FSDP wrapping loads torch.distributed.fsdp: imported when a model is prepared for FSDP.
 _fsdp = LazyModule("notebook_accel.integrations.fsdp.wrap")
+_recurrent = LazyModule("notebook_accel.utils._sequence_parallel")
 _recipes = LazyModule("notebook_accel.integrations.fp8.recipes")
 
 logger = logging.getLogger(__name__)
@@ -139,10 +140,13 @@ def check_engines(
 
 def prepare_deepspeed(model: Any, optimizer: Any, scheduler: Any, plugin: Any, state: Any) -> tuple:
     """Return ``deepspeed.initialize``'s engine, optimizer and scheduler for the prepared objects."""
-    import deepspeed
-
     if model is None:
         raise ValueError("With DeepSpeed, prepare() needs the model in the same call as its optimizer")
+    parallelism = getattr(state, "parallelism_config", None)
+    if parallelism is not None and parallelism.sp_enabled:
+        _recurrent._refuse_recurrent_layers_under_sequence_parallelism(model)
+    import deepspeed
+
     config = dict(plugin.deepspeed_config)
     engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config_params=config

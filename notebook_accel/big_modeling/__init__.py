@@ -91,6 +91,8 @@ _ALSO_HERE = {
     # utils.other reads the process state: importing it here would load the state, the plugins and
     # torch.distributed.fsdp for every big-model import (tests/test_big_modeling_import.py).
     "recursive_getattr": "notebook_accel.utils.other",
+    # Accelerate 1.15's tests import this private check from here.
+    "_refuse_recurrent_layers_under_sequence_parallelism": "notebook_accel.utils._sequence_parallel",
 }
 __all__ += ["recursive_getattr"]
 __getattr__, __dir__ = attach(__name__, _ALSO_HERE)

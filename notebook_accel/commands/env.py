@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 from importlib.metadata import PackageNotFoundError, version
+from shutil import which  # a module attribute: 1.15's tests patch accelerate.commands.env.which
 
 from .._alias import ACCELERATE_COMPAT_VERSION
 from .config.config_args import default_config_file, load_config_from_file
@@ -59,7 +59,7 @@ def env_info(config_file: str | None = None) -> tuple[dict[str, str], tuple[str,
     fields = {
         "`Accelerate` version": f"{ACCELERATE_COMPAT_VERSION} (notebook_accel {notebook_accel_version})",
         "Platform": platform.platform(),
-        "`accelerate` bash location": shutil.which("accelerate") or "Not found",
+        "`accelerate` bash location": which("accelerate") or "Not found",
         "Python version": platform.python_version(),
         "Numpy version": np.__version__,
         "PyTorch version": torch.__version__,

@@ -12,6 +12,7 @@ from ..utils.device_planning.sizes import calculate_maximum_sizes
 from ..utils.other import convert_bytes
 
 __all__ = [
+    "add_timm_hub_prefix",
     "create_ascii_table",
     "create_empty_model",
     "estimate_command",
@@ -81,6 +82,17 @@ def _check_on_hub(model_name: str, access_token) -> None:
         )
 
 
+def add_timm_hub_prefix(model_name: str) -> str:
+    """Return ``model_name`` as timm's ``create_model`` reads a Hub repo: ``"org/name"`` gets ``"hf-hub:"``.
+
+    timm >= 1.0.29 wants the source prefix on repo ids; a bare architecture name (``"resnet50"``) comes
+    from timm's registry and a name that already names its source (``"local-dir:/path"``) stays as is.
+    """
+    if ":" in model_name or "/" not in model_name:
+        return model_name
+    return f"hf-hub:{model_name}"
+
+
 def create_empty_model(
     model_name: str, library_name: str, trust_remote_code: bool = False, access_token=None
 ):
@@ -109,7 +121,7 @@ def create_empty_model(
                 f"--library_name timm builds {model_name!r} with timm: `pip install timm`."
             ) from exc
         with torch.device("meta"):
-            return timm.create_model(model_name, pretrained=False)
+            return timm.create_model(add_timm_hub_prefix(model_name), pretrained=False)
     raise ValueError(f"--library_name {library_name!r} is not supported: use transformers or timm.")
 
 

@@ -28,7 +28,6 @@ from ..utils.imports import (
     is_bf16_available,
     is_deepspeed_available,
     is_hpu_available,
-    is_megatron_lm_available,
     is_mlu_available,
     is_musa_available,
     is_neuron_available,
@@ -210,12 +209,7 @@ def multi_gpu_launcher(args):
 
     The environment and torchrun's fields come from ``prepare_multi_gpu_env`` (what 1.15 builds).
     """
-    env = prepare_multi_gpu_env(args)
-    if args.use_megatron_lm and not is_megatron_lm_available():
-        raise ImportError(
-            "--use_megatron_lm trains with Megatron-LM: `pip install megatron-core` (CUDA machines); "
-            "the options parse and the environment is built, but the script needs the engine."
-        )
+    env = prepare_multi_gpu_env(args)  # with --use_megatron_lm, the script's Accelerator needs megatron-core
     if args.use_cpu:
         env["ACCELERATE_USE_CPU"] = "true"
     _run(_torchrun_cmd(args), env)

@@ -315,8 +315,18 @@ def model_has_dtensor(model: torch.nn.Module) -> bool:
 
 
 def get_model_tp_size(model: torch.nn.Module) -> int | None:
-    """Return the tensor-parallel degree a transformers model was sharded with, or None when it was not."""
+    """Return the tensor-parallel degree a transformers model was sharded with, or None when it was not.
+
+    transformers < 5 sets it on the model (``tp_size``); 5 leaves ``model.tp_size`` as None and keeps it
+    in ``model.config.distributed_config`` (an object, or a dict after a JSON round trip).
+    """
     size = getattr(model, "_tp_size", None) or getattr(model, "tp_size", None)
+    if not size:
+        distributed = getattr(getattr(model, "config", None), "distributed_config", None)
+        if isinstance(distributed, dict):
+            size = distributed.get("tp_size")
+        else:
+            size = getattr(distributed, "tp_size", None)
     return int(size) if size else None
 
 
