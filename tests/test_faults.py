@@ -139,12 +139,12 @@ def test_a_clean_sys_exit_is_success_and_a_code_is_a_failure():
 
 
 def _interrupted_again_and_again() -> None:
-    """SIGINT every 0.2 ms: the first stops the function, the next ones meet the code that sends the outcome."""
+    """SIGINT every millisecond: the first stops the function, the next ones meet the code that sends the outcome."""
 
     def flood() -> None:
         while True:
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.0002)
+            time.sleep(0.001)
 
     threading.Thread(target=flood, daemon=True).start()
     time.sleep(30)
