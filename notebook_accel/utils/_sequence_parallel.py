@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__: list[str] = []  # private: Accelerate 1.15 serves it at big_modeling, as we do
+__all__ = ["_refuse_recurrent_layers_under_sequence_parallelism"]  # private; 1.15 serves it at big_modeling, as we do
 
 
 # Layer types whose output at a position depends on a state carried along the whole sequence: sharding the
