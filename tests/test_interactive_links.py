@@ -5,6 +5,7 @@ formed. The end-to-end runs are in test_interactive_nodes.py and test_nodes_scal
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -70,6 +71,23 @@ def test_socket_links_take_connections_and_give_bytes_in_order_per_connection(lo
     finally:
         for sock in ranks:
             sock.close()
+
+
+def test_socket_links_wait_on_descriptors_past_1024(tmp_path):
+    """A kernel with a thousand ranks holds descriptors past 1024, which select.select refuses."""
+    path = str(tmp_path / "high.sock")
+    listener = unix_listener(path, 2)
+    high = socket.socket(fileno=os.dup2(listener.fileno(), 1500))
+    listener.close()
+    links = SocketLinks(high)
+    try:
+        assert links.wait(0.01) == []
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as rank:
+            rank.connect(path)
+            rank.sendall(b"x")
+            assert [data for _, data in _collect(links, 1)] == [b"x"]
+    finally:
+        links.close()
 
 
 class _FakeRelay:

@@ -81,10 +81,6 @@ class StreamRelay:
                 )
         return token
 
-    def paths(self, token: str) -> dict[int, str]:
-        """Return ``{node index: socket path on that node}`` of relay ``token``."""
-        return dict(self._listening[token])
-
     def open_streams(self) -> int:
         """Return how many streams are open."""
         return len(self._streams)

@@ -11,10 +11,9 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import select
 import socket
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -24,7 +23,6 @@ __all__ = [
     "ConnectionClosed",
     "dumps_by_value",
     "read_exactly",
-    "readable",
     "unix_socket_path",
 ]
 
@@ -71,19 +69,6 @@ def read_exactly(sock: socket.socket, size: int) -> bytes:
         chunks.append(chunk)
         got += len(chunk)
     return b"".join(chunks)
-
-
-def readable(socks: Iterable[socket.socket], timeout: float) -> list[socket.socket]:
-    """Return those of ``socks`` that can be read (data, or the peer closed) within ``timeout`` seconds.
-
-    ``poll``, not ``select``: a kernel with a thousand remote ranks holds descriptors past 1024,
-    which ``select.select`` refuses (``ValueError: filedescriptor out of range``).
-    """
-    poller, by_fd = select.poll(), {}
-    for sock in socks:
-        by_fd[sock.fileno()] = sock
-        poller.register(sock, select.POLLIN)
-    return [by_fd[fd] for fd, _ in poller.poll(timeout * 1000)]
 
 
 class _Pickler(cloudpickle.CloudPickler):
