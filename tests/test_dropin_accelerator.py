@@ -5,6 +5,8 @@ Each expected value below was read off the real Accelerate 1.15 on the same inpu
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -133,8 +135,16 @@ _RETRIED = [
 _NOT_RETRIED = ["CUDA error: out of memory", "cpu out of memory", "out of memory", "HPU out of memory"]
 
 
+@pytest.fixture
+def collections(monkeypatch) -> list[int]:
+    """Count the garbage collections asked for: each retry asks one (a real one takes seconds late in the suite)."""
+    asked: list[int] = []
+    monkeypatch.setattr(gc, "collect", lambda generation=2: asked.append(generation) or 0)
+    return asked
+
+
 @pytest.mark.parametrize("message", _RETRIED)
-def test_find_executable_batch_size_retries_on_accelerates_oom_messages(message: str) -> None:
+def test_find_executable_batch_size_retries_on_accelerates_oom_messages(message: str, collections) -> None:
     tried = []
 
     @find_executable_batch_size(starting_batch_size=64)
@@ -146,10 +156,11 @@ def test_find_executable_batch_size_retries_on_accelerates_oom_messages(message:
 
     assert train() == 8
     assert tried == [64, 57, 51, 45, 40, 36, 32, 28, 25, 22, 19, 17, 15, 13, 11, 9, 8]
+    assert len(collections) == len(tried)  # memory freed before the first try and before each retry
 
 
 @pytest.mark.parametrize("message", _NOT_RETRIED)
-def test_find_executable_batch_size_lets_other_errors_through(message: str) -> None:
+def test_find_executable_batch_size_lets_other_errors_through(message: str, collections) -> None:
     @find_executable_batch_size(starting_batch_size=16)
     def train(batch_size):
         raise RuntimeError(message)
