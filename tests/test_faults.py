@@ -770,6 +770,14 @@ def _fail_first_tries(counter_dir: str, failures: int, failing_rank: int = 1) ->
     with open(path, "a") as f:
         f.write("x")
     if _rank() == failing_rank and tries < failures:
+        # Every rank of this try reaches this function first (a rank slow to start on a busy machine would
+        # otherwise be stopped before it counted the try), so each rank counts every try of the group.
+        deadline = time.monotonic() + 60
+        peers = [os.path.join(counter_dir, f"rank{r}") for r in range(int(os.environ.get("WORLD_SIZE", "1")))]
+        while time.monotonic() < deadline and not all(
+            os.path.exists(p) and os.path.getsize(p) > tries for p in peers
+        ):
+            time.sleep(0.01)
         raise ValueError(f"try {tries} fails")
     return tries
 
