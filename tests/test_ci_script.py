@@ -46,3 +46,12 @@ def test_the_test_core_extra_is_part_of_test_and_the_subset_venvs_are_ignored() 
     inside = [".venv-py310/bin/python", ".venv-py313/bin/python"]
     ignored = subprocess.run(["git", "check-ignore", *inside], cwd=ROOT, capture_output=True, text=True)
     assert ignored.stdout.split() == inside
+
+
+def test_the_suite_runs_on_two_workers_taking_the_longest_files_first() -> None:
+    from tests.conftest import _LONG_FILES
+
+    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    assert "-n 2 --dist loadfile --no-loadscope-reorder" in addopts  # whole files, in our order
+    missing = [name for name in _LONG_FILES if not (ROOT / name).is_file()]
+    assert not missing, f"renamed or removed: {missing}; list the file's new name in tests/conftest.py"
