@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import select
 import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -231,3 +233,61 @@ def test_an_agent_started_by_hand_says_it_needs_the_kernel():
         [sys.executable, "-m", "notebook_accel.nodes.agent"], input=b"", capture_output=True, timeout=120
     )
     assert done.returncode != 0 and b"no bootstrap on stdin" in done.stderr
+
+
+def _read_ready_until(channel: Channel, count: int, timeout: float = 20.0) -> tuple[list[bytes], int]:
+    """Return (the first ``count`` bodies ``read_ready`` gave, how many calls that took), the socket waited on."""
+    got, calls, deadline = [], 0, time.monotonic() + timeout
+    while len(got) < count:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{len(got)} of {count} frames within {timeout} s"
+        if select.select([channel.sock], [], [], left)[0]:
+            bodies, error = channel.read_ready()
+            assert error is None
+            got, calls = got + bodies, calls + 1
+    return got, calls
+
+
+def test_read_ready_hands_over_the_frames_complete_and_keeps_the_rest():
+    secret = new_secret()
+    kernel, agent = _pair(secret, secret)
+    try:
+        for i in range(50):
+            agent.send(("hb", i))
+        got, calls = _read_ready_until(kernel, 50)  # each call reads once: what came, perhaps a frame cut in two
+        assert [pickle.loads(b) for b in got] == [("hb", i) for i in range(50)]
+        assert calls < 10  # the frames that came together are handed over together
+        big = os.urandom(3 << 20)  # far over one read: read into place, across many calls
+        sender = threading.Thread(target=lambda: (agent.send("before"), agent.send(big), agent.send("after")))
+        sender.start()
+        got, _ = _read_ready_until(kernel, 3)
+        sender.join(10)
+        assert [pickle.loads(b) for b in got] == ["before", big, "after"]
+        agent.close()
+        bodies, error = kernel.read_ready()
+        assert bodies == [] and isinstance(error, ChannelError) and "closed" in str(error)
+        assert kernel.closed
+    finally:
+        kernel.close()
+        agent.close()
+
+
+def test_read_ready_returns_the_good_frames_before_a_tampered_one_and_never_unpickles_it(tmp_path):
+    secret = new_secret()
+    kernel, agent = _pair(secret, secret)
+    marker = tmp_path / "unpickled"
+    try:
+        agent.send("first")
+        agent.send("second")
+        agent.sock.sendall(b"".join([len(b"x").to_bytes(4, "big"), b"\0" * 32, b"x"]))  # a wrong signature
+        agent.send(_Touch(str(marker)))  # signed, but after the bad one: never read
+        got, error = [], None
+        while error is None:
+            bodies, error = kernel.read_ready()
+            got += bodies
+        assert [pickle.loads(b) for b in got] == ["first", "second"]
+        assert isinstance(error, ChannelError) and "frame 2 failed its signature check" in str(error)
+        assert kernel.closed and not marker.exists()
+    finally:
+        kernel.close()
+        agent.close()

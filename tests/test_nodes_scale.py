@@ -59,6 +59,10 @@ def test_one_start_message_per_node(monkeypatch):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert sent.count(wire.Start) == NODES
+        # One thread reads every node's channel (a selector), one sends the heartbeats: none per node.
+        names = [t.name for t in threading.enumerate()]
+        assert names.count("notebook_accel-nodes") == 1 and names.count("notebook_accel-heartbeat") == 1
+        assert not [name for name in names if name.startswith("notebook_accel-node-")]
     finally:
         handle.kill()
         handle.wait(60)

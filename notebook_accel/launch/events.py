@@ -49,9 +49,14 @@ class FrameDecoder:
 
     def feed(self, data: bytes) -> list[tuple]:
         """Return every message completed by ``data``; a body that cannot be unpickled raises."""
+        size = FRAME_HEADER.size
+        if not self._buffer and len(data) >= size:  # the common case: ``data`` is exactly one frame
+            (length,) = FRAME_HEADER.unpack_from(data)
+            if len(data) == size + length:
+                with memoryview(data) as view:
+                    return [pickle.loads(view[size:])]
         self._buffer += data
         messages = []
-        size = FRAME_HEADER.size
         while len(self._buffer) >= size:
             (length,) = FRAME_HEADER.unpack_from(self._buffer)
             if len(self._buffer) < size + length:

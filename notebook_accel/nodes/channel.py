@@ -40,6 +40,7 @@ _SEQUENCE = struct.Struct(">Q")
 MAX_FRAME = 1 << 30
 """Largest frame body accepted (1 GiB): a length beyond it is refused before anything is read."""
 _RECV = 1 << 16  # what one read asks for: the frames that came meanwhile, in one system call
+_HEAD = _HEADER.size + _MAC  # what precedes each body
 
 
 class ChannelError(ConnectionError):
@@ -62,7 +63,9 @@ class Channel:
         self.sock = sock
         self._send_key, self._recv_key = send_key, recv_key
         self._send_seq = self._recv_seq = 0
-        self._received = bytearray()  # bytes read past the last frame returned (recv_bytes: one reader)
+        self._received = bytearray()  # bytes read past the last frame returned (one reader at a time)
+        self._large: bytearray | None = None  # a frame over one read, being read into place (read_ready)
+        self._large_have = 0
         self._send_lock = threading.Lock()
         self.closed = False
 
@@ -88,10 +91,9 @@ class Channel:
     def recv_bytes(self) -> bytes:
         """Return the next frame's body once its signature verified (the connection is dropped if not)."""
         try:
-            head = self._take(_HEADER.size + _MAC)
+            head = self._take(_HEAD)
             (length,) = _HEADER.unpack_from(head)
-            if length > MAX_FRAME:
-                raise ChannelError(f"a frame of {length} bytes is over the limit of {MAX_FRAME}")
+            _check_length(length)
             mac, body = head[_HEADER.size :], self._take(length)
         except ChannelError:
             self.close()
@@ -99,6 +101,73 @@ class Channel:
         except OSError as exc:
             self.close()
             raise ChannelError(f"receiving failed: {exc}") from exc
+        return self._verified(mac, body)
+
+    def read_ready(self) -> tuple[list[bytes], ChannelError | None]:
+        """Read once what has come (for a selector's reader: the socket is readable, so this never blocks).
+
+        Return the bodies of the frames it completed, verified, in order, and the error that ended the
+        connection meanwhile (it closed, or a frame failed its check: the channel is closed then, and
+        the frames after the bad one are never unpickled), else None. A frame still on its way stays
+        buffered for the next call; one larger than a read is read straight into place.
+        """
+        bodies: list[bytes] = []
+        try:
+            if self._large is not None or self._missing() > _RECV:
+                self._read_large()
+            else:
+                chunk = self.sock.recv(_RECV)
+                if not chunk:
+                    raise ConnectionClosed(len(self._received), len(self._received) + self._missing())
+                self._received += chunk
+            self._cut_frames(bodies)
+        except ChannelError as exc:
+            self.close()
+            return bodies, exc
+        except OSError as exc:
+            self.close()
+            return bodies, ChannelError(f"receiving failed: {exc}")
+        return bodies, None
+
+    def _missing(self) -> int:
+        """Return how many bytes the frame begun in the buffer still lacks (its header's, when that is short)."""
+        have = len(self._received)
+        if have < _HEAD:
+            return _HEAD - have
+        (length,) = _HEADER.unpack_from(self._received)
+        _check_length(length)
+        return max(0, _HEAD + length - have)
+
+    def _read_large(self) -> None:
+        """Read into the large frame under way (started with what the buffer holds of it)."""
+        if self._large is None:
+            self._large = bytearray(len(self._received) + self._missing())
+            self._large[: len(self._received)] = self._received
+            self._large_have = len(self._received)
+            self._received.clear()
+        with memoryview(self._large) as view:
+            got = self.sock.recv_into(view[self._large_have :])
+        if not got:
+            raise ConnectionClosed(self._large_have, len(self._large))
+        self._large_have += got
+        if self._large_have == len(self._large):  # complete: it goes through the buffer as any frame
+            self._received, self._large = self._large, None
+
+    def _cut_frames(self, bodies: list[bytes]) -> None:
+        """Move every complete frame of the buffer, verified, into ``bodies``."""
+        buffer = self._received
+        while len(buffer) >= _HEAD:
+            (length,) = _HEADER.unpack_from(buffer)
+            _check_length(length)
+            end = _HEAD + length
+            if len(buffer) < end:
+                return
+            mac, body = bytes(buffer[_HEADER.size : _HEAD]), bytes(buffer[_HEAD:end])
+            del buffer[:end]  # O(1) at a bytearray's front
+            bodies.append(self._verified(mac, body))
+
+    def _verified(self, mac: bytes, body: bytes) -> bytes:
+        """Return ``body`` if ``mac`` signs it as the next frame; else close and raise ChannelError."""
         expected = _mac(self._recv_key, _SEQUENCE.pack(self._recv_seq), body)
         if not hmac.compare_digest(mac, expected):
             self.close()
@@ -148,6 +217,11 @@ class Channel:
         except OSError:
             pass
         self.sock.close()
+
+
+def _check_length(length: int) -> None:
+    if length > MAX_FRAME:
+        raise ChannelError(f"a frame of {length} bytes is over the limit of {MAX_FRAME}")
 
 
 def _keys(secret: bytes, nonce_k: bytes, nonce_a: bytes) -> tuple[bytes, bytes]:

@@ -5,10 +5,11 @@ placement engine start ``python -m notebook_accel.nodes.agent`` on every node, w
 its bootstrap (with the launch's secret) on stdin, and waits for every node to connect, prove the
 secret and report its versions. A node that does not join in time, or whose versions differ from
 the kernel's, fails the join with an error naming it (and the engine's own message); whatever was
-started elsewhere is ended first. Afterwards one thread per node reads the agent's messages and
-pushes the ranks' output and exits into the launch's inbox (``WorkerBackend.pushes``: no pipe per
-rank), and a heartbeat thread notices a node gone silent; a lost node fails every rank it ran with
-an error naming it, and the launch stops the others as after any failure.
+started elsewhere is ended first. Afterwards one thread reads every agent's messages
+(``reader.ChannelReader``: one selector, not a thread per node) and pushes the ranks' output and
+exits into the launch's inbox (``WorkerBackend.pushes``: no pipe per rank), and a heartbeat thread
+notices a node gone silent; a lost node fails every rank it ran with an error naming it, and the
+launch stops the others as after any failure.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from . import protocol as wire
 from .channel import Channel, ChannelError, accept_channel, new_secret
 from .placement import Placement
 from .protocol import DEFAULT_HEARTBEAT, LOST_AFTER, local_versions
+from .reader import ChannelReader
 from .relay import StreamRelay
 from .workers import RemoteStacks, RemoteUsage, RemoteWorkerProcess
 
@@ -75,8 +77,6 @@ class _Node:
     procs: dict[int, RemoteWorkerProcess] = field(default_factory=dict)
     last_heard: float = field(default_factory=time.monotonic)
     lost: str | None = None
-    feeding: bool = False
-    """The reader is pushing a rank's output into the inbox (waiting for the handle to take it): not a silent agent."""
 
     def send_quietly(self, message: wire.Message) -> None:
         """Send ``message`` to the agent; a lost node is handled by the reader, not here."""
@@ -108,17 +108,11 @@ class NodeGroup(WorkerBackend):
             node.last_heard = time.monotonic()
         self.figures: dict[int, dict[str, Any]] = {}
         self.relay = StreamRelay(self)
-        self._threads = [
-            threading.Thread(
-                target=self._read, args=(node,), name=f"notebook_accel-node-{node.index}", daemon=True
-            )
-            for node in nodes
-        ]
-        self._threads.append(
-            threading.Thread(target=self._beat, name="notebook_accel-heartbeat", daemon=True)
-        )
-        for thread in self._threads:
-            thread.start()
+        self.feeding = False
+        """The reader pushes a rank's output into the inbox (waiting for the handle to take it): no node is silent."""
+        self.reader = ChannelReader(((node.channel, node) for node in nodes), self._on_frame, self._on_closed)
+        self._beating = threading.Thread(target=self._beat, name="notebook_accel-heartbeat", daemon=True)
+        self._beating.start()
 
     @property
     def gpus(self) -> int:
@@ -256,6 +250,7 @@ class NodeGroup(WorkerBackend):
         for node in self.nodes:
             if node.channel is not None:
                 node.channel.close()
+        self.reader.close()
         self.relay.close()
         # The agents end their ranks and exit by themselves once their channel closed; waiting for that
         # (and stopping an engine that hangs on, e.g. ssh to a node cut off) is not the launch's time.
@@ -272,36 +267,36 @@ class NodeGroup(WorkerBackend):
         reaper = getattr(self, "_reaper", None)
         if reaper is None:
             return False
-        reaper.join(timeout)
-        return not reaper.is_alive()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in (reaper, self.reader.thread, self._beating):
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in (reaper, self.reader.thread, self._beating))
 
     # ----------------------------------------------------------------- threads
 
-    def _read(self, node: _Node) -> None:
-        try:
-            while True:
-                message = wire.receive(node.channel, wire.TO_KERNEL)
-                node.last_heard = time.monotonic()
-                self._dispatch(node, message)
-        except ChannelError as exc:
-            if not self._closing:
-                code = node.popen.poll()
-                ended = f", its agent exited with code {code}" if code is not None else ""
-                self._lose(node, f"the connection to its agent closed ({exc}){ended}")
-        except Exception as exc:
-            logger.exception("node %s: reading its agent failed", node.host)
-            self._lose(node, f"reading its agent failed: {exc!r}")
+    def _on_frame(self, node: _Node, body: bytes) -> None:
+        node.last_heard = time.monotonic()
+        self._dispatch(node, wire.decode(body, wire.TO_KERNEL))
+
+    def _on_closed(self, node: _Node, error: Exception) -> None:
+        if not isinstance(error, ChannelError):
+            logger.error("node %s: reading its agent failed", node.host, exc_info=error)
+            self._lose(node, f"reading its agent failed: {error!r}")
+        elif not self._closing:
+            code = node.popen.poll()
+            ended = f", its agent exited with code {code}" if code is not None else ""
+            self._lose(node, f"the connection to its agent closed ({error}){ended}")
 
     def _dispatch(self, node: _Node, message: wire.Message) -> None:
         if isinstance(message, wire.Output):
-            node.feeding = True
+            self.feeding = True
             try:
                 for chunk in message.chunks:
                     proc = node.procs.get(chunk.wid)
                     if proc is not None:
                         proc.feed(chunk.stream, chunk.data)
             finally:
-                node.feeding = False
+                self.feeding = False
         elif isinstance(message, (wire.Eof, wire.Exited)):
             proc = node.procs.get(message.wid)
             if proc is not None and isinstance(message, wire.Eof):
@@ -338,7 +333,7 @@ class NodeGroup(WorkerBackend):
                     continue
                 if beat:
                     node.send_quietly(wire.Heartbeat())
-                if node.feeding:  # its messages wait for us, not the other way round
+                if self.feeding:  # the nodes' messages wait for the reader, not the other way round
                     node.last_heard = now
                 if now - node.last_heard > LOST_AFTER * period:
                     self._lose(node, f"no heartbeat from its agent for {now - node.last_heard:.1f} s")
