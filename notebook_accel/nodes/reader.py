@@ -1,8 +1,8 @@
-"""``ChannelReader``: one thread reads every node's channel, however many nodes a launch has.
+"""``ChannelReader``: one thread reads the channels of several nodes (``NodeGroup`` gives it up to 16).
 
 A thread per node would wake, take the interpreter and hand it back once per message of its node:
 at 128 nodes an interactive command's 128 replies meant 128 thread switches in the kernel, and
-the idle heartbeats as many wakes again. Here one selector waits on every channel; a wake reads
+the idle heartbeats as many wakes again. Here one selector waits on many channels; a wake reads
 what each ready channel has (``Channel.read_ready``: often several frames in one system call) and
 hands each verified frame to ``on_frame`` in the order it came, per channel. A channel that ends
 (closed, or a frame failing its check) is dropped from the selector and reported once to
@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .channel import Channel, ChannelError
+from .channel import Channel
 
 __all__ = ["ChannelReader"]
 

@@ -5,8 +5,8 @@ placement engine start ``python -m notebook_accel.nodes.agent`` on every node, w
 its bootstrap (with the launch's secret) on stdin, and waits for every node to connect, prove the
 secret and report its versions. A node that does not join in time, or whose versions differ from
 the kernel's, fails the join with an error naming it (and the engine's own message); whatever was
-started elsewhere is ended first. Afterwards one thread reads every agent's messages
-(``reader.ChannelReader``: one selector, not a thread per node) and pushes the ranks' output and
+started elsewhere is ended first. Afterwards a few threads (``reader.ChannelReader``: a selector
+each, for up to 16 nodes) read the agents' messages and push the ranks' output and
 exits into the launch's inbox (``WorkerBackend.pushes``: no pipe per rank), and a heartbeat thread
 notices a node gone silent; a lost node fails every rank it ran with an error naming it, and the
 launch stops the others as after any failure.
@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 _START_SECONDS = 60.0  # how long starting one rank may take on its node (spawn + its pipes)
 _STACKS_SECONDS = 3.0
+# Nodes per reader thread: one for all gets too small a share of the GIL in an output burst (issue 33 notes).
+_NODES_PER_READER = 16
 
 
 class NodeJoinError(RuntimeError):
@@ -108,9 +110,13 @@ class NodeGroup(WorkerBackend):
             node.last_heard = time.monotonic()
         self.figures: dict[int, dict[str, Any]] = {}
         self.relay = StreamRelay(self)
-        self.feeding = False
-        """The reader pushes a rank's output into the inbox (waiting for the handle to take it): no node is silent."""
-        self.reader = ChannelReader(((node.channel, node) for node in nodes), self._on_frame, self._on_closed)
+        self.feeding: set[int] = set()
+        """Readers pushing a rank's output into the inbox (waiting for the handle to take it): no node is silent."""
+        groups = [nodes[i : i + _NODES_PER_READER] for i in range(0, len(nodes), _NODES_PER_READER)]
+        self.readers = [
+            ChannelReader([(n.channel, n) for n in group], self._on_frame, self._on_closed, f"notebook_accel-nodes-{i}")
+            for i, group in enumerate(groups)
+        ]
         self._beating = threading.Thread(target=self._beat, name="notebook_accel-heartbeat", daemon=True)
         self._beating.start()
 
@@ -250,7 +256,8 @@ class NodeGroup(WorkerBackend):
         for node in self.nodes:
             if node.channel is not None:
                 node.channel.close()
-        self.reader.close()
+        for reader in self.readers:
+            reader.close()
         self.relay.close()
         # The agents end their ranks and exit by themselves once their channel closed; waiting for that
         # (and stopping an engine that hangs on, e.g. ssh to a node cut off) is not the launch's time.
@@ -268,9 +275,10 @@ class NodeGroup(WorkerBackend):
         if reaper is None:
             return False
         deadline = None if timeout is None else time.monotonic() + timeout
-        for thread in (reaper, self.reader.thread, self._beating):
+        threads = [reaper, self._beating, *(reader.thread for reader in self.readers)]
+        for thread in threads:
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in (reaper, self.reader.thread, self._beating))
+        return not any(t.is_alive() for t in threads)
 
     # ----------------------------------------------------------------- threads
 
@@ -289,14 +297,15 @@ class NodeGroup(WorkerBackend):
 
     def _dispatch(self, node: _Node, message: wire.Message) -> None:
         if isinstance(message, wire.Output):
-            self.feeding = True
+            me = threading.get_ident()
+            self.feeding.add(me)
             try:
                 for chunk in message.chunks:
                     proc = node.procs.get(chunk.wid)
                     if proc is not None:
                         proc.feed(chunk.stream, chunk.data)
             finally:
-                self.feeding = False
+                self.feeding.discard(me)
         elif isinstance(message, (wire.Eof, wire.Exited)):
             proc = node.procs.get(message.wid)
             if proc is not None and isinstance(message, wire.Eof):
