@@ -29,6 +29,9 @@ def _venv_env(venv: Path) -> dict[str, str]:
     # local disk here); mybinder.org itself uses the CPU wheel index named in postBuild.
     env["NOTEBOOK_ACCEL_TORCH_INDEX"] = ""
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    # No byte-compiling of the thousands of modules torch and transformers bring (Python compiles what the
+    # quickstart imports as it imports it): a minute or more of this test's CPU on a 2-core machine.
+    env["PIP_COMPILE"] = "0"
     return env
 
 
