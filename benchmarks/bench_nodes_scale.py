@@ -18,8 +18,9 @@ would run against 128 real nodes:
   come per remote rank (``fds_per_rank``; the goal is none: the remote ranks push into one inbox per
   launch, ``launch/inbox.py``, so what is left is about one channel socket per node, 128 / 1,024);
 - lines: every rank writes ``--rate`` lines/s (100) for ``--seconds``; ``lines_ok``: all arrived, in order
-  per rank; ``lines_cpu_pct``: the kernel's CPU meanwhile; ``lines_late_s``: how long after the last line
-  was written the last one reached the handle;
+  per rank; ``lines_cpu_pct``: the kernel's CPU meanwhile; ``lines_late_s``: how long after ``--seconds``
+  past the start the last line reached the handle (the simulated ranks count their lines from their
+  agent's join, so most are due at once when the ranks start: a burst the kernel drains);
 - interactive: ``start_ranks(8, nodes=...)``; ``empty_command_ms``: ``ranks.execute("pass")`` across every
   rank, median of ``--commands`` (goal < 50 ms; ipyparallel reports 311 ms for an empty apply on 100
   engines), wall time, the simulated agents' work on this machine's cores included;
