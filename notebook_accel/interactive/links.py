@@ -7,7 +7,7 @@ the stream runs is the transport's business, declared once here:
   waited on with one ``poll`` object (registered once, not per wait).
 - ``RelayedLinks``: ranks on other nodes connect to their agent's Unix socket, and the agent relays
   every stream over its one authenticated channel (``nodes/relay.py``). Nothing per rank in the
-  kernel: the nodes' reader thread queues what arrived (one message per node and round), and a
+  kernel: a reader thread of the nodes queues what arrived (one message per node and round), and a
   command to many ranks leaves as one message per node, which the agent copies to each stream.
 
 A connection is named by a key (a socket, or ``(node index, stream id)``) until its rank says
@@ -131,7 +131,7 @@ class RelayedLinks(RankLinks, StreamEnds):
         self.token = relay.open(self)
         """The relay's token: ranks started afterwards connect to its socket on their node."""
 
-    # ------------------------------------------------------------ StreamEnds: the nodes' reader thread
+    # ------------------------------------------------------------ StreamEnds: the nodes' reader threads
 
     def opened(self, node: int, stream_id: int) -> bool:
         """Take a new stream (until the group formed)."""

@@ -9,7 +9,7 @@ made there becomes a stream: the agent announces it (``OpenStream``), relays wha
 sends (``ToStreams``: the same bytes to several streams, in one message) until either side closes
 (``CloseStream``). On the kernel's side nothing is kept per stream but its number: the bytes go to
 ``ends`` (a ``StreamEnds``, the interactive group's ``RelayedLinks``), called on the nodes' reader
-thread (``reader.ChannelReader``).
+threads (``reader.ChannelReader``, one per 16 nodes).
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ _LISTEN_SECONDS = 10.0
 
 
 class StreamEnds(ABC):
-    """The kernel's end of one relay's streams; called on the nodes' reader thread (return quickly)."""
+    """The kernel's end of one relay's streams.
+
+    Called on the nodes' reader threads, a node's streams always on the same one (return quickly).
+    """
 
     @abstractmethod
     def opened(self, node: int, stream_id: int) -> bool:
@@ -101,7 +104,7 @@ class StreamRelay:
             self._group.nodes[node_index].send_quietly(wire.CloseStream(stream_id))
 
     def on_message(self, node: Any, message: wire.Message) -> None:
-        """Handle one relay message of ``node``'s agent (called on the nodes' reader thread)."""
+        """Handle one relay message of ``node``'s agent (called on a reader thread of the nodes)."""
         if isinstance(message, wire.Listening):
             with self._ready:
                 self._listening.setdefault(message.token, {})[node.index] = message.path
