@@ -37,6 +37,7 @@ def test_one_thread_reads_every_channel_in_order_and_reports_each_end_once(pairs
         [(kernel, key) for key, (kernel, _) in enumerate(pairs)],
         on_frame=lambda key, body: frames.setdefault(key, []).append(pickle.loads(body)),
         on_closed=lambda key, error: ends.append((key, error)),
+        name="notebook_accel-nodes-test",
     )
     try:
         assert threading.active_count() == threads + 1  # one thread, whatever the number of channels
@@ -72,7 +73,8 @@ def test_a_channel_whose_handler_raises_is_dropped_and_the_others_go_on(pairs):
         seen.append((key, pickle.loads(body)))
 
     reader = ChannelReader(
-        [(kernel, key) for key, (kernel, _) in enumerate(pairs[:2])], on_frame, lambda k, e: ends.append((k, e))
+        [(kernel, key) for key, (kernel, _) in enumerate(pairs[:2])], on_frame, lambda k, e: ends.append((k, e)),
+        "notebook_accel-nodes-test",
     )
     try:
         pairs[0][1].send("poison")

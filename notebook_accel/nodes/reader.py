@@ -40,7 +40,7 @@ class ChannelReader:
         channels: Iterable[tuple[Channel, Any]],
         on_frame: Callable[[Any, bytes], None],
         on_closed: Callable[[Any, Exception], None],
-        name: str = "notebook_accel-nodes",
+        name: str,
     ) -> None:
         self._on_frame, self._on_closed = on_frame, on_closed
         self._selector = selectors.DefaultSelector()
