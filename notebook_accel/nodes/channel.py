@@ -25,6 +25,7 @@ import secrets
 import socket
 import struct
 import threading
+from collections import deque
 from typing import Any
 
 from ..utils._wire import ConnectionClosed, read_exactly
@@ -66,6 +67,8 @@ class Channel:
         self._received = bytearray()  # bytes read past the last frame returned (one reader at a time)
         self._large: bytearray | None = None  # a frame over one read, being read into place (read_ready)
         self._large_have = 0
+        self._ready: deque[bytes] = deque()  # frames recv_bytes read past the one it returned
+        self._failure: ChannelError | None = None  # what ended the connection, once recv_bytes met it
         self._send_lock = threading.Lock()
         self.closed = False
 
@@ -89,19 +92,17 @@ class Channel:
         return pickle.loads(self.recv_bytes())
 
     def recv_bytes(self) -> bytes:
-        """Return the next frame's body once its signature verified (the connection is dropped if not)."""
-        try:
-            head = self._take(_HEAD)
-            (length,) = _HEADER.unpack_from(head)
-            _check_length(length)
-            mac, body = head[_HEADER.size :], self._take(length)
-        except ChannelError:
-            self.close()
-            raise
-        except OSError as exc:
-            self.close()
-            raise ChannelError(f"receiving failed: {exc}") from exc
-        return self._verified(mac, body)
+        """Return the next frame's body once its signature verified (the connection is dropped if not).
+
+        Blocks until a frame is complete: the same reads as ``read_ready``, repeated, so one read often
+        brings several frames, kept here in order for the next calls.
+        """
+        while not self._ready:
+            if self._failure is not None:
+                raise self._failure
+            bodies, self._failure = self.read_ready()
+            self._ready.extend(bodies)
+        return self._ready.popleft()
 
     def read_ready(self) -> tuple[list[bytes], ChannelError | None]:
         """Read once what has come (for a selector's reader: the socket is readable, so this never blocks).
@@ -162,7 +163,8 @@ class Channel:
             end = _HEAD + length
             if len(buffer) < end:
                 return
-            mac, body = bytes(buffer[_HEADER.size : _HEAD]), bytes(buffer[_HEAD:end])
+            with memoryview(buffer) as view:  # one copy of the body, not two
+                mac, body = bytes(view[_HEADER.size : _HEAD]), bytes(view[_HEAD:end])
             del buffer[:end]  # O(1) at a bytearray's front
             bodies.append(self._verified(mac, body))
 
@@ -177,35 +179,6 @@ class Channel:
             )
         self._recv_seq += 1
         return body
-
-    def _take(self, size: int) -> bytes:
-        """Return the next ``size`` bytes received, reading as much as has come (one call often brings several frames)."""
-        buffer = self._received
-        if size - len(buffer) > _RECV:
-            return self._take_large(size)
-        while len(buffer) < size:
-            chunk = self.sock.recv(_RECV)
-            if not chunk:
-                raise ConnectionClosed(len(buffer), size)
-            buffer += chunk
-        with memoryview(buffer) as view:
-            taken = bytes(view[:size])
-        del buffer[:size]
-        return taken
-
-    def _take_large(self, size: int) -> bytes:
-        """Return the next ``size`` bytes, the many still to come read straight into place."""
-        out = bytearray(size)
-        have = len(self._received)
-        out[:have] = self._received
-        self._received.clear()
-        with memoryview(out) as view:
-            while have < size:
-                got = self.sock.recv_into(view[have:])
-                if not got:
-                    raise ConnectionClosed(have, size)
-                have += got
-        return bytes(out)
 
     def close(self) -> None:
         """Close the connection (idempotent); a reader blocked in ``recv`` gets ChannelError."""
