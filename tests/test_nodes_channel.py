@@ -291,3 +291,16 @@ def test_read_ready_returns_the_good_frames_before_a_tampered_one_and_never_unpi
     finally:
         kernel.close()
         agent.close()
+
+
+@pytest.mark.parametrize("key_length", [0, 1, 32, 64, 65, 200])
+def test_a_frame_is_signed_with_hmac_sha256_of_its_sequence_and_body(key_length):
+    import hashlib
+    import hmac
+
+    key = os.urandom(key_length)
+    signer = channel_mod._FrameSigner(key)
+    for body in (b"", b"x", os.urandom(100), os.urandom(70_000)):
+        sequence = os.urandom(8)
+        assert signer.sign(sequence, body) == hmac.new(key, sequence + body, hashlib.sha256).digest()
+    assert signer.sign(b"\0" * 8, b"a") == signer.sign(b"\0" * 8, b"a")  # the key's states are not used up

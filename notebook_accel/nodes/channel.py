@@ -57,12 +57,40 @@ def _mac(key: bytes, *parts: bytes) -> bytes:
     return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
 
 
+class _FrameSigner:
+    """HMAC-SHA256 under one key (RFC 2104), with the key's two padded blocks hashed once, not per frame.
+
+    ``sign(sequence, body)`` equals ``hmac.new(key, sequence + body, sha256).digest()`` and costs two
+    copies of a hash state: a third of ``hmac.new``'s time for a small frame (heartbeats, replies).
+    """
+
+    __slots__ = ("_inner", "_outer")
+    _BLOCK = hashlib.sha256().block_size
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) > self._BLOCK:
+            key = hashlib.sha256(key).digest()
+        block = key.ljust(self._BLOCK, b"\0")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
+
+    def sign(self, sequence: bytes, body: bytes) -> bytes:
+        """Return the MAC of ``sequence | body``."""
+        inner = self._inner.copy()
+        inner.update(sequence)
+        inner.update(body)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
+
+
 class Channel:
     """One authenticated connection: ``send(obj)`` signs and writes a pickle; ``recv()`` verifies, then unpickles."""
 
     def __init__(self, sock: socket.socket, send_key: bytes, recv_key: bytes) -> None:
         self.sock = sock
         self._send_key, self._recv_key = send_key, recv_key
+        self._signer, self._checker = _FrameSigner(send_key), _FrameSigner(recv_key)
         self._send_seq = self._recv_seq = 0
         self._received = bytearray()  # bytes read past the last frame returned (one reader at a time)
         self._large: bytearray | None = None  # a frame over one read, being read into place (read_ready)
@@ -79,7 +107,7 @@ class Channel:
     def send_bytes(self, body: bytes) -> None:
         """Sign and send one frame holding ``body``."""
         with self._send_lock:
-            mac = _mac(self._send_key, _SEQUENCE.pack(self._send_seq), body)
+            mac = self._signer.sign(_SEQUENCE.pack(self._send_seq), body)
             self._send_seq += 1
             try:
                 self.sock.sendall(_HEADER.pack(len(body)) + mac + body)
@@ -170,7 +198,7 @@ class Channel:
 
     def _verified(self, mac: bytes, body: bytes) -> bytes:
         """Return ``body`` if ``mac`` signs it as the next frame; else close and raise ChannelError."""
-        expected = _mac(self._recv_key, _SEQUENCE.pack(self._recv_seq), body)
+        expected = self._checker.sign(_SEQUENCE.pack(self._recv_seq), body)
         if not hmac.compare_digest(mac, expected):
             self.close()
             raise ChannelError(
