@@ -206,3 +206,11 @@ def test_the_agent_supervises_its_ranks_with_the_kernels_rank_supervisor():
         assert agent.pipes.ranks == [] and local.exited  # forgotten once drained: close() leaves it alone
     finally:
         agent._shutdown()
+
+
+def test_the_agent_starts_without_importing_torch():
+    """A node's agent only starts and relays ranks: importing torch would cost each node seconds at every launch."""
+    code = "import sys, notebook_accel.nodes.agent; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

@@ -4,12 +4,24 @@ The public entry points are ``notebook_accel.launchers.notebook_launcher`` and `
 this package holds what they are made of, so that tests and panels can use the pieces directly.
 """
 
-from .errors import LaunchError, RankFailure
-from .handle import LaunchHandle, RankStatus
-from .output import LogDirSink, OutputLine, PrintSink
-from .plan import LaunchPlan, resolve_plan
-from .restarts import Attempt, RestartingHandle
-from .states import State
+from .._lazy import attach
+
+# Served lazily: a process that needs only some of the machinery (a node's agent reads ``doctor``,
+# ``procs``, ``supervisor``) does not import torch through ``errors`` (``tests/test_nodes_agent.py``).
+_TABLE = {
+    "Attempt": ".restarts",
+    "LaunchError": ".errors",
+    "LaunchHandle": ".handle",
+    "LaunchPlan": ".plan",
+    "LogDirSink": ".output",
+    "OutputLine": ".output",
+    "PrintSink": ".output",
+    "RankFailure": ".errors",
+    "RankStatus": ".handle",
+    "RestartingHandle": ".restarts",
+    "State": ".states",
+    "resolve_plan": ".plan",
+}
 
 __all__ = [
     "Attempt",
@@ -25,3 +37,4 @@ __all__ = [
     "State",
     "resolve_plan",
 ]
+__getattr__, __dir__ = attach(__name__, _TABLE)

@@ -28,8 +28,8 @@ import tempfile
 from typing import Any
 
 from .errors import LaunchError, RankFailure, death_notes, order_failures, signal_name
-from .plan import LaunchPlan, threads_per_worker
-from .worker import _reset_state, to_cpu
+from .plan import LaunchPlan
+from .worker import _reset_state, threads_per_worker, to_cpu
 
 __all__ = ["launch_elastic"]
 

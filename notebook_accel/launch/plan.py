@@ -7,7 +7,6 @@ a frozen object; nothing below re-reads ``os.environ`` or re-probes the machine.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Callable
@@ -20,12 +19,11 @@ from ..utils.environment import detect_platform, parse_flag_from_env
 from ..utils.imports import cuda_device_count
 from .interfaces import WorkerStart
 from .request import START_METHODS
-from .worker import WorkerSpec
+from .worker import WorkerSpec, threads_per_worker
 
 if TYPE_CHECKING:
     from .request import LaunchRequest
 
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "CUDA_INITIALISING_MODULES",
@@ -35,7 +33,6 @@ __all__ = [
     "check_cuda_not_initialised",
     "detect_platform",
     "resolve_plan",
-    "threads_per_worker",
 ]
 
 # Modules whose import (or first use) is known to initialise CUDA in the importing process, which
@@ -58,27 +55,6 @@ CUDA_INITIALISING_MODULES = (
     "pycuda.autoinit",
     "torch_tensorrt",
 )
-
-
-def threads_per_worker(num_processes: int, omp_num_threads: str | None = None) -> int:
-    """Return the torch threads each of ``num_processes`` workers gets.
-
-    ``OMP_NUM_THREADS`` wins when set; it may be a list of nesting levels (``"4,2"``, valid OpenMP),
-    of which the outer level counts. A value that is not a positive integer (list) is ignored with a
-    warning, and the cores are shared out as when it is unset.
-    """
-    if omp_num_threads is None:
-        omp_num_threads = os.environ.get("OMP_NUM_THREADS")
-    if omp_num_threads:
-        outer = omp_num_threads.split(",")[0].strip()
-        if outer.isdigit() and int(outer) > 0:
-            return int(outer)
-        logger.warning(
-            "OMP_NUM_THREADS=%r is not a positive integer (or list of them, e.g. '4,2'); ignored, each worker "
-            "gets its share of the CPU cores",
-            omp_num_threads,
-        )
-    return max(1, (os.cpu_count() or 1) // num_processes)
 
 
 def _tpu_present() -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import faulthandler
 import io
+import logging
 import os
 import pickle
 import select
@@ -31,10 +32,33 @@ from ..utils._worker_channel import close_channel, open_channel, send_event
 from .progress import install_bar_events
 from .usage import final_usage, start_device_reporter
 
-__all__ = ["STACKS_SIGNAL", "WorkerSpec", "to_cpu", "worker_main"]
+__all__ = ["STACKS_SIGNAL", "WorkerSpec", "threads_per_worker", "to_cpu", "worker_main"]
+
+logger = logging.getLogger(__name__)
 
 STACKS_SIGNAL = signal.SIGUSR1
 """Sent by the launcher to one worker: faulthandler writes every thread's stack to its stacks file."""
+
+
+def threads_per_worker(num_processes: int, omp_num_threads: str | None = None) -> int:
+    """Return the torch threads each of ``num_processes`` workers gets.
+
+    ``OMP_NUM_THREADS`` wins when set; it may be a list of nesting levels (``"4,2"``, valid OpenMP),
+    of which the outer level counts. A value that is not a positive integer (list) is ignored with a
+    warning, and the cores are shared out as when it is unset.
+    """
+    if omp_num_threads is None:
+        omp_num_threads = os.environ.get("OMP_NUM_THREADS")
+    if omp_num_threads:
+        outer = omp_num_threads.split(",")[0].strip()
+        if outer.isdigit() and int(outer) > 0:
+            return int(outer)
+        logger.warning(
+            "OMP_NUM_THREADS=%r is not a positive integer (or list of them, e.g. '4,2'); ignored, each worker "
+            "gets its share of the CPU cores",
+            omp_num_threads,
+        )
+    return max(1, (os.cpu_count() or 1) // num_processes)
 
 
 @dataclass

@@ -41,11 +41,10 @@ from typing import Any
 import psutil
 
 from ..launch.doctor import StackCollector
-from ..launch.plan import threads_per_worker
 from ..launch.procs import WorkerProcess, start_worker
 from ..launch.supervisor import RankSupervisor
 from ..launch.usage import UsageSampler
-from ..launch.worker import WorkerSpec
+from ..launch.worker import WorkerSpec, threads_per_worker
 from ..utils._wire import unix_socket_path
 from . import protocol as wire
 from .channel import Channel, ChannelError, connect_channel
