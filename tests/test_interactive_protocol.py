@@ -348,3 +348,21 @@ def test_the_kernel_side_and_the_rank_side_share_only_the_protocol_and_common_mo
     for module in RANK_SIDE:
         assert not _imports(module) & KERNEL_SIDE, f"{module} imports the kernel side"
         assert "protocol" in _imports(module) or module == "rank_entry"
+
+
+def test_frames_that_ranks_sent_alike_are_decoded_once_per_exchange():
+    from notebook_accel.interactive.group import Group, _Wait
+
+    wait = _Wait(3, [0, 1, 2, 3])
+    empty = {"text": None, "html": None, "value": None, "digest": None}
+    same = protocol.encode(protocol.Ok(seq=3, payload=empty))
+    other = protocol.encode(protocol.Ok(seq=3, payload={**empty, "text": "1"}))
+    readers = [protocol.MessageReader() for _ in range(4)]
+    first = Group._read(wait, readers[0], same)
+    assert Group._read(wait, readers[1], bytes(same)) is first  # equal bytes, another object: decoded once
+    assert Group._read(wait, readers[2], other)[0].payload["text"] == "1"
+    # A frame cut in two is read by its own rank's reader, never served from what another rank sent.
+    assert Group._read(wait, readers[3], same[:5]) == []
+    assert Group._read(wait, readers[3], same[5:])[0] == first[0]
+    assert same[:5] not in wait.decoded and readers[3].pending == 0
+    assert Group._read(_Wait(4, [0]), protocol.MessageReader(), same) is not first  # one exchange's frames only

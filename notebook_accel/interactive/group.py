@@ -49,6 +49,7 @@ _INTERRUPT_SECONDS = 3.0  # after SIGINT, how long busy ranks get to stop before
 _DRAIN_SECONDS = 1.0
 _DEATH_SECONDS = 5.0
 _LAST_LINES = 15
+_SHARED_FRAME = 1 << 16  # a frame up to this size is decoded once for every rank that sent the same bytes
 _HONEST_WORK = (
     "a busy rank is not a hang, so the command goes on (Stop ends it). It is given up only when no rank has "
     "made progress for hang_timeout={timeout:g} s"
@@ -123,6 +124,8 @@ class _Wait:
         self.watch: SampledWatch | None = None
         self.bars: CommandBars | None = None
         self.printer: PrintSink | None = None
+        self.decoded: dict[bytes, list] = {}
+        """Frames read during this exchange (small, whole ones) and their messages (``Group._read``)."""
 
 
 class Group:
@@ -209,7 +212,7 @@ class Group:
                 self._closed.add(rank)
                 continue
             try:
-                messages = conn.reader.feed(data)
+                messages = self._read(wait, conn.reader, data)
             except ProtocolError as exc:
                 raise self._refused(rank, exc) from exc
             for message in messages:
@@ -221,6 +224,23 @@ class Group:
                     show_rank_display(rank, message.data, message.metadata, self.sink.printing)
                 elif rank in wait.pending:
                     self._replied(wait, rank, message, on_reply)
+
+    @staticmethod
+    def _read(wait: _Wait, reader: MessageReader, data: bytes) -> list:
+        """Return the messages ``data`` completes: frames that other ranks sent alike are decoded once.
+
+        A thousand ranks' replies to one command are mostly the same bytes (``Ok`` of an empty value);
+        the messages are frozen, and nothing of the kernel changes a message's payload, so ranks whose
+        bytes are equal share the decoded messages.
+        """
+        if reader.pending or len(data) > _SHARED_FRAME:
+            return reader.feed(data)
+        messages = wait.decoded.get(data)
+        if messages is None:
+            messages = reader.feed(data)
+            if not reader.pending:  # whole frames only: the same bytes read the same by any rank's reader
+                wait.decoded[data] = messages
+        return messages
 
     @staticmethod
     def _replied(wait: _Wait, rank: int, reply: Reply, on_reply: Callable | None) -> None:
