@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import threading
 import time
@@ -32,7 +33,7 @@ def pairs():
 def test_one_thread_reads_every_channel_in_order_and_reports_each_end_once(pairs):
     frames: dict[int, list] = {}
     ends: list[tuple[int, Exception]] = []
-    threads = threading.active_count()
+    threads, fds = threading.active_count(), len(os.listdir("/proc/self/fd"))
     reader = ChannelReader(
         [(kernel, key) for key, (kernel, _) in enumerate(pairs)],
         on_frame=lambda key, body: frames.setdefault(key, []).append(pickle.loads(body)),
@@ -41,6 +42,7 @@ def test_one_thread_reads_every_channel_in_order_and_reports_each_end_once(pairs
     )
     try:
         assert threading.active_count() == threads + 1  # one thread, whatever the number of channels
+        assert len(os.listdir("/proc/self/fd")) == fds + 2  # its selector and its wake (an eventfd)
         senders = [
             threading.Thread(target=lambda a=agent, k=key: [a.send((k, i)) for i in range(300)])
             for key, (_, agent) in enumerate(pairs)
@@ -61,6 +63,8 @@ def test_one_thread_reads_every_channel_in_order_and_reports_each_end_once(pairs
         reader.close()
     reader.thread.join(10)
     assert not reader.thread.is_alive()
+    # Both closed; so are both ends of channel 2 (the agent closed it above, the reader closed its own end).
+    assert len(os.listdir("/proc/self/fd")) == fds - 2
 
 
 def test_a_channel_whose_handler_raises_is_dropped_and_the_others_go_on(pairs):

@@ -24,7 +24,7 @@ from typing import Any
 
 from .interfaces import RankEvents, WorkerProcess
 
-__all__ = ["QUEUED_BYTES", "RankInbox"]
+__all__ = ["QUEUED_BYTES", "RankInbox", "Wake"]
 
 QUEUED_BYTES = 1 << 18
 """How many bytes of one rank's output wait in an inbox at most before its pusher waits (one chunk may pass it)."""
@@ -60,7 +60,7 @@ class RankInbox(RankEvents):
         self._waiting = 0  # pushers waiting for room
         self._reading = False  # a reader takes the events (``attach``): only then is waiting for room of use
         self._closed = False
-        self._read_fd, self._write_fd = _wake_descriptors()
+        self._wake_fd = Wake()
 
     # ------------------------------------------------------------------ the pushers' side
 
@@ -107,7 +107,7 @@ class RankInbox(RankEvents):
     def _wake(self) -> None:
         with self._lock:  # never a write into a descriptor closed (and its number reused) meanwhile
             if not self._closed:
-                os.write(self._write_fd, _ONE)
+                self._wake_fd.set()
 
     # ------------------------------------------------------------------ the supervisor's side
 
@@ -121,7 +121,7 @@ class RankInbox(RankEvents):
 
     def fileno(self) -> int:
         """Return the descriptor that is readable while events wait."""
-        return self._read_fd
+        return self._wake_fd.fileno()
 
     def take(self) -> list[tuple[str, Any, str | None, bytes | None]]:
         """Return the oldest events waiting (``_TAKE_BYTES`` of data at most; the wake stays set while more wait)."""
@@ -136,7 +136,7 @@ class RankInbox(RankEvents):
                 self._bytes_out[source] = self._bytes_out.get(source, 0) + len(data)
         if not events:
             self._armed = True  # first: a push from now on writes the wake
-            _clear(self._read_fd)
+            self._wake_fd.clear()
             if events:  # pushed before it saw the flag: its wake may have been cleared
                 self._wake()
         if self._waiting:
@@ -162,25 +162,41 @@ class RankInbox(RankEvents):
             self._events.clear()
             self._taken.update(self._pushed)
             self._room.notify_all()
-            for fd in {self._read_fd, self._write_fd}:
-                os.close(fd)
+            self._wake_fd.close()
 
 
-def _wake_descriptors() -> tuple[int, int]:
-    """Return (read end, write end) of the wake: one eventfd where the platform has it, else a pipe."""
-    eventfd = getattr(os, "eventfd", None)  # Linux, Python 3.10+
-    if eventfd is not None:
-        fd = eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        return fd, fd
-    read_end, write_end = os.pipe()
-    os.set_blocking(read_end, False)
-    os.set_blocking(write_end, False)
-    return read_end, write_end
+class Wake:
+    """A descriptor a selector waits on, made readable from any thread: one eventfd where the platform has it, else a pipe.
 
+    The caller makes sure ``set`` never runs after ``close`` (the number could belong to another file by then).
+    """
 
-def _clear(fd: int) -> None:
-    try:
-        while os.read(fd, 1 << 12):
+    def __init__(self) -> None:
+        eventfd = getattr(os, "eventfd", None)  # Linux, Python 3.10+
+        if eventfd is not None:
+            self._read_fd = self._write_fd = eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        else:
+            self._read_fd, self._write_fd = os.pipe()
+            os.set_blocking(self._read_fd, False)
+            os.set_blocking(self._write_fd, False)
+
+    def fileno(self) -> int:
+        """Return the descriptor to wait on (readable once ``set``)."""
+        return self._read_fd
+
+    def set(self) -> None:
+        """Make the descriptor readable (until ``clear``)."""
+        os.write(self._write_fd, _ONE)
+
+    def clear(self) -> None:
+        """Read what ``set`` wrote: the descriptor is not readable any more."""
+        try:
+            while os.read(self._read_fd, 1 << 12):
+                pass
+        except BlockingIOError:
             pass
-    except BlockingIOError:
-        pass
+
+    def close(self) -> None:
+        """Close the descriptor(s)."""
+        for fd in {self._read_fd, self._write_fd}:
+            os.close(fd)

@@ -15,12 +15,12 @@ only where the launch's own reader is behind (the inbox's room), as a pipe would
 from __future__ import annotations
 
 import logging
-import os
 import selectors
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..launch.inbox import Wake
 from .channel import Channel
 
 __all__ = ["ChannelReader"]
@@ -44,11 +44,12 @@ class ChannelReader:
     ) -> None:
         self._on_frame, self._on_closed = on_frame, on_closed
         self._selector = selectors.DefaultSelector()
-        self._wake_read, self._wake_write = os.pipe()
-        self._selector.register(self._wake_read, selectors.EVENT_READ, None)
+        self._wake = Wake()
+        self._selector.register(self._wake.fileno(), selectors.EVENT_READ, None)
         for channel, key in channels:
             self._selector.register(channel.sock.fileno(), selectors.EVENT_READ, (channel, key))
         self._closed = False
+        self._lock = threading.Lock()  # close() sets the wake before the thread closes it, never after
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
@@ -58,9 +59,10 @@ class ChannelReader:
 
     def close(self) -> None:
         """Stop reading (the channels stay as they are): the thread ends once ``on_frame`` returns; idempotent."""
-        if not self._closed:
-            self._closed = True
-            os.write(self._wake_write, b"x")
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._wake.set()
 
     def _run(self) -> None:
         try:
@@ -69,9 +71,10 @@ class ChannelReader:
                     if selected.data is not None and not self._closed:
                         self._read(selected.fd, *selected.data)
         finally:
-            self._selector.close()
-            for fd in (self._wake_read, self._wake_write):
-                os.close(fd)
+            with self._lock:  # close() after this sets nothing (the descriptor's number may be reused)
+                self._closed = True
+                self._selector.close()
+                self._wake.close()
 
     def _read(self, fd: int, channel: Channel, key: Any) -> None:
         bodies, error = channel.read_ready()
