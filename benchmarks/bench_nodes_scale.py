@@ -21,7 +21,10 @@ would run against 128 real nodes:
   per rank; ``lines_cpu_pct``: the kernel's CPU meanwhile; ``lines_late_s``: how long after ``--seconds``
   past the start the last line reached the handle (the simulated ranks count their lines from their
   agent's join, so most are due at once when the ranks start: a burst the kernel drains);
-- interactive: ``start_ranks(8, nodes=...)``; ``empty_command_ms``: ``ranks.execute("pass")`` across every
+- interactive: ``start_ranks(8, nodes=...)``; ``idle_between_cells_cpu_pct``: the kernel's CPU over ``--idle``
+  seconds while the 1,024 ranks wait for a command (heartbeats only: no launch function runs, so the
+  hang rule samples no stacks, where ``idle_cpu_pct``'s running launch has every rank's stacks sampled every
+  ``min(10, hang_timeout / 10)`` s, 6 s here); ``empty_command_ms``: ``ranks.execute("pass")`` across every
   rank, median of ``--commands`` (goal < 50 ms; ipyparallel reports 311 ms for an empty apply on 100
   engines), wall time, the simulated agents' work on this machine's cores included;
   ``empty_command_kernel_cpu_ms``: the kernel's own CPU per command (what it would cost against real
@@ -170,14 +173,18 @@ def lines(nodes: int, per_node: int, rate: float, seconds: float) -> dict:
     }
 
 
-def interactive(nodes: int, per_node: int, commands: int) -> dict:
-    """An empty command across every interactive rank."""
+def interactive(nodes: int, per_node: int, commands: int, idle_seconds: float) -> dict:
+    """The kernel's CPU between cells (the ranks wait for a command), then an empty command across every rank."""
     threads0, fds0 = threading.active_count(), _fds()
     start = time.perf_counter()
     ranks = start_ranks(per_node, nodes=SimPlacement(nodes, mode="interactive"), hang_timeout=600)
     try:
         out = {"interactive_start_s": round(time.perf_counter() - start, 2)}
         ranks.execute("pass")  # warm-up
+        time.sleep(2.0)
+        cpu, wall = _cpu(), time.monotonic()
+        time.sleep(idle_seconds)
+        out["idle_between_cells_cpu_pct"] = round((_cpu() - cpu) / (time.monotonic() - wall) * 100, 2)
         cpu = _cpu()
         out["empty_command_ms"] = _median_ms(lambda: ranks.execute("pass"), commands)
         # The kernel's own share (the simulated agents share this machine's cores; real ones would not).
@@ -208,7 +215,7 @@ def main() -> None:
         if "lines" not in args.skip:
             figures.update(lines(args.nodes, args.per_node, args.rate, args.seconds))
         if "interactive" not in args.skip:
-            figures.update(interactive(args.nodes, args.per_node, args.commands))
+            figures.update(interactive(args.nodes, args.per_node, args.commands, args.idle))
     finally:  # what was measured, even when a later part failed
         print(json.dumps(figures, indent=1), flush=True)
 

@@ -291,3 +291,47 @@ def test_a_failing_sample_is_no_sample() -> None:
     sampler.join(10)
     when, stacks = sampler.result()
     assert stacks == {} and sampler.result() is None
+
+
+_NEWER_THREAD = (
+    "Thread 0x00007f0000000002 (most recent call first):\n"
+    '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n'
+    '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n\n'
+)
+_MAIN_THREAD = (
+    "Current thread 0x00007f0000000001 (most recent call first):\n"
+    '  File "/work/t.py", line 3 in _marker_sleep\n'
+    '  File "/site/notebook_accel/launch/worker.py", line 321 in worker_main\n'
+)
+
+
+def test_a_dump_paused_before_the_main_thread_is_read_once_the_main_thread_came(tmp_path):
+    """faulthandler writes the worker's main thread last: a dump paused before it (a busy machine) is not cut."""
+    from notebook_accel.launch import doctor
+
+    path = tmp_path / "rank_0.txt"
+    path.write_text("")
+
+    def write_slowly():
+        with open(path, "a") as f:
+            f.write(_NEWER_THREAD)
+            f.flush()
+            time.sleep(0.15)  # far longer than the settle time of a complete dump
+            f.write(_MAIN_THREAD)
+
+    writer = threading.Thread(target=write_slowly)
+    writer.start()
+    texts = doctor._wait_for_dumps({0: str(path)}, {0: 0})
+    writer.join()
+    assert texts[0] == _NEWER_THREAD + _MAIN_THREAD
+    assert RankStack(0, 1, doctor.parse_dump(texts[0]), texts[0], 0.0).main.frames[0].function == "_marker_sleep"
+
+
+def test_a_dump_without_the_workers_main_line_is_taken_once_quiet(tmp_path):
+    from notebook_accel.launch import doctor
+
+    path = tmp_path / "rank_0.txt"
+    path.write_text(_NEWER_THREAD)
+    start = time.monotonic()
+    assert doctor._wait_for_dumps({0: str(path)}, {0: 0}) == {0: _NEWER_THREAD}
+    assert doctor._QUIET_SECONDS <= time.monotonic() - start < doctor._ANSWER_SECONDS

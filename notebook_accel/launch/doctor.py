@@ -72,7 +72,9 @@ _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)(?: \[.*\])? \(most recent call first\):$")
 _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
 _ANSWER_SECONDS = 1.0
-_SETTLE_SECONDS = 0.03  # a dump is complete once its file stopped growing for this long
+_SETTLE_SECONDS = 0.03  # a dump that holds the worker's main line is complete once it stopped growing this long
+_QUIET_SECONDS = 0.3  # one without it, once it stopped growing this long
+_MAIN_LINE = re.compile(r'^  File ".*worker\.py", line \d+ in worker_main$', re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -309,8 +311,16 @@ def _send(pid: int, pidfd: int | None) -> bool:
 
 
 def _wait_for_dumps(paths: dict[int, str], start: dict[int, int]) -> dict[int, str]:
+    """Return each rank's dump once complete: written up to the worker's main line, or quiet for long.
+
+    faulthandler writes the threads newest first, so the worker's main line (the thread running
+    ``worker_main``, its first) comes last: a dump that holds it and stopped growing is complete. One
+    that stopped growing without it (a process descheduled mid-dump on a busy machine, or a rank outside
+    the function) is taken once quiet for ``_QUIET_SECONDS``.
+    """
     deadline = time.monotonic() + _ANSWER_SECONDS
-    seen: dict[int, tuple[int, float]] = {}
+    seen: dict[int, tuple[int, float]] = {}  # rank -> (size, since when)
+    read: dict[int, tuple[int, str]] = {}  # rank -> (size, text) last read
     texts: dict[int, str] = {}
     while len(texts) < len(paths) and time.monotonic() < deadline:
         time.sleep(0.005)
@@ -320,14 +330,18 @@ def _wait_for_dumps(paths: dict[int, str], start: dict[int, int]) -> dict[int, s
                 continue
             size = os.path.getsize(path)
             last_size, since = seen.get(rank, (start[rank], now))
-            if size != last_size:
-                seen[rank] = (size, now)
-            elif size > start[rank] and now - since >= _SETTLE_SECONDS:
+            if size != last_size or rank not in seen:
+                seen[rank] = (size, now if size != last_size else since)
+                continue
+            if size == start[rank] or now - since < _SETTLE_SECONDS:
+                continue
+            if read.get(rank, (None,))[0] != size:
                 with open(path, "rb") as f:
                     f.seek(start[rank])
-                    texts[rank] = f.read(size - start[rank]).decode("utf-8", "replace")
-            else:
-                seen.setdefault(rank, (size, now))
+                    read[rank] = (size, f.read(size - start[rank]).decode("utf-8", "replace"))
+            text = read[rank][1]
+            if _MAIN_LINE.search(text) or now - since >= _QUIET_SECONDS:
+                texts[rank] = text
     return texts
 
 
