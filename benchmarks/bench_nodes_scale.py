@@ -10,7 +10,9 @@ would run against 128 real nodes:
 
 - ``join_start_s``: ``notebook_launcher(nodes=...)`` until every rank has its pid (join + one Start per node);
 - ``idle_cpu_pct``: the kernel's CPU (% of one core) over ``--idle`` seconds while 1,024 idle ranks only
-  send heartbeats (every 2 s, both ways) and usage figures (when they change); goal < 2;
+  send heartbeats (every 2 s, both ways) and usage figures (when they change), while the hang rule samples
+  every rank's stacks every ``min(10, hang_timeout / 10)`` s (their launch function runs);
+  ``idle_cpu_no_hang_rule_pct``: the same launch after ``handle.watch_for_hangs(False)``;
   ``idle_nodes_cpu_pct``: the same with the nodes layer alone (``NodeGroup``, no ``LaunchHandle``);
 - ``status_ms``: ``handle.status()``, median; ``panel_snapshot_ms``: ``LaunchModel(handle).snapshot()``,
   the panel model's update from the run, median;
@@ -98,6 +100,10 @@ def idle(nodes: int, per_node: int, seconds: float) -> dict:
         cpu, wall = _cpu(), time.monotonic()
         time.sleep(seconds)
         out["idle_cpu_pct"] = round((_cpu() - cpu) / (time.monotonic() - wall) * 100, 2)
+        handle.watch_for_hangs(False)  # what the hang rule's stack samples cost of that
+        cpu, wall = _cpu(), time.monotonic()
+        time.sleep(seconds)
+        out["idle_cpu_no_hang_rule_pct"] = round((_cpu() - cpu) / (time.monotonic() - wall) * 100, 2)
         ranks = nodes * per_node
         out["threads"], out["fds"] = threading.active_count() - threads0, _fds() - fds0
         out["threads_per_node"] = round(out["threads"] / nodes, 2)
