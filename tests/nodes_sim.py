@@ -64,6 +64,7 @@ class SimAgent:
     def __init__(self, boot: dict[str, Any], config: dict[str, Any]) -> None:
         self.node, self.config = int(boot["node"]), config
         self.heartbeat = float(boot["heartbeat"])
+        self.last_sent = 0.0  # when this agent last sent anything (a heartbeat is due only after silence)
         self.channel = connect_channel((boot["address"], int(boot["port"])), bytes.fromhex(boot["secret"]))
         self.ranks: dict[int, _SimRank] = {}
         self.streams: dict[int, _SimRank] = {}
@@ -76,6 +77,7 @@ class SimAgent:
     def send(self, message: wire.Message) -> None:
         try:
             wire.send(self.channel, message)
+            self.last_sent = time.monotonic()
         except ChannelError:
             self.ended.set()
 
@@ -98,6 +100,9 @@ class SimAgent:
                 self._end(rank, -message.signum, None)
         elif isinstance(message, wire.StackRequest):
             self.send(wire.Stacks(message.request, {}))
+        elif isinstance(message, wire.Heartbeat):  # as the real agent: answered at once
+            if time.monotonic() - self.last_sent >= self.heartbeat / 2:
+                self.send(wire.Heartbeat())
         elif isinstance(message, wire.Listen):
             self.send(wire.Listening(message.token, f"/sim/{self.node}/{message.token}"))
         elif isinstance(message, wire.ToStreams):
@@ -156,7 +161,7 @@ class SimAgent:
     def _tick(self) -> None:
         """Every tick: the lines due, as one Output; a heartbeat and usage figures when due."""
         rate, seconds = float(self.config.get("rate", 0)), float(self.config.get("seconds", 0))
-        next_usage, usage, last_sent = 0.0, wire.UsageChanges(), 0.0
+        next_usage, usage = 0.0, wire.UsageChanges()
         # Lines are due every tick; without them, usage (once a second) and heartbeats need far fewer wakes,
         # and the simulated nodes' own CPU (on the kernel's cores here) stays out of the kernel's figures.
         tick = _TICK if self.config["mode"] == "lines" and rate else _IDLE_TICK
@@ -167,11 +172,9 @@ class SimAgent:
                 figures = {r.rank: {"cpu_percent": 1.0, "rss": 1 << 20, "peak_rss": 1 << 20} for r in live}
                 if figures := usage.select(figures, now):
                     self.send(wire.Usage(figures))
-                    last_sent = now
                 next_usage = now + 1.0
-            if now - last_sent >= self.heartbeat:  # as the real agent: only when nothing else was sent
+            if now - self.last_sent >= wire.OWN_BEAT_AFTER * self.heartbeat:  # as the real agent
                 self.send(wire.Heartbeat())
-                last_sent = now
             if self.config["mode"] != "lines" or not rate:
                 continue
             chunks, finished = [], []

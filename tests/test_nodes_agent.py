@@ -214,3 +214,21 @@ def test_the_agent_starts_without_importing_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_the_agent_answers_each_heartbeat_at_once_and_beats_alone_only_when_the_kernel_is_quiet():
+    """Answered at once, the nodes' beats reach the kernel together: its readers wake once for many nodes."""
+    kernel = FakeKernel(heartbeat=4.0)
+    try:
+        kernel.next(wire.Heartbeat, timeout=30)  # the one it sends on its own before the kernel beat
+        for _ in range(3):
+            time.sleep(2.1)  # past half a period since it last sent: the beat is answered
+            sent = time.monotonic()
+            wire.send(kernel.channel, wire.Heartbeat())
+            kernel.next(wire.Heartbeat, timeout=1.5)  # far sooner than its own beat would come
+            assert time.monotonic() - sent < 1.5
+        quiet = time.monotonic()  # the kernel stops beating: the agent beats alone, after 1.5 periods
+        kernel.next(wire.Heartbeat, timeout=30)
+        assert wire.OWN_BEAT_AFTER * 4.0 - 0.5 <= time.monotonic() - quiet <= wire.OWN_BEAT_AFTER * 4.0 + 3.0
+    finally:
+        kernel.close()

@@ -15,7 +15,7 @@ sides import):
 - ``Listen``: a Unix socket here whose connections travel as streams to the kernel
   (``OpenStream`` / ``FromStreams`` and ``ToStreams`` / ``CloseStream``: a round's bytes of every stream
   in one message), for the interactive ranks;
-- ``Heartbeat``: sent back as often; ``End``: end the ranks and exit.
+- ``Heartbeat``: answered at once (``protocol.OWN_BEAT_AFTER``); ``End``: end the ranks and exit.
 
 It ends its ranks and exits when the connection closes or the kernel is silent for
 ``LOST_AFTER`` heartbeats (the kernel was killed, restarted, or cut off).
@@ -48,7 +48,7 @@ from ..launch.worker import WorkerSpec, threads_per_worker
 from ..utils._wire import unix_socket_path
 from . import protocol as wire
 from .channel import Channel, ChannelError, connect_channel
-from .protocol import LOST_AFTER, RELAY_ENV_PREFIX
+from .protocol import LOST_AFTER, OWN_BEAT_AFTER, RELAY_ENV_PREFIX
 
 __all__ = ["Agent", "main", "route_interface"]
 
@@ -130,7 +130,7 @@ class Agent:
         try:
             while self.ended is None:
                 now = time.monotonic()
-                if now - self._last_sent >= self.heartbeat:  # any message counts as a heartbeat
+                if now - self._last_sent >= OWN_BEAT_AFTER * self.heartbeat:  # the kernel's beats stopped coming
                     self._send(wire.Heartbeat())
                 if now - self.last_heard > LOST_AFTER * self.heartbeat:
                     self.ended = f"the kernel was silent for {now - self.last_heard:.1f} s"
@@ -225,6 +225,9 @@ class Agent:
                         self._later(lambda sid=stream_id: self._close_stream(sid, tell=True))
         elif isinstance(message, wire.CloseStream):
             self._later(lambda: self._close_stream(message.stream_id, tell=False))
+        elif isinstance(message, wire.Heartbeat):
+            if time.monotonic() - self._last_sent >= self.heartbeat / 2:  # any message counts as a heartbeat
+                self._send(wire.Heartbeat())
         elif isinstance(message, wire.End):
             self.ended = "the kernel ended the session"
 

@@ -37,6 +37,7 @@ from .channel import Channel
 __all__ = [
     "DEFAULT_HEARTBEAT",
     "LOST_AFTER",
+    "OWN_BEAT_AFTER",
     "PROTOCOL_VERSION",
     "RELAY_ENV_PREFIX",
     "TO_AGENT",
@@ -80,6 +81,10 @@ LOST_AFTER = 5
 """Heartbeats of silence after which the other side counts as lost."""
 DEFAULT_HEARTBEAT = 2.0
 """Seconds between heartbeats, both ways (``Nodes(heartbeat=...)`` changes it for a launch)."""
+OWN_BEAT_AFTER = 1.5
+"""Heartbeats without sending after which an agent beats on its own. Before that it answers each of the
+kernel's beats at once (unless it sent something within half a period): the nodes' beats then reach the
+kernel together, and each of its reader threads wakes once for many nodes, not once per node."""
 RELAY_ENV_PREFIX = "NOTEBOOK_ACCEL_RELAY_"
 """A rank finds the Unix socket of relay ``token`` in ``$NOTEBOOK_ACCEL_RELAY_<token>``."""
 USAGE_REFRESH = 10.0
@@ -137,7 +142,7 @@ def _message(kind: str):
 
 @_message("hb")
 class Heartbeat(Message):
-    """I am here (every ``heartbeat`` seconds, both ways)."""
+    """I am here: the kernel's every ``heartbeat`` seconds, an agent's in answer (``OWN_BEAT_AFTER``)."""
 
 
 @_message("close_stream")
