@@ -74,6 +74,7 @@ _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
 _ANSWER_SECONDS = 1.0
 _SETTLE_SECONDS = 0.03  # a dump that holds the worker's main line is complete once it stopped growing this long
 _QUIET_SECONDS = 0.3  # one without it, once it stopped growing this long
+# ``ThreadStack.runs_the_function``'s frame, as a raw dump writes it:
 _MAIN_LINE = re.compile(r'^  File ".*worker\.py", line \d+ in worker_main$', re.MULTILINE)
 
 
