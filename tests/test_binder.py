@@ -60,6 +60,14 @@ def test_fresh_venv_from_binder_runs_the_quickstart(tmp_path: Path) -> None:
     if shutil.which("bash") is None:
         pytest.skip("binder/postBuild is a bash script and bash is not installed")
     venv = tmp_path / "binder-venv"
+    try:
+        _build_and_run_quickstart(venv, tmp_path)
+    finally:
+        # About 800 MB: gone once the test is over, so that the rest of the suite does not run short of disk.
+        shutil.rmtree(venv, ignore_errors=True)
+
+
+def _build_and_run_quickstart(venv: Path, tmp_path: Path) -> None:
     # A plain venv: nothing from this interpreter's site-packages is visible inside it.
     proc = subprocess.run(
         [sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True, timeout=180

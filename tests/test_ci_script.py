@@ -35,6 +35,11 @@ def test_the_core_subset_names_existing_test_files_and_pythons() -> None:
     assert len(files) >= 4 and all((ROOT / name).is_file() for name in files), files
     assert 'CORE_PYTHONS="${NOTEBOOK_ACCEL_CI_PYTHONS-3.10 3.13}"' in CI
     assert '-e ".[test-core]"' in CI
+    # Each side venv (about 4.8 GB with 3.10's and 3.13's CUDA torch) is installed without pip's cache and
+    # removed before the main suite: one CI run ran out of disk with all of them kept.
+    assert CI.count("--no-cache-dir") == 2
+    assert 'rm -rf "$venv"' in CI and "rm -rf .venv-trackers" in CI
+    assert CI.index("rm -rf .venv-trackers") < CI.index(_readme_commands()[1])
 
 
 def test_the_test_core_extra_is_part_of_test_and_the_subset_venvs_are_ignored() -> None:
