@@ -182,6 +182,26 @@ def test_signal_deaths_carry_the_last_stderr_lines_and_the_python_stack(how, sig
     assert "Fatal Python error" in text and "in _crash_rank_1" in text  # faulthandler's stack
 
 
+def test_a_signal_death_seen_before_its_dump_was_read_still_shows_the_dump():
+    # Under load the supervisor can reap a rank (its exit descriptor ready) before it reads the rest of
+    # its stderr: the error then said "Fatal Python error: Segmentation fault" and nothing more. The
+    # notes are read again once the pipes are drained (settle_all, before the error is made).
+    from types import SimpleNamespace
+
+    from notebook_accel.launch.ranks import _Rank, launch_error, settle_all
+
+    rank = _Rank(4, 0)
+    rank.proc = SimpleNamespace(exitcode=-signal.SIGSEGV)
+    rank.stderr_tail.extend(["loading shards", "Fatal Python error: Segmentation fault"])
+    state, failure = rank.outcome(user_stopped=False, sent_signals=set())
+    assert state == State.FAILED and failure.signal == "SIGSEGV"
+    rank.stderr_tail.extend(["", "Current thread 0x00007f (most recent call first):",
+                             '  File "/x/train.py", line 12 in step'])
+    settle_all([rank], [failure], timed_out=False)
+    text = str(launch_error([rank], [failure], "rank 4 failed", False, None))
+    assert "loading shards" in text and 'File "/x/train.py", line 12 in step' in text, text
+
+
 def _threads():
     return torch.get_num_threads()
 

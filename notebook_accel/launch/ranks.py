@@ -75,6 +75,7 @@ class _Rank:
         self.value: Any = None
         self.message: tuple | None = None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL)
+        self.killed: RankFailure | None = None  # its failure, when a signal ended it
         self.last_activity = time.monotonic()
 
     def frames(self, data: bytes) -> list[tuple]:
@@ -118,14 +119,12 @@ class _Rank:
         if code is not None and code < 0:
             name = signal_name(-code)
             hint = " (the out-of-memory killer sends SIGKILL)" if -code == signal.SIGKILL else ""
-            tail = death_notes(list(self.stderr_tail))
-            shown = f"Last stderr lines of rank {self.rank}:\n{tail}" if tail else ""
-            failure = RankFailure(
+            failure = self.killed = RankFailure(
                 self.rank,
                 self.status.pid,
                 "Signal",
                 f"killed by {name}{hint}",
-                shown,
+                self.last_words(),
                 exitcode=code,
                 signal=name,
             )
@@ -134,6 +133,11 @@ class _Rank:
             failure = RankFailure(self.rank, self.status.pid, "ExitCode", text, "", exitcode=code)
         failure.time = time.monotonic()
         return State.FAILED, failure
+
+    def last_words(self) -> str:
+        """Return what a rank killed by a signal wrote last to stderr (faulthandler's dump among it)."""
+        tail = death_notes(list(self.stderr_tail))
+        return f"Last stderr lines of rank {self.rank}:\n{tail}" if tail else ""
 
     def timeout_failure(self, timeout: float, now: float) -> RankFailure:
         """Return the failure of a rank still running at the launch's ``timeout``."""
@@ -146,6 +150,10 @@ def settle_all(ranks: list[_Rank], failures: list[RankFailure], timed_out: bool)
     for r in ranks:
         if r.status.state.live:
             r.status.state = State.STOPPED
+        if r.killed is not None:
+            # Its exit can be seen before the rest of its stderr is read (faulthandler writes the dump just
+            # before the process dies): the pipes are drained now.
+            r.killed.traceback = r.last_words()
         for f in failures:
             if f.rank == r.rank and r.status.state != State.FAILED:
                 r.status.state = State.FAILED if not timed_out else State.STOPPED
