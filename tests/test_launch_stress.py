@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
+import weakref
 
 import pytest
 
@@ -191,6 +193,27 @@ def test_restarting_handle_history_is_bounded_in_bytes(monkeypatch):
     )
     assert handle.result() == [12]
     assert handle.history_bytes <= (4 << 20) and handle.dropped_lines >= 8
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_a_finished_launch_once_dropped_is_freed_at_once(restarts):
+    # Its output history (up to HISTORY_BYTES) went with the handle only at the next full collection
+    # while the line splitters and the hang watch held the handle in reference cycles.
+    gc.collect()
+    gc.disable()
+    try:
+        handle = notebook_launcher(
+            _print_many_lines, (20, 1000), num_processes=2, sinks=[], block=False, max_restarts=restarts
+        )
+        assert handle.result() == [20, 20]
+        gone = weakref.ref(handle)
+        del handle
+        deadline = time.monotonic() + 10  # the supervising thread lets go of it as it ends
+        while gone() is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert gone() is None, [type(r).__qualname__ for r in gc.get_referrers(gone())]
+    finally:
+        gc.enable()
 
 
 # ------------------------------------------------------------------------ refused before any fork

@@ -106,9 +106,11 @@ class LaunchHandle(Completion, LaunchViews, RunView):
         self._events = EventHub(live_bar_ranks)
         self._usage = self._backend.usage_source()
         self._collector = self._backend.stack_source()
-        # Stacks are sampled beside the supervising thread, which keeps reading output meanwhile.
+        # Stacks are sampled beside the supervising thread, which keeps reading output meanwhile. The
+        # watch holds the handle weakly: a launch dropped once over is freed at once, not at a full collection.
+        stacks = weakref.WeakMethod(self.stacks)
         self._hangs = LaunchWatch(
-            hang_timeout, time.monotonic(), self.stacks, plan.backend == "nccl", on_hang
+            hang_timeout, time.monotonic(), lambda: stacks()(), plan.backend == "nccl", on_hang
         )
         self._stop_stacks: dict[int, RankStack] | None = None
         self.hang_report: str | None = None
@@ -424,6 +426,7 @@ class LaunchHandle(Completion, LaunchViews, RunView):
         for r in self._ranks:
             for splitter in r.splitters.values():
                 splitter.close()
+            r.splitters.clear()  # each held the handle (its ``_emit``): no cycle outlives the launch
         settle_all(self._ranks, self._failures, self._timed_out)
         self._error = launch_error(
             self._ranks, self._failures, self._stop_reason, self._timed_out, self._stop_stacks

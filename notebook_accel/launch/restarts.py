@@ -138,6 +138,7 @@ class RestartingHandle(Completion, OutputRecord, RunView):
         self._wake = threading.Event()  # set by stop()/kill(): ends the wait before a restart at once
         self._done = threading.Event()
         self._history = OutputHistory()  # bounded in lines and bytes (output.HISTORY_*)
+        self._detach: tuple[Callable[[], None], ...] = ()  # the current try's unsubscribers
         self._subscribers: list[Callable[[OutputLine], None]] = []
         self._event_subscribers: list[Callable[[str, int, Any], None]] = []
         self._done_callbacks: list[Callable[[RestartingHandle], None]] = []
@@ -264,8 +265,7 @@ class RestartingHandle(Completion, OutputRecord, RunView):
         handle = self._start_attempt(number, self._started)
         try:
             # Nothing is read from the workers before supervise: subscribing now misses no line or event.
-            handle.subscribe(self._on_line)
-            handle.subscribe_events(self._notify)
+            self._detach = (handle.subscribe(self._on_line), handle.subscribe_events(self._notify))
             with self._lock:
                 self._current, self._current_started = handle, started_at
                 stop = self._stop_reason is not None
@@ -281,6 +281,9 @@ class RestartingHandle(Completion, OutputRecord, RunView):
             while True:
                 handle = self._handle()
                 handle.run_here() if interruptible else handle.supervise()
+                for unsubscribe in self._detach:  # the try is over: it holds this run no more (no cycle)
+                    unsubscribe()
+                self._detach = ()  # each unsubscriber holds its callback too
                 if not self._after_attempt(handle) or not self._wait_to_restart():
                     break
                 try:
