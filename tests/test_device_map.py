@@ -333,7 +333,13 @@ def test_cpu_budget_honours_cgroup_limit(monkeypatch) -> None:
 
     from notebook_accel.utils.device_planning import device_memory
 
-    assert device_memory.available_cpu_memory() <= psutil.virtual_memory().available
+    # A fixed reading: two real ones differ on a busy machine (the suite's other worker allocates between them).
+    reading = psutil.virtual_memory()._replace(available=50_000)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: reading)
+    monkeypatch.setattr(device_memory, "_cgroup_memory_left", lambda: None)
+    assert device_memory.available_cpu_memory() == 50_000
+    monkeypatch.setattr(device_memory, "_cgroup_memory_left", lambda: 80_000)  # a roomier cgroup: the host's
+    assert device_memory.available_cpu_memory() == 50_000
     monkeypatch.setattr(device_memory, "_cgroup_memory_left", lambda: 12345)
     assert get_max_memory()["cpu"] == 12345
 
