@@ -75,7 +75,6 @@ class _Rank:
         self.value: Any = None
         self.message: tuple | None = None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL)
-        self.killed: RankFailure | None = None  # its failure, when a signal ended it
         self.last_activity = time.monotonic()
 
     def frames(self, data: bytes) -> list[tuple]:
@@ -119,7 +118,7 @@ class _Rank:
         if code is not None and code < 0:
             name = signal_name(-code)
             hint = " (the out-of-memory killer sends SIGKILL)" if -code == signal.SIGKILL else ""
-            failure = self.killed = RankFailure(
+            failure = RankFailure(
                 self.rank,
                 self.status.pid,
                 "Signal",
@@ -150,11 +149,11 @@ def settle_all(ranks: list[_Rank], failures: list[RankFailure], timed_out: bool)
     for r in ranks:
         if r.status.state.live:
             r.status.state = State.STOPPED
-        if r.killed is not None:
-            # Its exit can be seen before the rest of its stderr is read (faulthandler writes the dump just
-            # before the process dies): the pipes are drained now.
-            r.killed.traceback = r.last_words()
         for f in failures:
+            if f.rank == r.rank and f.exc_type == "Signal":
+                # Its exit can be seen before the rest of its stderr is read (faulthandler writes the dump
+                # just before the process dies): the pipes are drained now.
+                f.traceback = r.last_words()
             if f.rank == r.rank and r.status.state != State.FAILED:
                 r.status.state = State.FAILED if not timed_out else State.STOPPED
                 if f.exitcode is None:
