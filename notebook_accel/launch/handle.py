@@ -144,9 +144,9 @@ class LaunchHandle(Completion, LaunchViews, RunView):
     def stacks(self) -> dict[int, RankStack]:
         """Return every live rank's current Python stacks (all threads), taken within about a second.
 
-        The ranks are not stopped: faulthandler writes the stacks from a signal handler and the rank
-        goes on. A rank that has ended is absent; one still starting (its handler not installed
-        yet) comes back with ``answered`` False.
+        The ranks are not stopped: a thread of each rank writes them (``stackdump``) and the rank
+        goes on. A rank that has ended is absent; one still starting (its answering thread not
+        started yet) comes back with ``answered`` False.
         """
         if self.done:
             return {}

@@ -30,14 +30,12 @@ from typing import Any
 from .._alias import reinstall_from_env
 from ..utils._worker_channel import close_channel, open_channel, send_event
 from .progress import install_bar_events
+from .stackdump import block_stack_requests, start_answering
 from .usage import final_usage, start_device_reporter
 
-__all__ = ["STACKS_SIGNAL", "WorkerSpec", "threads_per_worker", "to_cpu", "worker_main"]
+__all__ = ["WorkerSpec", "threads_per_worker", "to_cpu", "worker_main"]
 
 logger = logging.getLogger(__name__)
-
-STACKS_SIGNAL = signal.SIGUSR1
-"""Sent by the launcher to one worker: faulthandler writes every thread's stack to its stacks file."""
 
 
 def threads_per_worker(num_processes: int, omp_num_threads: str | None = None) -> int:
@@ -82,7 +80,7 @@ class WorkerSpec:
     bar_events: bool = False
     """tqdm bars send their state as events (shown live by the launcher) instead of drawing text."""
     stacks_path: str | None = None
-    """File (appended to) where ``STACKS_SIGNAL`` makes faulthandler dump every thread's stack."""
+    """File (appended to) where ``STACKS_SIGNAL`` makes the worker write every thread's stack (``stackdump``)."""
     store_ports: tuple[int, ...] = ()
     """Ports of the launcher's rendezvous stores: a forked worker closes the sockets it inherited on them."""
 
@@ -129,9 +127,9 @@ def _text_stream(fd: int) -> io.TextIOWrapper:
     """Return a line-buffered text stream over ``fd``: each print() reaches the parent at once, whole.
 
     The BufferedWriter between the text layer and the raw file is what keeps every byte: a write
-    to a full pipe that a signal interrupts (``STACKS_SIGNAL`` from the hang rule or ``stacks()``)
-    returns having written only part, and a TextIOWrapper straight over the raw file drops the
-    rest without a word; BufferedWriter writes again until all of it is out.
+    to a full pipe that a signal interrupts (a stop's SIGINT, a signal the function handles) returns
+    having written only part, and a TextIOWrapper straight over the raw file drops the rest without
+    a word; BufferedWriter writes again until all of it is out.
     """
     raw = io.FileIO(fd, "w", closefd=False)
     return io.TextIOWrapper(
@@ -201,24 +199,14 @@ def _close_store_sockets(ports: tuple[int, ...]) -> None:
 
 
 def _install_fault_reports(stacks_path: str | None) -> None:
-    """Print the Python stacks on a fatal signal (segfault, abort), and on ``STACKS_SIGNAL`` into the stacks file.
+    """Print the Python stacks on a fatal signal (segfault, abort); answer ``STACKS_SIGNAL`` into the stacks file.
 
-    faulthandler writes from its C signal handler, so a rank blocked inside a C call (a gloo
-    collective) still answers, and nothing stops: the rank goes on where it was.
+    The answers come from a thread of their own (``stackdump``), so a rank blocked inside a C call
+    that released the interpreter lock (a gloo collective) still answers, and nothing stops.
     """
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    if stacks_path is None:
-        return
-    # Registered under a temporary name, then renamed: the launcher signals a rank only once its
-    # file exists, so the signal never meets a worker without the handler (SIGUSR1 would kill it).
-    pending = f"{stacks_path}.starting"
-    stacks = open(pending, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the handler
-    faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True, chain=False)
-    _KEEP.append(stacks)
-    os.rename(pending, stacks_path)
-
-
-_KEEP: list = []  # the stacks file object must outlive worker_main's frame (faulthandler holds its fd)
+    if stacks_path is not None:
+        start_answering(stacks_path)
 
 
 def _reset_state() -> None:
@@ -283,6 +271,8 @@ def _prepare_process(spec: WorkerSpec, out_fd: int, err_fd: int, result_fd: int)
     """Make this process a rank's: its own process group, tied to its parent, the launcher's other
     descriptors closed, plain signal handlers, output to the rank's pipes, fault reports, the rank's
     environment and its result channel."""
+    if spec.stacks_path is not None:
+        block_stack_requests()  # before any thread starts (the parent watch below is one), so all inherit it
     try:
         os.setpgid(0, 0)
     except OSError:
