@@ -108,6 +108,20 @@ def test_every_rank_waiting_without_progress_is_a_deadlock_after_hang_timeout_on
     )
 
 
+def test_a_ranks_own_stack_traffic_is_not_progress_but_any_more_is() -> None:
+    # Each sample the rank writes its dump (10 bytes here) and reads the requests (one byte each).
+    def verdicts(moved_per_sample: int) -> list:
+        watch = _watch(3.0)
+        out = []
+        for i, now in enumerate((1.0, 2.0, 3.0, 4.0, 5.0)):
+            stacks = {r: _stack(r, (C10D, 10, "recv"), io=1000 + moved_per_sample * i) for r in (0, 1)}
+            out.append(watch.observe(now, stacks, {0, 1}, idle=False, last_sign=0.0))
+        return [v.kind for v in out if v is not None]
+
+    assert verdicts(10 + 3)[:1] == ["deadlock"]  # its dump and three requests (watch, user, panel)
+    assert verdicts(10 + 200) == []  # 200 bytes more: a gloo message moved
+
+
 def test_a_wait_moving_bytes_or_lines_is_progress() -> None:
     watch = _watch(2.0)
     for i, now in enumerate(range(1, 10)):

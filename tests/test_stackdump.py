@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
+import subprocess
+import sys
 import threading
 import time
 
 from notebook_accel.launch.doctor import parse_dump
-from notebook_accel.launch.stackdump import MAX_FRAMES, STACKS_SIGNAL, format_stacks
+from notebook_accel.launch.stackdump import MAX_FRAMES, ask, format_stacks
 from notebook_accel.launchers import notebook_launcher
 
 
@@ -45,15 +46,12 @@ def _live_stacks(handle) -> dict:
     raise AssertionError(f"the ranks never answered: {handle.stacks()}")
 
 
-def _flood(pids: list[int], seconds: float) -> int:
+def _flood(handle, seconds: float) -> int:
     sent, until = 0, time.monotonic() + seconds
+    collector = handle._collector
     while time.monotonic() < until:
-        for pid in pids:
-            try:
-                os.kill(pid, STACKS_SIGNAL)
-                sent += 1
-            except ProcessLookupError:
-                pass
+        for rank in (0, 1):
+            sent += ask(collector.path(rank))
         time.sleep(0.002)
     return sent
 
@@ -62,8 +60,8 @@ def test_ranks_whose_threads_run_python_live_through_hundreds_of_stack_requests(
     # faulthandler's all-threads dump from a signal handler read these threads' freed frames and the
     # rank died of SIGSEGV within a few requests (the suite's "Fatal Python error: Segmentation fault").
     handle = notebook_launcher(_threads_calling_deep, args=(6.0,), num_processes=2, block=False, sinks=[])
-    stacks = _live_stacks(handle)
-    sent = _flood([s.pid for s in stacks.values()], 2.0)
+    _live_stacks(handle)
+    sent = _flood(handle, 2.0)
     taken = [handle.stacks() for _ in range(10)]
     assert handle.result(timeout=60) == [0, 1]
     assert sent > 200
@@ -74,40 +72,41 @@ def test_ranks_whose_threads_run_python_live_through_hundreds_of_stack_requests(
     assert all(s.main.runs_the_function for s in answered)
 
 
-def _sleep_with_an_unblocked_thread(seconds: float) -> bool:
-    def escaped() -> None:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {STACKS_SIGNAL})  # as code outside our block would be
-        signal.pthread_kill(threading.get_ident(), STACKS_SIGNAL)  # the kernel rarely picks it by itself
-        time.sleep(seconds)
+_ANSWERING = """
+import sys, time
+sys.path.insert(0, {root!r})
+from notebook_accel.launch.stackdump import start_answering
+def waiting_here():
+    time.sleep(60)
+start_answering({path!r})
+print("ready", flush=True)
+waiting_here()
+"""
 
-    thread = threading.Thread(target=escaped)
-    thread.start()
-    time.sleep(seconds)
-    thread.join()
-    return STACKS_SIGNAL in signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
-
-def test_a_request_that_reaches_a_thread_outside_the_block_does_not_end_the_rank():
-    handle = notebook_launcher(
-        _sleep_with_an_unblocked_thread, args=(4.0,), num_processes=1, block=False, sinks=[]
+def test_ask_gets_an_answer_never_blocks_and_says_when_no_rank_listens(tmp_path):
+    path = str(tmp_path / "rank_0.txt")
+    assert not ask(path)  # no pipe
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _ANSWERING.format(root=root, path=path)], stdout=subprocess.PIPE, text=True
     )
-    stacks = _live_stacks(handle)
-    assert _flood([s.pid for s in stacks.values()], 1.5) > 100
-    assert handle.result(timeout=60) == [True]  # the main thread keeps the signal blocked
-
-
-def _fork_and_report() -> tuple[bool, int]:
-    pid = os.fork()
-    if pid == 0:
-        plain = signal.getsignal(STACKS_SIGNAL) == signal.SIG_DFL
-        unblocked = STACKS_SIGNAL not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
-        os._exit(0 if plain and unblocked else 3)
-    _, status = os.waitpid(pid, 0)
-    return STACKS_SIGNAL in signal.pthread_sigmask(signal.SIG_BLOCK, []), os.waitstatus_to_exitcode(status)
-
-
-def test_a_process_a_rank_forks_gets_the_signal_back_plain():
-    assert notebook_launcher(_fork_and_report, num_processes=1, sinks=[]) == [(True, 0)]
+    try:
+        assert proc.stdout.readline() == "ready\n" and os.path.exists(path)
+        started = time.monotonic()
+        assert all(ask(path) for _ in range(100_000))  # far more than a pipe holds: none blocks
+        assert time.monotonic() - started < 30
+        deadline = time.monotonic() + 30
+        while "in waiting_here" not in open(path).read() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        text = open(path).read()
+        main = parse_dump(text)[-1]
+        assert [f.function for f in main.frames[:2]] == ["waiting_here", "<module>"]
+        assert "notebook_accel-stacks" not in text  # the answering thread leaves itself out
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not ask(path)  # the pipe is there, its reader gone
 
 
 def _wait_in(event: threading.Event, depth: int) -> None:

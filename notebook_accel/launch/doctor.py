@@ -1,12 +1,10 @@
 """The stuck-rank doctor: every live rank's Python stacks on demand, and how to read and show them.
 
-How a stack is taken: each worker answers ``STACKS_SIGNAL`` (SIGUSR1) with a thread of its own that
-appends every thread's stack to a per-rank file (``stackdump``, started by ``worker._install_fault_reports``).
-The launcher sends the signal to the worker process alone (not its group: a DataLoader worker has no
-answering thread) and reads what was appended. The answering thread waits in ``sigwait``, not in a
-Python-level handler (which runs only in the main thread, once a blocked call returned), so a rank
-blocked inside a C call (gloo's all_reduce) answers too, and the rank does not stop: it goes on
-where it was.
+How a stack is taken: each worker keeps a thread that appends every thread's stack to a per-rank
+file when asked through a named pipe beside it (``stackdump``, started by
+``worker._install_fault_reports``); ``StackCollector.collect`` asks the ranks and reads what was
+appended. A rank blocked inside a C call (gloo's all_reduce) answers too, and the rank does not stop:
+it goes on where it was.
 
 What a stack says: a rank *waits* when its main thread's innermost torch.distributed frame is a
 collective or point-to-point call (``all_reduce``, ``barrier``, ``recv``...; ``classify_wait``);
@@ -23,7 +21,6 @@ import functools
 import linecache
 import os
 import re
-import signal
 import sysconfig
 import tempfile
 import threading
@@ -32,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .interfaces import StackSource
-from .stackdump import STACKS_SIGNAL
+from .stackdump import ask
 
 __all__ = [
     "COLLECTIVES",
@@ -73,7 +70,7 @@ _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)(?: \[.*\])? \(most recent call first\):$")
 _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
 _ANSWER_SECONDS = 1.0
-_SETTLE_SECONDS = 0.03  # a dump that holds the worker's main line is complete once it stopped growing this long
+_SETTLE_SECONDS = 0.03  # a dump holding the worker's main line is complete once it stopped growing this long
 _QUIET_SECONDS = 0.3  # one without it, once it stopped growing this long
 # ``ThreadStack.runs_the_function``'s frame, as a raw dump writes it:
 _MAIN_LINE = re.compile(r'^  File ".*worker\.py", line \d+ in worker_main$', re.MULTILINE)
@@ -260,12 +257,12 @@ class StackCollector(StackSource):
             if not os.path.isdir(self.directory):
                 return {}
             start: dict[int, int] = {}
-            for rank, (pid, pidfd) in targets.items():
+            for rank in targets:
                 path = self.path(rank)
-                if not os.path.exists(path):  # the worker has not registered its handler yet
+                if not os.path.exists(path):  # the worker's answering thread has not started yet
                     continue
                 size = os.path.getsize(path)
-                if _send(pid, pidfd):
+                if ask(path):
                     start[rank] = size
             texts = _wait_for_dumps({rank: self.path(rank) for rank in start}, start)
         now = time.time()
@@ -299,17 +296,6 @@ def io_bytes(pid: int) -> int | None:
         return int(fields["rchar"]) + int(fields["wchar"])
     except (OSError, KeyError, ValueError):
         return None
-
-
-def _send(pid: int, pidfd: int | None) -> bool:
-    try:
-        if pidfd is not None:
-            signal.pidfd_send_signal(pidfd, STACKS_SIGNAL)  # cannot reach a recycled pid
-        else:
-            os.kill(pid, STACKS_SIGNAL)
-    except OSError:  # it just ended
-        return False
-    return True
 
 
 def _wait_for_dumps(paths: dict[int, str], start: dict[int, int]) -> dict[int, str]:

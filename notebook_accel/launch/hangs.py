@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from .doctor import COLLECTIVES, RankStack, describe_stacks, named_rank, named_ranks, nodes_of
 from .errors import RankFailure
+from .stackdump import REQUEST
 
 __all__ = [
     "DEADLOCK_NOTE",
@@ -61,6 +62,7 @@ logger = logging.getLogger(__name__)
 GRACE_SECONDS = 1.0  # silence (no line, no reply) before the busy ranks' stacks are looked at
 _FAST_SECONDS = 0.5  # between samples while a rank is idle and the busy ones wait
 _WAIT_SECONDS = 1.0  # between samples while every rank waits
+_ASKS_BETWEEN_SAMPLES = 16  # stack requests a rank may read between two samples (watch, user, panel)
 _LANDING_SECONDS = 0.02  # how often a caller looks for a sample being taken (one takes some 10-50 ms)
 DEADLOCK_NOTE = "every rank waits for another and none has moved, so none will return"
 _LAUNCH_GOES_ON = (
@@ -106,7 +108,8 @@ def _stalled(before: _Position | None, now: _Position | None) -> bool:
         return False
     if before.io is None or now.io is None:
         return True
-    return now.io - before.io - now.dump <= 0  # its own stack dump is the only write allowed
+    # Its own stack traffic is the only I/O allowed: the dump it wrote and the requests it read.
+    return now.io - before.io - now.dump <= _ASKS_BETWEEN_SAMPLES * len(REQUEST)
 
 
 class ProgressWatch:

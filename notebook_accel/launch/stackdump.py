@@ -1,90 +1,93 @@
-"""The rank's side of taking stacks: one thread answers ``STACKS_SIGNAL`` with every thread's Python stack.
+"""A rank's stacks on request: a thread of the rank writes every thread's Python stack when asked.
 
-Why not ``faulthandler.register(STACKS_SIGNAL, all_threads=True)`` (what ranks used before): its
-handler walks the other threads' frames from inside a signal handler, while those threads run. A
-thread that returns from a deep call frees the frame memory the handler is reading, and the rank dies
-of SIGSEGV; faulthandler's fatal handler then prints only ``Fatal Python error: Segmentation fault``
-(its dump of the threads is refused: the interrupted dump still counts as in progress). Three such
-deaths in CI runs of the suite, on the hang rule's samples; ``tests/test_stackdump.py`` has a rank with
-busy threads that died within a few signals that way, and lives through hundreds now.
+The two sides meet in two files per rank, in the launch's stacks folder: the rank's stacks file
+(``rank_3.txt``, appended to) and a named pipe beside it (``rank_3.txt.request``). The launcher asks
+by writing a byte to the pipe (``ask``); the rank's answering thread, blocked reading it, writes
+the stacks of ``sys._current_frames()`` while holding the interpreter lock (``format_stacks``, in
+faulthandler's format, which ``doctor.parse_dump`` reads) and goes back to waiting. A rank blocked in
+a C call that released the lock (a gloo collective, a sleep, a read) answers at once; a Python loop
+answers within the interpreter's switch interval; one whose C call holds the lock answers only when
+it lets go (the launcher's collection reports it as not answered meanwhile). Nothing interrupts the
+rank's own threads.
 
-How it works now: the worker blocks ``STACKS_SIGNAL`` in its main thread before it starts any other
-(``block_stack_requests``), so every later thread, torch's and gloo's included, inherits the block; one
-daemon thread waits for the signal in ``sigwait`` and writes the stacks of ``sys._current_frames()``
-while holding the interpreter lock (``start_answering``), in faulthandler's format, which
-``doctor.parse_dump`` reads. A rank blocked in a C call that released the lock (a gloo collective, a
-sleep, a read on a pipe) answers at once; a Python loop answers within the interpreter's switch
-interval; one whose C call holds the lock answers only when it lets go (the launcher's collection
-reports it as not answered meanwhile).
-
-A process the rank forks (a DataLoader worker) gets the signal back at its default in the child; a
-program it executes inherits the block (the signal mask survives ``exec``), so SIGUSR1 stays pending there.
+What ranks did before: ``faulthandler.register(SIGUSR1, all_threads=True)``. Its handler walks the
+other threads' frames from inside a signal handler while they run; a thread that returns from a deep
+call frees the frame memory the handler is reading, and the rank died of SIGSEGV with only ``Fatal
+Python error: Segmentation fault`` on stderr (faulthandler refuses a second dump while the first is in
+progress). Two CI runs of the suite failed that way. A signal answered by a ``sigwait`` thread does
+not work either: the signal must be blocked in every other thread, and threads that C libraries start
+in a forked child before any Python code runs (torch starts one) take it instead.
 """
 
 from __future__ import annotations
 
+import errno
 import os
-import signal
 import sys
 import threading
-from typing import TextIO
 
-__all__ = ["MAX_FRAMES", "STACKS_SIGNAL", "block_stack_requests", "format_stacks", "start_answering"]
-
-STACKS_SIGNAL = signal.SIGUSR1
-"""Sent by the launcher to one worker: its answering thread appends every thread's stack to its stacks file."""
+__all__ = ["MAX_FRAMES", "REQUEST", "REQUEST_SUFFIX", "ask", "format_stacks", "start_answering"]
 
 MAX_FRAMES = 100
 """Frames written per thread, innermost first (faulthandler's own limit); a deeper stack ends with ``  ...``."""
 
+REQUEST_SUFFIX = ".request"
+"""The named pipe beside a rank's stacks file: ``REQUEST`` written there asks for its stacks."""
 
-def block_stack_requests() -> None:
-    """Keep ``STACKS_SIGNAL`` for the answering thread: blocked in this (main) thread and every thread it starts.
-
-    Call it before the process starts any thread. A thread that escaped the block (started earlier,
-    by code not ours) would take the signal's default action, which ends the process: a handler that
-    does nothing is installed for it instead.
-    """
-    signal.signal(STACKS_SIGNAL, _do_nothing)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {STACKS_SIGNAL})
-    os.register_at_fork(after_in_child=_release_in_child)
-
-
-def _do_nothing(signum: int, frame: object) -> None:
-    """The handler of a request that reached a thread outside the block: that request goes unanswered."""
-    return None
-
-
-def _release_in_child() -> None:
-    """In a process the rank forked: no answering thread there, so the signal is a plain one again."""
-    signal.signal(STACKS_SIGNAL, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {STACKS_SIGNAL})
+REQUEST = b"?"
+"""One ask. The rank reads it, so it counts in the rank's ``/proc/<pid>/io`` (``hangs`` allows for it)."""
 
 
 def start_answering(stacks_path: str) -> None:
-    """Start the thread that appends every thread's stack to ``stacks_path`` on each ``STACKS_SIGNAL``.
+    """Start the thread that appends every thread's stack to ``stacks_path`` whenever it is asked (``ask``).
 
-    The file appears at ``stacks_path`` only once the thread waits (it is opened under a temporary name,
-    then renamed): the launcher signals a rank only once its file exists.
+    The stacks file appears at ``stacks_path`` only once the thread can be asked (it is opened under a
+    temporary name, then renamed): the launcher asks a rank only once its file exists.
     """
+    request = stacks_path + REQUEST_SUFFIX
+    try:
+        os.unlink(request)  # a previous attempt's
+    except FileNotFoundError:
+        pass
+    os.mkfifo(request, 0o600)
+    # Read and write: the pipe then always has a writer, and a read waits for the next byte, never EOF.
+    requests = os.open(request, os.O_RDWR)
     pending = f"{stacks_path}.starting"
     out = open(pending, "a", encoding="utf-8")  # noqa: SIM115 - the answering thread owns it
-    waiting = threading.Event()
-    threading.Thread(target=_answer, args=(out, waiting), name="notebook_accel-stacks", daemon=True).start()
-    waiting.wait()
+    thread = threading.Thread(target=_answer, args=(requests, out), name="notebook_accel-stacks", daemon=True)
+    thread.start()
     os.rename(pending, stacks_path)
 
 
-def _answer(out: TextIO, waiting: threading.Event) -> None:
+def _answer(requests: int, out) -> None:  # noqa: ANN001 - a text file
     me = threading.get_ident()
-    waiting.set()  # a request sent from now on stays pending until sigwait takes it
     while True:
-        signal.sigwait({STACKS_SIGNAL})
+        os.read(requests, 4096)  # requests sent meanwhile are answered together
         try:
             out.write(format_stacks(skip=me))
             out.flush()
         except Exception:  # noqa: BLE001 - a full disk loses this answer; the rank goes on
             continue
+
+
+def ask(stacks_path: str) -> bool:
+    """Ask the rank whose stacks file is ``stacks_path`` for its stacks; False if no rank listens there.
+
+    Never blocks: a rank that ended left its pipe without a reader (``ENXIO``), and a full pipe already
+    holds requests the rank has yet to answer (this one is answered with them).
+    """
+    try:
+        fd = os.open(stacks_path + REQUEST_SUFFIX, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # ENXIO: no reader (the rank ended); ENOENT: the launch's folder is gone
+        return False
+    try:
+        os.write(fd, REQUEST)
+    except OSError as exc:
+        if exc.errno != errno.EAGAIN:
+            return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def format_stacks(skip: int | None = None) -> str:

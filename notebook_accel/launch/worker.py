@@ -30,7 +30,7 @@ from typing import Any
 from .._alias import reinstall_from_env
 from ..utils._worker_channel import close_channel, open_channel, send_event
 from .progress import install_bar_events
-from .stackdump import block_stack_requests, start_answering
+from .stackdump import start_answering
 from .usage import final_usage, start_device_reporter
 
 __all__ = ["WorkerSpec", "threads_per_worker", "to_cpu", "worker_main"]
@@ -80,7 +80,7 @@ class WorkerSpec:
     bar_events: bool = False
     """tqdm bars send their state as events (shown live by the launcher) instead of drawing text."""
     stacks_path: str | None = None
-    """File (appended to) where ``STACKS_SIGNAL`` makes the worker write every thread's stack (``stackdump``)."""
+    """File (appended to) where the worker writes every thread's stack when asked (``stackdump``)."""
     store_ports: tuple[int, ...] = ()
     """Ports of the launcher's rendezvous stores: a forked worker closes the sockets it inherited on them."""
 
@@ -199,7 +199,7 @@ def _close_store_sockets(ports: tuple[int, ...]) -> None:
 
 
 def _install_fault_reports(stacks_path: str | None) -> None:
-    """Print the Python stacks on a fatal signal (segfault, abort); answer ``STACKS_SIGNAL`` into the stacks file.
+    """Print the Python stacks on a fatal signal (segfault, abort); answer stack requests into the stacks file.
 
     The answers come from a thread of their own (``stackdump``), so a rank blocked inside a C call
     that released the interpreter lock (a gloo collective) still answers, and nothing stops.
@@ -271,8 +271,6 @@ def _prepare_process(spec: WorkerSpec, out_fd: int, err_fd: int, result_fd: int)
     """Make this process a rank's: its own process group, tied to its parent, the launcher's other
     descriptors closed, plain signal handlers, output to the rank's pipes, fault reports, the rank's
     environment and its result channel."""
-    if spec.stacks_path is not None:
-        block_stack_requests()  # before any thread starts (the parent watch below is one), so all inherit it
     try:
         os.setpgid(0, 0)
     except OSError:

@@ -11,7 +11,7 @@ sides import):
   pipes are relayed as ``Output`` (every chunk read in one round of the selector, in one frame),
   ``Eof``, and their end as ``Exited`` (a start's ``wid`` names it: a restarted rank is a new one);
 - ``Signal``: to the rank's process group (stop, interrupt, kill);
-- ``StackRequest``: ``STACKS_SIGNAL`` to those ranks, their dumps sent back as ``Stacks``;
+- ``StackRequest``: those ranks asked for their stacks (``launch.stackdump``), the dumps sent back as ``Stacks``;
 - ``Listen``: a Unix socket here whose connections travel as streams to the kernel
   (``OpenStream`` / ``FromStreams`` and ``ToStreams`` / ``CloseStream``: a round's bytes of every stream
   in one message), for the interactive ranks;
@@ -248,8 +248,8 @@ class Agent:
         local_count = sum(1 for r in self.ranks.values() if not r.exited) + 1
         stacks_path = self.collector.path(spec.rank)
         if os.path.exists(stacks_path):
-            # The file of this rank's previous attempt: it would say "handler installed" to the collector
-            # before the new process has one, and STACKS_SIGNAL would kill it.
+            # The file of this rank's previous attempt: it would say "answering" to the collector before
+            # the new process is (and the collector would read from the old file's end).
             os.unlink(stacks_path)
         spec = replace(
             spec,
