@@ -14,9 +14,10 @@ What ranks did before: ``faulthandler.register(SIGUSR1, all_threads=True)``. Its
 other threads' frames from inside a signal handler while they run; a thread that returns from a deep
 call frees the frame memory the handler is reading, and the rank died of SIGSEGV with only ``Fatal
 Python error: Segmentation fault`` on stderr (faulthandler refuses a second dump while the first is in
-progress). Two CI runs of the suite failed that way. A signal answered by a ``sigwait`` thread does
-not work either: the signal must be blocked in every other thread, and threads that C libraries start
-in a forked child before any Python code runs (torch starts one) take it instead.
+progress): twice in one CI run (the 3.13 subset and the main suite), once in a full run before it. A
+signal answered by a ``sigwait`` thread does not work either: the signal must be blocked in every
+other thread, and a thread that C code starts in a forked child before any Python runs (torch starts
+one) takes it instead.
 """
 
 from __future__ import annotations
