@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from notebook_accel.launch import handle as handle_module  # noqa: E402
+from notebook_accel.launch import doctor  # noqa: E402
 from notebook_accel.launchers import notebook_launcher  # noqa: E402
 
 
@@ -49,13 +49,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     dumps = []
-    original = handle_module.StackCollector.collect
+    original = doctor.StackCollector.collect
 
     def counting(self, targets):
         dumps.append(len(targets))
         return original(self, targets)
 
-    handle_module.StackCollector.collect = counting
+    doctor.StackCollector.collect = counting
     off, on = [], []
     for _ in range(args.rounds):
         off.append(
@@ -68,7 +68,7 @@ def main() -> None:
     print(f"load average: {os.getloadavg()}")
     print(f"iterations/s, detection off: {[round(x) for x in off]}")
     print(f"iterations/s, detection on (hang_timeout=10): {[round(x) for x in on]}")
-    print(f"stack samples per launch with detection on: {per_launch} (each signals every live rank once)")
+    print(f"stack samples per launch with detection on: {per_launch} (each asks every live rank once)")
     print(f"median ratio on/off: {ratio:.3f}")
 
 
