@@ -857,13 +857,18 @@ def test_closing_the_stacks_files_waits_for_a_collection_under_way():
     import subprocess
 
     from notebook_accel.launch.doctor import StackCollector
+    from notebook_accel.launch.stackdump import REQUEST_SUFFIX
 
-    code = "import signal, time; signal.signal(signal.SIGUSR1, signal.SIG_IGN); print('ready', flush=True); time.sleep(30)"
-    deaf = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)  # never dumps
+    collector = StackCollector()
+    request = collector.path(0) + REQUEST_SUFFIX
+    code = (  # a rank that takes requests and never answers them
+        f"import os, time; os.mkfifo({request!r}); fd = os.open({request!r}, os.O_RDWR); "
+        "print('ready', flush=True); time.sleep(30)"
+    )
+    deaf = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert deaf.stdout.readline() == "ready\n"
-        collector = StackCollector()
-        open(collector.path(0), "w").close()  # its handler "registered": a dump is waited for
+        open(collector.path(0), "w").close()  # its answering thread "started": a dump is waited for
         got: list = []
         taking = threading.Thread(target=lambda: got.append(collector.collect({0: (deaf.pid, None)})))
         taking.start()
