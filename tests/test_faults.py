@@ -870,14 +870,14 @@ def test_closing_the_stacks_files_waits_for_a_collection_under_way():
         assert deaf.stdout.readline() == "ready\n"
         open(collector.path(0), "w").close()  # its answering thread "started": a dump is waited for
         got: list = []
-        taking = threading.Thread(target=lambda: got.append(collector.collect({0: (deaf.pid, None)})))
+        taking = threading.Thread(target=lambda: got.append(collector.collect({0: deaf.pid})))
         taking.start()
         time.sleep(0.3)  # inside the second it waits for the dump
         collector.close()
         taking.join(10)
         assert [stacks[0].answered for stacks in got] == [False]  # answered "no dump", not FileNotFoundError
         assert not os.path.exists(collector.directory)
-        assert collector.collect({0: (deaf.pid, None)}) == {}  # closed: nothing to collect, no error
+        assert collector.collect({0: deaf.pid}) == {}  # closed: nothing to collect, no error
     finally:
         deaf.kill()
         deaf.wait()

@@ -108,8 +108,8 @@ def test_every_rank_waiting_without_progress_is_a_deadlock_after_hang_timeout_on
     )
 
 
-def test_a_ranks_own_stack_traffic_is_not_progress_but_any_more_is() -> None:
-    # Each sample the rank writes its dump (10 bytes here) and reads the requests (one byte each).
+def test_one_byte_moved_between_samples_is_progress() -> None:
+    # The rank's stacks answers are left out of ``io`` (doctor.io_bytes), so the rule asks for no slack.
     def verdicts(moved_per_sample: int) -> list:
         watch = _watch(3.0)
         out = []
@@ -118,8 +118,8 @@ def test_a_ranks_own_stack_traffic_is_not_progress_but_any_more_is() -> None:
             out.append(watch.observe(now, stacks, {0, 1}, idle=False, last_sign=0.0))
         return [v.kind for v in out if v is not None]
 
-    assert verdicts(10 + 3)[:1] == ["deadlock"]  # its dump and three requests (watch, user, panel)
-    assert verdicts(10 + 200) == []  # 200 bytes more: a gloo message moved
+    assert verdicts(0)[:1] == ["deadlock"]
+    assert verdicts(1) == []
 
 
 def test_a_wait_moving_bytes_or_lines_is_progress() -> None:
@@ -338,7 +338,9 @@ def test_a_dump_paused_before_the_main_thread_is_read_once_the_main_thread_came(
     texts = doctor._wait_for_dumps({0: str(path)}, {0: 0})
     writer.join()
     assert texts[0] == _NEWER_THREAD + _MAIN_THREAD
-    assert RankStack(0, 1, doctor.parse_dump(texts[0]), texts[0], 0.0).main.frames[0].function == "_marker_sleep"
+    assert (
+        RankStack(0, 1, doctor.parse_dump(texts[0]), texts[0], 0.0).main.frames[0].function == "_marker_sleep"
+    )
 
 
 def test_a_dump_without_the_workers_main_line_is_taken_once_quiet(tmp_path):

@@ -8,8 +8,8 @@ import sys
 import threading
 import time
 
-from notebook_accel.launch.doctor import parse_dump
-from notebook_accel.launch.stackdump import MAX_FRAMES, ask, format_stacks
+from notebook_accel.launch.doctor import StackCollector, parse_dump
+from notebook_accel.launch.stackdump import MAX_FRAMES, answerer, ask, format_stacks
 from notebook_accel.launchers import notebook_launcher
 
 
@@ -107,6 +107,25 @@ def test_ask_gets_an_answer_never_blocks_and_says_when_no_rank_listens(tmp_path)
         proc.kill()
         proc.wait()
     assert not ask(path)  # the pipe is there, its reader gone
+
+
+def test_taking_a_ranks_stacks_is_not_counted_as_its_io():
+    # The hang rule reads any byte a waiting rank moves as progress: its answers must not count.
+    collector = StackCollector()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = _ANSWERING.format(root=root, path=collector.path(0))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        assert answerer(collector.path(0)) is not None
+        taken = [collector.collect({0: proc.pid})[0] for _ in range(5)]
+        assert all(stack.answered for stack in taken)
+        assert len({stack.io for stack in taken}) == 1, [stack.io for stack in taken]  # 5 answers, no byte
+        assert all(len(stack.dump) > 100 for stack in taken)  # what it wrote each time, left out
+    finally:
+        proc.kill()
+        proc.wait()
+        collector.close()
 
 
 def _wait_in(event: threading.Event, depth: int) -> None:

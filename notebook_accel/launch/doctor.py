@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .interfaces import StackSource
-from .stackdump import ask
+from .stackdump import answerer, ask
 
 __all__ = [
     "COLLECTIVES",
@@ -141,7 +141,8 @@ class RankStack:
     time: float = field(default_factory=time.time)
     answered: bool = True
     io: int | None = None
-    """Bytes the rank had read and written through system calls (``/proc/<pid>/io``), just after the dump."""
+    """Bytes the rank had read and written through system calls (``/proc/<pid>/io``), just after the dump,
+    less those of its stacks answering thread (``io_bytes``)."""
     node: str | None = None
     """The host the rank runs on, in a launch across nodes (``nodes=``)."""
 
@@ -248,8 +249,8 @@ class StackCollector(StackSource):
         """Return the file rank ``rank``'s worker dumps its stacks into."""
         return os.path.join(self.directory, f"rank_{rank}.txt")
 
-    def collect(self, targets: dict[int, tuple[int, int | None]]) -> dict[int, RankStack]:
-        """Return ``{rank: RankStack}`` for ``targets`` (``{rank: (pid, pidfd or None)}``), within about a second.
+    def collect(self, targets: dict[int, int]) -> dict[int, RankStack]:
+        """Return ``{rank: RankStack}`` for ``targets`` (``{rank: pid}``), within about a second.
 
         After ``close()`` (the launch ended) it returns {}.
         """
@@ -257,22 +258,23 @@ class StackCollector(StackSource):
             if not os.path.isdir(self.directory):
                 return {}
             start: dict[int, int] = {}
+            answerers: dict[int, int | None] = {}
             for rank in targets:
                 path = self.path(rank)
                 if not os.path.exists(path):  # the worker's answering thread has not started yet
                     continue
                 size = os.path.getsize(path)
+                answerers[rank] = answerer(path)
                 if ask(path):
                     start[rank] = size
             texts = _wait_for_dumps({rank: self.path(rank) for rank in start}, start)
         now = time.time()
         out = {}
-        for rank, (pid, _) in sorted(targets.items()):
+        for rank, pid in sorted(targets.items()):
             text = texts.get(rank)
             threads = parse_dump(text) if text else ()
-            out[rank] = RankStack(
-                rank, pid, threads, text or "", now, answered=bool(threads), io=io_bytes(pid)
-            )
+            io = io_bytes(pid, leave_out=answerers.get(rank))
+            out[rank] = RankStack(rank, pid, threads, text or "", now, answered=bool(threads), io=io)
         return out
 
     def closed(self) -> bool:
@@ -288,10 +290,22 @@ class StackCollector(StackSource):
                 os.rmdir(self.directory)
 
 
-def io_bytes(pid: int) -> int | None:
-    """Return the bytes ``pid`` has read plus written through system calls so far (None where unknown)."""
+def io_bytes(pid: int, leave_out: int | None = None) -> int | None:
+    """Return the bytes ``pid`` has read plus written through system calls so far (None where unknown).
+
+    ``leave_out``: a thread of ``pid`` (native id) whose bytes do not count: the rank's stacks answering
+    thread (``stackdump.answerer``), so that taking a rank's stacks never reads as the rank's progress.
+    """
+    total = _io_counted(f"/proc/{pid}/io")
+    if total is None or leave_out is None:
+        return total
+    own = _io_counted(f"/proc/{pid}/task/{leave_out}/io")
+    return total - own if own is not None else total
+
+
+def _io_counted(path: str) -> int | None:
     try:
-        with open(f"/proc/{pid}/io", encoding="ascii") as f:
+        with open(path, encoding="ascii") as f:
             fields = dict(line.split(": ", 1) for line in f.read().splitlines() if ": " in line)
         return int(fields["rchar"]) + int(fields["wchar"])
     except (OSError, KeyError, ValueError):

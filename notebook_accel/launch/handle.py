@@ -329,10 +329,8 @@ class LaunchHandle(Completion, LaunchViews, RunView):
                 stacks=True,
             )
 
-    def _stack_targets(self) -> dict[int, tuple[int, int | None]]:
-        return {
-            r.rank: (r.proc.pid, r.proc.pidfd) for r in self._ranks if r.proc is not None and not r.exited
-        }
+    def _stack_targets(self) -> dict[int, int]:
+        return {r.rank: r.proc.pid for r in self._ranks if r.proc is not None and not r.exited}
 
     def _take_stacks(self) -> dict[int, RankStack]:
         targets = self._stack_targets()

@@ -92,8 +92,8 @@ class StackSource(ABC):
         """Return the file rank ``rank`` dumps its stacks into ("" when chosen where the rank runs)."""
 
     @abstractmethod
-    def collect(self, targets: dict[int, tuple[int, int | None]]) -> dict[int, Any]:
-        """Return ``{rank: doctor.RankStack}`` for ``targets`` (``{rank: (pid, pidfd or None)}``) within seconds."""
+    def collect(self, targets: dict[int, int]) -> dict[int, Any]:
+        """Return ``{rank: doctor.RankStack}`` for ``targets`` (``{rank: pid}``) within seconds."""
 
     @abstractmethod
     def closed(self) -> bool:

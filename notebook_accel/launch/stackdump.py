@@ -26,8 +26,18 @@ import errno
 import os
 import sys
 import threading
+from typing import TextIO
 
-__all__ = ["MAX_FRAMES", "REQUEST", "REQUEST_SUFFIX", "ask", "format_stacks", "start_answering"]
+__all__ = [
+    "ANSWERER_LINE",
+    "MAX_FRAMES",
+    "REQUEST",
+    "REQUEST_SUFFIX",
+    "answerer",
+    "ask",
+    "format_stacks",
+    "start_answering",
+]
 
 MAX_FRAMES = 100
 """Frames written per thread, innermost first (faulthandler's own limit); a deeper stack ends with ``  ...``."""
@@ -36,7 +46,12 @@ REQUEST_SUFFIX = ".request"
 """The named pipe beside a rank's stacks file: ``REQUEST`` written there asks for its stacks."""
 
 REQUEST = b"?"
-"""One ask. The rank reads it, so it counts in the rank's ``/proc/<pid>/io`` (``hangs`` allows for it)."""
+"""One ask (the answering thread reads it)."""
+
+ANSWERER_LINE = "stacks answered by thread "
+"""The first line of a stacks file, before the native id of the thread that answers: its reads of the
+requests and writes of the answers are the rank's own bookkeeping, left out of the rank's I/O
+(``doctor.io_bytes``), which the hang rule reads as progress."""
 
 
 def start_answering(stacks_path: str) -> None:
@@ -57,10 +72,23 @@ def start_answering(stacks_path: str) -> None:
     out = open(pending, "a", encoding="utf-8")  # noqa: SIM115 - the answering thread owns it
     thread = threading.Thread(target=_answer, args=(requests, out), name="notebook_accel-stacks", daemon=True)
     thread.start()
+    out.write(f"{ANSWERER_LINE}{thread.native_id}\n")
+    out.flush()
     os.rename(pending, stacks_path)
 
 
-def _answer(requests: int, out) -> None:  # noqa: ANN001 - a text file
+def answerer(stacks_path: str) -> int | None:
+    """Return the native thread id that answers for the rank of ``stacks_path`` (None: not known)."""
+    try:
+        with open(stacks_path, encoding="utf-8") as f:
+            first = f.readline()
+    except OSError:
+        return None
+    tid = first.removeprefix(ANSWERER_LINE).strip()
+    return int(tid) if first.startswith(ANSWERER_LINE) and tid.isdigit() else None
+
+
+def _answer(requests: int, out: TextIO) -> None:
     me = threading.get_ident()
     while True:
         os.read(requests, 4096)  # requests sent meanwhile are answered together

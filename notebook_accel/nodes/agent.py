@@ -278,7 +278,7 @@ class Agent:
 
     def _stacks(self, request: wire.StackRequest) -> None:
         targets = {
-            local.rank: (local.proc.pid, local.proc.pidfd)
+            local.rank: local.proc.pid
             for wid in request.wids
             if (local := self.ranks.get(wid)) is not None and not local.exited
         }

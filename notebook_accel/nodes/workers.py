@@ -146,13 +146,13 @@ class RemoteStacks(StackSource):
         """Return "" (the agent picks the stacks file on the rank's node)."""
         return ""
 
-    def collect(self, targets: dict[int, tuple[int, int | None]]) -> dict[int, RankStack]:
+    def collect(self, targets: dict[int, int]) -> dict[int, RankStack]:
         """Return ``{rank: RankStack}`` for ``targets`` from their agents; a rank not answered has ``answered`` False."""
-        got = self._ask({rank: pid for rank, (pid, _) in targets.items()})
+        got = self._ask(dict(targets))
         now = time.time()
         return {
             rank: got.get(rank) or RankStack(rank, pid, (), "", now, answered=False)
-            for rank, (pid, _) in sorted(targets.items())
+            for rank, pid in sorted(targets.items())
         }
 
     def closed(self) -> bool:
