@@ -71,6 +71,20 @@ def test_both_sides_prove_the_secret_then_messages_travel_signed():
     agent.close()
 
 
+def test_each_frame_leaves_at_once_both_ways_never_held_for_an_acknowledgement():
+    # A frame is one write; with Nagle's algorithm on, a small frame written while the previous one is not yet
+    # acknowledged waits for the peer's delayed ACK: 40 ms on Linux (1 node, 400 empty commands: max 43 ms
+    # without, 4 ms with TCP_NODELAY).
+    secret = new_secret()
+    kernel, agent = _pair(secret, secret)
+    try:
+        for side in (kernel, agent):
+            assert side.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        kernel.close()
+        agent.close()
+
+
 class _CountingSocket:
     """The channel's socket, counting the reads the channel makes."""
 

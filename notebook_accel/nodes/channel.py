@@ -89,6 +89,9 @@ class Channel:
 
     def __init__(self, sock: socket.socket, send_key: bytes, recv_key: bytes) -> None:
         self.sock = sock
+        if sock.family in (socket.AF_INET, socket.AF_INET6):  # a frame is one write: it leaves at once, never
+            # held by Nagle's algorithm until the peer's delayed ACK (40 ms on Linux) acknowledges the one before
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._send_key, self._recv_key = send_key, recv_key
         self._signer, self._checker = _FrameSigner(send_key), _FrameSigner(recv_key)
         self._send_seq = self._recv_seq = 0
