@@ -106,7 +106,10 @@ class SimAgent:
         elif isinstance(message, wire.Listen):
             self.send(wire.Listening(message.token, f"/sim/{self.node}/{message.token}"))
         elif isinstance(message, wire.ToStreams):
-            replies = [self._command(self.streams.get(sid), message.data) for sid in message.stream_ids]
+            shared: dict[str, bytes] = {}  # the ranks read the same bytes alike: decoded and answered once
+            replies = [
+                self._command(self.streams.get(sid), message.data, shared) for sid in message.stream_ids
+            ]
             chunks = [chunk for chunk in replies if chunk is not None]
             if chunks:  # as the real agent: the replies read in one round travel in one message
                 self.send(wire.FromStreams(chunks))
@@ -135,17 +138,27 @@ class SimAgent:
                 ready = rank_wire.Ready(rank=rank.rank, pid=_FAKE_PID + rank.wid)
                 self.send(wire.FromStreams([(rank.stream, rank_wire.encode(ready))]))
 
-    def _command(self, rank: _SimRank | None, data: bytes) -> tuple[int, bytes] | None:
-        """Return ``(stream, bytes)``: the simulated rank's replies to the commands in ``data``."""
+    def _command(
+        self, rank: _SimRank | None, data: bytes, shared: dict[str, bytes]
+    ) -> tuple[int, bytes] | None:
+        """Return ``(stream, bytes)``: the simulated rank's replies to the commands in ``data``.
+
+        ``shared`` holds the replies of a rank that read ``data`` from a clean start (whole frames): a rank
+        whose reader holds no partial frame either would read the same, so it is answered alike without
+        decoding (a real node's ranks each decode on their own cores, not on the kernel's, as here).
+        """
         if rank is None:
             return None
-        replies = [
-            rank_wire.encode(
-                rank_wire.Ok(seq=c.seq, payload={"text": None, "html": None, "value": None, "digest": None})
-            )
-            for c in rank.commands.feed(data)
-        ]
-        return (rank.stream, b"".join(replies)) if replies else None
+        clean = not rank.commands.pending
+        if clean and "replies" in shared:
+            replies = bytes(memoryview(shared["replies"]))  # its own bytes, as each rank's on the wire
+        else:
+            empty = {"text": None, "html": None, "value": None, "digest": None}
+            commands = rank.commands.feed(data)
+            replies = b"".join(rank_wire.encode(rank_wire.Ok(seq=c.seq, payload=empty)) for c in commands)
+            if clean and not rank.commands.pending:
+                shared["replies"] = replies
+        return (rank.stream, replies) if replies else None
 
     def _end(self, rank: _SimRank, code: int, result: bytes | None) -> None:
         with self.lock:
