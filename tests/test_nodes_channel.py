@@ -73,8 +73,8 @@ def test_both_sides_prove_the_secret_then_messages_travel_signed():
 
 def test_each_frame_leaves_at_once_both_ways_never_held_for_an_acknowledgement():
     # A frame is one write; with Nagle's algorithm on, a small frame written while the previous one is not yet
-    # acknowledged waits for the peer's delayed ACK: 40 ms on Linux (1 node, 400 empty commands: max 43 ms
-    # without, 4 ms with TCP_NODELAY).
+    # acknowledged waits for the peer's delayed ACK: 40 ms on Linux (2 simulated nodes x 2 ranks, 400 empty
+    # commands: the slowest 43 ms without TCP_NODELAY, 4 ms with it).
     secret = new_secret()
     kernel, agent = _pair(secret, secret)
     try:
