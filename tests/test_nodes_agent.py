@@ -208,6 +208,28 @@ def test_the_agent_supervises_its_ranks_with_the_kernels_rank_supervisor():
         agent._shutdown()
 
 
+def test_an_agent_behind_in_reading_its_kernel_does_not_take_it_for_silent():
+    """The kernel's frames waiting unread (in the socket, or read ahead) are not silence: only a busy agent's lag."""
+    from notebook_accel.nodes.agent import Agent
+
+    kernel_end, agent_end = socket.socketpair()
+    kernel = Channel(kernel_end, send_key=b"k" * 32, recv_key=b"a" * 32)
+    agent = Agent(Channel(agent_end, send_key=b"a" * 32, recv_key=b"k" * 32), 1, 1.0, "127.0.0.1")
+    try:
+        agent.last_heard = time.monotonic() - 10 * wire.LOST_AFTER  # its reader has not run for long
+        assert agent._kernel_silent(time.monotonic())  # nothing came meanwhile: the kernel is lost
+        wire.send(kernel, wire.Heartbeat())
+        wire.send(kernel, wire.Heartbeat())
+        assert not agent._kernel_silent(time.monotonic())  # two beats wait in the socket
+        assert wire.decode(agent.channel.recv_bytes(), wire.TO_AGENT) == wire.Heartbeat()  # both read, one returned
+        assert not agent._kernel_silent(time.monotonic())  # the other waits, read ahead
+        agent.channel.recv_bytes()
+        assert agent._kernel_silent(time.monotonic())  # all handed over, and last_heard never moved: silent
+    finally:
+        agent._shutdown()
+        kernel.close()
+
+
 def test_the_agent_starts_without_importing_torch():
     """A node's agent only starts and relays ranks: importing torch would cost each node seconds at every launch."""
     code = "import sys, notebook_accel.nodes.agent; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"

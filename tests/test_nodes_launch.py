@@ -266,6 +266,26 @@ def test_the_hang_report_holds_the_stacks_of_ranks_on_every_node():
     assert re.search(r"Stacks of rank 0 \(pid \d+, on n1\)", error) and "Stacks of rank 1 (pid" in error
 
 
+def test_a_kernel_behind_in_reading_its_nodes_loses_none_of_them(monkeypatch):
+    """The kernel's reader held up for 8 heartbeats (its process starved, a long call holding the interpreter):
+    the nodes' beats wait unread meanwhile, which is not silence, so no node is lost and the run ends well."""
+    from notebook_accel.nodes import protocol as wire
+
+    dispatch, held = NodeGroup._dispatch, []
+
+    def held_up_once(self, node, message):
+        if isinstance(message, wire.Heartbeat) and not held and self.nodes[0].procs:  # the ranks are started
+            held.append(node.host)
+            time.sleep(8 * 0.5)  # past LOST_AFTER (5) heartbeats of 0.5 s
+        dispatch(self, node, message)
+
+    monkeypatch.setattr(NodeGroup, "_dispatch", held_up_once)
+    results = notebook_launcher(
+        wait_here, args=(6,), num_processes=1, nodes=LocalPlacement(("n1", "n2"), heartbeat=0.5), sinks=[]
+    )
+    assert held and results == ["woke", "woke"]
+
+
 def test_a_silent_node_is_lost_by_heartbeat_and_its_agent_ends_its_ranks_later():
     """A partition as the kernel sees it: the agent frozen (no connection closes) is lost after 5
     heartbeats and the other node's ranks are stopped. (The agent's side of a partition, a kernel gone

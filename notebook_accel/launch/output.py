@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import codecs
 import collections
-import fcntl
 import ipaddress
 import logging
 import re
 import string
-import struct
 import sys
-import termios
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,7 +26,6 @@ __all__ = [
     "dropped_note",
     "line_prefix",
     "rank_label",
-    "unread_bytes",
     "HISTORY_BYTES",
     "HISTORY_LINES",
     "LineSplitter",
@@ -424,11 +420,3 @@ def announce(sinks: Sequence[Callable[[OutputLine], None]], text: str, *, guard:
             if not guard:
                 raise
             logger.exception("sink %r failed to show %r", sink, text[:80])
-
-
-def unread_bytes(fd: int) -> int:
-    """Return how many bytes wait unread in the pipe ``fd`` (0 where that cannot be asked)."""
-    try:
-        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
-    except OSError:
-        return 0

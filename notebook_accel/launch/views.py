@@ -10,8 +10,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..utils._wire import unread_bytes
 from .events import BarState, EventHub
-from .output import OutputHistory, OutputLine, unread_bytes
+from .output import OutputHistory, OutputLine
 
 __all__ = ["LaunchViews", "OutputRecord"]
 

@@ -132,7 +132,7 @@ class Agent:
                 now = time.monotonic()
                 if now - self._last_sent >= OWN_BEAT_AFTER * self.heartbeat:  # the kernel's beats stopped coming
                     self._send(wire.Heartbeat())
-                if now - self.last_heard > LOST_AFTER * self.heartbeat:
+                if self._kernel_silent(now):
                     self.ended = f"the kernel was silent for {now - self.last_heard:.1f} s"
                     break
                 for key, _ in self.sel.select(min(self.heartbeat, 0.5)):
@@ -146,6 +146,14 @@ class Agent:
         finally:
             self._shutdown()
         return self.ended
+
+    def _kernel_silent(self, now: float) -> bool:
+        """Return True when nothing came from the kernel for ``LOST_AFTER`` heartbeats.
+
+        Frames of the kernel waiting unread are not silence: this agent fell behind reading them (its
+        machine was busy), and the kernel is there.
+        """
+        return now - self.last_heard > LOST_AFTER * self.heartbeat and not self.channel.unread()
 
     def _read_kernel(self) -> None:
         try:

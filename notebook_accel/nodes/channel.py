@@ -28,7 +28,7 @@ import threading
 from collections import deque
 from typing import Any
 
-from ..utils._wire import ConnectionClosed, read_exactly
+from ..utils._wire import ConnectionClosed, read_exactly, unread_bytes
 
 __all__ = ["MAX_FRAME", "Channel", "ChannelError", "accept_channel", "connect_channel", "new_secret"]
 
@@ -210,6 +210,16 @@ class Channel:
             )
         self._recv_seq += 1
         return body
+
+    def unread(self) -> int:
+        """Return how many bytes of the peer's wait to be handed over: in the socket, or read ahead (0 once closed).
+
+        A peer whose bytes wait here is not silent: this side is behind in reading them.
+        """
+        if self.closed:
+            return 0
+        ahead = len(self._received) + sum(len(body) for body in list(self._ready))
+        return ahead + unread_bytes(self.sock.fileno())
 
     def close(self) -> None:
         """Close the connection (idempotent); a reader blocked in ``recv`` gets ChannelError."""

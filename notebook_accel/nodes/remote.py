@@ -344,7 +344,8 @@ class NodeGroup(WorkerBackend):
                     node.send_quietly(wire.Heartbeat())
                 if self.feeding:  # the nodes' messages wait for the reader, not the other way round
                     node.last_heard = now
-                if now - node.last_heard > LOST_AFTER * period:
+                if now - node.last_heard > LOST_AFTER * period and not node.channel.unread():
+                    # (Its frames waiting unread mean this process fell behind, not that the node went silent.)
                     self._lose(node, f"no heartbeat from its agent for {now - node.last_heard:.1f} s")
             time.sleep(min(period, 0.5))
 

@@ -8,11 +8,14 @@ wire. Standard library and cloudpickle only: the rank side, ``launch/`` and ``no
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import pickle
 import socket
+import struct
 import tempfile
+import termios
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +26,7 @@ __all__ = [
     "ConnectionClosed",
     "dumps_by_value",
     "read_exactly",
+    "unread_bytes",
     "unix_socket_path",
 ]
 
@@ -102,3 +106,11 @@ def dumps_by_value(
         raise TypeError(
             f"{what} cannot be pickled to send to {to} ({type(exc).__name__}: {exc}); {fix}"
         ) from exc
+
+
+def unread_bytes(fd: int) -> int:
+    """Return how many bytes wait unread in the pipe or socket ``fd`` (0 where that cannot be asked)."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
