@@ -225,6 +225,10 @@ def test_an_agent_behind_in_reading_its_kernel_does_not_take_it_for_silent():
         assert not agent._kernel_silent(time.monotonic())  # the other waits, read ahead
         agent.channel.recv_bytes()
         assert agent._kernel_silent(time.monotonic())  # all handed over, and last_heard never moved: silent
+        kernel_end.sendall(b"\0\0\0\x40" + b"x" * 40)  # a frame's start (header, part of its MAC), then nothing
+        assert not agent._kernel_silent(time.monotonic())  # unread in the socket
+        assert agent.channel.read_ready() == ([], None)  # read, and kept for the rest of the frame
+        assert agent._kernel_silent(time.monotonic())  # the kernel stopped mid-frame: that is silence
     finally:
         agent._shutdown()
         kernel.close()

@@ -212,14 +212,14 @@ class Channel:
         return body
 
     def unread(self) -> int:
-        """Return how many bytes of the peer's wait to be handed over: in the socket, or read ahead (0 once closed).
+        """Return how many bytes of the peer's wait here: in the socket, or whole frames read ahead (0 once closed).
 
-        A peer whose bytes wait here is not silent: this side is behind in reading them.
+        A peer whose bytes wait here is not silent: this side is behind in reading them. The start of a
+        frame already read, its rest not come, is not counted: that is the peer's silence.
         """
         if self.closed:
             return 0
-        ahead = len(self._received) + sum(len(body) for body in list(self._ready))
-        return ahead + unread_bytes(self.sock.fileno())
+        return sum(len(body) for body in list(self._ready)) + unread_bytes(self.sock.fileno())
 
     def close(self) -> None:
         """Close the connection (idempotent); a reader blocked in ``recv`` gets ChannelError."""
