@@ -217,18 +217,18 @@ def test_an_agent_behind_in_reading_its_kernel_does_not_take_it_for_silent():
     agent = Agent(Channel(agent_end, send_key=b"a" * 32, recv_key=b"k" * 32), 1, 1.0, "127.0.0.1")
     try:
         agent.last_heard = time.monotonic() - 10 * wire.LOST_AFTER  # its reader has not run for long
-        assert agent._kernel_silent(time.monotonic())  # nothing came meanwhile: the kernel is lost
+        assert wire.silent(agent.channel, agent.last_heard, agent.heartbeat, time.monotonic())  # nothing came meanwhile: the kernel is lost
         wire.send(kernel, wire.Heartbeat())
         wire.send(kernel, wire.Heartbeat())
-        assert not agent._kernel_silent(time.monotonic())  # two beats wait in the socket
+        assert not wire.silent(agent.channel, agent.last_heard, agent.heartbeat, time.monotonic())  # two beats wait in the socket
         assert wire.decode(agent.channel.recv_bytes(), wire.TO_AGENT) == wire.Heartbeat()  # both read, one returned
-        assert not agent._kernel_silent(time.monotonic())  # the other waits, read ahead
+        assert not wire.silent(agent.channel, agent.last_heard, agent.heartbeat, time.monotonic())  # the other waits, read ahead
         agent.channel.recv_bytes()
-        assert agent._kernel_silent(time.monotonic())  # all handed over, and last_heard never moved: silent
+        assert wire.silent(agent.channel, agent.last_heard, agent.heartbeat, time.monotonic())  # all handed over, and last_heard never moved: silent
         kernel_end.sendall(b"\0\0\0\x40" + b"x" * 40)  # a frame's start (header, part of its MAC), then nothing
-        assert not agent._kernel_silent(time.monotonic())  # unread in the socket
+        assert not wire.silent(agent.channel, agent.last_heard, agent.heartbeat, time.monotonic())  # unread in the socket
         assert agent.channel.read_ready() == ([], None)  # read, and kept for the rest of the frame
-        assert agent._kernel_silent(time.monotonic())  # the kernel stopped mid-frame: that is silence
+        assert wire.silent(agent.channel, agent.last_heard, agent.heartbeat, time.monotonic())  # the kernel stopped mid-frame: that is silence
     finally:
         agent._shutdown()
         kernel.close()

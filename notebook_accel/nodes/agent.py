@@ -48,7 +48,7 @@ from ..launch.worker import WorkerSpec, threads_per_worker
 from ..utils._wire import unix_socket_path
 from . import protocol as wire
 from .channel import Channel, ChannelError, connect_channel
-from .protocol import LOST_AFTER, OWN_BEAT_AFTER, RELAY_ENV_PREFIX
+from .protocol import OWN_BEAT_AFTER, RELAY_ENV_PREFIX
 
 __all__ = ["Agent", "main", "route_interface"]
 
@@ -132,7 +132,7 @@ class Agent:
                 now = time.monotonic()
                 if now - self._last_sent >= OWN_BEAT_AFTER * self.heartbeat:  # the kernel's beats stopped coming
                     self._send(wire.Heartbeat())
-                if self._kernel_silent(now):
+                if wire.silent(self.channel, self.last_heard, self.heartbeat, now):
                     self.ended = f"the kernel was silent for {now - self.last_heard:.1f} s"
                     break
                 for key, _ in self.sel.select(min(self.heartbeat, 0.5)):
@@ -146,14 +146,6 @@ class Agent:
         finally:
             self._shutdown()
         return self.ended
-
-    def _kernel_silent(self, now: float) -> bool:
-        """Return True when nothing came from the kernel for ``LOST_AFTER`` heartbeats.
-
-        Frames of the kernel waiting unread are not silence: this agent fell behind reading them (its
-        machine was busy), and the kernel is there.
-        """
-        return now - self.last_heard > LOST_AFTER * self.heartbeat and not self.channel.unread()
 
     def _read_kernel(self) -> None:
         try:

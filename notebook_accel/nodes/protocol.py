@@ -73,6 +73,7 @@ __all__ = [
     "local_versions",
     "receive",
     "send",
+    "silent",
 ]
 
 PROTOCOL_VERSION = 3
@@ -385,3 +386,12 @@ def send(channel: Channel, message: Message) -> None:
 def receive(channel: Channel, expected: tuple[type[Message], ...]) -> Message:
     """Return the next message of ``channel`` (blocking): ChannelError when it closed, ProtocolError when not allowed."""
     return decode(channel.recv_bytes(), expected)
+
+
+def silent(channel: Channel, last_heard: float, heartbeat: float, now: float) -> bool:
+    """Return True when the peer on ``channel`` counts as lost: nothing came for ``LOST_AFTER`` heartbeats.
+
+    Its frames waiting unread here are not silence: this side fell behind in reading them (its machine
+    was busy), and the peer is there. The kernel applies this to each agent, each agent to the kernel.
+    """
+    return now - last_heard > LOST_AFTER * heartbeat and not channel.unread()

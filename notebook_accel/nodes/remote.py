@@ -33,7 +33,7 @@ from ..launch.procs import by_value
 from . import protocol as wire
 from .channel import Channel, ChannelError, accept_channel, new_secret
 from .placement import Placement
-from .protocol import DEFAULT_HEARTBEAT, LOST_AFTER, local_versions
+from .protocol import DEFAULT_HEARTBEAT, local_versions
 from .reader import ChannelReader
 from .relay import StreamRelay
 from .workers import RemoteStacks, RemoteUsage, RemoteWorkerProcess
@@ -344,8 +344,7 @@ class NodeGroup(WorkerBackend):
                     node.send_quietly(wire.Heartbeat())
                 if self.feeding:  # the nodes' messages wait for the reader, not the other way round
                     node.last_heard = now
-                if now - node.last_heard > LOST_AFTER * period and not node.channel.unread():
-                    # (Its frames waiting unread mean this process fell behind, not that the node went silent.)
+                if wire.silent(node.channel, node.last_heard, period, now):
                     self._lose(node, f"no heartbeat from its agent for {now - node.last_heard:.1f} s")
             time.sleep(min(period, 0.5))
 
