@@ -215,20 +215,25 @@ def test_an_agent_behind_in_reading_its_kernel_does_not_take_it_for_silent():
     kernel_end, agent_end = socket.socketpair()
     kernel = Channel(kernel_end, send_key=b"k" * 32, recv_key=b"a" * 32)
     agent = Agent(Channel(agent_end, send_key=b"a" * 32, recv_key=b"k" * 32), 1, 1.0, "127.0.0.1")
+
+    def silent() -> bool:
+        return wire.silent(agent.channel, agent.last_heard, agent.heartbeat, time.monotonic())
+
     try:
         agent.last_heard = time.monotonic() - 10 * wire.LOST_AFTER  # its reader has not run for long
-        assert wire.silent(agent.channel, agent.last_heard, agent.heartbeat, time.monotonic())  # nothing came meanwhile: the kernel is lost
+        assert silent()  # nothing came meanwhile: the kernel is lost
         wire.send(kernel, wire.Heartbeat())
         wire.send(kernel, wire.Heartbeat())
-        assert not wire.silent(agent.channel, agent.last_heard, agent.heartbeat, time.monotonic())  # two beats wait in the socket
-        assert wire.decode(agent.channel.recv_bytes(), wire.TO_AGENT) == wire.Heartbeat()  # both read, one returned
-        assert not wire.silent(agent.channel, agent.last_heard, agent.heartbeat, time.monotonic())  # the other waits, read ahead
+        assert not silent()  # two beats wait in the socket
+        beat = wire.decode(agent.channel.recv_bytes(), wire.TO_AGENT)  # both read, one returned
+        assert beat == wire.Heartbeat()
+        assert not silent()  # the other waits, read ahead
         agent.channel.recv_bytes()
-        assert wire.silent(agent.channel, agent.last_heard, agent.heartbeat, time.monotonic())  # all handed over, and last_heard never moved: silent
-        kernel_end.sendall(b"\0\0\0\x40" + b"x" * 40)  # a frame's start (header, part of its MAC), then nothing
-        assert not wire.silent(agent.channel, agent.last_heard, agent.heartbeat, time.monotonic())  # unread in the socket
+        assert silent()  # all handed over, and last_heard never moved: silent
+        kernel_end.sendall(b"\0\0\0\x40" + b"x" * 40)  # a frame's start (its header, part of its MAC)
+        assert not silent()  # unread in the socket
         assert agent.channel.read_ready() == ([], None)  # read, and kept for the rest of the frame
-        assert wire.silent(agent.channel, agent.last_heard, agent.heartbeat, time.monotonic())  # the kernel stopped mid-frame: that is silence
+        assert silent()  # the kernel stopped mid-frame: that is silence
     finally:
         agent._shutdown()
         kernel.close()
