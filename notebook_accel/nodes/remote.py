@@ -110,8 +110,6 @@ class NodeGroup(WorkerBackend):
             node.last_heard = time.monotonic()
         self.figures: dict[int, dict[str, Any]] = {}
         self.relay = StreamRelay(self)
-        self.feeding: set[int] = set()
-        """Readers pushing a rank's output into the inbox (waiting for the handle to take it): no node is silent."""
         groups = [nodes[i : i + _NODES_PER_READER] for i in range(0, len(nodes), _NODES_PER_READER)]
         self.readers = [
             ChannelReader([(n.channel, n) for n in group], self._on_frame, self._on_closed, f"notebook_accel-nodes-{i}")
@@ -296,16 +294,11 @@ class NodeGroup(WorkerBackend):
             self._lose(node, f"the connection to its agent closed ({error}){ended}")
 
     def _dispatch(self, node: _Node, message: wire.Message) -> None:
-        if isinstance(message, wire.Output):
-            me = threading.get_ident()
-            self.feeding.add(me)
-            try:
-                for chunk in message.chunks:
-                    proc = node.procs.get(chunk.wid)
-                    if proc is not None:
-                        proc.feed(chunk.stream, chunk.data)
-            finally:
-                self.feeding.discard(me)
+        if isinstance(message, wire.Output):  # may wait for the inbox's room: the nodes' frames wait meanwhile
+            for chunk in message.chunks:
+                proc = node.procs.get(chunk.wid)
+                if proc is not None:
+                    proc.feed(chunk.stream, chunk.data)
         elif isinstance(message, (wire.Eof, wire.Exited)):
             proc = node.procs.get(message.wid)
             if proc is not None and isinstance(message, wire.Eof):
@@ -342,8 +335,6 @@ class NodeGroup(WorkerBackend):
                     continue
                 if beat:
                     node.send_quietly(wire.Heartbeat())
-                if self.feeding:  # the nodes' messages wait for the reader, not the other way round
-                    node.last_heard = now
                 if wire.silent(node.channel, node.last_heard, period, now):
                     self._lose(node, f"no heartbeat from its agent for {now - node.last_heard:.1f} s")
             time.sleep(min(period, 0.5))
